@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs nibble's build and test dependencies from Debian packages (idempotent).
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libsentencepiece-dev
+      libcli11-dev libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,127 @@
+#include "io/file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace nibble {
+
+namespace {
+std::string Errno() { return std::strerror(errno); }
+}  // namespace
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string JoinPath(const std::string& a, const std::string& b) {
+  if (a.empty()) return b;
+  if (a.back() == '/') return a + b;
+  return a + "/" + b;
+}
+
+Result<std::string> ReadFileToString(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return MakeError("cannot open ", path, ": ", Errno());
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    std::string e = Errno();
+    ::close(fd);
+    return MakeError("cannot stat ", path, ": ", e);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    return MakeError("cannot read ", path, ": is a directory, expected a file");
+  }
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      std::string e = Errno();
+      ::close(fd);
+      return MakeError("cannot read ", path, ": ", e);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+Result<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return MakeError("cannot open ", path, ": ", Errno());
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    std::string e = Errno();
+    ::close(fd);
+    return MakeError("cannot stat ", path, ": ", e);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return MakeError("cannot map ", path, ": not a regular file");
+  }
+  std::shared_ptr<MappedFile> f(new MappedFile());
+  f->path_ = path;
+  f->size_ = static_cast<size_t>(st.st_size);
+  if (f->size_ > 0) {
+    void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      std::string e = Errno();
+      ::close(fd);
+      return MakeError("cannot mmap ", path, ": ", e);
+    }
+    f->data_ = static_cast<const uint8_t*>(p);
+  }
+  ::close(fd);
+  return f;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+Status WriteFileAtomic(const std::string& path, const void* bytes, size_t size) {
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return MakeError("cannot create ", tmp, ": ", Errno());
+  const char* p = static_cast<const char*>(bytes);
+  size_t left = size;
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      std::string e = Errno();
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return MakeError("cannot write ", tmp, ": ", e);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    std::string e = Errno();
+    ::unlink(tmp.c_str());
+    return MakeError("cannot flush ", tmp, ": ", e);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string e = Errno();
+    ::unlink(tmp.c_str());
+    return MakeError("cannot rename ", tmp, " to ", path, ": ", e);
+  }
+  return Status::Ok();
+}
+
+}  // namespace nibble

@@ -1,0 +1,52 @@
+// File utilities: whole-file reads with clear errors, read-only memory maps, and atomic writes.
+//
+// Goals: every failure names the path and the OS reason; maps are read-only (model files are
+// untrusted and never modified). Non-goal: Windows.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/result.h"
+
+namespace nibble {
+
+/// Reads a whole file into a string. Errors: missing / unreadable / is a directory (names path).
+Result<std::string> ReadFileToString(const std::string& path);
+
+/// True when `path` exists (file or directory).
+bool PathExists(const std::string& path);
+
+/// True when `path` is a directory.
+bool IsDirectory(const std::string& path);
+
+/// Joins two path pieces with exactly one '/'.
+std::string JoinPath(const std::string& a, const std::string& b);
+
+/// A read-only mmap of a whole file; unmapped on destruction. An empty file maps to size 0.
+class MappedFile {
+ public:
+  /// Maps `path`. Errors: cannot open / stat / map (names path and strerror).
+  static Result<std::shared_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile() = default;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  std::string path_;
+};
+
+/// Writes `bytes` to `path` via a temporary file in the same directory, fsync and rename, so a
+/// reader never sees a half-written file. Errors name the path and strerror.
+Status WriteFileAtomic(const std::string& path, const void* bytes, size_t size);
+
+}  // namespace nibble

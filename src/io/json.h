@@ -1,0 +1,20 @@
+// JSON reading with errors that name the file (nlohmann-json underneath).
+// Duplicate keys in any object are an error (nlohmann would silently keep the last one).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/result.h"
+
+namespace nibble {
+
+/// Parses `text`; `what` (e.g. a file path) prefixes errors. Errors: not valid JSON / not UTF-8
+/// (with nlohmann's byte position), duplicate key.
+Result<nlohmann::json> ParseJsonText(const std::string& text, const std::string& what);
+
+/// Reads and parses the file at `path`. Errors: unreadable file, plus ParseJsonText's.
+Result<nlohmann::json> ReadJsonFile(const std::string& path);
+
+}  // namespace nibble

@@ -1,0 +1,269 @@
+#include "io/safetensors.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+
+#include "io/json.h"
+
+namespace nibble {
+
+using nlohmann::json;
+
+namespace {
+
+// Headers larger than this are refused: real headers are a few MB at most (safetensors' own
+// reader uses 100 MB as its limit).
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+struct DTypeInfo {
+  DType type;
+  const char* name;
+  size_t size;
+};
+constexpr DTypeInfo kDTypes[] = {
+    {DType::kF32, "F32", 4}, {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
+    {DType::kF64, "F64", 8}, {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
+    {DType::kI16, "I16", 2}, {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
+    {DType::kBool, "BOOL", 1},
+};
+
+bool MulOverflow(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+}  // namespace
+
+const char* DTypeName(DType t) {
+  for (const auto& d : kDTypes)
+    if (d.type == t) return d.name;
+  return "?";
+}
+
+size_t DTypeSize(DType t) {
+  for (const auto& d : kDTypes)
+    if (d.type == t) return d.size;
+  return 0;
+}
+
+Result<DType> ParseDType(const std::string& name) {
+  for (const auto& d : kDTypes)
+    if (name == d.name) return d.type;
+  return MakeError("unknown dtype \"", name,
+                   "\" (expected one of F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL)");
+}
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeToString(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::string TensorView::ShapeString() const { return ShapeToString(shape); }
+
+Result<SafetensorsHeader> ParseSafetensors(const uint8_t* data, size_t size, const std::string& file) {
+  if (size < 8) return MakeError(file, ": file is ", size, " bytes, too short for a safetensors header length (8 bytes)");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];
+  if (n == 0) return MakeError(file, ": safetensors header length is 0, expected a JSON header");
+  if (n > kMaxHeaderBytes) return MakeError(file, ": safetensors header length ", n, " bytes is larger than the limit of ", kMaxHeaderBytes, " bytes");
+  if (n > size - 8) return MakeError(file, ": safetensors header length ", n, " runs past the end of the file (", size, " bytes)");
+  const char* hb = reinterpret_cast<const char*>(data + 8);
+  NIBBLE_ASSIGN_OR_RETURN(json header, ParseJsonText(std::string(hb, n), file + ": safetensors header"));
+  if (!header.is_object()) return MakeError(file, ": safetensors header is ", header.type_name(), ", expected a JSON object");
+
+  const uint64_t data_start = 8 + n;
+  const uint64_t data_size = size - data_start;
+  SafetensorsHeader out;
+  struct Span { uint64_t b, e; std::string name; };
+  std::vector<Span> spans;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& v = it.value();
+    if (name == "__metadata__") {
+      if (v.is_null()) continue;
+      if (!v.is_object()) return MakeError(file, ": __metadata__ is ", v.type_name(), ", expected an object of strings");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) return MakeError(file, ": __metadata__[\"", m.key(), "\"] is ", m.value().type_name(), ", expected a string");
+        out.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    std::string where = file + ": tensor \"" + name + "\"";
+    if (!v.is_object()) return MakeError(where, ": entry is ", v.type_name(), ", expected an object");
+    auto dt = v.find("dtype");
+    auto sh = v.find("shape");
+    auto off = v.find("data_offsets");
+    if (dt == v.end() || !dt->is_string()) return MakeError(where, ": missing or non-string \"dtype\"");
+    if (sh == v.end() || !sh->is_array()) return MakeError(where, ": missing or non-array \"shape\"");
+    if (off == v.end() || !off->is_array() || off->size() != 2) return MakeError(where, ": \"data_offsets\" must be an array of 2 integers");
+    auto dtype = ParseDType(dt->get<std::string>());
+    if (!dtype.ok()) return dtype.error().WithContext(where);
+    TensorView t;
+    t.name = name;
+    t.dtype = *dtype;
+    t.file = file;
+    uint64_t numel = 1;
+    for (const json& d : *sh) {
+      if (!d.is_number_integer()) return MakeError(where, ": shape ", sh->dump(), " has a non-integer dimension");
+      if (d.is_number_unsigned() ? d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) : d.get<int64_t>() < 0)
+        return MakeError(where, ": shape ", sh->dump(), " has a negative or out-of-range dimension");
+      int64_t dim = d.get<int64_t>();
+      if (MulOverflow(numel, static_cast<uint64_t>(dim), &numel) || numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        return MakeError(where, ": shape ", sh->dump(), " overflows 64-bit element count");
+      t.shape.push_back(dim);
+    }
+    uint64_t nbytes;
+    if (MulOverflow(numel, DTypeSize(t.dtype), &nbytes)) return MakeError(where, ": shape ", sh->dump(), " x ", DTypeName(t.dtype), " overflows 64-bit byte count");
+    const json& b = (*off)[0];
+    const json& e = (*off)[1];
+    if (!b.is_number_unsigned() || !e.is_number_unsigned())
+      return MakeError(where, ": data_offsets ", off->dump(), " must be non-negative integers");
+    uint64_t begin = b.get<uint64_t>(), end = e.get<uint64_t>();
+    if (end < begin) return MakeError(where, ": data_offsets ", off->dump(), " are reversed (end < begin)");
+    if (end > data_size) return MakeError(where, ": data_offsets end ", end, " is past the end of the data region (", data_size, " bytes)");
+    if (end - begin != nbytes)
+      return MakeError(where, ": data_offsets span ", end - begin, " bytes but shape ", ShapeToString(t.shape), " x ", DTypeName(t.dtype), " needs ", nbytes, " bytes");
+    t.data = data + data_start + begin;
+    t.nbytes = static_cast<size_t>(nbytes);
+    spans.push_back({begin, end, name});
+    out.tensors.push_back(std::move(t));
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.b < b.b || (a.b == b.b && a.e < b.e); });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    if (spans[i].b < spans[i - 1].e)
+      return MakeError(file, ": tensors \"", spans[i - 1].name, "\" [", spans[i - 1].b, ", ", spans[i - 1].e, ") and \"", spans[i].name, "\" [", spans[i].b, ", ", spans[i].e, ") overlap");
+  }
+  return out;
+}
+
+Result<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+  NIBBLE_ASSIGN_OR_RETURN(auto map, MappedFile::Open(path));
+  NIBBLE_ASSIGN_OR_RETURN(auto header, ParseSafetensors(map->data(), map->size(), path));
+  auto f = std::shared_ptr<SafetensorsFile>(new SafetensorsFile());
+  f->map_ = std::move(map);
+  f->header_ = std::move(header);
+  return f;
+}
+
+const TensorView* TensorStore::Find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
+}
+
+Result<const TensorView*> TensorStore::Get(const std::string& name) const {
+  const TensorView* t = Find(name);
+  if (t == nullptr) return MakeError(description_, ": missing tensor \"", name, "\"");
+  return t;
+}
+
+std::vector<std::string> TensorStore::Names() const {
+  std::vector<std::string> names;
+  for (const auto& kv : by_name_) names.push_back(kv.first);
+  return names;
+}
+
+Result<TensorStore> TensorStore::OpenFiles(const std::vector<std::string>& paths) {
+  TensorStore store;
+  store.description_ = paths.size() == 1 ? paths[0] : "checkpoint (" + std::to_string(paths.size()) + " shards)";
+  for (const auto& p : paths) {
+    NIBBLE_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(p));
+    for (const auto& t : f->tensors()) {
+      auto [it, inserted] = store.by_name_.emplace(t.name, &t);
+      if (!inserted) return MakeError("tensor \"", t.name, "\" is present in two shards: ", it->second->file, " and ", p);
+    }
+    store.files_.push_back(std::move(f));
+  }
+  return store;
+}
+
+Result<TensorStore> TensorStore::OpenDir(const std::string& dir) {
+  if (!IsDirectory(dir)) return MakeError("model directory ", dir, ": not found or not a directory");
+  const std::string single = JoinPath(dir, "model.safetensors");
+  const std::string index = JoinPath(dir, "model.safetensors.index.json");
+  if (PathExists(index)) {
+    NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index));
+    NIBBLE_ASSIGN_OR_RETURN(json j, ParseJsonText(text, index));
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      return MakeError(index, ": expected an object with a \"weight_map\" object");
+    std::vector<std::string> shards;
+    std::map<std::string, std::string> expected;  // tensor -> shard
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) return MakeError(index, ": weight_map[\"", it.key(), "\"] is ", it.value().type_name(), ", expected a shard file name");
+      std::string shard = it.value().get<std::string>();
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
+        return MakeError(index, ": weight_map[\"", it.key(), "\"] = \"", shard, "\" is not a plain file name in the model directory");
+      expected[it.key()] = shard;
+      if (std::find(shards.begin(), shards.end(), shard) == shards.end()) shards.push_back(shard);
+    }
+    std::vector<std::string> paths;
+    for (const auto& s : shards) {
+      std::string p = JoinPath(dir, s);
+      if (!PathExists(p)) return MakeError(index, ": names shard \"", s, "\" which does not exist in ", dir);
+      paths.push_back(p);
+    }
+    NIBBLE_ASSIGN_OR_RETURN(TensorStore store, OpenFiles(paths));
+    store.description_ = dir;
+    for (const auto& [name, shard] : expected) {
+      const TensorView* t = store.Find(name);
+      if (t == nullptr) return MakeError(index, ": tensor \"", name, "\" is listed in shard \"", shard, "\" but not found there");
+      if (t->file != JoinPath(dir, shard)) return MakeError(index, ": tensor \"", name, "\" is listed in shard \"", shard, "\" but stored in ", t->file);
+    }
+    return store;
+  }
+  if (PathExists(single)) {
+    NIBBLE_ASSIGN_OR_RETURN(TensorStore store, OpenFiles({single}));
+    store.description_ = dir;
+    return store;
+  }
+  for (const char* pickle : {"pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth"}) {
+    if (PathExists(JoinPath(dir, pickle)))
+      return MakeError(dir, ": found ", pickle, " but no model.safetensors; PyTorch pickle files are refused because loading them can execute arbitrary code. Convert the checkpoint to safetensors (e.g. save_pretrained(..., safe_serialization=True)).");
+  }
+  return MakeError(dir, ": no model.safetensors or model.safetensors.index.json found");
+}
+
+Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const TensorToWrite*>& tensors,
+                                                  const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  std::set<std::string> seen;
+  // nlohmann's object is sorted by key; the data region is laid out in the caller's order.
+  for (const TensorToWrite* t : tensors) {
+    if (!seen.insert(t->name).second) return MakeError("writing safetensors: duplicate tensor name \"", t->name, "\"");
+    uint64_t numel = 1;
+    for (int64_t d : t->shape) numel *= static_cast<uint64_t>(d);
+    if (numel * DTypeSize(t->dtype) != t->bytes.size())
+      return MakeError("writing safetensors: tensor \"", t->name, "\" has ", t->bytes.size(), " bytes but shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " needs ", numel * DTypeSize(t->dtype));
+    header[t->name] = {{"dtype", DTypeName(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + t->bytes.size()}}};
+    offset += t->bytes.size();
+  }
+  std::string h = header.dump();
+  while (h.size() % 8 != 0) h.push_back(' ');
+  std::vector<uint8_t> out(8 + h.size() + offset);
+  uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
+  std::copy(h.begin(), h.end(), out.begin() + 8);
+  size_t pos = 8 + h.size();
+  for (const TensorToWrite* t : tensors) {
+    std::copy(t->bytes.begin(), t->bytes.end(), out.begin() + static_cast<std::ptrdiff_t>(pos));
+    pos += t->bytes.size();
+  }
+  return out;
+}
+
+Status WriteSafetensors(const std::string& path, const std::vector<const TensorToWrite*>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  NIBBLE_ASSIGN_OR_RETURN(auto bytes, SerializeSafetensors(tensors, metadata));
+  return WriteFileAtomic(path, bytes.data(), bytes.size());
+}
+
+}  // namespace nibble

@@ -1,0 +1,118 @@
+// safetensors reading (over mmap, single file or sharded index) and writing.
+//
+// Format: 8-byte little-endian header length n, n bytes of UTF-8 JSON object
+// {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}}, then the
+// data region; offsets are relative to the data region start. Everything read from the file is
+// checked: header length against the file, JSON well-formed, no duplicate names, offsets in range,
+// non-overlapping, and end - begin == prod(shape) * dtype size (with overflow checks).
+// Non-goal: PyTorch pickles (.bin/.pt) are never read (arbitrary code execution risk).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "io/file.h"
+
+namespace nibble {
+
+/// Element types stored in safetensors files (names as in the safetensors header).
+enum class DType { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
+
+/// Header name of a dtype ("F32", "BF16", ...).
+const char* DTypeName(DType t);
+/// Bytes per element.
+size_t DTypeSize(DType t);
+/// Parses a header dtype name; nullopt-like error for unknown names.
+Result<DType> ParseDType(const std::string& name);
+
+/// A tensor inside a mapped file: raw little-endian bytes, row-major, no copy.
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // points into the mmap; valid while the owning file lives
+  size_t nbytes = 0;
+  std::string file;  // path of the file it came from (for error messages)
+
+  int64_t numel() const;
+  /// "[4096, 11008]" for messages.
+  std::string ShapeString() const;
+};
+
+/// Formats a shape as "[a, b]".
+std::string ShapeToString(const std::vector<int64_t>& shape);
+
+/// The parsed header of one safetensors file. Tensor data pointers refer to `base + offset`.
+struct SafetensorsHeader {
+  std::vector<TensorView> tensors;  // in header order
+  std::map<std::string, std::string> metadata;
+};
+
+/// Parses and validates a whole safetensors file image `data[0..size)`. `file` names it in errors.
+/// Errors: header length 0 / past EOF / absurd; not UTF-8 / not JSON / not an object; duplicate
+/// names; bad dtype; bad shape (negative, overflow); offsets reversed / past end / overlapping /
+/// not matching shape x dtype; malformed __metadata__.
+Result<SafetensorsHeader> ParseSafetensors(const uint8_t* data, size_t size, const std::string& file);
+
+/// One opened safetensors file (mmap kept alive).
+class SafetensorsFile {
+ public:
+  static Result<std::shared_ptr<SafetensorsFile>> Open(const std::string& path);
+  const std::vector<TensorView>& tensors() const { return header_.tensors; }
+  const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
+  const std::string& path() const { return map_->path(); }
+
+ private:
+  std::shared_ptr<MappedFile> map_;
+  SafetensorsHeader header_;
+};
+
+/// All tensors of a model directory: `model.safetensors`, or the shards listed by
+/// `model.safetensors.index.json` (key "weight_map"). Lookup by HF tensor name.
+class TensorStore {
+ public:
+  /// Opens the tensors of model dir `dir`. Errors: no safetensors (a `pytorch_model.bin` is
+  /// refused with the reason), bad index, missing shard, a tensor listed in two shards or present
+  /// in a shard other than the one the index names, plus every ParseSafetensors error.
+  static Result<TensorStore> OpenDir(const std::string& dir);
+  /// Opens explicit files (tests, tools).
+  static Result<TensorStore> OpenFiles(const std::vector<std::string>& paths);
+
+  /// nullptr when absent.
+  const TensorView* Find(const std::string& name) const;
+  /// Error naming the tensor and the directory when absent.
+  Result<const TensorView*> Get(const std::string& name) const;
+  /// Sorted tensor names.
+  std::vector<std::string> Names() const;
+  const std::string& description() const { return description_; }
+
+ private:
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorView*> by_name_;
+  std::string description_;
+};
+
+/// A tensor to write: bytes must be prod(shape) * DTypeSize(dtype) long.
+struct TensorToWrite {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+/// Serialises tensors (in the given order) with optional __metadata__ into a safetensors image.
+/// Header padded with spaces to a multiple of 8 bytes. Errors: duplicate names, byte count
+/// not matching shape x dtype.
+Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const TensorToWrite*>& tensors,
+                                                  const std::map<std::string, std::string>& metadata);
+
+/// SerializeSafetensors + atomic write to `path`.
+Status WriteSafetensors(const std::string& path, const std::vector<const TensorToWrite*>& tensors,
+                        const std::map<std::string, std::string>& metadata);
+
+}  // namespace nibble
