@@ -238,15 +238,28 @@ Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const Tensor
   std::set<std::string> seen;
   // nlohmann's object is sorted by key; the data region is laid out in the caller's order.
   for (const TensorToWrite* t : tensors) {
+    // "__metadata__" is the header's metadata slot: a tensor of that name would make the file
+    // unreadable.
+    if (t->name == "__metadata__") return MakeError("writing safetensors: \"__metadata__\" is reserved and cannot name a tensor");
     if (!seen.insert(t->name).second) return MakeError("writing safetensors: duplicate tensor name \"", t->name, "\"");
-    uint64_t numel = 1;
-    for (int64_t d : t->shape) numel *= static_cast<uint64_t>(d);
-    if (numel * DTypeSize(t->dtype) != t->bytes.size())
-      return MakeError("writing safetensors: tensor \"", t->name, "\" has ", t->bytes.size(), " bytes but shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " needs ", numel * DTypeSize(t->dtype));
+    // Same checks as the reader, so the writer never emits a header the reader refuses.
+    uint64_t nbytes = DTypeSize(t->dtype);
+    for (int64_t d : t->shape) {
+      if (d < 0) return MakeError("writing safetensors: tensor \"", t->name, "\" has negative dimension in shape ", ShapeToString(t->shape));
+      if (MulOverflow(nbytes, static_cast<uint64_t>(d), &nbytes) || nbytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        return MakeError("writing safetensors: tensor \"", t->name, "\" shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " overflows 64-bit byte count");
+    }
+    if (nbytes != t->bytes.size())
+      return MakeError("writing safetensors: tensor \"", t->name, "\" has ", t->bytes.size(), " bytes but shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " needs ", nbytes);
     header[t->name] = {{"dtype", DTypeName(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + t->bytes.size()}}};
     offset += t->bytes.size();
   }
-  std::string h = header.dump();
+  std::string h;
+  try {
+    h = header.dump();  // throws type_error 316 on a name or metadata string that is not UTF-8
+  } catch (const json::exception& e) {
+    return MakeError("writing safetensors: a tensor name or metadata string is not valid UTF-8 (", e.what(), ")");
+  }
   while (h.size() % 8 != 0) h.push_back(' ');
   std::vector<uint8_t> out(8 + h.size() + offset);
   uint64_t n = h.size();

@@ -1,0 +1,104 @@
+// nibble public C++ API: load a Hugging Face Llama-family checkpoint (dense now; quantized
+// formats as they land), generate text, and measure perplexity. Errors are values (Result /
+// Status, <nibble/result.h>) whose messages name the file, tensor or key involved.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nibble/result.h>
+
+namespace nibble {
+
+/// Sets the number of worker threads for all compute (0 = all cores). Default: all cores.
+void SetNumThreads(int n);
+/// Threads compute currently uses.
+int NumThreads();
+
+/// What was loaded (config.json numbers and how the weights are stored).
+struct ModelInfo {
+  std::string dir;
+  std::string architecture;  // "LlamaForCausalLM", ...
+  std::string model_type;
+  std::string torch_dtype;
+  int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0,
+          num_key_value_heads = 0, head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  int64_t num_parameters = 0;  // logical weight count (embeddings, norms, linears, lm_head if untied)
+  std::string weight_format;   // "dense"
+};
+
+/// A loaded model with its tokenizer.
+class Model {
+ public:
+  /// Loads `dir` (config.json, model.safetensors or a sharded index, tokenizer.model).
+  /// Errors: missing / malformed files, unsupported architecture, tensors whose shape or dtype
+  /// disagree with config.json, PyTorch pickles (refused).
+  static Result<std::unique_ptr<Model>> Load(const std::string& dir);
+  ~Model();
+  const ModelInfo& info() const;
+
+  /// Tokenizes like the HF tokenizer's default call (BOS prepended when add_bos_token).
+  Result<std::vector<int32_t>> Tokenize(const std::string& text) const;
+  std::string Detokenize(const std::vector<int32_t>& ids) const;
+
+  /// fp32 logits for every position of `ids` run as one sequence from position 0: [T, vocab].
+  Result<std::vector<float>> Logits(const std::vector<int32_t>& ids) const;
+
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  Model();
+  std::unique_ptr<Impl> impl_;
+};
+
+struct GenerateOptions {
+  std::string prompt;           // may be empty: generation starts from BOS alone
+  int64_t max_new_tokens = 128;
+  float temperature = 0.8f;     // 0 = greedy
+  int64_t top_k = 40;           // 0 = no top-k
+  float top_p = 0.95f;          // 1 = no nucleus cut
+  uint64_t seed = 0;
+};
+
+struct GenerateStats {
+  int64_t prompt_tokens = 0;     // incl. BOS
+  int64_t generated_tokens = 0;
+  double prefill_seconds = 0;    // prompt forward pass up to the first sampled token
+  double decode_seconds = 0;     // all later tokens
+  std::string stop_reason;       // "max_new_tokens" | "eos" | "context_full"
+};
+
+/// Generates from `options.prompt`, calling `on_text` with each new piece of UTF-8 text as soon
+/// as it is complete (the prompt text itself is not echoed). Errors: prompt not UTF-8, prompt
+/// longer than max_position_embeddings, empty prompt without a BOS token.
+Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options,
+                               const std::function<void(std::string_view)>& on_text);
+
+struct PerplexityOptions {
+  int64_t seq_len = 2048;
+  int64_t max_windows = 0;  // 0 = every full window
+  std::function<void(int64_t done, int64_t total)> progress;
+};
+
+/// Result of the "GPTQ/AWQ paper" protocol (SPEC §6.1), with the protocol's numbers.
+struct PerplexityReport {
+  double ppl = 0, mean_nll = 0;
+  int64_t seq_len = 0, n_tokens = 0, n_windows = 0, n_windows_available = 0, scored_tokens = 0,
+          dropped_tokens = 0;
+  bool bos_prepended = false;
+  double seconds = 0;
+  double tokens_per_second = 0;  // forward throughput (tokens run / seconds)
+};
+
+/// Tokenizes `text` once and evaluates non-overlapping windows. Errors: text not UTF-8, fewer
+/// tokens than one window, seq_len out of range.
+Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::string& text,
+                                            const PerplexityOptions& options);
+
+}  // namespace nibble

@@ -1,0 +1,92 @@
+// Public error values (part of the nibble API; std only).
+// Error values for everything caused by input (files, JSON, flags, shapes read from disk).
+//
+// Design: a small expected-like type so that C++20 code can return either a value or an Error
+// whose message says what, where (file / tensor / key / layer), expected and found. Context is
+// prepended as the error moves up a layer ("loading model dir X: tensor Y: ..."). Broken internal
+// contracts are not errors: they abort through NIBBLE_CHECK (check.h).
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+namespace nibble {
+
+/// An input error: a human-readable message naming what, where, expected and found.
+struct Error {
+  std::string message;
+
+  /// Returns a copy with `context + ": "` prepended (e.g. the file being loaded).
+  Error WithContext(const std::string& context) const { return Error{context + ": " + message}; }
+};
+
+/// Either a T or an Error. Access the value only after checking ok(); value() on an error aborts.
+template <typename T>
+class [[nodiscard]] Result {
+ public:
+  Result(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit on purpose
+  Result(Error error) : v_(std::in_place_index<1>, std::move(error)) {}  // NOLINT
+
+  bool ok() const { return v_.index() == 0; }
+  explicit operator bool() const { return ok(); }
+
+  T& value() & { Ensure(); return std::get<0>(v_); }
+  const T& value() const& { Ensure(); return std::get<0>(v_); }
+  T&& value() && { Ensure(); return std::get<0>(std::move(v_)); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+
+  const Error& error() const { return std::get<1>(v_); }
+
+ private:
+  void Ensure() const {
+    if (v_.index() != 0) {
+      std::fprintf(stderr, "nibble: internal error: value() on error result: %s\n",
+                   std::get<1>(v_).message.c_str());
+      std::abort();
+    }
+  }
+  std::variant<T, Error> v_;
+};
+
+/// A Result without a value: ok, or an Error.
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(Error error) : error_(std::move(error)) {}  // NOLINT: implicit on purpose
+  static Status Ok() { return Status(); }
+  bool ok() const { return !error_.has_value(); }
+  explicit operator bool() const { return ok(); }
+  const Error& error() const { return *error_; }
+
+ private:
+  std::optional<Error> error_;
+};
+
+inline void AppendPiece(std::string& s, const std::string& v) { s += v; }
+inline void AppendPiece(std::string& s, std::string_view v) { s += v; }
+inline void AppendPiece(std::string& s, const char* v) { s += v; }
+inline void AppendPiece(std::string& s, char v) { s += v; }
+template <typename N>
+  requires std::is_arithmetic_v<N>
+inline void AppendPiece(std::string& s, N v) { s += std::to_string(v); }
+
+/// Builds an Error from string pieces: MakeError("file ", path, ": expected ", a, ", found ", b).
+template <typename... Args>
+Error MakeError(Args&&... args) {
+  std::string s;
+  (AppendPiece(s, std::forward<Args>(args)), ...);
+  return Error{std::move(s)};
+}
+
+
+}  // namespace nibble
+

@@ -1,0 +1,68 @@
+#include <omp.h>
+
+#include "api/model_impl.h"
+
+namespace nibble {
+
+void SetNumThreads(int n) { omp_set_num_threads(n > 0 ? n : omp_get_num_procs()); }
+int NumThreads() { return omp_get_max_threads(); }
+
+Model::Model() : impl_(std::make_unique<Impl>()) {}
+Model::~Model() = default;
+const ModelInfo& Model::info() const { return impl_->info; }
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
+  std::unique_ptr<Model> m(new Model());
+  auto llama = LlamaModel::Load(dir);
+  if (!llama.ok()) return llama.error().WithContext("loading model " + dir);
+  auto tok = Tokenizer::Load(dir);
+  if (!tok.ok()) return tok.error().WithContext("loading tokenizer of " + dir);
+  m->impl_->llama = std::move(llama).value();
+  m->impl_->tokenizer = std::move(tok).value();
+  const ModelConfig& c = m->impl_->llama->config();
+  if (m->impl_->tokenizer->vocab_size() > c.vocab_size)
+    return MakeError(dir, ": tokenizer.model has ", m->impl_->tokenizer->vocab_size(),
+                     " pieces but config.json vocab_size is ", c.vocab_size);
+  ModelInfo& i = m->impl_->info;
+  i.dir = dir;
+  i.architecture = c.architecture;
+  i.model_type = c.model_type;
+  i.torch_dtype = c.torch_dtype;
+  i.hidden_size = c.hidden_size;
+  i.intermediate_size = c.intermediate_size;
+  i.num_hidden_layers = c.num_hidden_layers;
+  i.num_attention_heads = c.num_attention_heads;
+  i.num_key_value_heads = c.num_key_value_heads;
+  i.head_dim = c.head_dim;
+  i.vocab_size = c.vocab_size;
+  i.max_position_embeddings = c.max_position_embeddings;
+  i.tie_word_embeddings = c.tie_word_embeddings;
+  i.weight_format = "dense";
+  int64_t params = c.vocab_size * c.hidden_size + c.hidden_size;
+  for (const auto& layer : m->impl_->llama->layers()) {
+    params += 2 * c.hidden_size;
+    for (const Linear* l : {layer.q_proj.get(), layer.k_proj.get(), layer.v_proj.get(), layer.o_proj.get(),
+                            layer.gate_proj.get(), layer.up_proj.get(), layer.down_proj.get()})
+      params += l->in_features() * l->out_features();
+  }
+  if (!c.tie_word_embeddings) params += c.vocab_size * c.hidden_size;
+  i.num_parameters = params;
+  return m;
+}
+
+Result<std::vector<int32_t>> Model::Tokenize(const std::string& text) const {
+  return impl_->tokenizer->Encode(text);
+}
+
+std::string Model::Detokenize(const std::vector<int32_t>& ids) const { return impl_->tokenizer->Decode(ids); }
+
+Result<std::vector<float>> Model::Logits(const std::vector<int32_t>& ids) const {
+  const LlamaModel& llama = *impl_->llama;
+  if (ids.empty()) return MakeError("Logits: empty token sequence");
+  KvCache cache = llama.NewCache(static_cast<int64_t>(ids.size()));
+  std::vector<float> logits(ids.size() * static_cast<size_t>(llama.config().vocab_size));
+  NIBBLE_RETURN_IF_ERROR(llama.Forward(ids.data(), static_cast<int64_t>(ids.size()), cache, logits.data(), true));
+  return logits;
+}
+
+}  // namespace nibble

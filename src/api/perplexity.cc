@@ -1,0 +1,32 @@
+#include <chrono>
+
+#include "api/model_impl.h"
+#include "eval/perplexity.h"
+
+namespace nibble {
+
+Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::string& text,
+                                            const PerplexityOptions& options) {
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, model.Tokenize(text));
+  PerplexityProtocol protocol;
+  protocol.seq_len = options.seq_len;
+  protocol.max_windows = options.max_windows;
+  protocol.progress = options.progress;
+  auto t0 = std::chrono::steady_clock::now();
+  NIBBLE_ASSIGN_OR_RETURN(PerplexityResult r, EvaluatePerplexityTokens(*model.impl().llama, tokens, protocol));
+  PerplexityReport rep;
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  rep.ppl = r.ppl;
+  rep.mean_nll = r.mean_nll;
+  rep.seq_len = options.seq_len;
+  rep.n_tokens = r.n_tokens;
+  rep.n_windows = r.n_windows;
+  rep.n_windows_available = r.n_windows_available;
+  rep.scored_tokens = r.scored_tokens;
+  rep.dropped_tokens = r.dropped_tokens;
+  rep.bos_prepended = model.impl().tokenizer->add_bos();
+  rep.tokens_per_second = rep.seconds > 0 ? static_cast<double>(r.n_windows * options.seq_len) / rep.seconds : 0;
+  return rep;
+}
+
+}  // namespace nibble

@@ -1,0 +1,55 @@
+#include "eval/perplexity.h"
+
+#include <cmath>
+
+namespace nibble {
+
+double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64_t n) {
+  double total = 0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits + i * vocab;
+    float mx = row[0];
+    for (int64_t j = 1; j < vocab; ++j) mx = row[j] > mx ? row[j] : mx;
+    double sum = 0;
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+    total += (std::log(sum) + mx) - static_cast<double>(row[targets[i]]);
+  }
+  return total / static_cast<double>(n);
+}
+
+Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const std::vector<int32_t>& tokens,
+                                                  const PerplexityProtocol& protocol) {
+  const ModelConfig& c = model.config();
+  const int64_t seq_len = protocol.seq_len;
+  if (seq_len < 2) return MakeError("--seq_len ", seq_len, " is too small (need at least 2)");
+  if (seq_len > c.max_position_embeddings)
+    return MakeError("--seq_len ", seq_len, " exceeds the model's max_position_embeddings (", c.max_position_embeddings, ")");
+  PerplexityResult r;
+  r.n_tokens = static_cast<int64_t>(tokens.size());
+  r.n_windows_available = r.n_tokens / seq_len;
+  if (r.n_windows_available == 0)
+    return MakeError("text has ", r.n_tokens, " tokens, fewer than one window of seq_len ", seq_len);
+  r.n_windows = r.n_windows_available;
+  if (protocol.max_windows > 0 && protocol.max_windows < r.n_windows) r.n_windows = protocol.max_windows;
+  r.dropped_tokens = r.n_tokens - r.n_windows_available * seq_len;
+
+  std::vector<float> logits(static_cast<size_t>(seq_len * c.vocab_size));
+  KvCache cache = model.NewCache(seq_len);
+  double sum = 0;
+  for (int64_t w = 0; w < r.n_windows; ++w) {
+    cache.length = 0;
+    const int32_t* win = tokens.data() + w * seq_len;
+    NIBBLE_RETURN_IF_ERROR(model.Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true));
+    const double nll = MeanNll(logits.data(), c.vocab_size, win + 1, seq_len - 1);
+    r.window_mean_nll.push_back(nll);
+    sum += nll;
+    if (protocol.progress) protocol.progress(w + 1, r.n_windows);
+  }
+  r.scored_tokens = r.n_windows * (seq_len - 1);
+  r.mean_nll = sum / static_cast<double>(r.n_windows);
+  r.ppl = std::exp(r.mean_nll);
+  return r;
+}
+
+}  // namespace nibble

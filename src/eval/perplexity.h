@@ -1,0 +1,42 @@
+// Perplexity under the "GPTQ/AWQ paper" protocol (SPEC §6.1): tokenize the whole text once (one
+// BOS at the very start when the tokenizer adds one), cut into non-overlapping windows of seq_len
+// tokens, drop the remainder, run each window independently (fresh KV cache, no BOS inserted),
+// score positions 1..seq_len-1 of each window, PPL = exp(mean over windows of the window mean NLL).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "base/result.h"
+#include "model/llama.h"
+
+namespace nibble {
+
+struct PerplexityProtocol {
+  int64_t seq_len = 2048;
+  int64_t max_windows = 0;  // 0 = all windows
+  /// Called after each window with (windows done, windows total).
+  std::function<void(int64_t, int64_t)> progress;
+};
+
+struct PerplexityResult {
+  double ppl = 0;
+  double mean_nll = 0;           // nats per scored token
+  int64_t n_tokens = 0;          // tokens of the whole text (incl. BOS)
+  int64_t n_windows = 0;         // windows evaluated
+  int64_t n_windows_available = 0;
+  int64_t scored_tokens = 0;     // n_windows * (seq_len - 1)
+  int64_t dropped_tokens = 0;    // remainder after the last full window
+  std::vector<double> window_mean_nll;
+};
+
+/// Evaluates `tokens` (already tokenized whole text). Errors: seq_len < 2 or larger than
+/// max_position_embeddings, fewer tokens than one window (names the counts), forward errors.
+Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const std::vector<int32_t>& tokens,
+                                                  const PerplexityProtocol& protocol);
+
+/// Mean negative log-likelihood of targets[i] under logits row i, i < n (log-softmax in double).
+double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64_t n);
+
+}  // namespace nibble

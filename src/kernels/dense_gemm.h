@@ -1,0 +1,19 @@
+// Dense fp32 matrix products for the fp path (dense linears, attention scores), backed by
+// oneDNN's sgemm, which picks its kernels from CPU feature flags at run time (no environment
+// variable needed, unlike Debian's OpenBLAS 0.3.21 on recent Xeons). Row-major everywhere.
+#pragma once
+
+#include <cstdint>
+
+namespace nibble {
+
+/// y[M,N] = x[M,K] · w[N,K]ᵀ + beta · y.  Leading dimensions in elements (row strides).
+/// Preconditions (aborts otherwise): m, n, k > 0; ld* >= the row length.
+void SgemmXWt(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w,
+              int64_t ldw, float beta, float* y, int64_t ldy);
+
+/// y[M,N] = x[M,K] · w[K,N] + beta · y.  Leading dimensions in elements.
+void SgemmXW(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w,
+             int64_t ldw, float beta, float* y, int64_t ldy);
+
+}  // namespace nibble

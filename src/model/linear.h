@@ -1,0 +1,48 @@
+// The Linear interface every weight access of the model goes through: Dense (fp32 weights) now,
+// Int4 (native int4 layout, W4A32 kernels) for quantized checkpoints. y = x · Wᵀ + b, HF layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nibble {
+
+/// A linear layer y[M,N] = x[M,K] · W[N,K]ᵀ (+ bias[N]); N = out_features, K = in_features.
+class Linear {
+ public:
+  virtual ~Linear() = default;
+  virtual int64_t in_features() const = 0;   // K
+  virtual int64_t out_features() const = 0;  // N
+  /// x: [m, K] fp32 row-major; y: [m, N] fp32 row-major (overwritten). m >= 1.
+  virtual void Forward(const float* x, int64_t m, float* y) const = 0;
+  /// Short description for `inspect`, e.g. "dense f32" or "int4 uint4 g128".
+  virtual std::string Describe() const = 0;
+  /// Bytes of weight storage (excluding bias).
+  virtual int64_t WeightBytes() const = 0;
+};
+
+/// Dense fp32 linear through the dense GEMM (oneDNN sgemm). Weights may be shared (tied
+/// embeddings / lm_head).
+class DenseLinear final : public Linear {
+ public:
+  /// weight: [N, K] fp32; bias: empty or [N].
+  DenseLinear(int64_t n, int64_t k, std::shared_ptr<const std::vector<float>> weight, std::vector<float> bias);
+  int64_t in_features() const override { return k_; }
+  int64_t out_features() const override { return n_; }
+  void Forward(const float* x, int64_t m, float* y) const override;
+  std::string Describe() const override { return "dense f32"; }
+  int64_t WeightBytes() const override { return n_ * k_ * 4; }
+  const float* weight() const { return weight_->data(); }
+
+ private:
+  int64_t n_, k_;
+  std::shared_ptr<const std::vector<float>> weight_;
+  std::vector<float> bias_;
+};
+
+/// Adds bias[N] to every row of y[M,N].
+void AddBiasRows(float* y, int64_t m, int64_t n, const float* bias);
+
+}  // namespace nibble

@@ -1,0 +1,78 @@
+// Llama-family decoder forward pass (Llama, Mistral, Qwen2): embeddings, RMSNorm, RoPE in HF's
+// rotate_half convention, GQA attention with a KV cache, SwiGLU MLP, lm_head. fp32 compute.
+//
+// Design: every projection is a Linear (dense or int4), created by a LinearLoader so that
+// checkpoint formats plug in without touching the forward pass. Prefill runs a whole prompt as
+// one GEMM per projection; decode is the same code with T = 1.
+// Non-goals: batching several sequences, sliding-window attention.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/linear.h"
+
+namespace nibble {
+
+/// Creates the Linear for HF module `prefix` (e.g. "model.layers.0.self_attn.q_proj") with
+/// N = out_features, K = in_features, reading `prefix.bias` when `has_bias`.
+using LinearLoader = std::function<Result<std::unique_ptr<Linear>>(
+    const TensorStore& store, const std::string& prefix, int64_t n, int64_t k, bool has_bias)>;
+
+/// The default loader: fp weights (F32/F16/BF16) converted once to fp32.
+Result<std::unique_ptr<Linear>> LoadDenseLinear(const TensorStore& store, const std::string& prefix,
+                                                int64_t n, int64_t k, bool has_bias);
+
+/// Names of the seven projections of a decoder layer, HF module names relative to the layer.
+const std::vector<std::string>& DecoderLinearNames();
+
+/// Per-sequence key/value cache: per layer [capacity, num_key_value_heads * head_dim] for K and V.
+struct KvCache {
+  int64_t capacity = 0;  // max positions
+  int64_t length = 0;    // positions filled
+  std::vector<std::vector<float>> k, v;
+};
+
+struct DecoderLayer {
+  std::vector<float> input_layernorm;           // [hidden_size]
+  std::vector<float> post_attention_layernorm;  // [hidden_size]
+  std::unique_ptr<Linear> q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+};
+
+class LlamaModel {
+ public:
+  /// Loads config.json and tensors of `dir`; projections through `loader`.
+  /// Errors: config errors, missing tensors, shape / dtype mismatches (named), refused pickles.
+  static Result<std::unique_ptr<LlamaModel>> Load(const std::string& dir, const LinearLoader& loader = LoadDenseLinear);
+  /// Builds from an already opened store and parsed config (quantizers, tests).
+  static Result<std::unique_ptr<LlamaModel>> FromStore(const ModelConfig& config, const TensorStore& store,
+                                                       const LinearLoader& loader);
+
+  const ModelConfig& config() const { return config_; }
+  const std::vector<DecoderLayer>& layers() const { return layers_; }
+  const Linear& lm_head() const { return *lm_head_; }
+
+  /// A cache for up to `capacity` positions (<= max_position_embeddings).
+  KvCache NewCache(int64_t capacity) const;
+
+  /// Runs `tokens[0..t)` at positions cache.length .. cache.length + t - 1 and appends their K/V.
+  /// logits: [t, vocab_size] when all_logits, else [vocab_size] for the last token.
+  /// Errors: token id out of range, cache capacity exceeded (names position and limit).
+  Status Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits) const;
+
+ private:
+  ModelConfig config_;
+  std::vector<float> embed_tokens_;  // [vocab_size, hidden_size]
+  std::vector<float> norm_;          // [hidden_size]
+  std::vector<DecoderLayer> layers_;
+  std::unique_ptr<Linear> lm_head_;
+  std::vector<float> rope_cos_, rope_sin_;  // [max_position_embeddings, head_dim / 2]
+};
+
+}  // namespace nibble

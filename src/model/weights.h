@@ -1,0 +1,21 @@
+// Reading fp tensors of a checkpoint into fp32, with shape and dtype checks that name the tensor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "io/safetensors.h"
+
+namespace nibble {
+
+/// Converts a F32 / F16 / BF16 tensor to fp32 (exact). Errors: other dtypes (names tensor+file).
+Result<std::vector<float>> TensorToF32(const TensorView& t);
+
+/// Looks up `name`, checks its shape equals `expected_shape` and converts it to fp32.
+/// Errors: missing tensor, shape mismatch (expected vs found), non-float dtype.
+Result<std::vector<float>> LoadF32(const TensorStore& store, const std::string& name,
+                                   const std::vector<int64_t>& expected_shape);
+
+}  // namespace nibble

@@ -1,0 +1,55 @@
+// `nibble generate`: stream a continuation of a prompt; prefill / decode tokens/s on stderr.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nibble/nibble.h>
+
+#include "commands.h"
+
+namespace nibble_cli {
+
+namespace {
+struct GenerateArgs {
+  std::string model;
+  nibble::GenerateOptions opt;
+  int threads = 0;
+};
+}  // namespace
+
+Runner RegisterGenerate(CLI::App& app) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt (streams tokens as they come)");
+  cmd->add_option("--model,-m", args->model, "Model directory (HF layout: config.json, safetensors, tokenizer.model)")->required();
+  cmd->add_option("--prompt,-p", args->opt.prompt, "Prompt text (empty: start from BOS alone)");
+  cmd->add_option("-n,--max_new_tokens", args->opt.max_new_tokens, "Tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", args->opt.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top_k", args->opt.top_k, "Keep the k most likely tokens; 0 = all")->capture_default_str();
+  cmd->add_option("--top_p", args->opt.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
+  cmd->add_option("--seed", args->opt.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  return [args]() {
+    nibble::SetNumThreads(args->threads);
+    auto model = nibble::Model::Load(args->model);
+    if (!model.ok()) return Fail(model.error().message);
+    auto stats = nibble::Generate(**model, args->opt, [](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    });
+    if (!stats.ok()) return Fail(stats.error().message);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    const auto& s = *stats;
+    const int64_t decoded = s.generated_tokens > 0 ? s.generated_tokens - 1 : 0;
+    std::fprintf(stderr,
+                 "\nprefill: %lld tokens in %.3f s (%.1f tokens/s) | decode: %lld tokens in %.3f s (%.1f tokens/s) | "
+                 "stop: %s | threads: %d\n",
+                 static_cast<long long>(s.prompt_tokens), s.prefill_seconds,
+                 s.prefill_seconds > 0 ? s.prompt_tokens / s.prefill_seconds : 0.0, static_cast<long long>(decoded),
+                 s.decode_seconds, s.decode_seconds > 0 ? decoded / s.decode_seconds : 0.0, s.stop_reason.c_str(),
+                 nibble::NumThreads());
+    return 0;
+  };
+}
+
+}  // namespace nibble_cli

@@ -1,0 +1,66 @@
+// `nibble perplexity`: the GPTQ/AWQ-paper protocol (SPEC §6.1), printed next to the number.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include <nibble/nibble.h>
+#include <nibble/progress.h>
+
+#include "commands.h"
+
+namespace nibble_cli {
+
+namespace {
+struct PerplexityArgs {
+  std::string model, text;
+  int64_t seq_len = 2048, max_windows = 0;
+  int threads = 0;
+};
+}  // namespace
+
+Runner RegisterPerplexity(CLI::App& app) {
+  auto a = std::make_shared<PerplexityArgs>();
+  CLI::App* cmd = app.add_subcommand("perplexity", "Token perplexity of a text file (GPTQ/AWQ protocol, SPEC 6.1)");
+  cmd->add_option("--model,-m", a->model, "Model directory")->required();
+  cmd->add_option("--text,-f", a->text, "UTF-8 text file, evaluated as one string")->required();
+  cmd->add_option("--seq_len", a->seq_len, "Window length in tokens")->capture_default_str();
+  cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str();
+  cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  return [a]() {
+    nibble::SetNumThreads(a->threads);
+    std::ifstream in(a->text, std::ios::binary);
+    if (!in) return Fail("cannot open text file " + a->text);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto model = nibble::Model::Load(a->model);
+    if (!model.ok()) return Fail(model.error().message);
+    std::unique_ptr<nibble::ProgressBar> bar;
+    nibble::PerplexityOptions opt;
+    opt.seq_len = a->seq_len;
+    opt.max_windows = a->max_windows;
+    opt.progress = [&bar](int64_t done, int64_t total) {
+      if (!bar) bar = std::make_unique<nibble::ProgressBar>("perplexity", total);
+      bar->Update(done);
+    };
+    auto r = nibble::EvaluatePerplexity(**model, ss.str(), opt);
+    bar.reset();
+    if (!r.ok()) return Fail(a->text + ": " + r.error().message);
+    std::printf("model: %s\ntext: %s\n", a->model.c_str(), a->text.c_str());
+    std::printf("protocol: GPTQ/AWQ (SPEC 6.1): whole text tokenized once, %s, non-overlapping windows of %lld tokens, "
+                "remainder dropped, positions 1..%lld of each window scored\n",
+                r->bos_prepended ? "one BOS at the start" : "no BOS", static_cast<long long>(r->seq_len),
+                static_cast<long long>(r->seq_len - 1));
+    std::printf("tokens: %lld | windows: %lld of %lld | scored tokens: %lld | dropped tokens: %lld\n",
+                static_cast<long long>(r->n_tokens), static_cast<long long>(r->n_windows),
+                static_cast<long long>(r->n_windows_available), static_cast<long long>(r->scored_tokens),
+                static_cast<long long>(r->dropped_tokens));
+    std::printf("mean NLL: %.6f nats/token\nperplexity: %.4f\n", r->mean_nll, r->ppl);
+    std::fprintf(stderr, "throughput: %.1f tokens/s (%.2f s, %d threads)\n", r->tokens_per_second, r->seconds,
+                 nibble::NumThreads());
+    return 0;
+  };
+}
+
+}  // namespace nibble_cli

@@ -1,0 +1,20 @@
+// The `nibble` CLI: one file per subcommand, each registering itself on the CLI11 app and
+// returning a callback that runs it. Tools use only the public API (<nibble/...>).
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace nibble_cli {
+
+/// A subcommand's runner: returns the process exit code.
+using Runner = std::function<int()>;
+
+Runner RegisterGenerate(CLI::App& app);
+Runner RegisterPerplexity(CLI::App& app);
+
+/// Prints "nibble: error: <message>" to stderr and returns exit code 1.
+int Fail(const std::string& message);
+
+}  // namespace nibble_cli
