@@ -32,6 +32,7 @@ Runner RegisterGenerate(CLI::App& app) {
     nibble::SetNumThreads(args->threads);
     auto model = nibble::Model::Load(args->model);
     if (!model.ok()) return Fail(model.error().message);
+    std::fwrite(args->opt.prompt.data(), 1, args->opt.prompt.size(), stdout);  // echo, as llama.cpp does
     auto stats = nibble::Generate(**model, args->opt, [](std::string_view piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);

@@ -13,6 +13,8 @@ using Runner = std::function<int()>;
 
 Runner RegisterGenerate(CLI::App& app);
 Runner RegisterPerplexity(CLI::App& app);
+Runner RegisterQuantize(CLI::App& app);
+Runner RegisterInspect(CLI::App& app);
 
 /// Prints "nibble: error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   };
   add(nibble_cli::RegisterGenerate);
   add(nibble_cli::RegisterPerplexity);
+  add(nibble_cli::RegisterQuantize);
+  add(nibble_cli::RegisterInspect);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

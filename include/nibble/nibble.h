@@ -102,3 +102,68 @@ Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::strin
                                             const PerplexityOptions& options);
 
 }  // namespace nibble
+
+namespace nibble {
+
+/// `nibble quantize` request, in AMD Quark's vocabulary (quantize_quark.py flags).
+struct QuantizeRequest {
+  std::string model_dir;
+  std::string output_dir;
+  /// w_uint4_per_group_asym | w_int4_per_group_sym | w_uint4_per_channel_asym | w_int4_per_channel_sym
+  std::string quant_scheme = "w_uint4_per_group_asym";
+  int64_t group_size = 128;           // per_group schemes
+  std::string quant_algo = "rtn";
+  std::string pack_method = "reorder";  // reorder | order
+  std::vector<std::string> exclude_layers = {"lm_head"};  // fnmatch patterns or "re:<regex>"
+  /// Per-layer overrides "PATTERN:key=value[,key=value]", keys: group_size, quant_scheme.
+  std::vector<std::string> layer_quant_config;
+  /// A Quark `quantization_config` JSON file applied as written (replaces the flags above).
+  std::string quant_config_file;
+  std::string misaligned = "error";   // error | exclude | per_channel
+  int64_t max_shard_size = 5000000000;
+  bool overwrite = false;
+  std::function<void(int64_t done, int64_t total)> progress;
+};
+
+struct QuantizeSummary {
+  struct Layer {
+    std::string name, rule, scheme;  // scheme empty when kept in float
+    bool quantized = false;
+    int64_t n = 0, k = 0, bytes_in = 0, bytes_out = 0;
+    double rel_error = 0;  // ||W - dequant||_F / ||W||_F
+  };
+  std::vector<Layer> layers;
+  int64_t shards = 0, total_bytes = 0;
+  double seconds = 0;
+  std::string quantization_config_json;  // as written into config.json
+};
+
+/// Quantizes a float checkpoint into an AMD Quark hf_format checkpoint (atomically written).
+/// Errors: bad flags (unknown scheme / pack method, malformed overrides), conflicting flags with
+/// --quant_config, every config / tensor / output error of the pipeline.
+Result<QuantizeSummary> Quantize(const QuantizeRequest& request);
+
+/// What `nibble inspect` shows for a model directory.
+struct InspectReport {
+  struct Layer {
+    std::string name;
+    bool quantized = false;
+    std::string scheme;  // "uint4 per_group g128" or "float (BF16)"
+    std::string rule;    // why: layer_quant_config["…"] / layer_type_quant_config / global / excluded by "…" / not quantized
+    int64_t n = 0, k = 0;
+    int64_t stored_bytes = 0;  // bytes of this module's weight tensors on disk
+    int64_t float_bytes = 0;   // bytes the same weight takes in the model dtype
+  };
+  std::string dir;
+  std::string format;  // "dense" | "quark"
+  std::string torch_dtype;
+  std::string pack_method;  // quark only
+  std::string quantization_config_json;  // quark only
+  std::vector<Layer> layers;
+  int64_t total_tensor_bytes = 0;  // all tensors on disk
+};
+
+/// Inspects a model directory without running it. Errors: unreadable / malformed files.
+Result<InspectReport> Inspect(const std::string& dir);
+
+}  // namespace nibble

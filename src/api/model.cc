@@ -1,6 +1,7 @@
 #include <omp.h>
 
 #include "api/model_impl.h"
+#include "model/checkpoint_format.h"
 
 namespace nibble {
 
@@ -13,7 +14,8 @@ const ModelInfo& Model::info() const { return impl_->info; }
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   std::unique_ptr<Model> m(new Model());
-  auto llama = LlamaModel::Load(dir);
+  CheckpointInfo format;
+  auto llama = LoadAnyModel(dir, &format);
   if (!llama.ok()) return llama.error().WithContext("loading model " + dir);
   auto tok = Tokenizer::Load(dir);
   if (!tok.ok()) return tok.error().WithContext("loading tokenizer of " + dir);
@@ -37,7 +39,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   i.vocab_size = c.vocab_size;
   i.max_position_embeddings = c.max_position_embeddings;
   i.tie_word_embeddings = c.tie_word_embeddings;
-  i.weight_format = "dense";
+  i.weight_format = format.format == CheckpointFormat::kQuark ? "quark" : "dense";
   int64_t params = c.vocab_size * c.hidden_size + c.hidden_size;
   for (const auto& layer : m->impl_->llama->layers()) {
     params += 2 * c.hidden_size;

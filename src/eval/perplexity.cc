@@ -1,6 +1,9 @@
 #include "eval/perplexity.h"
 
 #include <cmath>
+#include <vector>
+
+#include "model/ops.h"
 
 namespace nibble {
 
@@ -11,8 +14,14 @@ double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64
     const float* row = logits + i * vocab;
     float mx = row[0];
     for (int64_t j = 1; j < vocab; ++j) mx = row[j] > mx ? row[j] : mx;
+    // fp32 exponentials (ExpF, ~2 ulp) summed in fp32 blocks, blocks summed in double.
     double sum = 0;
-    for (int64_t j = 0; j < vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+    for (int64_t j0 = 0; j0 < vocab; j0 += 256) {
+      float block = 0;
+      const int64_t j1 = j0 + 256 < vocab ? j0 + 256 : vocab;
+      for (int64_t j = j0; j < j1; ++j) block += ExpF(row[j] - mx);
+      sum += block;
+    }
     total += (std::log(sum) + mx) - static_cast<double>(row[targets[i]]);
   }
   return total / static_cast<double>(n);

@@ -9,10 +9,18 @@ namespace nibble {
 
 using nlohmann::json;
 
+namespace {
+// Thrown from the parse callback to stop at the first too-deep value.
+struct JsonTooDeep {};
+}  // namespace
+
 Result<json> ParseJsonText(const std::string& text, const std::string& what) {
   std::vector<std::set<std::string>> keys_per_depth;
   std::string duplicate;
   json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
+    // Untrusted files (a safetensors header may be 100 MB) could otherwise nest millions of
+    // levels deep and cost gigabytes of DOM and per-depth key sets.
+    if (depth > kMaxJsonDepth) throw JsonTooDeep{};
     size_t d = static_cast<size_t>(depth);
     if (keys_per_depth.size() <= d) keys_per_depth.resize(d + 1);
     if (event == json::parse_event_t::object_start) {
@@ -29,6 +37,8 @@ Result<json> ParseJsonText(const std::string& text, const std::string& what) {
     j = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
   } catch (const json::exception& e) {
     return MakeError(what, ": not valid JSON (", e.what(), ")");
+  } catch (const JsonTooDeep&) {
+    return MakeError(what, ": JSON nested deeper than ", kMaxJsonDepth, " levels");
   }
   if (!duplicate.empty()) return MakeError(what, ": duplicate key \"", duplicate, "\"");
   return j;

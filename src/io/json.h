@@ -10,8 +10,11 @@
 
 namespace nibble {
 
+/// Deepest nesting of arrays/objects accepted (real configs and headers use < 10 levels).
+inline constexpr int kMaxJsonDepth = 256;
+
 /// Parses `text`; `what` (e.g. a file path) prefixes errors. Errors: not valid JSON / not UTF-8
-/// (with nlohmann's byte position), duplicate key.
+/// (with nlohmann's byte position), duplicate key, nesting deeper than kMaxJsonDepth.
 Result<nlohmann::json> ParseJsonText(const std::string& text, const std::string& what);
 
 /// Reads and parses the file at `path`. Errors: unreadable file, plus ParseJsonText's.

@@ -106,8 +106,9 @@ struct TensorToWrite {
 };
 
 /// Serialises tensors (in the given order) with optional __metadata__ into a safetensors image.
-/// Header padded with spaces to a multiple of 8 bytes. Errors: duplicate names, byte count
-/// not matching shape x dtype.
+/// Header padded with spaces to a multiple of 8 bytes. Errors: duplicate names, a tensor named
+/// "__metadata__", negative dimension, size overflow, byte count not matching shape x dtype, a name
+/// or metadata string that is not UTF-8 (so it never writes a file ParseSafetensors refuses).
 Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const TensorToWrite*>& tensors,
                                                   const std::map<std::string, std::string>& metadata);
 

@@ -130,22 +130,26 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
     std::copy(k.begin(), k.end(), kc + p0 * kv_dim);
     std::copy(v.begin(), v.end(), vc + p0 * kv_dim);
 
+    // Attention per head: scores by GEMM (threaded inside oneDNN), causal softmax rows in
+    // parallel, then P·V by GEMM. Rows past the causal limit are zeroed so the GEMM ignores them.
     const int64_t group = nh / nkv;
-#pragma omp parallel for schedule(static)
     for (int64_t head = 0; head < nh; ++head) {
-      const int64_t kvh = head / group;
-      float* s = scores.data() + head * t * L;
       // s[T, L] = q_h[T, hd] · K_h[L, hd]ᵀ
-      SgemmXWt(t, L, hd, q.data() + head * hd, q_dim, kc + kvh * hd, kv_dim, 0.0f, s, L);
-      for (int64_t i = 0; i < t; ++i) {
-        float* row = s + i * L;
-        const int64_t valid = p0 + i + 1;
-        for (int64_t j = 0; j < valid; ++j) row[j] *= scale;
-        SoftmaxRow(row, valid);
-        for (int64_t j = valid; j < L; ++j) row[j] = 0.0f;
-      }
+      SgemmXWt(t, L, hd, q.data() + head * hd, q_dim, kc + (head / group) * hd, kv_dim, 0.0f,
+               scores.data() + head * t * L, L);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < nh * t; ++r) {
+      float* row = scores.data() + r * L;
+      const int64_t valid = p0 + (r % t) + 1;
+      for (int64_t j = 0; j < valid; ++j) row[j] *= scale;
+      SoftmaxRow(row, valid);
+      for (int64_t j = valid; j < L; ++j) row[j] = 0.0f;
+    }
+    for (int64_t head = 0; head < nh; ++head) {
       // attn_h[T, hd] = P[T, L] · V_h[L, hd]
-      SgemmXW(t, hd, L, s, L, vc + kvh * hd, kv_dim, 0.0f, attn.data() + head * hd, q_dim);
+      SgemmXW(t, hd, L, scores.data() + head * t * L, L, vc + (head / group) * hd, kv_dim, 0.0f,
+              attn.data() + head * hd, q_dim);
     }
     layer.o_proj->Forward(attn.data(), t, tmp.data());
     for (int64_t i = 0; i < t * h; ++i) x[i] += tmp[i];

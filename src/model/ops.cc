@@ -57,20 +57,24 @@ void ApplyRope(float* x, int64_t heads, int64_t head_dim, const float* cos, cons
   }
 }
 
+void ExpInPlace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = ExpF(x[i]);
+}
+
 void SoftmaxRow(float* row, int64_t n) {
   float mx = row[0];
   for (int64_t i = 1; i < n; ++i) mx = row[i] > mx ? row[i] : mx;
-  double sum = 0;
+  float sum = 0;
   for (int64_t i = 0; i < n; ++i) {
-    row[i] = std::exp(row[i] - mx);
+    row[i] = ExpF(row[i] - mx);
     sum += row[i];
   }
-  const float inv = static_cast<float>(1.0 / sum);
+  const float inv = 1.0f / sum;
   for (int64_t i = 0; i < n; ++i) row[i] *= inv;
 }
 
 void SiluMul(const float* g, const float* u, int64_t n, float* a) {
-  for (int64_t i = 0; i < n; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  for (int64_t i = 0; i < n; ++i) a[i] = g[i] / (1.0f + ExpF(-g[i])) * u[i];
 }
 
 }  // namespace nibble

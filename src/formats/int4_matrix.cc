@@ -1,0 +1,55 @@
+// Int4Matrix validation and reference dequantization.
+#include "formats/int4_matrix.h"
+
+#include <cmath>
+#include <string>
+
+#include "base/check.h"
+
+namespace nibble {
+
+Status ValidateInt4Matrix(const Int4Matrix& m, const std::string& what) {
+  if (m.n < 1 || m.k < 1)
+    return MakeError(what, ": int4 matrix shape [", m.n, ", ", m.k, "] must have N >= 1 and K >= 1");
+  if (m.group_size < 1 || m.group_size > m.k || m.k % m.group_size != 0)
+    return MakeError(what, ": group size ", m.group_size, " does not divide K = ", m.k);
+  if (m.n > INT64_MAX / m.k) return MakeError(what, ": N * K overflows (N = ", m.n, ", K = ", m.k, ")");
+  const int64_t g_count = m.groups();
+  const size_t nk = static_cast<size_t>(m.n * m.k);
+  const size_t ng = static_cast<size_t>(m.n * g_count);
+  if (m.codes.size() != nk) return MakeError(what, ": codes has ", m.codes.size(), " elements, expected N*K = ", nk);
+  if (m.scales.size() != ng) return MakeError(what, ": scales has ", m.scales.size(), " elements, expected N*G = ", ng);
+  if (m.zero_points.size() != ng)
+    return MakeError(what, ": zero_points has ", m.zero_points.size(), " elements, expected N*G = ", ng);
+  for (size_t i = 0; i < nk; ++i) {
+    if (m.codes[i] > 15)
+      return MakeError(what, ": codes[", i / m.k, "][", i % m.k, "] = ", int{m.codes[i]}, " out of range 0..15");
+  }
+  for (size_t i = 0; i < ng; ++i) {
+    const int64_t row = static_cast<int64_t>(i) / g_count, grp = static_cast<int64_t>(i) % g_count;
+    if (m.zero_points[i] > 15)
+      return MakeError(what, ": zero_points[", row, "][", grp, "] = ", int{m.zero_points[i]}, " out of range 0..15");
+    if (m.symmetric && m.zero_points[i] != 8)
+      return MakeError(what, ": zero_points[", row, "][", grp, "] = ", int{m.zero_points[i]},
+                       ", expected 8 for a symmetric matrix");
+    if (!std::isfinite(m.scales[i]))
+      return MakeError(what, ": scales[", row, "][", grp, "] = ", m.scales[i], " is not finite");
+  }
+  return Status::Ok();
+}
+
+void DequantizeRef(const Int4Matrix& m, float* out) {
+  NIBBLE_CHECK(m.n >= 0 && m.k >= 0 && m.group_size > 0 && m.k % m.group_size == 0);
+  const int64_t g = m.group_size, G = m.groups();
+  NIBBLE_CHECK(m.codes.size() == static_cast<size_t>(m.n * m.k));
+  NIBBLE_CHECK(m.scales.size() == static_cast<size_t>(m.n * G) && m.zero_points.size() == m.scales.size());
+  for (int64_t r = 0; r < m.n; ++r) {
+    for (int64_t c = 0; c < m.k; ++c) {
+      const int64_t gi = r * G + c / g;
+      const int diff = int{m.codes[r * m.k + c]} - int{m.zero_points[gi]};
+      out[r * m.k + c] = static_cast<float>(diff) * m.scales[gi];
+    }
+  }
+}
+
+}  // namespace nibble

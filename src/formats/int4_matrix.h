@@ -1,0 +1,50 @@
+// The one native in-memory int4 layout of a quantized linear layer.
+//
+// Every importer (Quark, AutoAWQ, compressed-tensors, GPTQ) decodes into Int4Matrix and every
+// exporter reads from it, so formats are converted through one hub instead of pairwise. The
+// layout is deliberately simple — one unsigned code per byte, row-major like the HF weight
+// [N = out_features, K = in_features] — and is the executable definition of the dequantized
+// value. Kernels use their own packed layouts derived from it (non-goal here).
+//
+// Convention (SPEC Appendix A, §1.5 "uint4b8"): codes and zero points are unsigned 0..15 and
+//   w[n][k] = (codes[n*K + k] - zero_points[n*G + k/g]) * scales[n*G + k/g],   G = K / g.
+// Asymmetric uint4 stores Quark's codes and zero points as is. Symmetric int4 stores the signed
+// code q ∈ [-8, 7] as q + 8 with every zero point 8, which gives the same w = q * s.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+
+namespace nibble {
+
+/// Quantized weight of one linear layer, unpacked (see the file comment for the formula).
+struct Int4Matrix {
+  int64_t n = 0;           // out_features (rows)
+  int64_t k = 0;           // in_features (columns)
+  int64_t group_size = 0;  // g along K; equals k for per-channel; k % g == 0
+  std::vector<uint8_t> codes;        // [N, K] unsigned codes 0..15, one per byte
+  std::vector<float> scales;         // [N, K / g] fp32 (values already rounded to the stored dtype)
+  std::vector<uint8_t> zero_points;  // [N, K / g] unsigned 0..15; all 8 when symmetric
+  bool symmetric = false;            // true: Quark int4 (zero points are 8)
+
+  /// Groups per row G = K / g.
+  int64_t groups() const { return group_size > 0 ? k / group_size : 0; }
+
+  bool operator==(const Int4Matrix&) const = default;
+};
+
+/// Checks the invariants: n >= 1, k >= 1, 1 <= g <= k, k % g == 0, vector sizes N*K and N*G,
+/// codes and zero points <= 15, zero points == 8 when symmetric, scales finite. `what` names the
+/// layer in errors ("model.layers.0.mlp.up_proj: codes[3][17] = 16 out of range 0..15").
+Status ValidateInt4Matrix(const Int4Matrix& m, const std::string& what);
+
+/// Dense fp32 dequantization out[n*K + k] = (code - zero) * scale (exact fp32 arithmetic:
+/// the difference is a small integer, so the only rounding is the one product).
+/// Precondition (aborts otherwise): m satisfies ValidateInt4Matrix's size invariants;
+/// `out` has room for N*K floats.
+void DequantizeRef(const Int4Matrix& m, float* out);
+
+}  // namespace nibble

@@ -1,0 +1,263 @@
+// Quark hf_format int4 pack / unpack (layout in quark_pack.h).
+#include "formats/quark_pack.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "formats/float_dtype.h"
+
+namespace nibble {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "safetensors words are little-endian; big-endian hosts unsupported");
+
+constexpr int kReorderMap[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // nibble i holds element kReorderMap[i]
+constexpr int kOrderMap[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+
+const int* OrderMap(PackMethod p) { return p == PackMethod::kReorder ? kReorderMap : kOrderMap; }
+
+int64_t CeilDiv8(int64_t v) { return (v + 7) / 8; }
+
+// Native code / zero point (0..15, int4 stored as q + 8) → stored nibble, and back. For int4 the
+// stored nibble is the two's complement of q = u − 8, which is u XOR 8 (SPEC §1.5).
+inline uint8_t ToStored(uint8_t u, bool int4) { return int4 ? static_cast<uint8_t>(u ^ 8u) : u; }
+inline uint8_t FromStored(uint8_t nib, bool int4) { return int4 ? static_cast<uint8_t>(nib ^ 8u) : nib; }
+
+inline uint32_t LoadWord(const uint8_t* base, int64_t idx) {
+  uint32_t w;
+  std::memcpy(&w, base + idx * 4, 4);
+  return w;
+}
+
+// Packs a logical [rows, cols] grid of nibbles (get(r, c) ∈ 0..15) along cols into
+// [rows, ceil(cols/8)] little-endian int32 words; padding nibbles are 0.
+template <typename Get>
+std::vector<uint8_t> PackGrid(int64_t rows, int64_t cols, PackMethod pack, Get get) {
+  const int64_t words = CeilDiv8(cols);
+  std::vector<uint8_t> bytes(static_cast<size_t>(rows * words * 4));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < words; ++c) {
+      uint8_t nib[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t j = 0; j < 8 && 8 * c + j < cols; ++j) nib[j] = get(r, 8 * c + j);
+      const uint32_t w = PackNibbleWord(nib, pack);
+      std::memcpy(bytes.data() + (r * words + c) * 4, &w, 4);
+    }
+  }
+  return bytes;
+}
+
+// Unpacks [rows, ceil(cols/8)] words; calls put(r, c, nibble) for c < cols (padding skipped).
+template <typename Put>
+void UnpackGrid(const uint8_t* data, int64_t rows, int64_t cols, PackMethod pack, Put put) {
+  const int64_t words = CeilDiv8(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < words; ++c) {
+      uint8_t nib[8];
+      UnpackNibbleWord(LoadWord(data, r * words + c), pack, nib);
+      for (int64_t j = 0; j < 8 && 8 * c + j < cols; ++j) put(r, 8 * c + j, nib[j]);
+    }
+  }
+}
+
+std::string Layout(const WeightQuantSpec& spec, int64_t n, int64_t k) {
+  std::string s = std::string("Quark ") + QuantDTypeName(spec.dtype) + " " + QSchemeName(spec.qscheme);
+  if (spec.qscheme == QScheme::kPerGroup) s += " g=" + std::to_string(spec.EffectiveGroupSize(k));
+  return s + ", N=" + std::to_string(n) + ", K=" + std::to_string(k);
+}
+
+std::string TensorLabel(const TensorView& t) {
+  return "tensor " + t.name + (t.file.empty() ? "" : " (" + t.file + ")");
+}
+
+// Spec-only checks shared by shapes, export and import.
+Status CheckSpec(const WeightQuantSpec& spec, const std::string& what) {
+  if ((spec.dtype == QuantDType::kInt4) != spec.symmetric)
+    return MakeError(what, ": dtype ", QuantDTypeName(spec.dtype), " with symmetric ", spec.symmetric ? "true" : "false",
+                     " is not supported (expected int4 symmetric or uint4 asymmetric)");
+  if (spec.group_size == 0 || spec.group_size < -1)
+    return MakeError(what, ": invalid group_size ", spec.group_size, " (expected a positive integer or -1)");
+  if (spec.qscheme == QScheme::kPerChannel && spec.group_size != -1)
+    return MakeError(what, ": per_channel spec with group_size ", spec.group_size, " (expected -1)");
+  return Status::Ok();
+}
+
+}  // namespace
+
+uint32_t PackNibbleWord(const uint8_t nibbles[8], PackMethod pack) {
+  const int* map = OrderMap(pack);
+  uint32_t w = 0;
+  for (int i = 0; i < 8; ++i) w |= static_cast<uint32_t>(nibbles[map[i]] & 0xFu) << (4 * i);
+  return w;
+}
+
+void UnpackNibbleWord(uint32_t word, PackMethod pack, uint8_t nibbles[8]) {
+  const int* map = OrderMap(pack);
+  for (int i = 0; i < 8; ++i) nibbles[map[i]] = static_cast<uint8_t>((word >> (4 * i)) & 0xFu);
+}
+
+Result<QuarkTensorShapes> QuarkLinearShapes(const WeightQuantSpec& spec, int64_t n, int64_t k) {
+  NIBBLE_RETURN_IF_ERROR(CheckSpec(spec, "Quark layout"));
+  if (n < 1 || k < 1) return MakeError("Quark layout: shape N = ", n, ", K = ", k, " must have N >= 1 and K >= 1");
+  const int64_t g = spec.EffectiveGroupSize(k);
+  if (k % g != 0)
+    return MakeError("Quark layout: input size K = ", k, " is not aligned with group_size ", g, " (N = ", n, ", K = ", k,
+                     ", g = ", g, ")");
+  if (n > INT64_MAX / k) return MakeError("Quark layout: N * K overflows (N = ", n, ", K = ", k, ")");
+  QuarkTensorShapes s;
+  if (spec.qscheme == QScheme::kPerGroup) {
+    s.weight = {k, CeilDiv8(n)};
+    s.weight_scale = {k / g, n};
+    s.weight_zero_point = {k / g, CeilDiv8(n)};
+  } else {
+    s.weight = {n, CeilDiv8(k)};
+    s.weight_scale = {n};
+    s.weight_zero_point = {CeilDiv8(n)};
+  }
+  return s;
+}
+
+Result<QuarkLinearTensors> ExportQuarkLinear(const std::string& prefix, const Int4Matrix& m, const WeightQuantSpec& spec,
+                                             PackMethod pack, DType scale_dtype) {
+  NIBBLE_RETURN_IF_ERROR(ValidateInt4Matrix(m, prefix));
+  NIBBLE_RETURN_IF_ERROR(CheckSpec(spec, prefix));
+  if (!IsFloatScaleDType(scale_dtype))
+    return MakeError(prefix, ": scale dtype ", DTypeName(scale_dtype), " is not supported (expected F32, F16 or BF16)");
+  if (m.symmetric != spec.symmetric)
+    return MakeError(prefix, ": matrix is ", m.symmetric ? "symmetric" : "asymmetric", " but the spec says ",
+                     QuantDTypeName(spec.dtype), " symmetric=", spec.symmetric ? "true" : "false");
+  if (m.group_size != spec.EffectiveGroupSize(m.k))
+    return MakeError(prefix, ": matrix group size ", m.group_size, " does not match the spec's ",
+                     spec.EffectiveGroupSize(m.k), " (group_size ", spec.group_size, ", K = ", m.k, ")");
+  NIBBLE_ASSIGN_OR_RETURN(QuarkTensorShapes shapes, QuarkLinearShapes(spec, m.n, m.k));
+
+  const bool int4 = spec.dtype == QuantDType::kInt4;
+  const int64_t n = m.n, k = m.k, G = m.groups();
+  QuarkLinearTensors t;
+  t.weight.name = prefix + ".weight";
+  t.weight.dtype = DType::kI32;
+  t.weight.shape = shapes.weight;
+  t.weight_zero_point.name = prefix + ".weight_zero_point";
+  t.weight_zero_point.dtype = DType::kI32;
+  t.weight_zero_point.shape = shapes.weight_zero_point;
+  t.weight_scale.name = prefix + ".weight_scale";
+  t.weight_scale.dtype = scale_dtype;
+  t.weight_scale.shape = shapes.weight_scale;
+
+  auto code = [&](int64_t r, int64_t c) { return ToStored(m.codes[static_cast<size_t>(r * k + c)], int4); };
+  auto zero = [&](int64_t r, int64_t gi) { return ToStored(m.zero_points[static_cast<size_t>(r * G + gi)], int4); };
+  if (spec.qscheme == QScheme::kPerGroup) {
+    // Transposed: row = input k (or group), packed along outputs.
+    t.weight.bytes = PackGrid(k, n, pack, [&](int64_t kk, int64_t nn) { return code(nn, kk); });
+    t.weight_zero_point.bytes = PackGrid(G, n, pack, [&](int64_t gi, int64_t nn) { return zero(nn, gi); });
+  } else {
+    t.weight.bytes = PackGrid(n, k, pack, code);
+    t.weight_zero_point.bytes = PackGrid(1, n, pack, [&](int64_t, int64_t nn) { return zero(nn, 0); });
+  }
+
+  const size_t es = DTypeSize(scale_dtype);
+  t.weight_scale.bytes.resize(static_cast<size_t>(n * G) * es);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t gi = 0; gi < G; ++gi) {
+      const float s = m.scales[static_cast<size_t>(r * G + gi)];
+      if (!std::isfinite(RoundToDType(s, scale_dtype)))
+        return MakeError(prefix, ": scale[", r, "][", gi, "] = ", s, " overflows ", DTypeName(scale_dtype));
+      // per_group scale is [G, N] (transposed); per_channel [N] (G == 1): same index gi * N + r.
+      StoreFloatAs(s, scale_dtype, t.weight_scale.bytes.data() + static_cast<size_t>(gi * n + r) * es);
+    }
+  }
+  return t;
+}
+
+Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
+                                     PackMethod pack, int64_t expected_n, int64_t expected_k) {
+  NIBBLE_RETURN_IF_ERROR(CheckSpec(spec, prefix));
+  auto shapes_or = QuarkLinearShapes(spec, expected_n, expected_k);
+  if (!shapes_or.ok()) return shapes_or.error().WithContext(prefix);
+  const QuarkTensorShapes& shapes = *shapes_or;
+  const std::string layout = Layout(spec, expected_n, expected_k);
+
+  struct Expect {
+    const TensorView* view;
+    const char* suffix;
+    const std::vector<int64_t>* shape;
+    bool is_float;
+  };
+  const Expect expects[3] = {{views.weight, ".weight", &shapes.weight, false},
+                             {views.weight_scale, ".weight_scale", &shapes.weight_scale, true},
+                             {views.weight_zero_point, ".weight_zero_point", &shapes.weight_zero_point, false}};
+  for (const Expect& e : expects) {
+    const std::string want_dtype = e.is_float ? "F32, F16 or BF16" : "I32";
+    if (e.view == nullptr)
+      return MakeError("tensor ", prefix, e.suffix, ": missing; expected ", want_dtype, " ", ShapeToString(*e.shape), " (",
+                       layout, ")");
+    const TensorView& v = *e.view;
+    const bool dtype_ok = e.is_float ? IsFloatScaleDType(v.dtype) : v.dtype == DType::kI32;
+    if (!dtype_ok)
+      return MakeError(TensorLabel(v), ": dtype ", DTypeName(v.dtype), ", expected ", want_dtype, " (", layout, ")",
+                       e.is_float ? "" : "; a float weight means weight_format fake_quantized or an unquantized layer");
+    if (v.shape != *e.shape)
+      return MakeError(TensorLabel(v), ": shape ", v.ShapeString(), ", expected ", ShapeToString(*e.shape), " (", layout, ")");
+    if (v.nbytes != static_cast<size_t>(v.numel()) * DTypeSize(v.dtype) || (v.data == nullptr && v.nbytes != 0))
+      return MakeError(TensorLabel(v), ": holds ", v.nbytes, " bytes, expected ", static_cast<size_t>(v.numel()) * DTypeSize(v.dtype));
+  }
+
+  const bool int4 = spec.dtype == QuantDType::kInt4;
+  const int64_t n = expected_n, k = expected_k, g = spec.EffectiveGroupSize(k), G = k / g;
+  Int4Matrix m;
+  m.n = n;
+  m.k = k;
+  m.group_size = g;
+  m.symmetric = int4;
+  m.codes.resize(static_cast<size_t>(n * k));
+  m.scales.resize(static_cast<size_t>(n * G));
+  m.zero_points.resize(static_cast<size_t>(n * G));
+
+  auto set_code = [&](int64_t r, int64_t c, uint8_t nib) { m.codes[static_cast<size_t>(r * k + c)] = FromStored(nib, int4); };
+  // Zero points: record the first bad int4 nibble (must be 0 = signed zero point 0).
+  int64_t bad_group = -1, bad_out = -1;
+  int bad_nib = 0;
+  auto set_zero = [&](int64_t r, int64_t gi, uint8_t nib) {
+    if (int4 && nib != 0 && bad_group < 0) {
+      bad_group = gi;
+      bad_out = r;
+      bad_nib = nib;
+    }
+    m.zero_points[static_cast<size_t>(r * G + gi)] = FromStored(nib, int4);
+  };
+  const TensorView& wt = *views.weight;
+  const TensorView& zt = *views.weight_zero_point;
+  const TensorView& st = *views.weight_scale;
+  if (spec.qscheme == QScheme::kPerGroup) {
+    UnpackGrid(wt.data, k, n, pack, [&](int64_t kk, int64_t nn, uint8_t nib) { set_code(nn, kk, nib); });
+    UnpackGrid(zt.data, G, n, pack, [&](int64_t gi, int64_t nn, uint8_t nib) { set_zero(nn, gi, nib); });
+  } else {
+    UnpackGrid(wt.data, n, k, pack, set_code);
+    UnpackGrid(zt.data, 1, n, pack, [&](int64_t, int64_t nn, uint8_t nib) { set_zero(nn, 0, nib); });
+  }
+  if (bad_group >= 0)
+    return MakeError(TensorLabel(zt), ": zero point nibble ", bad_nib, " out of range for symmetric int4 (group ", bad_group,
+                     ", output ", bad_out, "; expected 0: Quark int4 zero points are all 0)");
+
+  const size_t es = DTypeSize(st.dtype);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t gi = 0; gi < G; ++gi) {
+      const float s = LoadFloatAs(st.data + static_cast<size_t>(gi * n + r) * es, st.dtype);
+      if (!std::isfinite(s))
+        return MakeError(TensorLabel(st), ": scale for group ", gi, ", output ", r, " is ", s, " (expected a finite value)");
+      m.scales[static_cast<size_t>(r * G + gi)] = s;
+    }
+  }
+  return m;
+}
+
+Result<Int4Matrix> ImportQuarkLinear(const TensorStore& store, const std::string& prefix, const WeightQuantSpec& spec,
+                                     PackMethod pack, int64_t expected_n, int64_t expected_k) {
+  QuarkLinearViews views{store.Find(prefix + ".weight"), store.Find(prefix + ".weight_scale"),
+                         store.Find(prefix + ".weight_zero_point")};
+  auto r = ImportQuarkLinear(views, prefix, spec, pack, expected_n, expected_k);
+  if (!r.ok() && !store.description().empty()) return r.error().WithContext(store.description());
+  return r;
+}
+
+}  // namespace nibble

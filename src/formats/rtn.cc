@@ -1,0 +1,102 @@
+// Quark RTN reference quantizer (see rtn.h for the arithmetic and its sources).
+#include "formats/rtn.h"
+
+#include <algorithm>
+#include <cfenv>
+#include <cmath>
+#include <string>
+
+#include "formats/float_dtype.h"
+
+namespace nibble {
+namespace {
+
+constexpr float kEps = 1.1920928955078125e-07f;  // torch.finfo(torch.float32).eps = 2^-23
+
+// a * b rounded to fp32 on its own: the volatile store keeps the compiler from contracting the
+// following addition into an FMA, which would skip the rounding torch performs after the mul.
+inline float RoundedMul(float a, float b) {
+  volatile float p = a * b;
+  return p;
+}
+
+// Round half to even under the default rounding mode (SPEC §4.6).
+inline float RoundHalfEven(float v) { return std::nearbyint(v); }
+
+}  // namespace
+
+Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const WeightQuantSpec& spec, DType scale_dtype) {
+  if (n < 1 || k < 1) return MakeError("QuantizeRtnRef: weight shape [", n, ", ", k, "] must have N >= 1 and K >= 1");
+  if (!IsFloatScaleDType(scale_dtype))
+    return MakeError("QuantizeRtnRef: scale dtype ", DTypeName(scale_dtype), " is not supported (expected F32, F16 or BF16)");
+  if (spec.round_method != "half_even")
+    return MakeError("QuantizeRtnRef: round_method \"", spec.round_method, "\" is not implemented (expected \"half_even\")");
+  const bool sym = spec.dtype == QuantDType::kInt4;
+  if (sym != spec.symmetric)
+    return MakeError("QuantizeRtnRef: dtype ", QuantDTypeName(spec.dtype), " with symmetric ", spec.symmetric ? "true" : "false",
+                     " is not supported (expected int4 symmetric or uint4 asymmetric)");
+  if (spec.qscheme == QScheme::kPerChannel && spec.group_size != -1)
+    return MakeError("QuantizeRtnRef: per_channel spec has group_size ", spec.group_size, ", expected -1");
+  if (spec.group_size == 0 || spec.group_size < -1)
+    return MakeError("QuantizeRtnRef: invalid group_size ", spec.group_size, " (expected a positive integer or -1)");
+  const int64_t g = spec.EffectiveGroupSize(k);
+  if (k % g != 0)
+    return MakeError("QuantizeRtnRef: input size K = ", k, " is not aligned with group_size ", g, " (N = ", n, ", K = ", k,
+                     ", g = ", g, "); K must be a multiple of the group size");
+  if (n > INT64_MAX / k) return MakeError("QuantizeRtnRef: N * K overflows (N = ", n, ", K = ", k, ")");
+
+  const int64_t groups = k / g;
+  const float qmin = sym ? -8.f : 0.f, qmax = sym ? 7.f : 15.f;
+  Int4Matrix m;
+  m.n = n;
+  m.k = k;
+  m.group_size = g;
+  m.symmetric = sym;
+  m.codes.resize(static_cast<size_t>(n * k));
+  m.scales.resize(static_cast<size_t>(n * groups));
+  m.zero_points.resize(static_cast<size_t>(n * groups));
+  auto D = [scale_dtype](float v) { return RoundToDType(v, scale_dtype); };
+
+  // nearbyint honours the current rounding mode; the spec needs round-to-nearest-even.
+  const int saved_mode = std::fegetround();
+  if (saved_mode != FE_TONEAREST) std::fesetround(FE_TONEAREST);
+  Error error{};
+  bool failed = false;
+  for (int64_t r = 0; r < n && !failed; ++r) {
+    for (int64_t gi = 0; gi < groups && !failed; ++gi) {
+      const float* x = w + r * k + gi * g;
+      float mn = 0.f, mx = 0.f;
+      for (int64_t i = 0; i < g; ++i) {
+        if (!std::isfinite(x[i])) {
+          error = MakeError("QuantizeRtnRef: weight[", r, "][", gi * g + i, "] = ", x[i], " is not finite");
+          failed = true;
+          break;
+        }
+        mn = std::min(mn, x[i]);
+        mx = std::max(mx, x[i]);
+      }
+      if (failed) break;
+      float s = sym ? D(std::max(-mn, mx) / 7.5f) : D(D(mx - mn) / 15.f);
+      s = std::max(s, kEps);
+      if (!std::isfinite(s)) {
+        error = MakeError("QuantizeRtnRef: scale of row ", r, " group ", gi, " overflows ", DTypeName(scale_dtype),
+                          " (range [", mn, ", ", mx, "])");
+        failed = true;
+        break;
+      }
+      const float z = sym ? 0.f : std::clamp(-RoundHalfEven(D(mn / s)), 0.f, 15.f);
+      const float inv = 1.f / s;
+      for (int64_t i = 0; i < g; ++i) {
+        const float q = std::clamp(RoundHalfEven(RoundedMul(x[i], inv) + z), qmin, qmax);
+        m.codes[static_cast<size_t>(r * k + gi * g + i)] = static_cast<uint8_t>(static_cast<int>(q) + (sym ? 8 : 0));
+      }
+      m.scales[static_cast<size_t>(r * groups + gi)] = s;
+      m.zero_points[static_cast<size_t>(r * groups + gi)] = static_cast<uint8_t>(sym ? 8 : static_cast<int>(z));
+    }
+  }
+  if (saved_mode != FE_TONEAREST) std::fesetround(saved_mode);
+  if (failed) return error;
+  return m;
+}
+
+}  // namespace nibble

@@ -1,0 +1,46 @@
+// Quark round-to-nearest (RTN) 4-bit weight quantization, scalar reference (SPEC §4.1, §4.6).
+//
+// Goal: the executable spec of what Quark's PerGroupMinMaxObserver + real quantizer produce for a
+// weight, so that our exports match Quark's bit for bit on the same input. Non-goals: speed
+// (a vectorised version can be checked against this one), AWQ/GPTQ (they choose the weights that
+// are fed here, or the codes directly), AutoAWQ's different RTN (range without 0, /7 symmetric).
+//
+// Arithmetic, step by step, for one group x[0..g) of one output row (model dtype D = scale_dtype):
+//   mn = min(min(x), 0), mx = max(max(x), 0)                                  (exact)
+//   uint4: s = D(D(mx - mn) / 15)        int4: s = D(max(-mn, mx) / 7.5)
+//   s = max(s, 2^-23)                    (fp32 eps = 1.1920929e-07, exactly representable in D)
+//   uint4: z = clamp(-rint(D(mn / s)), 0, 15)          int4: z = 0
+//   q = clamp(rint(x * fp32(1 / s) + z), qmin, qmax)   (fp32; int4: [-8, 7], uint4: [0, 15])
+// where D(v) rounds an fp32 result to D (round to nearest even) and rint is round-half-to-even
+// (std::nearbyint under the default rounding mode; std::round would round ties away from 0).
+// Why each step is so: Quark's observer (quark/torch/quantization/observer/observer.py
+// calculate_int_quant_params) runs on min/max tensors in the weight dtype, so every torch op of
+// the scale and zero-point computation rounds to D; the scale is then stored as is (scale_type
+// "float" keeps the model dtype, SPEC §1.4). Rounding s to D *before* computing z and q makes the
+// codes consistent with the stored scale. Quark's real quantizer (hw_emulation_interface.py
+// real_quantize_int_per_group_affine) casts to fp32, multiplies by the reciprocal 1/s (not a
+// division — it mirrors aten's fake_quantize) and adds z before torch.round; we do the same.
+#pragma once
+
+#include <cstdint>
+
+#include "base/result.h"
+#include "formats/int4_matrix.h"
+#include "formats/quant_config.h"
+#include "io/safetensors.h"
+
+namespace nibble {
+
+/// Quantizes a dense weight w [N = out_features, K = in_features] (row-major fp32 holding values
+/// of the model dtype) with Quark RTN as described above. Returns an Int4Matrix in the native
+/// convention (int4 codes stored as q + 8 with zero points 8; group_size = K for per-channel or
+/// group_size −1), scales as fp32 values exactly representable in `scale_dtype`.
+/// An all-zero group gets s = 2^-23, z = 0 (uint4) and dequantizes to exact zeros.
+/// Errors: n < 1 or k < 1; K not a multiple of g ("input size K = 100 is not aligned with
+/// group_size 32 (N = 8, K = 100, g = 32)", cf. vLLM's "input size is not aligned with the
+/// quantized weight shape"); scale_dtype not F32/F16/BF16; spec.round_method != "half_even";
+/// (dtype, symmetric) not (int4, true) / (uint4, false); a non-finite weight (names row and
+/// column); a scale that overflows scale_dtype (F16 above 65504).
+Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const WeightQuantSpec& spec, DType scale_dtype);
+
+}  // namespace nibble

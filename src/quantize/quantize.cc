@@ -1,0 +1,267 @@
+#include "quantize/quantize.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "formats/int4_matrix.h"
+#include "formats/quark_pack.h"
+#include "formats/rtn.h"
+#include "io/file.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "model/checkpoint_format.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace nibble {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Files of a HF model directory that are not weights and travel with the checkpoint.
+constexpr const char* kSideFiles[] = {"tokenizer.model", "tokenizer_config.json", "tokenizer.json",
+                                      "special_tokens_map.json", "generation_config.json"};
+
+std::string ShardName(int64_t i, int64_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05lld-of-%05lld.safetensors", static_cast<long long>(i),
+                static_cast<long long>(n));
+  return buf;
+}
+
+// A temporary sibling directory "<parent>/.<name>.nibble-tmp-<pid>" that is removed unless
+// committed; stale ones from killed runs (their pid is gone) are removed first.
+class StagingDir {
+ public:
+  static Result<StagingDir> Create(const std::string& target) {
+    fs::path t = fs::absolute(fs::path(target)).lexically_normal();
+    if (t.filename().empty()) t = t.parent_path();
+    fs::path parent = t.parent_path();
+    std::error_code ec;
+    if (!fs::is_directory(parent, ec)) return MakeError("output directory's parent ", parent.string(), " does not exist");
+    const std::string prefix = "." + t.filename().string() + ".nibble-tmp-";
+    for (const auto& e : fs::directory_iterator(parent, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(prefix, 0) != 0) continue;
+      const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + prefix.size()));
+      if (pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM)) continue;  // still running
+      fs::remove_all(e.path(), ec);
+    }
+    StagingDir s;
+    s.target_ = t;
+    s.path_ = parent / (prefix + std::to_string(::getpid()));
+    fs::remove_all(s.path_, ec);
+    if (!fs::create_directory(s.path_, ec))
+      return MakeError("cannot create staging directory ", s.path_.string(), ": ", ec.message());
+    return s;
+  }
+  StagingDir() = default;
+  StagingDir(StagingDir&& o) noexcept : target_(std::move(o.target_)), path_(std::move(o.path_)) { o.path_.clear(); }
+  ~StagingDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  std::string path() const { return path_.string(); }
+
+  // Renames the staging dir onto the target; an existing target is swapped out and removed.
+  Status Commit(bool overwrite) {
+    std::error_code ec;
+    const bool exists = fs::exists(target_, ec);
+    if (exists && !overwrite) return MakeError("output directory ", target_.string(), " exists; pass --overwrite to replace it");
+    // fsync the staging directory so its entries are durable before the rename.
+    int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { ::fsync(fd); ::close(fd); }
+    fs::path old;
+    if (exists) {
+      old = target_.parent_path() / ("." + target_.filename().string() + ".nibble-old-" + std::to_string(::getpid()));
+      fs::rename(target_, old, ec);
+      if (ec) return MakeError("cannot move existing ", target_.string(), " aside: ", ec.message());
+    }
+    fs::rename(path_, target_, ec);
+    if (ec) return MakeError("cannot rename ", path_.string(), " to ", target_.string(), ": ", ec.message());
+    path_.clear();
+    if (!old.empty()) fs::remove_all(old, ec);
+    int pfd = ::open(target_.parent_path().c_str(), O_RDONLY | O_DIRECTORY);
+    if (pfd >= 0) { ::fsync(pfd); ::close(pfd); }
+    return Status::Ok();
+  }
+
+ private:
+  fs::path target_, path_;
+};
+
+TensorToWrite CopyTensor(const TensorView& t) {
+  TensorToWrite w;
+  w.name = t.name;
+  w.dtype = t.dtype;
+  w.shape = t.shape;
+  w.bytes.assign(t.data, t.data + t.nbytes);
+  return w;
+}
+
+// The per-channel replacement used by MisalignedPolicy::kPerChannel: one group per row written as
+// per_group with group_size = K, which every Quark W4A16 loader accepts (vLLM requires a positive
+// group_size).
+WeightQuantSpec PerRowSpec(const WeightQuantSpec& s, int64_t k) {
+  WeightQuantSpec r = s;
+  r.qscheme = QScheme::kPerGroup;
+  r.ch_axis = 1;
+  r.group_size = k;
+  return r;
+}
+
+}  // namespace
+
+Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (o.quant_algo != "rtn") return MakeError("--quant_algo \"", o.quant_algo, "\" is not supported yet (supported: rtn)");
+  NIBBLE_ASSIGN_OR_RETURN(CheckpointInfo fmt, DetectCheckpointFormat(o.model_dir));
+  if (fmt.format != CheckpointFormat::kDense)
+    return MakeError(o.model_dir, ": the checkpoint is already quantized; quantize a float checkpoint");
+  NIBBLE_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(o.model_dir));
+  NIBBLE_ASSIGN_OR_RETURN(TensorStore store, TensorStore::OpenDir(o.model_dir));
+  const std::string config_path = JoinPath(o.model_dir, "config.json");
+  NIBBLE_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
+  nlohmann::ordered_json config_json;
+  try {
+    config_json = nlohmann::ordered_json::parse(config_text);
+  } catch (const std::exception& e) {
+    return MakeError(config_path, ": not valid JSON (", e.what(), ")");
+  }
+  if (fs::exists(o.output_dir) && !o.overwrite)
+    return MakeError("output directory ", o.output_dir, " exists; pass --overwrite to replace it");
+  if (fs::exists(o.output_dir) && fs::equivalent(o.output_dir, o.model_dir))
+    return MakeError("output directory ", o.output_dir, " is the input model directory");
+
+  QuantizeReport report;
+  QuarkQuantConfig cfg = o.config;
+  const bool has_lm_head = store.Find("lm_head.weight") != nullptr;
+  const std::vector<std::string> modules = LinearModuleNames(mc, has_lm_head);
+
+  // Pass 1: resolve every module, applying the misaligned-K policy to the written config.
+  for (const std::string& name : modules) {
+    NIBBLE_ASSIGN_OR_RETURN(const TensorView* w, store.Get(name + ".weight"));
+    if (w->shape.size() != 2) return MakeError(w->file, ": tensor ", w->name, " has shape ", w->ShapeString(), ", expected 2-D");
+    const int64_t k = w->shape[1];
+    NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(cfg, name));
+    if (!r.spec) continue;
+    const int64_t g = r.spec->EffectiveGroupSize(k);
+    if (k % g == 0) continue;
+    switch (o.misaligned) {
+      case MisalignedPolicy::kError:
+        return MakeError("layer ", name, ": in_features K = ", k, " is not divisible by group_size ", g, " (", r.rule,
+                         "); use --misaligned exclude|per_channel, --exclude_layers, or a --layer_quant_config override");
+      case MisalignedPolicy::kExclude:
+        cfg.exclude.push_back(name);
+        break;
+      case MisalignedPolicy::kPerChannel:
+        cfg.layer_quant_config.insert(cfg.layer_quant_config.begin(), {name, PerRowSpec(*r.spec, k)});
+        break;
+    }
+  }
+
+  // Pass 2: quantize and collect the tensors to write (input order = sorted names).
+  std::map<std::string, std::string> module_of_weight;
+  for (const auto& m : modules) module_of_weight[m + ".weight"] = m;
+  std::vector<TensorToWrite> out;
+  int64_t done = 0;
+  for (const std::string& tname : store.Names()) {
+    const TensorView* t = store.Find(tname);
+    auto mod = module_of_weight.find(tname);
+    if (mod == module_of_weight.end()) {
+      out.push_back(CopyTensor(*t));
+      continue;
+    }
+    const std::string& name = mod->second;
+    NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(cfg, name));
+    QuantizedLayerReport lr;
+    lr.name = name;
+    lr.rule = r.rule;
+    lr.n = t->shape[0];
+    lr.k = t->shape[1];
+    lr.bytes_in = static_cast<int64_t>(t->nbytes);
+    if (!r.spec) {
+      out.push_back(CopyTensor(*t));
+      lr.bytes_out = lr.bytes_in;
+    } else {
+      NIBBLE_ASSIGN_OR_RETURN(std::vector<float> w, TensorToF32(*t));
+      auto q = QuantizeRtnRef(w.data(), lr.n, lr.k, *r.spec, t->dtype);
+      if (!q.ok()) return q.error().WithContext("layer " + name);
+      auto packed = ExportQuarkLinear(name, *q, *r.spec, cfg.export_config.pack_method, t->dtype);
+      if (!packed.ok()) return packed.error().WithContext("layer " + name);
+      std::vector<float> deq(w.size());
+      DequantizeRef(*q, deq.data());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        num += (static_cast<double>(w[i]) - deq[i]) * (static_cast<double>(w[i]) - deq[i]);
+        den += static_cast<double>(w[i]) * w[i];
+      }
+      lr.rel_error = den > 0 ? std::sqrt(num / den) : 0.0;
+      lr.quantized = true;
+      lr.scheme = DescribeSpec(*r.spec);
+      lr.bytes_out = static_cast<int64_t>(packed->weight.bytes.size() + packed->weight_scale.bytes.size() +
+                                          packed->weight_zero_point.bytes.size());
+      out.push_back(std::move(packed->weight));
+      out.push_back(std::move(packed->weight_scale));
+      out.push_back(std::move(packed->weight_zero_point));
+    }
+    report.layers.push_back(lr);
+    if (o.progress) o.progress(++done, static_cast<int64_t>(modules.size()));
+  }
+
+  // Shards: consecutive tensors up to max_shard_size bytes each (a larger tensor gets its own).
+  std::vector<std::vector<const TensorToWrite*>> shards(1);
+  int64_t shard_bytes = 0;
+  for (const auto& t : out) {
+    const int64_t b = static_cast<int64_t>(t.bytes.size());
+    if (!shards.back().empty() && shard_bytes + b > o.max_shard_size) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(&t);
+    shard_bytes += b;
+    report.total_bytes += b;
+  }
+  report.shards = static_cast<int64_t>(shards.size());
+
+  NIBBLE_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(o.output_dir));
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  if (shards.size() == 1) {
+    NIBBLE_RETURN_IF_ERROR(WriteSafetensors(JoinPath(staging.path(), "model.safetensors"), shards[0], meta));
+  } else {
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", report.total_bytes}};
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string fname = ShardName(static_cast<int64_t>(i + 1), static_cast<int64_t>(shards.size()));
+      NIBBLE_RETURN_IF_ERROR(WriteSafetensors(JoinPath(staging.path(), fname), shards[i], meta));
+      for (const TensorToWrite* t : shards[i]) weight_map[t->name] = fname;
+    }
+    index["weight_map"] = weight_map;
+    const std::string text = index.dump(2) + "\n";
+    NIBBLE_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(staging.path(), "model.safetensors.index.json"), text.data(), text.size()));
+  }
+  config_json["quantization_config"] = ToJson(cfg);
+  const std::string config_out = config_json.dump(2) + "\n";
+  NIBBLE_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(staging.path(), "config.json"), config_out.data(), config_out.size()));
+  for (const char* f : kSideFiles) {
+    const std::string src = JoinPath(o.model_dir, f);
+    if (!PathExists(src)) continue;
+    NIBBLE_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(src));
+    NIBBLE_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(staging.path(), f), bytes.data(), bytes.size()));
+  }
+  NIBBLE_RETURN_IF_ERROR(staging.Commit(o.overwrite));
+  report.written_config = std::move(cfg);
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+}  // namespace nibble

@@ -1,0 +1,60 @@
+// Weight-only 4-bit quantization of a dense HF checkpoint into an AMD Quark hf_format checkpoint
+// (SPEC §1): resolve each linear's spec with Quark semantics, quantize (RTN, SPEC §4.1), pack,
+// copy every other tensor unchanged in its dtype, write config.json with the full
+// quantization_config, copy the tokenizer, and commit the output directory atomically.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "formats/quant_config.h"
+
+namespace nibble {
+
+/// What to do with a layer whose in_features K is not a multiple of its group_size.
+enum class MisalignedPolicy {
+  kError,       // refuse, naming the layer, K and g (what vLLM does at load)
+  kExclude,     // keep the layer in float; its name is added to `exclude`
+  kPerChannel,  // quantize it per-channel; a layer_quant_config entry for its name is added first
+};
+
+struct QuantizeOptions {
+  std::string model_dir;
+  std::string output_dir;
+  QuarkQuantConfig config;          // as the user asked; policy additions are made on a copy
+  std::string quant_algo = "rtn";   // only "rtn" here
+  MisalignedPolicy misaligned = MisalignedPolicy::kError;
+  int64_t max_shard_size = 5000000000;  // bytes per safetensors shard (HF's "5GB")
+  bool overwrite = false;
+  std::function<void(int64_t done, int64_t total)> progress;
+};
+
+/// One linear module as exported.
+struct QuantizedLayerReport {
+  std::string name;
+  std::string rule;        // which config rule decided (ResolvedLayerConfig::rule)
+  bool quantized = false;
+  std::string scheme;      // e.g. "uint4 per_group g128"; empty when kept in float
+  int64_t n = 0, k = 0;
+  int64_t bytes_in = 0;    // stored bytes of the input weight
+  int64_t bytes_out = 0;   // stored bytes of weight + scale + zero point (or the copied weight)
+  double rel_error = 0;    // ||W - dequant(Q(W))||_F / ||W||_F (0 when kept in float)
+};
+
+struct QuantizeReport {
+  std::vector<QuantizedLayerReport> layers;
+  QuarkQuantConfig written_config;  // the quantization_config written to config.json
+  int64_t shards = 0;
+  int64_t total_bytes = 0;          // all tensor bytes written
+  double seconds = 0;
+};
+
+/// Runs the whole export. Errors: input errors (config, tensors), a misaligned layer under
+/// kError, an existing output_dir without overwrite, unwritable output (names the path).
+/// The output directory is either absent / unchanged or complete (atomic rename).
+Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& options);
+
+}  // namespace nibble

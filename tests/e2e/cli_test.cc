@@ -1,0 +1,129 @@
+// The CLI as a user runs it: goldens from the shipped models' READMEs, and clear errors with a
+// non-zero exit code (never a signal) for bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "test_paths.h"
+
+namespace {
+
+struct RunResult {
+  int exit_code = -1;  // -1: killed by a signal
+  std::string out;     // stdout + stderr
+  std::string stdout_only;
+};
+
+std::string Quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+RunResult RunNibble(const std::string& args, bool merge_stderr = true) {
+  const std::string cmd = Quote(nibble_test::NibbleBinary()) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  int st = pclose(p);
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+double ParsePerplexity(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("perplexity: ([0-9.]+)"))) return -1;
+  return std::stod(m[1]);
+}
+
+TEST(Cli, Stories260KGreedyMatchesPublishedText) {
+  RunResult r = RunNibble("generate --model " + Quote(nibble_test::SharedModel("stories260K")) +
+                        " --temperature 0 -n 255 --prompt ''",
+                    /*merge_stderr=*/false);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out, ReadFile(nibble_test::SharedModel("stories260K") + "/expected_greedy.txt"));
+}
+
+TEST(Cli, Stories260KWikiTextPerplexity40Windows) {
+  RunResult r = RunNibble("perplexity --model " + Quote(nibble_test::SharedModel("stories260K")) + " --text " +
+                    Quote(nibble_test::SharedData("wikitext-2-raw-test.txt")) + " --seq_len 512 --max_windows 40");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("scored tokens: 20440"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokens: 815070"), std::string::npos) << r.out;
+  const double ppl = ParsePerplexity(r.out);
+  EXPECT_NEAR(ppl, 131.011, 131.011 * 0.002) << r.out;  // reference: stories260K/goldens/perplexity.json
+}
+
+TEST(Cli, EmbeddedModelProseValPerplexity60Windows) {
+  RunResult r = RunNibble("perplexity --model " + Quote(nibble_test::EmbeddedModel()) + " --text " +
+                    Quote(nibble_test::SharedData("prose-val.txt")) + " --seq_len 512 --max_windows 60");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NEAR(ParsePerplexity(r.out), 62.672, 62.672 * 0.002) << r.out;  // prose-llama-7m README
+}
+
+TEST(Cli, GenerateStreamsAndReportsSpeed) {
+  RunResult r = RunNibble("generate --model " + Quote(nibble_test::EmbeddedModel()) +
+                    " --prompt 'And God said' -n 8 --temperature 0.7 --seed 3 --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("prefill: 4 tokens"), std::string::npos) << r.out;  // BOS + 3 pieces
+}
+
+TEST(Cli, SameSeedSameText) {
+  const std::string args = "generate --model " + Quote(nibble_test::EmbeddedModel()) +
+                           " --prompt 'The list' -n 12 --temperature 1.0 --top_k 20 --top_p 0.9 --seed 7";
+  RunResult a = RunNibble(args, false), b = RunNibble(args, false);
+  ASSERT_EQ(a.exit_code, 0);
+  EXPECT_EQ(a.out, b.out);
+}
+
+struct BadCase {
+  const char* name;
+  std::string args;
+  std::string expect;  // substring of the error
+};
+
+TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
+  const std::string model = Quote(nibble_test::EmbeddedModel());
+  const std::string long_prompt(6000, 'x');
+  const BadCase cases[] = {
+      {"missing dir", "generate --model /nonexistent/dir -n 1", "/nonexistent/dir"},
+      {"missing text", "perplexity --model " + model + " --text /nonexistent.txt", "/nonexistent.txt"},
+      {"prompt too long", "generate --model " + model + " --prompt " + long_prompt + " -n 1", "max_position_embeddings"},
+      {"seq_len too long", "perplexity --model " + model + " --text " + Quote(nibble_test::SharedData("prose-val.txt")) + " --seq_len 4096",
+       "max_position_embeddings"},
+      {"bad top_p", "generate --model " + model + " --top_p 0 -n 1", "--top_p"},
+      {"unknown flag", "generate --model " + model + " --frobnicate 3", "frobnicate"},
+  };
+  for (const auto& c : cases) {
+    RunResult r = RunNibble(c.args);
+    EXPECT_GT(r.exit_code, 0) << c.name << ": " << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.name << ": " << r.out;
+  }
+}
+
+TEST(Cli, InvalidUtf8PromptIsRefused) {
+  // popen runs sh: the invalid byte comes from printf.
+  RunResult r = RunNibble("generate --model " + Quote(nibble_test::EmbeddedModel()) + " --prompt \"$(printf 'ab\\377')\" -n 1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("not valid UTF-8"), std::string::npos) << r.out;
+}
+
+}  // namespace

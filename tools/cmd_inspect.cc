@@ -1,0 +1,63 @@
+// `nibble inspect DIR`: format, per-layer resolved config and the rule that produced it, sizes.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include <nibble/nibble.h>
+
+#include "commands.h"
+
+namespace nibble_cli {
+
+Runner RegisterInspect(CLI::App& app) {
+  auto dir = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  CLI::App* cmd = app.add_subcommand("inspect", "Show a checkpoint's format and per-layer quantization");
+  cmd->add_option("dir", *dir, "Model directory")->required();
+  cmd->add_flag("--json", *as_json, "Machine-readable output");
+  return [dir, as_json]() {
+    auto rep = nibble::Inspect(*dir);
+    if (!rep.ok()) return Fail(rep.error().message);
+    int64_t stored = 0, fp = 0;
+    for (const auto& l : rep->layers) {
+      stored += l.stored_bytes;
+      fp += l.float_bytes;
+    }
+    if (*as_json) {
+      nlohmann::ordered_json j;
+      j["dir"] = rep->dir;
+      j["format"] = rep->format;
+      j["torch_dtype"] = rep->torch_dtype;
+      if (!rep->pack_method.empty()) j["pack_method"] = rep->pack_method;
+      j["total_tensor_bytes"] = rep->total_tensor_bytes;
+      j["linear_stored_bytes"] = stored;
+      j["linear_float_bytes"] = fp;
+      j["linear_compression_ratio"] = stored > 0 ? static_cast<double>(fp) / static_cast<double>(stored) : 0.0;
+      nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+      for (const auto& l : rep->layers)
+        layers.push_back({{"name", l.name}, {"quantized", l.quantized}, {"scheme", l.scheme}, {"rule", l.rule},
+                          {"out_features", l.n}, {"in_features", l.k}, {"stored_bytes", l.stored_bytes},
+                          {"float_bytes", l.float_bytes}});
+      j["layers"] = layers;
+      if (!rep->quantization_config_json.empty()) j["quantization_config"] = nlohmann::ordered_json::parse(rep->quantization_config_json);
+      std::printf("%s\n", j.dump(2).c_str());
+      return 0;
+    }
+    std::printf("%s\nformat: %s%s%s | torch_dtype: %s | tensors on disk: %.2f MB\n", rep->dir.c_str(), rep->format.c_str(),
+                rep->pack_method.empty() ? "" : " | pack_method: ", rep->pack_method.c_str(), rep->torch_dtype.c_str(),
+                rep->total_tensor_bytes / 1e6);
+    std::printf("%-36s %-22s %6s %6s %10s %7s  %s\n", "layer", "scheme", "N", "K", "bytes", "ratio", "rule");
+    for (const auto& l : rep->layers)
+      std::printf("%-36s %-22s %6lld %6lld %10lld %6.2fx  %s\n", l.name.c_str(), l.scheme.c_str(), static_cast<long long>(l.n),
+                  static_cast<long long>(l.k), static_cast<long long>(l.stored_bytes),
+                  l.stored_bytes > 0 ? static_cast<double>(l.float_bytes) / static_cast<double>(l.stored_bytes) : 0.0,
+                  l.rule.c_str());
+    std::printf("linear layers: %.2f MB stored vs %.2f MB in %s: %.2fx compression\n", stored / 1e6, fp / 1e6,
+                rep->torch_dtype.c_str(), stored > 0 ? static_cast<double>(fp) / static_cast<double>(stored) : 0.0);
+    return 0;
+  };
+}
+
+}  // namespace nibble_cli

@@ -1,0 +1,115 @@
+// `nibble quantize`: float HF checkpoint -> AMD Quark hf_format int4 checkpoint (Quark's flags).
+#include <cctype>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nibble/nibble.h>
+#include <nibble/progress.h>
+
+#include "commands.h"
+
+namespace nibble_cli {
+
+namespace {
+
+struct QuantizeArgs {
+  nibble::QuantizeRequest req;
+  std::string model_export = "hf_format";
+  std::string max_shard_size = "5GB";
+  bool exclude_given = false;
+  int threads = 0;
+};
+
+// "5GB" (decimal, as HF), "500MiB" (binary), or plain bytes.
+bool ParseSize(const std::string& text, int64_t* out) {
+  size_t i = 0;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == 0) return false;
+  const double v = std::stod(text.substr(0, i));
+  std::string unit = text.substr(i);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double mul;
+  if (unit.empty() || unit == "B") mul = 1;
+  else if (unit == "KB") mul = 1e3;
+  else if (unit == "MB") mul = 1e6;
+  else if (unit == "GB") mul = 1e9;
+  else if (unit == "KIB") mul = 1024.0;
+  else if (unit == "MIB") mul = 1024.0 * 1024;
+  else if (unit == "GIB") mul = 1024.0 * 1024 * 1024;
+  else return false;
+  *out = static_cast<int64_t>(v * mul);
+  return *out > 0;
+}
+
+}  // namespace
+
+Runner RegisterQuantize(CLI::App& app) {
+  auto a = std::make_shared<QuantizeArgs>();
+  auto& r = a->req;
+  CLI::App* cmd = app.add_subcommand("quantize", "Quantize a float checkpoint to 4-bit weights (AMD Quark hf_format)");
+  cmd->add_option("--model_dir", r.model_dir, "Input HF model directory (float weights)")->required();
+  cmd->add_option("--output_dir", r.output_dir, "Output directory (written atomically)")->required();
+  auto* scheme = cmd->add_option("--quant_scheme", r.quant_scheme,
+                                 "w_uint4_per_group_asym | w_int4_per_group_sym | w_uint4_per_channel_asym | w_int4_per_channel_sym")
+                     ->capture_default_str();
+  auto* gs = cmd->add_option("--group_size", r.group_size, "Group size along in_features (per_group schemes)")->capture_default_str();
+  cmd->add_option("--quant_algo", r.quant_algo, "Quantization algorithm: rtn")->capture_default_str();
+  cmd->add_option("--model_export", a->model_export, "Export format: hf_format")->capture_default_str();
+  auto* pm = cmd->add_option("--pack_method", r.pack_method, "Nibble order: reorder (AWQ order) | order")->capture_default_str();
+  auto* ex = cmd->add_option("--exclude_layers", r.exclude_layers,
+                             "Layers kept in float: fnmatch patterns or re:REGEX (default: lm_head; give no value to exclude nothing)")
+                 ->expected(0, -1);
+  auto* lqc = cmd->add_option("--layer_quant_config", r.layer_quant_config,
+                              "Per-layer override PATTERN:group_size=N[,quant_scheme=S] (first match wins)")
+                  ->expected(1, -1);
+  cmd->add_option("--quant_config", r.quant_config_file,
+                  "A Quark quantization_config JSON file applied as written (instead of the scheme flags)");
+  cmd->add_option("--misaligned", r.misaligned,
+                  "Layers whose in_features is not a multiple of group_size: error | exclude | per_channel")
+      ->capture_default_str();
+  cmd->add_option("--max_shard_size", a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB, 200MiB")->capture_default_str();
+  cmd->add_flag("--overwrite", r.overwrite, "Replace an existing output directory");
+  cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  return [a, cmd, scheme, gs, pm, ex, lqc]() {
+    auto& r = a->req;
+    if (a->model_export != "hf_format") return Fail("--model_export \"" + a->model_export + "\" is not supported (supported: hf_format)");
+    if (!ParseSize(a->max_shard_size, &r.max_shard_size)) return Fail("--max_shard_size \"" + a->max_shard_size + "\" is not a size like 5GB or 200MiB");
+    if (!r.quant_config_file.empty()) {
+      for (CLI::Option* o : {scheme, gs, pm, ex, lqc})
+        if (o->count() > 0) return Fail("--quant_config is applied as written; do not combine it with " + o->get_name());
+    }
+    (void)cmd;
+    nibble::SetNumThreads(a->threads);
+    std::unique_ptr<nibble::ProgressBar> bar;
+    r.progress = [&bar](int64_t done, int64_t total) {
+      if (!bar) bar = std::make_unique<nibble::ProgressBar>("quantize", total);
+      bar->Update(done);
+    };
+    auto s = nibble::Quantize(r);
+    bar.reset();
+    if (!s.ok()) return Fail(s.error().message);
+    int64_t in_q = 0, out_q = 0, nq = 0;
+    double worst = 0;
+    std::string worst_name;
+    for (const auto& l : s->layers) {
+      if (!l.quantized) continue;
+      ++nq;
+      in_q += l.bytes_in;
+      out_q += l.bytes_out;
+      if (l.rel_error > worst) { worst = l.rel_error; worst_name = l.name; }
+    }
+    std::printf("quantized %lld of %zu linear layers (%s, algo %s) into %s\n", static_cast<long long>(nq), s->layers.size(),
+                r.quant_config_file.empty() ? r.quant_scheme.c_str() : r.quant_config_file.c_str(), r.quant_algo.c_str(),
+                r.output_dir.c_str());
+    for (const auto& l : s->layers)
+      if (!l.quantized) std::printf("  kept in float: %s (%s)\n", l.name.c_str(), l.rule.c_str());
+    if (nq > 0)
+      std::printf("quantized linears: %.2f MB -> %.2f MB (%.3fx); worst relative weight error %.4f (%s)\n", in_q / 1e6,
+                  out_q / 1e6, static_cast<double>(out_q) / static_cast<double>(in_q), worst, worst_name.c_str());
+    std::printf("wrote %lld shard(s), %.2f MB of tensors in %.2f s\n", static_cast<long long>(s->shards), s->total_bytes / 1e6, s->seconds);
+    return 0;
+  };
+}
+
+}  // namespace nibble_cli
