@@ -6,7 +6,7 @@ The PyTorch side is an independent, plain-torch implementation of the HF Llama f
 so that OPENBLAS_CORETYPE / thread variables are in place before torch (and OpenBLAS) load.
 
 Both sides time one prefill of L tokens whose lm_head covers only the last position (that is what
-`nibble generate` measures). Benchmark, not a test: exits 0 unless the setup itself is broken.
+`nibble generate --warmup 2` measures: both sides warmed up). Benchmark, not a test: exits 0 unless the setup itself is broken.
 """
 import argparse
 import json
@@ -211,7 +211,7 @@ def make_prompt(model_dir, text_path, L):
 
 def run_nibble(exe, model, prompt, threads):
     r = subprocess.run([exe, "generate", "--model", model, "--prompt", prompt, "-n", "1",
-                        "--temperature", "0", "--threads", str(threads)],
+                        "--temperature", "0", "--threads", str(threads), "--warmup", "2"],
                        capture_output=True, text=True)
     m = re.search(r"prefill: (\d+) tokens in ([\d.]+) s \(([\d.]+) tokens/s\)", r.stderr)
     if r.returncode != 0 or not m:

@@ -27,6 +27,7 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_option("--top_k", args->opt.top_k, "Keep the k most likely tokens; 0 = all")->capture_default_str();
   cmd->add_option("--top_p", args->opt.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
   cmd->add_option("--seed", args->opt.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
   cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str();
   return [args]() {
     nibble::SetNumThreads(args->threads);

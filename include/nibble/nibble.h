@@ -64,6 +64,7 @@ struct GenerateOptions {
   int64_t top_k = 40;           // 0 = no top-k
   float top_p = 0.95f;          // 1 = no nucleus cut
   uint64_t seed = 0;
+  int64_t warmup = 0;           // untimed prompt prefills before the timed run (benchmarks)
 };
 
 struct GenerateStats {

@@ -74,6 +74,11 @@ Result<GenerateStats> Generate(const Model& model, const GenerateOptions& option
   Sampler sampler(SamplerOptions{options.temperature, options.top_k, options.top_p, options.seed});
   TextStreamer streamer(tok, prompt, on_text);
 
+  for (int64_t i = 0; i < options.warmup; ++i) {  // first calls pay one-time GEMM kernel generation
+    cache.length = 0;
+    NIBBLE_RETURN_IF_ERROR(llama.Forward(prompt.data(), stats.prompt_tokens, cache, logits.data(), false));
+  }
+  cache.length = 0;
   auto t0 = std::chrono::steady_clock::now();
   NIBBLE_RETURN_IF_ERROR(llama.Forward(prompt.data(), stats.prompt_tokens, cache, logits.data(), false));
   auto t1 = std::chrono::steady_clock::now();
