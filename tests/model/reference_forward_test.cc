@@ -1,0 +1,661 @@
+// The fp forward pass of LlamaModel against an independent oracle: a naive double-precision
+// transcription of HF's LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM forward
+// (modeling_llama.py, modeling_qwen2.py) written here from the HF definitions, not from src/model.
+//
+// Each case writes a small synthetic checkpoint (config.json + model.safetensors, random weights
+// of realistic scale) to a temp dir, loads it with LlamaModel::Load, and compares the logits of
+// every position of a 12-token sequence with the oracle's, then does the same for incremental
+// decoding (prefill 5 tokens, then 7 single-token Forward calls on the same KvCache). Every case
+// also runs the oracle once with the feature it exercises switched off (no rope scaling, no
+// biases, ...) and requires that to miss by far more than the tolerance, so a runtime that ignores
+// the feature cannot pass. Finally LlamaModel::Load's errors for a wrong shape, a missing tensor
+// and an integer dtype.
+//
+// Tolerance (derived). Both sides see the same stored weights (bf16/f16 values are rounded once
+// when written and the oracle uses the rounded values), so the only difference is arithmetic:
+// nibble runs in fp32 (unit roundoff u = 2^-24), the oracle in double (its error is negligible).
+// The classic bound for an fp32 dot product of length K is |err| <= K·u·Σ|a_i·b_i|. The forward
+// pass chains S = 8·layers + 3 such stages (per layer: rmsnorm, q/k/v, q·k scores, P·V, o, rmsnorm,
+// gate/up, down; then final norm, lm_head, and the embedding/residual adds), each of length
+// K <= K_max = max(hidden, q_dim, intermediate, sequence length). RMSNorm renormalises every
+// stage's input to unit scale and the random weights are well conditioned, so the relative errors
+// of the stages add: |err| <= S·K_max·u of the logit scale max(1, max|logit|). The elementwise
+// pieces (ExpF ~2 ulp in softmax / silu, fp32 rope angles pos·inv_freq with pos < 12, fp32
+// inv_freq) add O(u) per stage, far below K_max·u (K_max >= 64), so they do not change the bound.
+// For the shapes below that is 1.1e-4 .. 1.4e-4 relative; the measured error is ~3e-7 relative,
+// and each case's "feature off" mutant misses by 0.6 .. 3.5 absolute, > 1000 x the tolerance
+// (the test requires > 100 x).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/half.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/llama.h"
+#include "model/ops.h"
+
+namespace {
+
+using nibble::DType;
+using nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// Synthetic checkpoints.
+
+// A temp directory removed at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "nibble_ref_fwd_XXXXXX").string();
+    char* p = mkdtemp(tmpl.data());
+    if (p == nullptr) std::abort();
+    path_ = p;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Deterministic N(0,1) (splitmix64 + Box-Muller), identical on every platform.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : s_(seed) {}
+  double Uniform() {  // (0, 1)
+    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (static_cast<double>(z >> 11) + 0.5) / 9007199254740992.0;
+  }
+  double Normal() {
+    const double u1 = Uniform(), u2 = Uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  }
+
+ private:
+  uint64_t s_;
+};
+
+// Everything a case varies, in HF config.json terms, plus the oracle's reading of it.
+struct Spec {
+  std::string model_type = "llama";
+  std::string architecture = "LlamaForCausalLM";
+  int64_t hidden = 64, inter = 96, layers = 2, heads = 8, kv_heads = 2;
+  int64_t head_dim = 8;
+  bool write_head_dim = false;  // config "head_dim" present (else hidden / heads)
+  int64_t vocab = 97, max_pos = 64;
+  double eps = 1e-5, theta = 10000.0;
+  enum class Rope { kNone, kLinear, kLlama3 } rope = Rope::kNone;
+  std::string rope_type_key = "rope_type";  // "type" in older configs
+  double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t old_ctx = 8192;
+  // Oracle semantics (HF): Llama's attention_bias adds q/k/v/o biases; Qwen2 always has q/k/v
+  // biases and never an o bias; mlp_bias adds gate/up/down biases.
+  bool qkv_bias = false, o_bias = false, mlp_bias = false;
+  bool tie = false;  // tie_word_embeddings, and no lm_head.weight written
+  bool kv_interleave = false;  // oracle-only mutant: head h reads kv head h % n_kv (wrong for GQA)
+  DType dtype = DType::kF32;
+  json extra = json::object();  // merged into config.json
+};
+
+json ConfigJson(const Spec& s) {
+  json j = {{"architectures", {s.architecture}},
+            {"model_type", s.model_type},
+            {"hidden_size", s.hidden},
+            {"intermediate_size", s.inter},
+            {"num_hidden_layers", s.layers},
+            {"num_attention_heads", s.heads},
+            {"num_key_value_heads", s.kv_heads},
+            {"vocab_size", s.vocab},
+            {"max_position_embeddings", s.max_pos},
+            {"rms_norm_eps", s.eps},
+            {"rope_theta", s.theta},
+            {"hidden_act", "silu"},
+            {"tie_word_embeddings", s.tie},
+            {"bos_token_id", 1},
+            {"eos_token_id", 2},
+            {"torch_dtype", s.dtype == DType::kF32 ? "float32" : s.dtype == DType::kBF16 ? "bfloat16" : "float16"}};
+  if (s.write_head_dim) j["head_dim"] = s.head_dim;
+  if (s.model_type != "qwen2") j["attention_bias"] = s.qkv_bias;
+  if (s.mlp_bias) j["mlp_bias"] = true;
+  if (s.rope == Spec::Rope::kLinear) j["rope_scaling"] = {{s.rope_type_key, "linear"}, {"factor", s.factor}};
+  if (s.rope == Spec::Rope::kLlama3)
+    j["rope_scaling"] = {{s.rope_type_key, "llama3"},
+                         {"factor", s.factor},
+                         {"low_freq_factor", s.low_freq_factor},
+                         {"high_freq_factor", s.high_freq_factor},
+                         {"original_max_position_embeddings", s.old_ctx}};
+  j.merge_patch(s.extra);
+  return j;
+}
+
+// A weight as the oracle sees it: values already rounded to the stored dtype.
+struct Weight {
+  std::vector<int64_t> shape;
+  std::vector<double> v;
+};
+
+struct Checkpoint {
+  std::map<std::string, Weight> w;
+  std::vector<nibble::TensorToWrite> tensors;  // in HF order
+};
+
+double RoundTo(DType dt, double x) {
+  const float f = static_cast<float>(x);
+  if (dt == DType::kBF16) return nibble::Bf16ToF32(nibble::F32ToBf16(f));
+  if (dt == DType::kF16) return nibble::F16ToF32(nibble::F32ToF16(f));
+  return f;
+}
+
+std::vector<uint8_t> Encode(DType dt, const std::vector<double>& v) {
+  std::vector<uint8_t> out(v.size() * nibble::DTypeSize(dt));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const float f = static_cast<float>(v[i]);
+    if (dt == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &f, 4);
+    } else {
+      const uint16_t h = dt == DType::kBF16 ? nibble::F32ToBf16(f) : nibble::F32ToF16(f);
+      std::memcpy(out.data() + 2 * i, &h, 2);
+    }
+  }
+  return out;
+}
+
+// Random weights: linears N(0, 0.1) (q/k N(0, 0.15) so attention is far from uniform), biases
+// N(0, 0.1), embeddings N(0, 0.5), norm weights 1 + N(0, 0.1).
+Checkpoint MakeCheckpoint(const Spec& s, uint64_t seed) {
+  Rng rng(seed);
+  Checkpoint ck;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, double mean, double sd) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    Weight w{shape, std::vector<double>(n)};
+    for (auto& x : w.v) x = RoundTo(s.dtype, mean + sd * rng.Normal());
+    ck.tensors.push_back({name, s.dtype, shape, Encode(s.dtype, w.v)});
+    ck.w[name] = std::move(w);
+  };
+  const int64_t q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+  add("model.embed_tokens.weight", {s.vocab, s.hidden}, 0, 0.5);
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {s.hidden}, 1, 0.1);
+    add(p + "self_attn.q_proj.weight", {q_dim, s.hidden}, 0, 0.15);
+    add(p + "self_attn.k_proj.weight", {kv_dim, s.hidden}, 0, 0.15);
+    add(p + "self_attn.v_proj.weight", {kv_dim, s.hidden}, 0, 0.1);
+    add(p + "self_attn.o_proj.weight", {s.hidden, q_dim}, 0, 0.1);
+    if (s.qkv_bias) {
+      add(p + "self_attn.q_proj.bias", {q_dim}, 0, 0.1);
+      add(p + "self_attn.k_proj.bias", {kv_dim}, 0, 0.1);
+      add(p + "self_attn.v_proj.bias", {kv_dim}, 0, 0.1);
+    }
+    if (s.o_bias) add(p + "self_attn.o_proj.bias", {s.hidden}, 0, 0.1);
+    add(p + "post_attention_layernorm.weight", {s.hidden}, 1, 0.1);
+    add(p + "mlp.gate_proj.weight", {s.inter, s.hidden}, 0, 0.1);
+    add(p + "mlp.up_proj.weight", {s.inter, s.hidden}, 0, 0.1);
+    add(p + "mlp.down_proj.weight", {s.hidden, s.inter}, 0, 0.1);
+    if (s.mlp_bias) {
+      add(p + "mlp.gate_proj.bias", {s.inter}, 0, 0.1);
+      add(p + "mlp.up_proj.bias", {s.inter}, 0, 0.1);
+      add(p + "mlp.down_proj.bias", {s.hidden}, 0, 0.1);
+    }
+  }
+  add("model.norm.weight", {s.hidden}, 1, 0.1);
+  if (!s.tie) add("lm_head.weight", {s.vocab, s.hidden}, 0, 0.1);
+  return ck;
+}
+
+void WriteCheckpoint(const std::string& dir, const Spec& s, const std::vector<nibble::TensorToWrite>& tensors) {
+  std::ofstream(dir + "/config.json") << ConfigJson(s).dump(2);
+  std::vector<const nibble::TensorToWrite*> ptrs;
+  for (const auto& t : tensors) ptrs.push_back(&t);
+  auto st = nibble::WriteSafetensors(dir + "/model.safetensors", ptrs, {{"format", "pt"}});
+  ASSERT_TRUE(st.ok()) << st.error().message;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The oracle: HF forward in double, straight from the definitions.
+
+// HF _compute_default_rope_parameters / _compute_linear_scaling_rope_parameters /
+// _compute_llama3_parameters, in double.
+std::vector<double> OracleInvFreq(const Spec& s) {
+  const int64_t half = s.head_dim / 2;
+  std::vector<double> inv(half);
+  for (int64_t i = 0; i < half; ++i) inv[i] = 1.0 / std::pow(s.theta, static_cast<double>(2 * i) / s.head_dim);
+  if (s.rope == Spec::Rope::kLinear) {
+    for (auto& f : inv) f /= s.factor;
+  } else if (s.rope == Spec::Rope::kLlama3) {
+    const double old_ctx = static_cast<double>(s.old_ctx);
+    const double low_freq_wavelen = old_ctx / s.low_freq_factor;
+    const double high_freq_wavelen = old_ctx / s.high_freq_factor;
+    for (auto& f : inv) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen < high_freq_wavelen) {
+        // high frequency: unchanged
+      } else if (wavelen > low_freq_wavelen) {
+        f = f / s.factor;
+      } else {
+        const double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+  }
+  return inv;
+}
+
+using Vec = std::vector<double>;
+
+Vec RmsNormD(const Vec& x, const Vec& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double r = 1.0 / std::sqrt(ss / x.size() + eps);
+  Vec y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * r * w[i];
+  return y;
+}
+
+// y = W x + b, W [n, k] row-major (HF nn.Linear).
+Vec LinearD(const Checkpoint& ck, const std::string& prefix, const Vec& x, bool bias) {
+  const Weight& w = ck.w.at(prefix + ".weight");
+  const int64_t n = w.shape[0], k = w.shape[1];
+  Vec y(n, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    double acc = 0;
+    for (int64_t j = 0; j < k; ++j) acc += w.v[i * k + j] * x[j];
+    y[i] = acc + (bias ? ck.w.at(prefix + ".bias").v[i] : 0.0);
+  }
+  return y;
+}
+
+// q·cos + rotate_half(q)·sin with cos/sin = cat(freqs, freqs), rotate_half(x) = cat(-x2, x1).
+void RopeD(double* x, int64_t head_dim, const Vec& inv_freq, int64_t pos) {
+  const int64_t half = head_dim / 2;
+  Vec out(head_dim);
+  for (int64_t i = 0; i < head_dim; ++i) {
+    const double ang = pos * inv_freq[i % half];
+    const double rot = i < half ? -x[i + half] : x[i - half];
+    out[i] = x[i] * std::cos(ang) + rot * std::sin(ang);
+  }
+  std::copy(out.begin(), out.end(), x);
+}
+
+// Logits [T, vocab] for the whole sequence at positions 0..T-1.
+std::vector<double> OracleLogits(const Spec& s, const Checkpoint& ck, const std::vector<int32_t>& tokens) {
+  const int64_t T = tokens.size(), H = s.hidden, hd = s.head_dim, nh = s.heads, nkv = s.kv_heads;
+  const Vec inv = OracleInvFreq(s);
+  const Weight& emb = ck.w.at("model.embed_tokens.weight");
+  std::vector<Vec> x(T, Vec(H));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < H; ++i) x[t][i] = emb.v[tokens[t] * H + i];
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    std::vector<Vec> q(T), k(T), v(T);
+    for (int64_t t = 0; t < T; ++t) {
+      const Vec xn = RmsNormD(x[t], ck.w.at(p + "input_layernorm.weight").v, s.eps);
+      q[t] = LinearD(ck, p + "self_attn.q_proj", xn, s.qkv_bias);
+      k[t] = LinearD(ck, p + "self_attn.k_proj", xn, s.qkv_bias);
+      v[t] = LinearD(ck, p + "self_attn.v_proj", xn, s.qkv_bias);
+      for (int64_t h = 0; h < nh; ++h) RopeD(q[t].data() + h * hd, hd, inv, t);
+      for (int64_t h = 0; h < nkv; ++h) RopeD(k[t].data() + h * hd, hd, inv, t);
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      Vec attn(nh * hd, 0.0);
+      for (int64_t h = 0; h < nh; ++h) {
+        // repeat_kv: head h reads kv head h // n_rep.
+        const int64_t kvh = s.kv_interleave ? h % nkv : h / (nh / nkv);
+        Vec sc(t + 1);
+        double mx = -1e300;
+        for (int64_t j = 0; j <= t; ++j) {
+          double d = 0;
+          for (int64_t i = 0; i < hd; ++i) d += q[t][h * hd + i] * k[j][kvh * hd + i];
+          sc[j] = d / std::sqrt(static_cast<double>(hd));
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (auto& e : sc) sum += (e = std::exp(e - mx));
+        for (int64_t j = 0; j <= t; ++j)
+          for (int64_t i = 0; i < hd; ++i) attn[h * hd + i] += sc[j] / sum * v[j][kvh * hd + i];
+      }
+      const Vec o = LinearD(ck, p + "self_attn.o_proj", attn, s.o_bias);
+      for (int64_t i = 0; i < H; ++i) x[t][i] += o[i];
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const Vec xn = RmsNormD(x[t], ck.w.at(p + "post_attention_layernorm.weight").v, s.eps);
+      const Vec g = LinearD(ck, p + "mlp.gate_proj", xn, s.mlp_bias);
+      const Vec u = LinearD(ck, p + "mlp.up_proj", xn, s.mlp_bias);
+      Vec a(s.inter);
+      for (int64_t i = 0; i < s.inter; ++i) a[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      const Vec d = LinearD(ck, p + "mlp.down_proj", a, s.mlp_bias);
+      for (int64_t i = 0; i < H; ++i) x[t][i] += d[i];
+    }
+  }
+  const std::string head = s.tie ? "model.embed_tokens" : "lm_head";
+  std::vector<double> logits;
+  for (int64_t t = 0; t < T; ++t) {
+    const Vec y = LinearD(ck, head, RmsNormD(x[t], ck.w.at("model.norm.weight").v, s.eps), false);
+    logits.insert(logits.end(), y.begin(), y.end());
+  }
+  return logits;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparison.
+
+const std::vector<int32_t> kTokens = {1, 17, 42, 5, 96, 42, 0, 63, 17, 88, 30, 2};
+
+double LogitScale(const std::vector<double>& ref) {
+  double m = 1.0;
+  for (double v : ref) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+// S·K_max·u relative to the logit scale (see the file comment).
+double RelTolerance(const Spec& s) {
+  const double u = std::ldexp(1.0, -24);
+  const double stages = 8.0 * s.layers + 3;
+  const double k_max = std::max({s.hidden, s.heads * s.head_dim, s.inter, static_cast<int64_t>(kTokens.size())});
+  return stages * k_max * u;
+}
+
+struct Diff {
+  double worst = 0;
+  int64_t row = -1, col = -1;
+  double got = 0, want = 0;
+};
+
+Diff Compare(const float* got, const double* want, int64_t rows, int64_t vocab) {
+  Diff d;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < vocab; ++c) {
+      const double e = std::fabs(got[r * vocab + c] - want[r * vocab + c]);
+      if (e > d.worst || d.row < 0) d = {e, r, c, got[r * vocab + c], want[r * vocab + c]};
+    }
+  return d;
+}
+
+std::string Describe(const Diff& d, double tol) {
+  return "worst |nibble - oracle| = " + std::to_string(d.worst) + " at position " + std::to_string(d.row) +
+         ", token " + std::to_string(d.col) + " (nibble " + std::to_string(d.got) + ", oracle " +
+         std::to_string(d.want) + "), tolerance " + std::to_string(tol);
+}
+
+// Runs one case: full-sequence and incremental logits against the oracle, inv_freq against the
+// oracle's, and the feature-off mutant against nibble (must miss).
+void CheckCase(const Spec& s, const Spec& mutant, uint64_t seed) {
+  TempDir dir;
+  const Checkpoint ck = MakeCheckpoint(s, seed);
+  WriteCheckpoint(dir.path(), s, ck.tensors);
+  auto model = nibble::LlamaModel::Load(dir.path());
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const auto& m = **model;
+  ASSERT_EQ(m.config().head_dim, s.head_dim);
+
+  // inv_freq (fp32, powf) against the double definition: a few ulp of the exponent's rounding
+  // (|ln theta| · 2^-24 ~ 6e-7) plus the fp32 products.
+  const std::vector<float> inv = nibble::RopeInvFreq(m.config());
+  const Vec want_inv = OracleInvFreq(s);
+  ASSERT_EQ(inv.size(), want_inv.size());
+  for (size_t i = 0; i < inv.size(); ++i)
+    EXPECT_NEAR(inv[i], want_inv[i], 2e-6 * want_inv[i]) << "inv_freq[" << i << "]";
+
+  const int64_t T = kTokens.size(), V = s.vocab;
+  const std::vector<double> ref = OracleLogits(s, ck, kTokens);
+  const double tol = RelTolerance(s) * LogitScale(ref);
+
+  std::vector<float> full(T * V);
+  nibble::KvCache cache = m.NewCache(T);
+  auto st = m.Forward(kTokens.data(), T, cache, full.data(), /*all_logits=*/true);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  EXPECT_EQ(cache.length, T);
+  const Diff d = Compare(full.data(), ref.data(), T, V);
+  EXPECT_LE(d.worst, tol) << "full sequence: " << Describe(d, tol);
+
+  // Incremental: prefill 5 (all rows), then 7 decode steps (last row each) on the same cache.
+  std::vector<float> inc(T * V);
+  nibble::KvCache c2 = m.NewCache(T);
+  st = m.Forward(kTokens.data(), 5, c2, inc.data(), true);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  for (int64_t t = 5; t < T; ++t) {
+    st = m.Forward(kTokens.data() + t, 1, c2, inc.data() + t * V, false);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    EXPECT_EQ(c2.length, t + 1);
+  }
+  const Diff di = Compare(inc.data(), ref.data(), T, V);
+  EXPECT_LE(di.worst, tol) << "incremental vs oracle: " << Describe(di, tol);
+  std::vector<double> full_d(full.begin(), full.end());
+  const Diff dd = Compare(inc.data(), full_d.data(), T, V);
+  EXPECT_LE(dd.worst, tol) << "incremental vs full sequence: " << Describe(dd, tol);
+
+  // The cache is full: one more token must be refused, not written past the end.
+  const int32_t extra = 3;
+  st = m.Forward(&extra, 1, c2, inc.data(), false);
+  EXPECT_FALSE(st.ok());
+
+  // Discrimination: the oracle without this case's feature must miss by far more than tol.
+  const std::vector<double> wrong = OracleLogits(mutant, ck, kTokens);
+  const Diff dm = Compare(full.data(), wrong.data(), T, V);
+  EXPECT_GT(dm.worst, 100 * tol) << "the feature-off oracle is indistinguishable: " << Describe(dm, tol);
+}
+
+// (a) Llama, GQA 8 query heads on 2 kv heads, head_dim 12 given explicitly (hidden / heads = 8).
+Spec GqaHeadDim() {
+  Spec s;
+  s.head_dim = 12;
+  s.write_head_dim = true;
+  return s;
+}
+
+TEST(ReferenceForward, LlamaGqaExplicitHeadDim) {
+  const Spec s = GqaHeadDim();
+  Spec mutant = s;
+  mutant.kv_interleave = true;
+  CheckCase(s, mutant, 1);
+}
+
+// (b) Qwen2: q/k/v biases (no o bias), tied embeddings without lm_head.weight.
+TEST(ReferenceForward, Qwen2TiedWithQkvBias) {
+  Spec s;
+  s.model_type = "qwen2";
+  s.architecture = "Qwen2ForCausalLM";
+  s.hidden = 48;
+  s.heads = 6;
+  s.kv_heads = 2;
+  s.head_dim = 8;
+  s.inter = 80;
+  s.theta = 1000000.0;
+  s.eps = 1e-6;
+  s.qkv_bias = true;
+  s.tie = true;
+  s.extra = {{"use_sliding_window", false}, {"sliding_window", 32}};
+  Spec mutant = s;
+  mutant.qkv_bias = false;
+  CheckCase(s, mutant, 2);
+}
+
+// (c) Llama attention_bias (q/k/v/o biases) and mlp_bias.
+TEST(ReferenceForward, LlamaAttentionAndMlpBias) {
+  Spec s;
+  s.qkv_bias = s.o_bias = s.mlp_bias = true;
+  Spec mutant = s;
+  mutant.o_bias = false;
+  mutant.mlp_bias = false;
+  CheckCase(s, mutant, 3);
+}
+
+// (d) llama3 rope scaling. theta 100, head_dim 16 and original context 64 put inv_freq in all
+// three bands: wavelen 6.3, 11.2 (< 64/4 = 16, kept), 19.9, 35.3, 62.8 (smoothed), 112, 199, 353
+// (> 64/1, divided by factor).
+TEST(ReferenceForward, Llama3RopeScaling) {
+  Spec s;
+  s.heads = 4;
+  s.kv_heads = 4;
+  s.head_dim = 16;
+  s.theta = 100.0;
+  s.rope = Spec::Rope::kLlama3;
+  s.factor = 8.0;
+  s.low_freq_factor = 1.0;
+  s.high_freq_factor = 4.0;
+  s.old_ctx = 64;
+  s.max_pos = 128;
+  Spec mutant = s;
+  mutant.rope = Spec::Rope::kNone;
+  CheckCase(s, mutant, 4);
+  // The same checkpoint read with only the medium band wrong (linear scaling by the same factor)
+  // must miss too: checks the smoothing, not just "some scaling".
+  Spec linear = s;
+  linear.rope = Spec::Rope::kLinear;
+  const Vec a = OracleInvFreq(s), b = OracleInvFreq(linear);
+  EXPECT_EQ(a[0], 1.0);         // high band untouched
+  EXPECT_NE(a[3], b[3]);        // medium band smoothed
+  EXPECT_DOUBLE_EQ(a[7], b[7]);  // low band divided by factor
+}
+
+// (e) linear rope scaling, older "type" key.
+TEST(ReferenceForward, LinearRopeScaling) {
+  Spec s;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 16;
+  s.theta = 100.0;
+  s.rope = Spec::Rope::kLinear;
+  s.rope_type_key = "type";
+  s.factor = 4.0;
+  Spec mutant = s;
+  mutant.rope = Spec::Rope::kNone;
+  CheckCase(s, mutant, 5);
+}
+
+// (f) Mistral model_type / architecture (sliding_window larger than the sequence).
+TEST(ReferenceForward, Mistral) {
+  Spec s;
+  s.model_type = "mistral";
+  s.architecture = "MistralForCausalLM";
+  s.heads = 8;
+  s.kv_heads = 4;
+  s.head_dim = 8;
+  s.eps = 1e-5;
+  s.extra = {{"sliding_window", 32}};
+  Spec mutant = s;
+  mutant.eps = 1.0;  // any RMSNorm epsilon mix-up must show
+  CheckCase(s, mutant, 6);
+}
+
+// (g) bf16 and f16 stored weights (converted exactly to fp32 at load).
+TEST(ReferenceForward, Bf16Weights) {
+  Spec s = GqaHeadDim();
+  s.dtype = DType::kBF16;
+  Spec mutant = s;
+  mutant.kv_interleave = true;
+  CheckCase(s, mutant, 7);
+}
+
+TEST(ReferenceForward, F16Weights) {
+  Spec s;
+  s.dtype = DType::kF16;
+  s.qkv_bias = s.o_bias = true;
+  Spec mutant = s;
+  mutant.qkv_bias = false;
+  CheckCase(s, mutant, 8);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load errors: each names the tensor and what was expected / found.
+
+nibble::Result<std::unique_ptr<nibble::LlamaModel>> LoadWith(const std::string& dir, const Spec& s,
+                                                     const std::vector<nibble::TensorToWrite>& tensors) {
+  WriteCheckpoint(dir, s, tensors);
+  return nibble::LlamaModel::Load(dir);
+}
+
+nibble::TensorToWrite* FindTensor(Checkpoint& ck, const std::string& name) {
+  for (auto& t : ck.tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+void ExpectLoadError(const nibble::Result<std::unique_ptr<nibble::LlamaModel>>& r,
+                     const std::vector<std::string>& needles) {
+  ASSERT_FALSE(r.ok()) << "expected a load error";
+  for (const auto& n : needles) EXPECT_NE(r.error().message.find(n), std::string::npos) << "missing \"" << n << "\" in: " << r.error().message;
+}
+
+TEST(ReferenceForwardLoad, WrongShapeNamesTensorExpectedAndFound) {
+  TempDir dir;
+  const Spec s = GqaHeadDim();
+  Checkpoint ck = MakeCheckpoint(s, 11);
+  auto* t = FindTensor(ck, "model.layers.1.mlp.up_proj.weight");
+  ASSERT_NE(t, nullptr);
+  t->shape = {s.inter, s.hidden + 1};
+  t->bytes.resize(s.inter * (s.hidden + 1) * 4);
+  ExpectLoadError(LoadWith(dir.path(), s, ck.tensors),
+                  {"model.layers.1.mlp.up_proj.weight", "[96, 64]", "[96, 65]", "model.safetensors"});
+}
+
+TEST(ReferenceForwardLoad, MissingTensorNamesIt) {
+  TempDir dir;
+  const Spec s = GqaHeadDim();
+  Checkpoint ck = MakeCheckpoint(s, 12);
+  std::erase_if(ck.tensors, [](const auto& t) { return t.name == "model.layers.1.self_attn.v_proj.weight"; });
+  ExpectLoadError(LoadWith(dir.path(), s, ck.tensors), {"missing tensor", "model.layers.1.self_attn.v_proj.weight"});
+}
+
+TEST(ReferenceForwardLoad, MissingBiasNamesIt) {
+  // Qwen2 always has q/k/v biases; a checkpoint without one is refused, naming it.
+  TempDir dir;
+  Spec s;
+  s.model_type = "qwen2";
+  s.architecture = "Qwen2ForCausalLM";
+  s.qkv_bias = true;
+  Checkpoint ck = MakeCheckpoint(s, 13);
+  std::erase_if(ck.tensors, [](const auto& t) { return t.name == "model.layers.0.self_attn.k_proj.bias"; });
+  ExpectLoadError(LoadWith(dir.path(), s, ck.tensors), {"missing tensor", "model.layers.0.self_attn.k_proj.bias"});
+}
+
+TEST(ReferenceForwardLoad, MissingLmHeadWithoutTieNamesIt) {
+  TempDir dir;
+  Spec s;
+  s.tie = true;  // generate without lm_head.weight ...
+  Checkpoint ck = MakeCheckpoint(s, 14);
+  s.tie = false;  // ... but declare untied embeddings
+  ExpectLoadError(LoadWith(dir.path(), s, ck.tensors), {"missing tensor", "lm_head.weight"});
+}
+
+TEST(ReferenceForwardLoad, IntegerDtypeNamesDtype) {
+  TempDir dir;
+  const Spec s = GqaHeadDim();  // F32, so the I32 bytes have the same size
+  Checkpoint ck = MakeCheckpoint(s, 15);
+  auto* t = FindTensor(ck, "model.layers.0.mlp.down_proj.weight");
+  ASSERT_NE(t, nullptr);
+  t->dtype = DType::kI32;
+  ExpectLoadError(LoadWith(dir.path(), s, ck.tensors), {"model.layers.0.mlp.down_proj.weight", "I32"});
+}
+
+TEST(ReferenceForwardLoad, IntegerNormDtypeNamesDtype) {
+  TempDir dir;
+  const Spec s = GqaHeadDim();
+  Checkpoint ck = MakeCheckpoint(s, 16);
+  auto* t = FindTensor(ck, "model.norm.weight");
+  ASSERT_NE(t, nullptr);
+  t->dtype = DType::kI32;
+  ExpectLoadError(LoadWith(dir.path(), s, ck.tensors), {"model.norm.weight", "I32"});
+}
+
+}  // namespace
