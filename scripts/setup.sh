@@ -2,7 +2,8 @@
 # Installs nibble's build and test dependencies from Debian packages (idempotent).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libsentencepiece-dev
-      libcli11-dev libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev)
+      libcli11-dev libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
+      clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
