@@ -1,10 +1,34 @@
 #!/usr/bin/env bash
-# Builds nibble with warnings as errors and runs the whole test suite (installs what it needs).
+# Builds nibble and runs the whole test suite (installs what it needs first):
+#   1. include-layering check
+#   2. release build + every test (CI: warnings are errors, preset `ci`)
+#   3. AddressSanitizer + UndefinedBehaviorSanitizer build + the unit and kernel tests
+#   4. fuzz targets: seed corpora as regression tests, then FUZZ_SECONDS (default 30) each
+# NIBBLE_TEST_STAGES selects stages (default "release asan fuzz"); extra arguments go to the
+# release-stage ctest (e.g. -R Quark).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+stages="${NIBBLE_TEST_STAGES:-release asan fuzz}"
+jobs="$(nproc)"
 bash scripts/setup.sh
 bash scripts/check_includes.sh
-cmake --preset ci >/dev/null
-cmake --build --preset ci -j "$(nproc)"
-# Tests run one at a time: the e2e and model tests use every core themselves.
-ctest --preset ci -j 1 --timeout 900 "$@"
+if [[ " $stages " == *" release "* ]]; then
+  preset=release
+  [ "${CI:-}" = "true" ] && preset=ci   # CI builds with -Werror
+  echo "== release tests (preset $preset)"
+  cmake --preset "$preset" >/dev/null
+  cmake --build --preset "$preset" -j "$jobs"
+  # One test at a time: the model and e2e tests use every core themselves.
+  ctest --preset "$preset" -j 1 --timeout 900 "$@"
+fi
+if [[ " $stages " == *" asan "* ]]; then
+  echo "== ASan + UBSan: unit and kernel tests"
+  cmake --preset asan >/dev/null
+  cmake --build --preset asan -j "$jobs"
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --preset asan -L 'unit|kernel' -j "$jobs" --timeout 1800
+fi
+if [[ " $stages " == *" fuzz "* ]]; then
+  echo "== fuzz"
+  FUZZ_SECONDS="${FUZZ_SECONDS:-30}" bash scripts/fuzz.sh
+fi

@@ -28,7 +28,7 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_option("--top_p", args->opt.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
   cmd->add_option("--seed", args->opt.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
-  cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 1024));
   return [args]() {
     nibble::SetNumThreads(args->threads);
     auto model = nibble::Model::Load(args->model);
