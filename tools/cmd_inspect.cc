@@ -1,10 +1,12 @@
 // `nibble inspect DIR`: format, per-layer resolved config and the rule that produced it, sizes.
+// `nibble inspect --kernels`: the W4A32 kernel ISA chosen at run time and why the others were not.
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include <nibble/bench.h>
 #include <nibble/nibble.h>
 
 #include "commands.h"
@@ -14,10 +16,38 @@ namespace nibble_cli {
 Runner RegisterInspect(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
+  auto kernels = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand("inspect", "Show a checkpoint's format and per-layer quantization");
-  cmd->add_option("dir", *dir, "Model directory")->required();
+  cmd->add_option("dir", *dir, "Model directory (optional with --kernels)");
   cmd->add_flag("--json", *as_json, "Machine-readable output");
-  return [dir, as_json]() {
+  cmd->add_flag("--kernels", *kernels, "Show the int4 kernel ISA chosen (CPUID + XCR0, NIBBLE_ISA) and why");
+  return [dir, as_json, kernels]() {
+    if (*kernels) {
+      const nibble::KernelDispatchReport k = nibble::DescribeKernels();
+      if (*as_json) {
+        nlohmann::ordered_json j;
+        j["chosen"] = k.chosen;
+        j["cpu_vendor"] = k.cpu_vendor;
+        j["cpu_flags"] = k.cpu_flags;
+        j["NIBBLE_ISA"] = k.override_value;
+        if (!k.override_message.empty()) j["override_message"] = k.override_message;
+        nlohmann::ordered_json c = nlohmann::ordered_json::array();
+        for (const auto& x : k.candidates)
+          c.push_back({{"isa", x.isa}, {"compiled", x.compiled}, {"supported", x.supported}, {"chosen", x.chosen},
+                       {"reason", x.reason}});
+        j["candidates"] = c;
+        std::printf("%s\n", j.dump(2).c_str());
+      } else {
+        std::printf("int4 kernels: %s\ncpu: %s | %s\nNIBBLE_ISA: %s%s%s\n", k.chosen.c_str(), k.cpu_vendor.c_str(),
+                    k.cpu_flags.c_str(), k.override_value.empty() ? "(unset)" : k.override_value.c_str(),
+                    k.override_message.empty() ? "" : " -> ", k.override_message.c_str());
+        for (const auto& x : k.candidates)
+          std::printf("  %-7s %-8s %s\n", x.isa.c_str(), x.chosen ? "chosen" : (x.supported ? "skipped" : "rejected"),
+                      x.reason.c_str());
+      }
+      if (dir->empty()) return 0;
+    }
+    if (dir->empty()) return Fail("inspect: a model directory is required (or --kernels)");
     auto rep = nibble::Inspect(*dir);
     if (!rep.ok()) return Fail(rep.error().message);
     int64_t stored = 0, fp = 0;

@@ -1,5 +1,7 @@
 // `nibble perplexity`: the GPTQ/AWQ-paper protocol (SPEC §6.1), printed next to the number.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -14,8 +16,8 @@ namespace nibble_cli {
 
 namespace {
 struct PerplexityArgs {
-  std::string model, text;
-  int64_t seq_len = 2048, max_windows = 0;
+  std::string model, text, kl_base;
+  int64_t seq_len = 0, max_windows = 0;
   int threads = 0;
 };
 }  // namespace
@@ -25,17 +27,20 @@ Runner RegisterPerplexity(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("perplexity", "Token perplexity of a text file (GPTQ/AWQ protocol, SPEC 6.1)");
   cmd->add_option("--model,-m", a->model, "Model directory")->required();
   cmd->add_option("--text,-f", a->text, "UTF-8 text file, evaluated as one string")->required();
-  cmd->add_option("--seq_len", a->seq_len, "Window length in tokens")->capture_default_str();
-  cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str();
+  cmd->add_option("--seq_len", a->seq_len, "Window length in tokens (0 = min(2048, max_position_embeddings))")->capture_default_str();
+  cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--kl_divergence_base", a->kl_base,
+                  "Float model directory: also report mean KL(P_base || P_model) and top-1 agreement on the same windows");
   return [a]() {
     nibble::SetNumThreads(a->threads);
     std::ifstream in(a->text, std::ios::binary);
-    if (!in) return Fail("cannot open text file " + a->text);
+    if (!in || std::filesystem::is_directory(a->text)) return Fail("cannot read text file " + a->text + (in ? ": is a directory" : ""));
     std::stringstream ss;
     ss << in.rdbuf();
     auto model = nibble::Model::Load(a->model);
     if (!model.ok()) return Fail(model.error().message);
+    if (a->seq_len == 0) a->seq_len = std::min<int64_t>(2048, (*model)->info().max_position_embeddings);
     std::unique_ptr<nibble::ProgressBar> bar;
     nibble::PerplexityOptions opt;
     opt.seq_len = a->seq_len;
@@ -44,6 +49,26 @@ Runner RegisterPerplexity(CLI::App& app) {
       if (!bar) bar = std::make_unique<nibble::ProgressBar>("perplexity", total);
       bar->Update(done);
     };
+    if (!a->kl_base.empty()) {
+      auto base = nibble::Model::Load(a->kl_base);
+      if (!base.ok()) return Fail(base.error().message);
+      nibble::CompareOptions co;
+      co.seq_len = a->seq_len;
+      co.max_windows = a->max_windows;
+      co.progress = opt.progress;
+      auto c = nibble::CompareModels(**base, {model->get()}, ss.str(), co);
+      bar.reset();
+      if (!c.ok()) return Fail(a->text + ": " + c.error().message);
+      const auto& row = c->rows[0];
+      std::printf("model: %s\nbase: %s\ntext: %s\n", a->model.c_str(), a->kl_base.c_str(), a->text.c_str());
+      std::printf("protocol: GPTQ/AWQ (SPEC 6.1), windows of %lld tokens, %lld of %lld windows, %lld scored positions "
+                  "(tokenized with the base model's tokenizer)\n",
+                  static_cast<long long>(a->seq_len), static_cast<long long>(c->base.n_windows),
+                  static_cast<long long>(c->base.n_windows_available), static_cast<long long>(c->base.scored_tokens));
+      std::printf("perplexity: %.4f (base %.4f)\nmean KLD: %.6f nats (max %.4f)\ntop-1 agreement: %.2f %%\n",
+                  row.perplexity.ppl, c->base.ppl, row.mean_kld, row.max_kld, 100.0 * row.top1_agreement);
+      return 0;
+    }
     auto r = nibble::EvaluatePerplexity(**model, ss.str(), opt);
     bar.reset();
     if (!r.ok()) return Fail(a->text + ": " + r.error().message);

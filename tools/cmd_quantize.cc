@@ -19,6 +19,7 @@ struct QuantizeArgs {
   std::string max_shard_size = "5GB";
   bool exclude_given = false;
   int threads = 0;
+  std::string report;
 };
 
 // "5GB" (decimal, as HF), "500MiB" (binary), or plain bytes.
@@ -54,7 +55,17 @@ Runner RegisterQuantize(CLI::App& app) {
                                  "w_uint4_per_group_asym | w_int4_per_group_sym | w_uint4_per_channel_asym | w_int4_per_channel_sym")
                      ->capture_default_str();
   auto* gs = cmd->add_option("--group_size", r.group_size, "Group size along in_features (per_group schemes)")->capture_default_str();
-  cmd->add_option("--quant_algo", r.quant_algo, "Quantization algorithm: rtn")->capture_default_str();
+  cmd->add_option("--quant_algo", r.quant_algo, "Quantization algorithm: rtn | awq")->capture_default_str();
+  cmd->add_option("--dataset", r.dataset, "AWQ calibration data: a text file (one text) or JSONL with a \"text\" field");
+  cmd->add_option("--num_calib_data", r.num_calib_data, "AWQ calibration chunks")->capture_default_str();
+  cmd->add_option("--seq_len", r.seq_len, "Tokens per calibration chunk")->capture_default_str();
+  cmd->add_option("--seed", r.seed, "Calibration chunk choice: 0 = the first chunks in order, else a seeded shuffle")->capture_default_str();
+  cmd->add_flag("--awq_clip", r.awq_clip, "AWQ: AutoAWQ's weight-clipping search after scaling (off by default)");
+  cmd->add_option("--propagate", r.propagate, "AWQ: next layer's input from the smoothed fp layer (fp) or the quantized layer (quantized)")
+      ->capture_default_str();
+  cmd->add_option("--duo_scaling", r.duo_scaling, "AWQ grid: true | false | both (llm-compressor)")->capture_default_str();
+  cmd->add_option("--n_grid", r.n_grid, "AWQ grid points")->capture_default_str();
+  cmd->add_option("--report", a->report, "Write a JSON report (per layer AWQ ratios, losses, per-linear errors)");
   cmd->add_option("--model_export", a->model_export, "Export format: hf_format")->capture_default_str();
   auto* pm = cmd->add_option("--pack_method", r.pack_method, "Nibble order: reorder (AWQ order) | order")->capture_default_str();
   auto* ex = cmd->add_option("--exclude_layers", r.exclude_layers,
@@ -64,7 +75,8 @@ Runner RegisterQuantize(CLI::App& app) {
                               "Per-layer override PATTERN:group_size=N[,quant_scheme=S] (first match wins)")
                   ->expected(1, -1);
   cmd->add_option("--quant_config", r.quant_config_file,
-                  "A Quark quantization_config JSON file applied as written (instead of the scheme flags)");
+                  "A Quark quantization_config JSON file applied as written (instead of the scheme flags); its algo_config "
+                  "may carry AWQ scaling_layers");
   cmd->add_option("--misaligned", r.misaligned,
                   "Layers whose in_features is not a multiple of group_size: error | exclude | per_channel")
       ->capture_default_str();
@@ -82,13 +94,47 @@ Runner RegisterQuantize(CLI::App& app) {
     (void)cmd;
     nibble::SetNumThreads(a->threads);
     std::unique_ptr<nibble::ProgressBar> bar;
-    r.progress = [&bar](int64_t done, int64_t total) {
-      if (!bar) bar = std::make_unique<nibble::ProgressBar>("quantize", total);
+    int64_t bar_total = -1;
+    r.progress = [&bar, &bar_total, &r](int64_t done, int64_t total) {
+      if (!bar || total != bar_total) {
+        bar = std::make_unique<nibble::ProgressBar>(r.quant_algo == "awq" ? "awq layers" : "quantize", total);
+        bar_total = total;
+      }
       bar->Update(done);
+    };
+    r.on_message = [&bar](const std::string& m) {
+      if (bar) bar->Finish();
+      std::fprintf(stderr, "%s\n", m.c_str());
     };
     auto s = nibble::Quantize(r);
     bar.reset();
     if (!s.ok()) return Fail(s.error().message);
+    if (!a->report.empty()) {
+      std::FILE* f = std::fopen(a->report.c_str(), "wb");
+      if (f == nullptr || std::fwrite(s->report_json.data(), 1, s->report_json.size(), f) != s->report_json.size()) {
+        if (f != nullptr) std::fclose(f);
+        return Fail("cannot write report " + a->report);
+      }
+      if (std::fclose(f) != 0) return Fail("cannot write report " + a->report);
+    }
+    if (r.quant_algo == "awq") {
+      std::printf("AWQ: %lld calibration chunks x %lld tokens (%s), propagation %s%s, %.1f s\n",
+                  static_cast<long long>(s->calib_chunks), static_cast<long long>(s->calib_seq_len), r.dataset.c_str(),
+                  s->propagate.c_str(), r.awq_clip ? ", clip" : "", s->awq_seconds);
+      for (const auto& l : s->awq_layers) {
+        std::printf("  layer %lld (%.1f s):", static_cast<long long>(l.layer), l.seconds);
+        for (const auto& m : l.mappings) {
+          if (m.skipped) continue;
+          std::string dst = m.layers.size() == 1 ? m.layers[0].substr(m.layers[0].rfind('.') + 1) : m.prev_op;
+          std::printf(" [%s r=%.2f%s loss %.3g->%.3g]", dst.c_str(), m.ratio, m.duo ? "d" : "", m.loss_rtn, m.loss_best);
+        }
+        std::printf("\n    output error RTN->AWQ:");
+        for (const auto& e : l.linears)
+          if (e.quantized)
+            std::printf(" %s %.2e->%.2e", e.name.substr(e.name.rfind('.') + 1).c_str(), e.rtn_error, e.awq_error);
+        std::printf("\n");
+      }
+    }
     int64_t in_q = 0, out_q = 0, nq = 0;
     double worst = 0;
     std::string worst_name;

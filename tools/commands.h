@@ -15,6 +15,10 @@ Runner RegisterGenerate(CLI::App& app);
 Runner RegisterPerplexity(CLI::App& app);
 Runner RegisterQuantize(CLI::App& app);
 Runner RegisterInspect(CLI::App& app);
+Runner RegisterBench(CLI::App& app);
+Runner RegisterSynth(CLI::App& app);
+Runner RegisterCompare(CLI::App& app);
+Runner RegisterReport(CLI::App& app);
 
 /// Prints "nibble: error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

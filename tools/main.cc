@@ -1,5 +1,6 @@
 // nibble — quantize LLMs to 4-bit weights and run them on the CPU.
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "commands.h"
@@ -24,6 +25,20 @@ int main(int argc, char** argv) {
   add(nibble_cli::RegisterPerplexity);
   add(nibble_cli::RegisterQuantize);
   add(nibble_cli::RegisterInspect);
+  add(nibble_cli::RegisterBench);
+  add(nibble_cli::RegisterSynth);
+  add(nibble_cli::RegisterCompare);
+  add(nibble_cli::RegisterReport);
+  // Name an unknown command instead of CLI11's generic "A subcommand is required".
+  if (argc > 1 && argv[1][0] != '-') {
+    bool known = false;
+    std::string names;
+    for (auto& [sub, run] : commands) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) return nibble_cli::Fail(std::string("unknown command \"") + argv[1] + "\" (commands: " + names + ")");
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -123,7 +123,51 @@ struct QuantizeRequest {
   std::string misaligned = "error";   // error | exclude | per_channel
   int64_t max_shard_size = 5000000000;
   bool overwrite = false;
+  /// Progress in steps; `total` changes between phases (AWQ layer×mapping steps, then export).
   std::function<void(int64_t done, int64_t total)> progress;
+
+  // AWQ (quant_algo "awq", SPEC §2.1). Calibration: `dataset` is a plain-text file (one text) or
+  // JSONL with a "text" field; texts are encoded (BOS per text), concatenated and cut into
+  // `num_calib_data` chunks of `seq_len` tokens — the first chunks when seed is 0, a seeded
+  // shuffle otherwise. Fewer tokens than asked is a warning (on_message) with the real count.
+  std::string dataset;
+  int64_t num_calib_data = 128;
+  int64_t seq_len = 512;
+  uint64_t seed = 0;
+  bool awq_clip = false;            // AutoAWQ clip search (SPEC §2.3)
+  std::string propagate = "fp";     // fp | quantized: the next layer's calibration input
+  std::string duo_scaling = "true"; // true | false | both (llm-compressor)
+  int64_t n_grid = 20;
+  /// Warnings and notes (calibration shortfall, skipped GQA mappings) as they happen.
+  std::function<void(const std::string&)> on_message;
+};
+
+/// AWQ outcome of one scaling_layers mapping in one decoder layer.
+struct AwqMappingSummary {
+  std::string prev_op;
+  std::vector<std::string> layers;
+  bool skipped = false;
+  std::string skip_reason;
+  double ratio = 0;      // chosen grid ratio
+  bool duo = false;      // chosen candidate used duo scaling
+  double loss_rtn = 0;   // MSE of the inspected module's output with plain RTN (identity scales)
+  double loss_best = 0;  // MSE with the chosen scales
+  int64_t rejected = 0;  // grid candidates rejected (overflow / non-finite)
+  double scale_min = 0, scale_max = 0;
+};
+
+/// AWQ outcome of one decoder layer.
+struct AwqLayerSummary {
+  struct Linear {
+    std::string name;
+    bool quantized = false;
+    double rtn_error = 0;  // relative output error of plain RTN on calibration inputs
+    double awq_error = 0;  // same for the AWQ weights on their (smoothed) inputs
+  };
+  int64_t layer = 0;
+  std::vector<AwqMappingSummary> mappings;
+  std::vector<Linear> linears;
+  double seconds = 0;
 };
 
 struct QuantizeSummary {
@@ -137,6 +181,16 @@ struct QuantizeSummary {
   int64_t shards = 0, total_bytes = 0;
   double seconds = 0;
   std::string quantization_config_json;  // as written into config.json
+  std::string quant_algo;
+  // AWQ only:
+  std::vector<AwqLayerSummary> awq_layers;
+  double awq_seconds = 0;
+  std::string propagate;
+  int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
+  std::vector<std::string> messages;
+  /// The machine-readable report (`nibble quantize --report`): settings, calibration, per layer
+  /// mappings and per-linear errors, per-linear export summary. JSON text.
+  std::string report_json;
 };
 
 /// Quantizes a float checkpoint into an AMD Quark hf_format checkpoint (atomically written).
@@ -166,5 +220,45 @@ struct InspectReport {
 
 /// Inspects a model directory without running it. Errors: unreadable / malformed files.
 Result<InspectReport> Inspect(const std::string& dir);
+
+}  // namespace nibble
+
+namespace nibble {
+
+/// Options of CompareModels: the perplexity protocol (SPEC §6.1) shared by every model.
+struct CompareOptions {
+  int64_t seq_len = 512;
+  int64_t max_windows = 0;  // 0 = every full window
+  std::function<void(int64_t done, int64_t total)> progress;
+};
+
+/// One model compared with the base (float) model on the same windows.
+struct ComparisonRow {
+  std::string dir;
+  PerplexityReport perplexity;
+  double mean_kld = 0;        // mean over scored positions of KL(P_base || P_model), nats
+  double max_kld = 0;
+  double top1_agreement = 0;  // fraction of positions whose argmax equals the base's
+};
+
+struct ComparisonReport {
+  PerplexityReport base;
+  std::vector<ComparisonRow> rows;
+};
+
+/// Tokenizes `text` with the base model's tokenizer once and runs the base and every model on
+/// the same windows (the measures of llama.cpp's --kl-divergence, over all scored positions).
+/// Errors: no models, vocab sizes that differ, text not UTF-8, fewer tokens than one window,
+/// seq_len out of range.
+Result<ComparisonReport> CompareModels(const Model& base, const std::vector<const Model*>& models, const std::string& text,
+                                       const CompareOptions& options);
+
+/// Human summary of a `nibble quantize --report` JSON file (per layer: chosen ratio, loss
+/// before / after, per-linear errors). Errors: unreadable file, not a nibble report.
+Result<std::string> SummarizeQuantizeReport(const std::string& report_path);
+
+/// Draws per-linear relative output error (RTN vs AWQ, log scale) of a report into a PNG
+/// (cairo). Errors: unreadable / malformed report, a report without AWQ layers, unwritable PNG.
+Status PlotQuantizeReport(const std::string& report_path, const std::string& png_path);
 
 }  // namespace nibble

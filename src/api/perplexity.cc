@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 
 #include "api/model_impl.h"
@@ -9,7 +10,10 @@ Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::strin
                                             const PerplexityOptions& options) {
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, model.Tokenize(text));
   PerplexityProtocol protocol;
-  protocol.seq_len = options.seq_len;
+  // seq_len 0: the protocol's 2048, capped at the model's context.
+  const int64_t seq_len = options.seq_len > 0 ? options.seq_len
+                          : std::min<int64_t>(2048, model.impl().llama->config().max_position_embeddings);
+  protocol.seq_len = seq_len;
   protocol.max_windows = options.max_windows;
   protocol.progress = options.progress;
   auto t0 = std::chrono::steady_clock::now();
@@ -18,14 +22,14 @@ Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::strin
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rep.ppl = r.ppl;
   rep.mean_nll = r.mean_nll;
-  rep.seq_len = options.seq_len;
+  rep.seq_len = seq_len;
   rep.n_tokens = r.n_tokens;
   rep.n_windows = r.n_windows;
   rep.n_windows_available = r.n_windows_available;
   rep.scored_tokens = r.scored_tokens;
   rep.dropped_tokens = r.dropped_tokens;
   rep.bos_prepended = model.impl().tokenizer->add_bos();
-  rep.tokens_per_second = rep.seconds > 0 ? static_cast<double>(r.n_windows * options.seq_len) / rep.seconds : 0;
+  rep.tokens_per_second = rep.seconds > 0 ? static_cast<double>(r.n_windows * seq_len) / rep.seconds : 0;
   return rep;
 }
 

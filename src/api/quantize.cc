@@ -103,6 +103,67 @@ Result<QuarkQuantConfig> ConfigFromRequest(const QuantizeRequest& r) {
 
 }  // namespace
 
+// The `--report` JSON: request, calibration, AWQ per layer, export per linear.
+static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSummary& s) {
+  nlohmann::ordered_json j;
+  j["nibble_report"] = "quantize";
+  j["version"] = 1;
+  j["model_dir"] = r.model_dir;
+  j["output_dir"] = r.output_dir;
+  j["quant_algo"] = r.quant_algo;
+  j["quant_scheme"] = r.quant_config_file.empty() ? r.quant_scheme : "from --quant_config " + r.quant_config_file;
+  j["group_size"] = r.group_size;
+  j["seconds"] = s.seconds;
+  if (r.quant_algo == "awq") {
+    j["awq"] = {{"seconds", s.awq_seconds}, {"propagate", s.propagate}, {"clip", r.awq_clip},
+                {"duo_scaling", r.duo_scaling}, {"n_grid", r.n_grid}};
+    j["calibration"] = {{"dataset", r.dataset}, {"chunks", s.calib_chunks}, {"seq_len", s.calib_seq_len},
+                        {"available_chunks", s.calib_available_chunks}, {"stream_tokens", s.calib_total_tokens},
+                        {"seed", r.seed}, {"selection", r.seed == 0 ? "first chunks in order" : "seeded shuffle"}};
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (const auto& l : s.awq_layers) {
+      nlohmann::ordered_json lj;
+      lj["layer"] = l.layer;
+      lj["seconds"] = l.seconds;
+      nlohmann::ordered_json maps = nlohmann::ordered_json::array();
+      for (const auto& m : l.mappings) {
+        nlohmann::ordered_json mj;
+        mj["prev_op"] = m.prev_op;
+        mj["layers"] = m.layers;
+        mj["skipped"] = m.skipped;
+        if (m.skipped) {
+          mj["skip_reason"] = m.skip_reason;
+        } else {
+          mj["ratio"] = m.ratio;
+          mj["duo"] = m.duo;
+          mj["loss_rtn"] = m.loss_rtn;
+          mj["loss_best"] = m.loss_best;
+          mj["rejected_candidates"] = m.rejected;
+          mj["scale_min"] = m.scale_min;
+          mj["scale_max"] = m.scale_max;
+        }
+        maps.push_back(mj);
+      }
+      lj["mappings"] = maps;
+      nlohmann::ordered_json lins = nlohmann::ordered_json::array();
+      for (const auto& e : l.linears)
+        lins.push_back({{"name", e.name}, {"quantized", e.quantized}, {"rtn_output_error", e.rtn_error},
+                        {"awq_output_error", e.awq_error}});
+      lj["linears"] = lins;
+      layers.push_back(lj);
+    }
+    j["awq_layers"] = layers;
+  }
+  nlohmann::ordered_json lins = nlohmann::ordered_json::array();
+  for (const auto& l : s.layers)
+    lins.push_back({{"name", l.name}, {"rule", l.rule}, {"scheme", l.scheme}, {"quantized", l.quantized},
+                    {"n", l.n}, {"k", l.k}, {"bytes_in", l.bytes_in}, {"bytes_out", l.bytes_out},
+                    {"rel_weight_error", l.rel_error}});
+  j["linears"] = lins;
+  j["messages"] = s.messages;
+  return j.dump(2) + "\n";
+}
+
 Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   QuantizeOptions o;
   o.model_dir = r.model_dir;
@@ -117,14 +178,54 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   o.max_shard_size = r.max_shard_size;
   o.overwrite = r.overwrite;
   o.progress = r.progress;
+  o.message = r.on_message;
+  o.dataset = r.dataset;
+  if (r.quant_algo == "awq") {
+    if (r.num_calib_data < 1) return MakeError("--num_calib_data ", r.num_calib_data, " must be at least 1");
+    if (r.seq_len < 1) return MakeError("--seq_len ", r.seq_len, " must be at least 1");
+  }
+  o.num_calib_data = r.num_calib_data;
+  o.calib_seq_len = r.seq_len;
+  o.seed = r.seed;
+  o.awq.clip = r.awq_clip;
+  if (r.propagate == "fp") o.awq.propagation = AwqPropagation::kFp;
+  else if (r.propagate == "quantized") o.awq.propagation = AwqPropagation::kQuantized;
+  else return MakeError("--propagate \"", r.propagate, "\" is not supported (supported: fp, quantized)");
+  if (r.duo_scaling != "true" && r.duo_scaling != "false" && r.duo_scaling != "both")
+    return MakeError("--duo_scaling \"", r.duo_scaling, "\" is not supported (supported: true, false, both)");
+  o.awq.duo_scaling = r.duo_scaling;
+  if (r.n_grid < 2 || (r.duo_scaling == "both" && r.n_grid < 4))
+    return MakeError("--n_grid ", r.n_grid, " is too small (at least 2; 4 with --duo_scaling both)");
+  o.awq.n_grid = r.n_grid;
   NIBBLE_ASSIGN_OR_RETURN(QuantizeReport rep, QuantizeToQuark(o));
   QuantizeSummary s;
+  s.quant_algo = r.quant_algo;
+  s.messages = rep.messages;
+  if (rep.awq) {
+    s.awq_seconds = rep.awq->seconds;
+    s.propagate = rep.awq_settings.propagation == AwqPropagation::kFp ? "fp" : "quantized";
+    s.calib_chunks = rep.calib_chunks;
+    s.calib_seq_len = rep.calib_seq_len;
+    s.calib_available_chunks = rep.calib_available_chunks;
+    s.calib_total_tokens = rep.calib_total_tokens;
+    for (const auto& l : rep.awq->layers) {
+      AwqLayerSummary ls;
+      ls.layer = l.layer;
+      ls.seconds = l.seconds;
+      for (const auto& m : l.mappings)
+        ls.mappings.push_back({m.mapping.prev_op, m.mapping.layers, m.skipped, m.skip_reason, m.ratio, m.duo, m.loss_rtn,
+                               m.loss_best, m.rejected, m.scale_min, m.scale_max});
+      for (const auto& e : l.linears) ls.linears.push_back({e.name, e.quantized, e.rtn_error, e.awq_error});
+      s.awq_layers.push_back(std::move(ls));
+    }
+  }
   for (const auto& l : rep.layers)
     s.layers.push_back({l.name, l.rule, l.scheme, l.quantized, l.n, l.k, l.bytes_in, l.bytes_out, l.rel_error});
   s.shards = rep.shards;
   s.total_bytes = rep.total_bytes;
   s.seconds = rep.seconds;
   s.quantization_config_json = ToJson(rep.written_config).dump(2);
+  s.report_json = QuantizeReportJson(r, s);
   return s;
 }
 

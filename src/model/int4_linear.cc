@@ -1,49 +1,64 @@
 #include "model/int4_linear.h"
 
-#include <algorithm>
-
+#include "base/check.h"
 #include "kernels/dense_gemm.h"
-#include "kernels/int4_ref.h"
+#include "kernels/int4_gemm.h"
 
 namespace nibble {
 
-Int4Linear::Int4Linear(Int4Matrix weight, std::vector<float> bias, std::string desc)
-    : w_(std::move(weight)), bias_(std::move(bias)), desc_(std::move(desc)) {}
+Int4Linear::Int4Linear(const Int4Matrix& w, std::vector<float> bias, std::string desc)
+    : bias_(std::move(bias)), desc_(std::move(desc)) {
+  NIBBLE_CHECK(w.n >= 1 && w.k >= 1 && w.group_size >= 1 && w.k % w.group_size == 0);
+  NIBBLE_CHECK(static_cast<int64_t>(w.codes.size()) == w.n * w.k);
+  NIBBLE_CHECK(static_cast<int64_t>(w.scales.size()) == w.n * w.groups());
+  NIBBLE_CHECK(w.zero_points.size() == w.scales.size());
+  packed_.resize(static_cast<size_t>(W4PackedBytes(w.n, w.k, w.group_size, w.symmetric)));
+  pw_ = PackW4(w.n, w.k, w.group_size, w.symmetric, w.codes.data(), w.scales.data(), w.zero_points.data(),
+               packed_.data());
+}
 
-int64_t Int4Linear::WeightBytes() const {
-  return (w_.n * w_.k + 1) / 2 + w_.n * w_.groups() * 4 + (w_.n * w_.groups() + 1) / 2;
+Int4Linear::Int4Linear(std::vector<uint8_t> packed, const W4PackedWeight& geometry, std::vector<float> bias,
+                       std::string desc)
+    : packed_(std::move(packed)), pw_(geometry), bias_(std::move(bias)), desc_(std::move(desc)) {
+  NIBBLE_CHECK(static_cast<int64_t>(packed_.size()) ==
+               W4PackedBytes(pw_.n, pw_.k, pw_.group_size, pw_.symmetric));
+  W4PackedWeight expect = W4PackedGeometry(pw_.n, pw_.k, pw_.group_size, pw_.symmetric);
+  NIBBLE_CHECK(pw_.row_bytes == expect.row_bytes && pw_.rec_bytes == expect.rec_bytes);
+  pw_ = expect;
+  pw_.data = packed_.data();
+}
+
+Int4Matrix Int4Linear::weight() const {
+  Int4Matrix m;
+  m.n = pw_.n;
+  m.k = pw_.k;
+  m.group_size = pw_.group_size;
+  m.symmetric = pw_.symmetric;
+  m.codes.resize(static_cast<size_t>(m.n * m.k));
+  m.scales.resize(static_cast<size_t>(m.n * m.groups()));
+  m.zero_points.resize(m.scales.size());
+  UnpackW4(pw_, m.codes.data(), m.scales.data(), m.zero_points.data());
+  return m;
 }
 
 void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
-  if (m == 1) {
-    // GEMV: output rows split across threads in fixed blocks; each row's sum is computed by one
-    // thread in the same order, so the result does not depend on the thread count.
-    const int64_t groups = w_.groups();
-    const int64_t block = 64;
-    const int64_t nblocks = (w_.n + block - 1) / block;
-#pragma omp parallel for schedule(static)
-    for (int64_t bi = 0; bi < nblocks; ++bi) {
-      const int64_t j0 = bi * block;
-      W4GemmArgs a;
-      a.m = 1;
-      a.n = std::min(block, w_.n - j0);
-      a.k = w_.k;
-      a.group_size = w_.group_size;
-      a.x = x;
-      a.codes = w_.codes.data() + j0 * w_.k;
-      a.scales = w_.scales.data() + j0 * groups;
-      a.zero_points = w_.zero_points.data() + j0 * groups;
-      a.bias = bias_.empty() ? nullptr : bias_.data() + j0;
-      a.y = y + j0;
-      GemmW4A32Ref(a);
-    }
+  if (m < kDequantGemmMinRows) {
+    W4PackedGemmArgs a;
+    a.m = m;
+    a.w = &pw_;
+    a.x = x;
+    a.bias = bias_.empty() ? nullptr : bias_.data();
+    a.y = y;
+    GemmW4A32Packed(a);
     return;
   }
+  // Large M: exact fp32 weights once, then the dense GEMM (the scratch is reused across calls and
+  // layers; it is the only fp32 copy and lives only for the call's duration in use).
   thread_local std::vector<float> dense;
-  dense.resize(static_cast<size_t>(w_.n * w_.k));
-  DequantizeRef(w_, dense.data());
-  SgemmXWt(m, w_.n, w_.k, x, w_.k, dense.data(), w_.k, 0.0f, y, w_.n);
-  if (!bias_.empty()) AddBiasRows(y, m, w_.n, bias_.data());
+  dense.resize(static_cast<size_t>(pw_.n * pw_.k));
+  DequantW4Packed(pw_, dense.data());
+  SgemmXWt(m, pw_.n, pw_.k, x, pw_.k, dense.data(), pw_.k, 0.0f, y, pw_.n);
+  if (!bias_.empty()) AddBiasRows(y, m, pw_.n, bias_.data());
 }
 
 }  // namespace nibble

@@ -1,35 +1,50 @@
-// Int4 linear: weights in the native int4 layout (formats/int4_matrix.h), fp32 activations
-// (W4A32 numerics: activations are never quantized).
+// Int4 linear: weights in the kernels' packed layout W4P (kernels/int4_packed.h, docs/KERNELS.md),
+// built once at load from the native Int4Matrix; fp32 activations (W4A32 numerics: activations are
+// never quantized).
 //
-// Kernels: M = 1 (decode) runs the W4A32 GEMV kernel directly on the codes; M > 1 (prefill,
-// perplexity) dequantizes the weight once per call into a scratch fp32 matrix and runs the dense
-// GEMM, which is exact w.r.t. the same dequantized weights and amortises the dequantization over
-// M rows. Fast per-ISA int4 kernels replace both paths behind this class without changing it.
+// Kernels (dispatched per ISA, kernels/int4_dispatch.h): M < kDequantGemmMinRows runs the fused
+// W4A32 GEMV/GEMM directly on the packed codes; larger M dequantizes the weight once per call into
+// a thread-local fp32 scratch (exact values) and runs the dense GEMM (oneDNN), amortising the
+// dequantization over M rows. Only the packed bytes are kept (0.5 B per weight + 4–5 B per group
+// when g divides or is a multiple of 128);
+// weight() rebuilds the unpacked Int4Matrix on demand (tests, export).
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "formats/int4_matrix.h"
+#include "kernels/int4_packed.h"
 #include "model/linear.h"
 
 namespace nibble {
 
 class Int4Linear final : public Linear {
  public:
+  /// From this many rows on, Forward dequantizes + runs the dense GEMM instead of the fused kernel.
+  static constexpr int64_t kDequantGemmMinRows = 64;
+
   /// `desc` describes the stored scheme for inspect (e.g. "uint4 per_group g128").
-  /// bias: empty or [N].
-  Int4Linear(Int4Matrix weight, std::vector<float> bias, std::string desc);
-  int64_t in_features() const override { return w_.k; }
-  int64_t out_features() const override { return w_.n; }
+  /// weight: satisfies ValidateInt4Matrix (aborts otherwise); bias: empty or [N].
+  Int4Linear(const Int4Matrix& weight, std::vector<float> bias, std::string desc);
+  /// From bytes already in the W4P layout (e.g. benchmarks copying one packed matrix many times).
+  /// packed: W4PackedBytes(geometry...) bytes; geometry.data is ignored (re-pointed at `packed`).
+  Int4Linear(std::vector<uint8_t> packed, const W4PackedWeight& geometry, std::vector<float> bias, std::string desc);
+  int64_t in_features() const override { return pw_.k; }
+  int64_t out_features() const override { return pw_.n; }
   void Forward(const float* x, int64_t m, float* y) const override;
   std::string Describe() const override { return desc_; }
-  /// Packed size: 0.5 B per weight + per group one scale (4 B) and one zero point (0.5 B).
-  int64_t WeightBytes() const override;
-  const Int4Matrix& weight() const { return w_; }
+  /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight
+  /// symmetric and 69/128 asymmetric.
+  int64_t WeightBytes() const override { return static_cast<int64_t>(packed_.size()); }
+  /// The unpacked native layout, rebuilt from the packed bytes (exact round trip).
+  Int4Matrix weight() const;
+  /// The packed weight (view into this object).
+  const W4PackedWeight& packed() const { return pw_; }
 
  private:
-  Int4Matrix w_;
+  std::vector<uint8_t> packed_;  // [N, K/g] group records, see kernels/int4_packed.h
+  W4PackedWeight pw_;            // geometry + pointer into packed_
   std::vector<float> bias_;
   std::string desc_;
 };

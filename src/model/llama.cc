@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/check.h"
@@ -67,18 +68,168 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
   }
   m->embed_tokens_ = *embed_shared;
 
+  BuildRopeTables(c, c.max_position_embeddings, &m->rope_cos_, &m->rope_sin_);
+  return m;
+}
+
+void BuildRopeTables(const ModelConfig& c, int64_t positions, std::vector<float>* cos, std::vector<float>* sin) {
   const std::vector<float> inv = RopeInvFreq(c);
   const int64_t half = c.head_dim / 2;
-  m->rope_cos_.resize(c.max_position_embeddings * half);
-  m->rope_sin_.resize(c.max_position_embeddings * half);
-  for (int64_t pos = 0; pos < c.max_position_embeddings; ++pos) {
+  cos->resize(positions * half);
+  sin->resize(positions * half);
+  for (int64_t pos = 0; pos < positions; ++pos) {
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(pos) * inv[i];  // fp32 product, as HF
-      m->rope_cos_[pos * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      m->rope_sin_[pos * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      (*cos)[pos * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      (*sin)[pos * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
     }
   }
-  return m;
+}
+
+namespace {
+
+// x[i] = ExpF(x[i] + shift) (the same arithmetic as ops.h ExpF, written out so that the loop
+// vectorises: GCC if-converts the clamps only without trapping math, hence the attribute; the
+// results are bit-identical to ExpF's).
+__attribute__((optimize("no-trapping-math"))) void ExpShiftedInPlace(float* row, int64_t n, float shift) {
+  for (int64_t i = 0; i < n; ++i) {
+    float x = row[i] + shift;
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float f = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - f * 0.693145751953125f;
+    r = r - f * 1.428606765330187e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t e = static_cast<int32_t>(f) + 127;
+    uint32_t bits = static_cast<uint32_t>(e) << 23;
+    float scale;
+    __builtin_memcpy(&scale, &bits, 4);
+    row[i] = p * scale;
+  }
+}
+
+// a[i] = silu(g[i]) * u[i] = g / (1 + ExpF(-g)) * u, as SiluMul, vectorised through
+// ExpShiftedInPlace; `tmp` has room for n floats.
+void SiluMulVec(const float* g, const float* u, int64_t n, float* a, float* tmp) {
+  for (int64_t i = 0; i < n; ++i) tmp[i] = -g[i];
+  ExpShiftedInPlace(tmp, n, 0.0f);
+  for (int64_t i = 0; i < n; ++i) a[i] = g[i] / (1.0f + tmp[i]) * u[i];
+}
+
+// Causal softmax of one score row for AttentionBlockForward: scale, max-subtract, ExpF, normalise,
+// zero the masked tail. Reductions run over 16 independent lanes so GCC vectorises them without
+// -ffast-math (a different summation order from SoftmaxRow: same values up to rounding).
+void ScaledSoftmaxRow(float* row, int64_t valid, int64_t len, float scale) {
+  constexpr int kLanes = 16;
+  float lane[kLanes];
+  for (int l = 0; l < kLanes; ++l) lane[l] = -3.0e38f;
+  int64_t j = 0;
+  for (; j + kLanes <= valid; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      row[j + l] *= scale;
+      lane[l] = row[j + l] > lane[l] ? row[j + l] : lane[l];
+    }
+  float mx = -3.0e38f;
+  for (; j < valid; ++j) {
+    row[j] *= scale;
+    mx = row[j] > mx ? row[j] : mx;
+  }
+  for (int l = 0; l < kLanes; ++l) mx = lane[l] > mx ? lane[l] : mx;
+  ExpShiftedInPlace(row, valid, -mx);
+  for (int l = 0; l < kLanes; ++l) lane[l] = 0.0f;
+  j = 0;
+  for (; j + kLanes <= valid; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] += row[j + l];
+  float sum = 0.0f;
+  for (; j < valid; ++j) sum += row[j];
+  for (int l = 0; l < kLanes; ++l) sum += lane[l];
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < valid; ++i) row[i] *= inv;
+  for (int64_t i = valid; i < len; ++i) row[i] = 0.0f;
+}
+
+}  // namespace
+
+constexpr int64_t kAttnRowBlock = 128;
+
+void AttentionBlockForward(const ModelConfig& c, const Linear& q_proj, const Linear& k_proj, const Linear& v_proj,
+                           const Linear& o_proj, const float* rope_cos, const float* rope_sin, const float* xn,
+                           int64_t batch, int64_t t, float* out, float* attn_concat) {
+  const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t q_dim = nh * hd, kv_dim = nkv * hd, half = hd / 2, rows = batch * t;
+  // Scratch reused across calls (the quantization pipeline calls this thousands of times; fresh
+  // multi-MB vectors would be mmap'd, page-faulted and zeroed each time).
+  thread_local std::vector<float> q, k, v, own_attn;
+  if (q.size() < static_cast<size_t>(rows * q_dim)) q.resize(rows * q_dim);
+  if (k.size() < static_cast<size_t>(rows * kv_dim)) k.resize(rows * kv_dim);
+  if (v.size() < static_cast<size_t>(rows * kv_dim)) v.resize(rows * kv_dim);
+  float* attn = attn_concat;
+  if (attn == nullptr) {
+    if (own_attn.size() < static_cast<size_t>(rows * q_dim)) own_attn.resize(rows * q_dim);
+    attn = own_attn.data();
+  }
+  // Plain pointers: inside the OpenMP regions below `q` would name each worker's own
+  // (empty) thread_local vector.
+  float* const qp = q.data();
+  float* const kp = k.data();
+  float* const vp = v.data();
+  q_proj.Forward(xn, rows, qp);
+  k_proj.Forward(xn, rows, kp);
+  v_proj.Forward(xn, rows, vp);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t pos = r % t;
+    ApplyRope(qp + r * q_dim, nh, hd, rope_cos + pos * half, rope_sin + pos * half);
+    ApplyRope(kp + r * kv_dim, nkv, hd, rope_cos + pos * half, rope_sin + pos * half);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t group = nh / nkv;
+  // One (sequence, head) pair per iteration; the GEMMs inside run single-threaded (oneDNN does
+  // not nest inside an OpenMP parallel region), so the result is independent of the thread count.
+#pragma omp parallel
+  {
+    std::vector<float> scores(t * t);
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < batch * nh; ++bh) {
+      const int64_t b = bh / nh, head = bh % nh;
+      const float* qb = qp + b * t * q_dim + head * hd;
+      const float* kb = kp + b * t * kv_dim + (head / group) * hd;
+      const float* vb = vp + b * t * kv_dim + (head / group) * hd;
+      // Causal row blocks: rows [i0, i1) attend to keys [0, i1) only.
+      for (int64_t i0 = 0; i0 < t; i0 += kAttnRowBlock) {
+        const int64_t i1 = std::min(t, i0 + kAttnRowBlock);
+        SgemmXWt(i1 - i0, i1, hd, qb + i0 * q_dim, q_dim, kb, kv_dim, 0.0f, scores.data(), i1);
+        for (int64_t i = i0; i < i1; ++i) ScaledSoftmaxRow(scores.data() + (i - i0) * i1, i + 1, i1, scale);
+        SgemmXW(i1 - i0, hd, i1, scores.data(), i1, vb, kv_dim, 0.0f, attn + (b * t + i0) * q_dim + head * hd, q_dim);
+      }
+    }
+  }
+  o_proj.Forward(attn, rows, out);
+}
+
+void MlpBlockForward(const Linear& gate_proj, const Linear& up_proj, const Linear& down_proj, const float* xn,
+                     int64_t rows, float* out, float* act) {
+  const int64_t inter = gate_proj.out_features();
+  thread_local std::vector<float> g, u;  // scratch reused across calls (see AttentionBlockForward)
+  if (g.size() < static_cast<size_t>(rows * inter)) g.resize(rows * inter);
+  if (u.size() < static_cast<size_t>(rows * inter)) u.resize(rows * inter);
+  float* const gp = g.data();
+  float* const up = u.data();  // plain pointers for the OpenMP region (g, u are thread_local)
+  gate_proj.Forward(xn, rows, gp);
+  up_proj.Forward(xn, rows, up);
+  float* a = act != nullptr ? act : gp;
+#pragma omp parallel
+  {
+    std::vector<float> tmp(inter);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) SiluMulVec(gp + r * inter, up + r * inter, inter, a + r * inter, tmp.data());
+  }
+  down_proj.Forward(a, rows, out);
 }
 
 KvCache LlamaModel::NewCache(int64_t capacity) const {

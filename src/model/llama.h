@@ -45,6 +45,30 @@ struct DecoderLayer {
   std::unique_ptr<Linear> q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
 };
 
+/// RoPE tables for positions 0..positions-1: cos/sin [positions, head_dim / 2] (fp32 angle
+/// pos·inv_freq as HF computes it, cos/sin evaluated in double and rounded to fp32).
+void BuildRopeTables(const ModelConfig& c, int64_t positions, std::vector<float>* cos, std::vector<float>* sin);
+
+/// The attention sub-block of a decoder layer (everything between input_layernorm and the
+/// residual add) for `batch` independent sequences of `t` tokens each, at positions 0..t-1, no
+/// KV cache: out = o_proj(Attention(RoPE(q_proj(xn)), RoPE(k_proj(xn)), v_proj(xn))).
+/// xn: [batch * t, hidden_size] (already normed); out: [batch * t, hidden_size];
+/// attn_concat: nullptr or [batch * t, num_attention_heads * head_dim], the o_proj input.
+/// rope_cos / rope_sin: tables of BuildRopeTables with at least t positions.
+/// Same arithmetic per sequence as LlamaModel::Forward with an empty cache except the softmax's
+/// summation order (vectorised lanes; equal up to fp32 rounding); sequences are
+/// processed in parallel (one thread per (sequence, head)), so results do not depend on the
+/// thread count except through the projections' GEMMs. Used by the quantization pipeline.
+void AttentionBlockForward(const ModelConfig& c, const Linear& q_proj, const Linear& k_proj, const Linear& v_proj,
+                           const Linear& o_proj, const float* rope_cos, const float* rope_sin, const float* xn,
+                           int64_t batch, int64_t t, float* out, float* attn_concat);
+
+/// The SwiGLU MLP sub-block: out = down_proj(silu(gate_proj(xn)) * up_proj(xn)).
+/// xn: [rows, hidden_size]; out: [rows, hidden_size]; act: nullptr or [rows, intermediate_size],
+/// the down_proj input.
+void MlpBlockForward(const Linear& gate_proj, const Linear& up_proj, const Linear& down_proj, const float* xn,
+                     int64_t rows, float* out, float* act);
+
 class LlamaModel {
  public:
   /// Loads config.json and tensors of `dir`; projections through `loader`.
@@ -57,6 +81,7 @@ class LlamaModel {
   const ModelConfig& config() const { return config_; }
   const std::vector<DecoderLayer>& layers() const { return layers_; }
   const Linear& lm_head() const { return *lm_head_; }
+  const std::vector<float>& final_norm() const { return norm_; }  // [hidden_size]
 
   /// A cache for up to `capacity` positions (<= max_position_embeddings).
   KvCache NewCache(int64_t capacity) const;

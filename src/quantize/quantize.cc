@@ -19,6 +19,9 @@
 #include "model/checkpoint_format.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "formats/float_dtype.h"
+#include "quantize/calibration.h"
+#include "tokenizer/tokenizer.h"
 
 namespace nibble {
 
@@ -42,10 +45,12 @@ std::string ShardName(int64_t i, int64_t n) {
 class StagingDir {
  public:
   static Result<StagingDir> Create(const std::string& target) {
-    fs::path t = fs::absolute(fs::path(target)).lexically_normal();
+    if (target.empty()) return MakeError("--output_dir is empty");
+    std::error_code ec;
+    fs::path t = fs::absolute(fs::path(target), ec).lexically_normal();
+    if (ec) return MakeError("output directory \"", target, "\": ", ec.message());
     if (t.filename().empty()) t = t.parent_path();
     fs::path parent = t.parent_path();
-    std::error_code ec;
     if (!fs::is_directory(parent, ec)) return MakeError("output directory's parent ", parent.string(), " does not exist");
     const std::string prefix = "." + t.filename().string() + ".nibble-tmp-";
     for (const auto& e : fs::directory_iterator(parent, ec)) {
@@ -75,6 +80,11 @@ class StagingDir {
   Status Commit(bool overwrite) {
     std::error_code ec;
     const bool exists = fs::exists(target_, ec);
+    if (exists && !fs::is_directory(target_, ec))
+      return MakeError("output path ", target_.string(), " exists and is not a directory; refusing to replace it");
+    if (exists && !fs::is_empty(target_, ec) && !fs::exists(target_ / "config.json", ec))
+      return MakeError("output directory ", target_.string(),
+                       " is not empty and holds no config.json (not a model directory); refusing to replace it");
     if (exists && !overwrite) return MakeError("output directory ", target_.string(), " exists; pass --overwrite to replace it");
     // fsync the staging directory so its entries are durable before the rename.
     int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY);
@@ -122,7 +132,9 @@ WeightQuantSpec PerRowSpec(const WeightQuantSpec& s, int64_t k) {
 
 Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (o.quant_algo != "rtn") return MakeError("--quant_algo \"", o.quant_algo, "\" is not supported yet (supported: rtn)");
+  if (o.quant_algo != "rtn" && o.quant_algo != "awq")
+    return MakeError("--quant_algo \"", o.quant_algo, "\" is not supported (supported: rtn, awq)");
+  if (o.quant_algo == "awq" && o.dataset.empty()) return MakeError("--quant_algo awq needs calibration data: --dataset FILE");
   NIBBLE_ASSIGN_OR_RETURN(CheckpointInfo fmt, DetectCheckpointFormat(o.model_dir));
   if (fmt.format != CheckpointFormat::kDense)
     return MakeError(o.model_dir, ": the checkpoint is already quantized; quantize a float checkpoint");
@@ -168,6 +180,32 @@ Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
     }
   }
 
+  // AWQ: calibration data, the sequential layer pipeline; its smoothed weights replace the stored
+  // ones below.
+  auto note = [&](const std::string& m) {
+    report.messages.push_back(m);
+    if (o.message) o.message(m);
+  };
+  if (o.quant_algo == "awq") {
+    NIBBLE_ASSIGN_OR_RETURN(std::optional<AwqSettings> from_cfg, ParseAwqAlgoConfig(cfg.algo_config, o.awq));
+    report.awq_settings = from_cfg ? *from_cfg : o.awq;
+    NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(o.model_dir));
+    NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadCalibrationTexts(o.dataset));
+    auto calib = BuildCalibrationData(*tok, texts, o.num_calib_data, o.calib_seq_len, o.seed);
+    if (!calib.ok()) return calib.error().WithContext("--dataset " + o.dataset);
+    for (const auto& w : calib->warnings) note("warning: " + w);
+    report.calib_chunks = calib->num_chunks;
+    report.calib_seq_len = calib->seq_len;
+    report.calib_available_chunks = calib->available_chunks;
+    report.calib_total_tokens = calib->total_tokens;
+    auto awq = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, o.progress);
+    if (!awq.ok()) return awq.error().WithContext("AWQ");
+    for (const auto& m : awq->messages) note(m);
+    cfg.algo_config = AwqAlgoConfigJson(report.awq_settings, awq->used, mc);
+    report.awq = std::move(awq).value();
+  }
+  const std::map<std::string, std::vector<float>>* replaced = report.awq ? &report.awq->tensors : nullptr;
+
   // Pass 2: quantize and collect the tensors to write (input order = sorted names).
   std::map<std::string, std::string> module_of_weight;
   for (const auto& m : modules) module_of_weight[m + ".weight"] = m;
@@ -176,8 +214,35 @@ Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
   for (const std::string& tname : store.Names()) {
     const TensorView* t = store.Find(tname);
     auto mod = module_of_weight.find(tname);
+    const std::vector<float>* new_values = nullptr;
+    if (replaced != nullptr) {
+      auto it = replaced->find(tname);
+      if (it != replaced->end()) new_values = &it->second;
+    }
+    // A float tensor AWQ changed, stored in its own dtype; values that do not fit are an error,
+    // never inf (the AWQ search rejects such candidates, so this is a safety net).
+    auto store_float = [&](const TensorView& tv) -> Result<TensorToWrite> {
+      TensorToWrite w;
+      w.name = tv.name;
+      w.dtype = tv.dtype;
+      w.shape = tv.shape;
+      const size_t es = DTypeSize(tv.dtype);
+      w.bytes.resize(new_values->size() * es);
+      for (size_t i = 0; i < new_values->size(); ++i) {
+        const float v = (*new_values)[i];
+        if (!std::isfinite(RoundToDType(v, tv.dtype)))
+          return MakeError("tensor ", tv.name, "[", i, "] = ", v, " after AWQ smoothing does not fit ", DTypeName(tv.dtype));
+        StoreFloatAs(v, tv.dtype, w.bytes.data() + i * es);
+      }
+      return w;
+    };
     if (mod == module_of_weight.end()) {
-      out.push_back(CopyTensor(*t));
+      if (new_values != nullptr) {
+        NIBBLE_ASSIGN_OR_RETURN(TensorToWrite w, store_float(*t));
+        out.push_back(std::move(w));
+      } else {
+        out.push_back(CopyTensor(*t));
+      }
       continue;
     }
     const std::string& name = mod->second;
@@ -189,10 +254,20 @@ Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
     lr.k = t->shape[1];
     lr.bytes_in = static_cast<int64_t>(t->nbytes);
     if (!r.spec) {
-      out.push_back(CopyTensor(*t));
+      if (new_values != nullptr) {
+        NIBBLE_ASSIGN_OR_RETURN(TensorToWrite w, store_float(*t));
+        out.push_back(std::move(w));
+      } else {
+        out.push_back(CopyTensor(*t));
+      }
       lr.bytes_out = lr.bytes_in;
     } else {
-      NIBBLE_ASSIGN_OR_RETURN(std::vector<float> w, TensorToF32(*t));
+      std::vector<float> w;
+      if (new_values != nullptr) {
+        w = *new_values;
+      } else {
+        NIBBLE_ASSIGN_OR_RETURN(w, TensorToF32(*t));
+      }
       auto q = QuantizeRtnRef(w.data(), lr.n, lr.k, *r.spec, t->dtype);
       if (!q.ok()) return q.error().WithContext("layer " + name);
       auto packed = ExportQuarkLinear(name, *q, *r.spec, cfg.export_config.pack_method, t->dtype);
@@ -214,7 +289,7 @@ Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
       out.push_back(std::move(packed->weight_zero_point));
     }
     report.layers.push_back(lr);
-    if (o.progress) o.progress(++done, static_cast<int64_t>(modules.size()));
+    if (o.progress && o.quant_algo == "rtn") o.progress(++done, static_cast<int64_t>(modules.size()));
   }
 
   // Shards: consecutive tensors up to max_shard_size bytes each (a larger tensor gets its own).

@@ -6,11 +6,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/result.h"
 #include "formats/quant_config.h"
+#include "quantize/awq.h"
 
 namespace nibble {
 
@@ -25,7 +27,16 @@ struct QuantizeOptions {
   std::string model_dir;
   std::string output_dir;
   QuarkQuantConfig config;          // as the user asked; policy additions are made on a copy
-  std::string quant_algo = "rtn";   // only "rtn" here
+  std::string quant_algo = "rtn";   // "rtn" | "awq"
+  // AWQ (quant_algo "awq"): calibration data (quantize/calibration.h) and settings. An "awq"
+  // entry in config.algo_config (e.g. from --quant_config) overrides `awq` key by key, notably
+  // its scaling_layers.
+  std::string dataset;              // plain text or JSONL ("text"); required for awq
+  int64_t num_calib_data = 128;     // chunks
+  int64_t calib_seq_len = 512;      // tokens per chunk
+  uint64_t seed = 0;                // 0 = the first chunks in order
+  AwqSettings awq;
+  std::function<void(const std::string&)> message;  // warnings / notes as they happen
   MisalignedPolicy misaligned = MisalignedPolicy::kError;
   int64_t max_shard_size = 5000000000;  // bytes per safetensors shard (HF's "5GB")
   bool overwrite = false;
@@ -46,6 +57,10 @@ struct QuantizedLayerReport {
 
 struct QuantizeReport {
   std::vector<QuantizedLayerReport> layers;
+  std::optional<AwqResult> awq;     // quant_algo "awq" only
+  AwqSettings awq_settings;         // as run (awq only)
+  int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
+  std::vector<std::string> messages;  // warnings and notes (calibration, skipped mappings)
   QuarkQuantConfig written_config;  // the quantization_config written to config.json
   int64_t shards = 0;
   int64_t total_bytes = 0;          // all tensor bytes written

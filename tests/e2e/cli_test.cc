@@ -111,6 +111,12 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
        "max_position_embeddings"},
       {"bad top_p", "generate --model " + model + " --top_p 0 -n 1", "--top_p"},
       {"unknown flag", "generate --model " + model + " --frobnicate 3", "frobnicate"},
+      {"unknown command", "bogus --model " + model, "unknown command \"bogus\""},
+      {"empty output dir", "quantize --model_dir " + model + " --output_dir ''", "--output_dir is empty"},
+      {"overwrite a regular file", "quantize --model_dir " + model + " --output_dir " +
+           Quote(nibble_test::SourceDir() + "/README.md") + " --overwrite", "is not a directory"},
+      {"text is a directory", "perplexity --model " + model + " --text /tmp", "is a directory"},
+      {"negative threads", "generate --model " + model + " --threads -2 -n 1", "--threads"},
   };
   for (const auto& c : cases) {
     RunResult r = RunNibble(c.args);
@@ -124,6 +130,18 @@ TEST(Cli, InvalidUtf8PromptIsRefused) {
   RunResult r = RunNibble("generate --model " + Quote(nibble_test::EmbeddedModel()) + " --prompt \"$(printf 'ab\\377')\" -n 1");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("not valid UTF-8"), std::string::npos) << r.out;
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Cli, PerplexityDefaultSeqLenFitsTheModel) {
+  // Default seq_len = min(2048, max_position_embeddings) = 512 for the embedded model.
+  RunResult r = RunNibble("perplexity --model " + Quote(nibble_test::EmbeddedModel()) + " --text " +
+                          Quote(nibble_test::SharedData("prose-val.txt")) + " --max_windows 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("windows of 512 tokens"), std::string::npos) << r.out;
 }
 
 }  // namespace

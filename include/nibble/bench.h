@@ -1,0 +1,95 @@
+// nibble benchmark and kernel-introspection API (used by `nibble bench` and `nibble inspect
+// --kernels`): DRAM read bandwidth, int4 GEMV/GEMM throughput against that bandwidth, the W4A32
+// kernel dispatch decision, and a synthetic random-weight checkpoint writer for end-to-end
+// tokens/s. Numbers are wall-clock on the calling machine with the threads set by SetNumThreads.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nibble/result.h>
+
+namespace nibble {
+
+/// The W4A32 kernel dispatch decision of this process (chosen once from CPUID + XCR0 and the
+/// NIBBLE_ISA environment variable).
+struct KernelDispatchReport {
+  struct Candidate {
+    std::string isa;     // "avx512", "avx2", "scalar"
+    bool compiled = false, supported = false, chosen = false;
+    std::string reason;  // why chosen / why not
+  };
+  std::string chosen;              // ISA name of the kernels in use
+  std::string cpu_vendor;          // CPUID vendor string
+  std::string cpu_flags;           // relevant flags present, e.g. "avx avx2 fma f16c avx512f ... os:ymm os:zmm"
+  std::string override_value;      // NIBBLE_ISA ("" when unset)
+  std::string override_message;    // why the override was ignored ("" when accepted or unset)
+  std::vector<Candidate> candidates;  // best first
+};
+
+/// Reports the dispatch decision (no errors: detection cannot fail; non-x86 gives scalar).
+KernelDispatchReport DescribeKernels();
+
+/// Result of a streaming read over a buffer.
+struct BandwidthResult {
+  int64_t bytes = 0;       // buffer size read per pass
+  int passes = 0;          // timed passes (best one reported)
+  double seconds = 0;      // best pass, wall clock
+  double gb_per_s = 0;     // bytes / seconds / 1e9
+};
+
+/// DRAM read bandwidth: allocates `bytes` (>= 1 GiB recommended so caches do not help), touches
+/// it, then reads it `passes` times with all threads (static split) and reports the best pass.
+/// Errors: bytes < 1 MiB or allocation failure.
+Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes);
+
+/// One W4A32 GEMV/GEMM benchmark case: y[M,N] = x[M,K] · W[N,K]ᵀ with W int4 (asym, group g).
+struct GemmBenchCase {
+  int64_t k = 4096, n = 4096, m = 1, group_size = 128;
+};
+
+struct GemmBenchResult {
+  GemmBenchCase shape;
+  std::string isa;            // kernels used
+  std::string path;           // "fused" (W4A32 kernel) or "dequant+sgemm" (M >= Int4Linear's threshold)
+  int64_t matrices = 0;       // distinct weight matrices cycled through
+  int64_t weight_bytes = 0;   // packed bytes of one matrix
+  int64_t calls = 0;          // timed calls
+  double seconds_per_call = 0;       // best round (a round = one cycle over all matrices for M < 16)
+  double mean_seconds_per_call = 0;  // over all timed calls
+  double weight_gb_per_s = 0; // weight_bytes / seconds_per_call / 1e9 (best round)
+  double gflop_per_s = 0;     // 2·M·N·K / seconds_per_call / 1e9
+};
+
+/// Times Int4Linear::Forward (the model's code path) on `shape`, cycling over enough distinct
+/// weight matrices that together hold >= `min_total_bytes` (so L3 cannot keep them), for at least
+/// `min_seconds` and at least 3 rounds (a round = one cycle over all matrices when M < 16, else
+/// one call); the best round is reported, plus the mean. Errors: non-positive sizes, K % g != 0.
+Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& shape, int64_t min_total_bytes, double min_seconds);
+
+}  // namespace nibble
+
+namespace nibble {
+
+/// `nibble synth` request: a random-weight checkpoint with the shapes of an HF config.json.
+struct SynthRequest {
+  std::string config_path;      // HF config.json (LlamaForCausalLM family keys)
+  std::string out_dir;          // created; must not exist unless overwrite
+  std::string format = "quark"; // "dense" (bf16 safetensors) | "quark" (dense, then Quantize() RTN uint4 asym)
+  int64_t group_size = 128;     // quark only
+  std::string tokenizer_dir;    // copied tokenizer.model / tokenizer_config.json from here ("" = none)
+  uint64_t seed = 0;
+  int64_t max_shard_bytes = int64_t{2} << 30;
+  bool overwrite = false;
+};
+
+/// Writes the checkpoint: config.json (torch_dtype bfloat16), bf16 weights ~ U(-0.035, 0.035)
+/// (std ≈ 0.02), RMSNorm weights 1, sharded with model.safetensors.index.json when larger than
+/// max_shard_bytes; for "quark" the dense checkpoint is written to OUT.synth-dense and quantized
+/// by the regular pipeline (lm_head excluded, as `nibble quantize`), then removed. Decode speed
+/// does not depend on the weight values. Errors: unreadable config, missing keys, unknown format,
+/// existing output without overwrite, write failures (with the file named).
+Status WriteSyntheticCheckpoint(const SynthRequest& request);
+
+}  // namespace nibble

@@ -1,0 +1,295 @@
+// `nibble bench` / `inspect --kernels` / `nibble synth` back end (include/nibble/bench.h): DRAM
+// read bandwidth, W4A32 GEMV/GEMM timings through Int4Linear (the model's path), the dispatch
+// report, and random-weight checkpoints with real shapes for end-to-end tokens/s.
+#include <nibble/bench.h>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include <nibble/nibble.h>
+
+#include "base/half.h"
+#include "base/result.h"
+#include "formats/int4_matrix.h"
+#include "io/file.h"
+#include "io/safetensors.h"
+#include "kernels/int4_dispatch.h"
+#include "model/int4_linear.h"
+
+namespace nibble {
+
+namespace {
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+KernelDispatchReport DescribeKernels() {
+  const W4Dispatch& d = ActiveW4Dispatch();
+  const CpuFeatures cpu = DetectCpuFeatures();
+  KernelDispatchReport r;
+  r.chosen = IsaName(d.kernels.isa);
+  r.cpu_vendor = cpu.vendor;
+  const std::pair<bool, const char*> flags[] = {
+      {cpu.avx, "avx"},           {cpu.avx2, "avx2"},         {cpu.fma, "fma"},           {cpu.f16c, "f16c"},
+      {cpu.avx512f, "avx512f"},   {cpu.avx512bw, "avx512bw"}, {cpu.avx512vl, "avx512vl"}, {cpu.avx512dq, "avx512dq"},
+      {cpu.osxsave, "osxsave"},   {cpu.os_ymm, "os:ymm"},     {cpu.os_zmm, "os:zmm"}};
+  for (const auto& [on, name] : flags)
+    if (on) r.cpu_flags += (r.cpu_flags.empty() ? "" : " ") + std::string(name);
+  r.override_value = d.override_value;
+  r.override_message = d.message;
+  for (const IsaCandidate& c : d.candidates)
+    r.candidates.push_back({IsaName(c.isa), c.compiled, c.supported, c.chosen, c.reason});
+  return r;
+}
+
+Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes) {
+  if (bytes < (int64_t{1} << 20)) return MakeError("bandwidth buffer of ", bytes, " bytes is below 1 MiB");
+  if (passes < 1) passes = 1;
+  const int64_t words = bytes / 8;
+  std::unique_ptr<uint64_t[]> buf(new (std::nothrow) uint64_t[static_cast<size_t>(words)]);
+  if (!buf) return MakeError("cannot allocate ", bytes, " bytes for the bandwidth buffer");
+  uint64_t* p = buf.get();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < words; ++i) p[i] = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+  BandwidthResult r;
+  r.bytes = words * 8;
+  r.passes = passes;
+  r.seconds = 1e30;
+  uint64_t sink = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    const double t0 = Now();
+    uint64_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+    for (int64_t i = 0; i < words; ++i) sum += p[i];
+    r.seconds = std::min(r.seconds, Now() - t0);
+    sink += sum;
+  }
+  if (sink == 42) std::fputc(' ', stderr);  // keeps the reads observable
+  r.gb_per_s = static_cast<double>(r.bytes) / r.seconds / 1e9;
+  return r;
+}
+
+Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_bytes, double min_seconds) {
+  if (s.k < 1 || s.n < 1 || s.m < 1 || s.group_size < 1 || s.k % s.group_size != 0)
+    return MakeError("bench shape K=", s.k, " N=", s.n, " M=", s.m, " g=", s.group_size,
+                     ": need positive sizes and K % g == 0");
+  std::mt19937 rng(1234);
+  Int4Matrix w;
+  w.n = s.n;
+  w.k = s.k;
+  w.group_size = s.group_size;
+  w.codes.resize(static_cast<size_t>(s.n * s.k));
+  for (auto& c : w.codes) c = static_cast<uint8_t>(rng() & 15);
+  w.scales.resize(static_cast<size_t>(s.n * (s.k / s.group_size)));
+  w.zero_points.resize(w.scales.size());
+  std::uniform_real_distribution<float> sc(1e-3f, 2e-2f);
+  for (auto& v : w.scales) v = sc(rng);
+  for (auto& z : w.zero_points) z = static_cast<uint8_t>(rng() & 15);
+  const Int4Linear proto(w, {}, "bench");
+  w = Int4Matrix();
+  const W4PackedWeight& geo = proto.packed();
+  const int64_t bytes = proto.WeightBytes();
+  const int64_t count = std::max<int64_t>(1, (min_total_bytes + bytes - 1) / bytes);
+  std::vector<std::unique_ptr<Int4Linear>> mats;
+  mats.reserve(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i)
+    mats.push_back(std::make_unique<Int4Linear>(std::vector<uint8_t>(geo.data, geo.data + bytes), geo,
+                                                std::vector<float>{}, "bench"));
+  std::vector<float> x(static_cast<size_t>(s.m * s.k)), y(static_cast<size_t>(s.m * s.n));
+  std::normal_distribution<float> xd(0.f, 1.f);
+  for (auto& v : x) v = xd(rng);
+  // Warm-up: one pass over every matrix for small M (pages, dispatch, thread team), one call else.
+  const int64_t warm = s.m < 16 ? count : 1;
+  for (int64_t i = 0; i < warm; ++i) mats[static_cast<size_t>(i)]->Forward(x.data(), s.m, y.data());
+  GemmBenchResult r;
+  r.shape = s;
+  r.isa = IsaName(ActiveW4Dispatch().kernels.isa);
+  r.path = s.m < Int4Linear::kDequantGemmMinRows ? "fused" : "dequant+sgemm";
+  r.matrices = count;
+  r.weight_bytes = bytes;
+  // Rounds of one full cycle over the matrices (M < 16) or one call (larger M), repeated for at
+  // least `min_seconds` and 3 rounds; the best round is reported (like the bandwidth test: other
+  // processes on a shared machine only ever make a round slower) along with the mean.
+  const int64_t round_calls = s.m < 16 ? count : 1;
+  double best = 1e30, total = 0;
+  int64_t rounds = 0, next = 0;
+  do {
+    const double t0 = Now();
+    for (int64_t c = 0; c < round_calls; ++c) mats[static_cast<size_t>(next++ % count)]->Forward(x.data(), s.m, y.data());
+    const double t = (Now() - t0) / static_cast<double>(round_calls);
+    best = std::min(best, t);
+    total += t * static_cast<double>(round_calls);
+    ++rounds;
+  } while (rounds < 3 || total < min_seconds);
+  r.calls = rounds * round_calls;
+  r.seconds_per_call = best;
+  r.mean_seconds_per_call = total / static_cast<double>(r.calls);
+  r.weight_gb_per_s = static_cast<double>(bytes) / r.seconds_per_call / 1e9;
+  r.gflop_per_s = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k) /
+                  r.seconds_per_call / 1e9;
+  return r;
+}
+
+}  // namespace nibble
+
+// ---- nibble synth --------------------------------------------------------------------------
+
+namespace nibble {
+
+namespace {
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+Result<int64_t> ConfigInt(const nlohmann::json& c, const char* key, const std::string& path) {
+  if (!c.contains(key) || !c[key].is_number_integer())
+    return MakeError(path, ": key \"", key, "\" missing or not an integer");
+  return c[key].get<int64_t>();
+}
+
+}  // namespace
+
+Status WriteSyntheticCheckpoint(const SynthRequest& q) {
+  if (q.format != "dense" && q.format != "quark")
+    return MakeError("synth: unknown format \"", q.format, "\" (expected dense or quark)");
+  std::string text;
+  {
+    std::ifstream f(q.config_path, std::ios::binary);
+    if (!f) return MakeError(q.config_path, ": cannot open");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  }
+  nlohmann::json c = nlohmann::json::parse(text, nullptr, false);
+  if (c.is_discarded() || !c.is_object()) return MakeError(q.config_path, ": not a JSON object");
+  NIBBLE_ASSIGN_OR_RETURN(int64_t hidden, ConfigInt(c, "hidden_size", q.config_path));
+  NIBBLE_ASSIGN_OR_RETURN(int64_t inter, ConfigInt(c, "intermediate_size", q.config_path));
+  NIBBLE_ASSIGN_OR_RETURN(int64_t layers, ConfigInt(c, "num_hidden_layers", q.config_path));
+  NIBBLE_ASSIGN_OR_RETURN(int64_t heads, ConfigInt(c, "num_attention_heads", q.config_path));
+  NIBBLE_ASSIGN_OR_RETURN(int64_t vocab, ConfigInt(c, "vocab_size", q.config_path));
+  const int64_t kv = c.value("num_key_value_heads", heads);
+  const int64_t head_dim = c.contains("head_dim") && c["head_dim"].is_number_integer() ? c["head_dim"].get<int64_t>()
+                                                                                       : hidden / heads;
+  const bool tied = c.value("tie_word_embeddings", false);
+  namespace fs = std::filesystem;
+  const fs::path out(q.out_dir);
+  std::error_code ec;
+  if (fs::exists(out)) {
+    if (!q.overwrite) return MakeError("synth: output ", q.out_dir, " exists (use --overwrite)");
+    fs::remove_all(out, ec);
+  }
+  const fs::path dense = q.format == "dense" ? out : fs::path(q.out_dir + ".synth-dense");
+  fs::remove_all(dense, ec);
+  fs::create_directories(dense, ec);
+  if (ec) return MakeError("synth: cannot create ", dense.string(), ": ", ec.message());
+
+  struct Spec {
+    std::string name;
+    std::vector<int64_t> shape;
+    bool ones;
+  };
+  std::vector<Spec> specs;
+  specs.push_back({"model.embed_tokens.weight", {vocab, hidden}, false});
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    specs.push_back({p + "input_layernorm.weight", {hidden}, true});
+    specs.push_back({p + "self_attn.q_proj.weight", {heads * head_dim, hidden}, false});
+    specs.push_back({p + "self_attn.k_proj.weight", {kv * head_dim, hidden}, false});
+    specs.push_back({p + "self_attn.v_proj.weight", {kv * head_dim, hidden}, false});
+    specs.push_back({p + "self_attn.o_proj.weight", {hidden, heads * head_dim}, false});
+    specs.push_back({p + "post_attention_layernorm.weight", {hidden}, true});
+    specs.push_back({p + "mlp.gate_proj.weight", {inter, hidden}, false});
+    specs.push_back({p + "mlp.up_proj.weight", {inter, hidden}, false});
+    specs.push_back({p + "mlp.down_proj.weight", {hidden, inter}, false});
+  }
+  specs.push_back({"model.norm.weight", {hidden}, true});
+  if (!tied) specs.push_back({"lm_head.weight", {vocab, hidden}, false});
+
+  // Shards of at most max_shard_bytes, generated one at a time.
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t cur = 0, total = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    int64_t b = 2;
+    for (int64_t d : specs[i].shape) b *= d;
+    if (cur > 0 && cur + b > q.max_shard_bytes) {
+      shards.emplace_back();
+      cur = 0;
+    }
+    shards.back().push_back(i);
+    cur += b;
+    total += b;
+  }
+  nlohmann::ordered_json index;
+  index["metadata"]["total_size"] = total;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char fname[64];
+    if (shards.size() == 1)
+      std::snprintf(fname, sizeof fname, "model.safetensors");
+    else
+      std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    std::vector<TensorToWrite> ts(shards[s].size());
+    std::vector<const TensorToWrite*> ptrs;
+    for (size_t t = 0; t < shards[s].size(); ++t) {
+      const Spec& sp = specs[shards[s][t]];
+      TensorToWrite& tw = ts[t];
+      tw.name = sp.name;
+      tw.dtype = DType::kBF16;
+      tw.shape = sp.shape;
+      int64_t count = 1;
+      for (int64_t d : sp.shape) count *= d;
+      tw.bytes.resize(static_cast<size_t>(count * 2));
+      uint16_t* v = reinterpret_cast<uint16_t*>(tw.bytes.data());
+      const uint64_t key = SplitMix(q.seed ^ SplitMix(shards[s][t] + 1));
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) {
+        const float u = static_cast<float>(SplitMix(key + static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
+        v[i] = F32ToBf16(sp.ones ? 1.0f : (u - 0.5f) * 0.0693f);
+      }
+      ptrs.push_back(&tw);
+      index["weight_map"][sp.name] = fname;
+    }
+    NIBBLE_RETURN_IF_ERROR(WriteSafetensors((dense / fname).string(), ptrs, {{"format", "pt"}}));
+  }
+  if (shards.size() > 1) {
+    const std::string idx = index.dump(2);
+    NIBBLE_RETURN_IF_ERROR(WriteFileAtomic((dense / "model.safetensors.index.json").string(), idx.data(), idx.size()));
+  }
+  c["torch_dtype"] = "bfloat16";
+  const std::string cfg = c.dump(2);
+  NIBBLE_RETURN_IF_ERROR(WriteFileAtomic((dense / "config.json").string(), cfg.data(), cfg.size()));
+  if (!q.tokenizer_dir.empty())
+    for (const char* f : {"tokenizer.model", "tokenizer_config.json"}) {
+      const fs::path src = fs::path(q.tokenizer_dir) / f;
+      if (fs::exists(src)) {
+        fs::copy_file(src, dense / f, fs::copy_options::overwrite_existing, ec);
+        if (ec) return MakeError("synth: copying ", src.string(), ": ", ec.message());
+      }
+    }
+  if (q.format == "dense") return Status::Ok();
+  QuantizeRequest qr;
+  qr.model_dir = dense.string();
+  qr.output_dir = q.out_dir;
+  qr.group_size = q.group_size;
+  qr.overwrite = true;
+  auto summary = Quantize(qr);
+  fs::remove_all(dense, ec);
+  if (!summary.ok()) return summary.error().WithContext("synth: quantizing the synthetic checkpoint");
+  return Status::Ok();
+}
+
+}  // namespace nibble

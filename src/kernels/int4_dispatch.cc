@@ -1,0 +1,174 @@
+// CPUID / XCR0 detection and the W4A32 dispatch decision (see int4_dispatch.h).
+#include "kernels/int4_dispatch.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+
+#include "kernels/x86_avx2/int4_gemm_avx2.h"
+#include "kernels/x86_avx512/int4_gemm_avx512.h"
+#endif
+
+namespace nibble {
+
+const char* IsaName(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+CpuFeatures DetectCpuFeatures() {
+  CpuFeatures f;
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+  const unsigned max_leaf = a;
+  char vendor[13];
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  vendor[12] = 0;
+  f.vendor = vendor;
+  __get_cpuid(1, &a, &b, &c, &d);
+  f.fma = (c >> 12) & 1;
+  f.osxsave = (c >> 27) & 1;
+  f.avx = (c >> 28) & 1;
+  f.f16c = (c >> 29) & 1;
+  if (max_leaf >= 7) {
+    __get_cpuid_count(7, 0, &a, &b, &c, &d);
+    f.avx2 = (b >> 5) & 1;
+    f.avx512f = (b >> 16) & 1;
+    f.avx512dq = (b >> 17) & 1;
+    f.avx512bw = (b >> 30) & 1;
+    f.avx512vl = (b >> 31) & 1;
+  }
+  if (f.osxsave) {
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    f.os_ymm = (lo & 0x6) == 0x6;
+    f.os_zmm = f.os_ymm && (lo & 0xE0) == 0xE0;
+  }
+#endif
+  return f;
+}
+
+namespace {
+
+#if defined(__x86_64__)
+constexpr bool kX86 = true;
+#else
+constexpr bool kX86 = false;
+#endif
+
+W4Kernels KernelsOf(Isa isa) {
+  W4Kernels k;
+  k.isa = isa;
+  k.gemm = GemmW4A32PackedScalar;
+  k.dequant = DequantW4PackedScalar;
+#if defined(__x86_64__)
+  if (isa == Isa::kAvx2) {
+    k.gemm = GemmW4A32Avx2;
+    k.dequant = DequantW4Avx2;
+  } else if (isa == Isa::kAvx512) {
+    k.gemm = GemmW4A32Avx512;
+    k.dequant = DequantW4Avx512;
+  }
+#endif
+  return k;
+}
+
+// Missing requirements of `isa` on `cpu`, "" when supported.
+std::string Missing(Isa isa, const CpuFeatures& cpu) {
+  std::string m;
+  auto need = [&](bool ok, const char* what) {
+    if (!ok) m += (m.empty() ? "" : ", ") + std::string(what);
+  };
+  if (isa == Isa::kAvx2) {
+    need(cpu.avx, "avx");
+    need(cpu.avx2, "avx2");
+    need(cpu.fma, "fma");
+    need(cpu.f16c, "f16c");
+    if (!m.empty()) return "CPU lacks " + m;
+    if (!cpu.osxsave || !cpu.os_ymm) return "OS does not save YMM state (XCR0 bits 1-2 / OSXSAVE)";
+  } else if (isa == Isa::kAvx512) {
+    need(cpu.avx512f, "avx512f");
+    need(cpu.avx512bw, "avx512bw");
+    need(cpu.avx512vl, "avx512vl");
+    need(cpu.avx512dq, "avx512dq");
+    need(cpu.fma, "fma");
+    if (!m.empty()) return "CPU lacks " + m;
+    if (!cpu.osxsave || !cpu.os_zmm) return "OS does not save ZMM state (XCR0 bits 5-7 / OSXSAVE)";
+  }
+  return "";
+}
+
+}  // namespace
+
+W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override) {
+  W4Dispatch d;
+  d.override_value = isa_override != nullptr ? isa_override : "";
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
+    IsaCandidate c;
+    c.isa = isa;
+    c.compiled = isa == Isa::kScalar || kX86;
+    const std::string missing = c.compiled ? Missing(isa, cpu) : "not compiled in (non-x86-64 build)";
+    c.supported = c.compiled && missing.empty();
+    c.reason = missing;
+    d.candidates.push_back(c);
+  }
+  int chosen = -1;
+  if (!d.override_value.empty()) {
+    for (size_t i = 0; i < d.candidates.size(); ++i)
+      if (d.override_value == IsaName(d.candidates[i].isa)) chosen = static_cast<int>(i);
+    if (chosen < 0) {
+      d.message = "unknown ISA \"" + d.override_value + "\" (expected scalar, avx2 or avx512); using the automatic choice";
+    } else if (!d.candidates[chosen].supported) {
+      d.message = std::string(IsaName(d.candidates[chosen].isa)) + " cannot run here (" + d.candidates[chosen].reason +
+                  "); using the automatic choice";
+      chosen = -1;
+    }
+  }
+  const bool forced = chosen >= 0;
+  if (!forced)
+    for (size_t i = 0; i < d.candidates.size(); ++i)
+      if (d.candidates[i].supported) {
+        chosen = static_cast<int>(i);
+        break;
+      }
+  for (size_t i = 0; i < d.candidates.size(); ++i) {
+    IsaCandidate& c = d.candidates[i];
+    if (static_cast<int>(i) == chosen) {
+      c.chosen = true;
+      c.reason = forced ? "forced by NIBBLE_ISA=" + d.override_value : "best supported ISA";
+    } else if (c.supported) {
+      c.reason = static_cast<int>(i) > chosen ? "supported, but a wider ISA was chosen"
+                                              : "supported, but NIBBLE_ISA=" + d.override_value + " forced another";
+    }
+  }
+  d.kernels = KernelsOf(d.candidates[chosen].isa);
+  return d;
+}
+
+const W4Dispatch& ActiveW4Dispatch() {
+  static const W4Dispatch d = [] {
+    W4Dispatch r = ResolveW4Dispatch(DetectCpuFeatures(), std::getenv("NIBBLE_ISA"));
+    if (!r.message.empty()) std::fprintf(stderr, "nibble: NIBBLE_ISA=%s: %s\n", r.override_value.c_str(), r.message.c_str());
+    return r;
+  }();
+  return d;
+}
+
+const W4Kernels* W4KernelsFor(Isa isa) {
+  static const W4Kernels table[3] = {KernelsOf(Isa::kScalar), KernelsOf(Isa::kAvx2), KernelsOf(Isa::kAvx512)};
+  for (const IsaCandidate& c : ActiveW4Dispatch().candidates)
+    if (c.isa == isa && c.supported) return &table[static_cast<int>(isa)];
+  return nullptr;
+}
+
+}  // namespace nibble

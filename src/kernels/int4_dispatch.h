@@ -1,0 +1,70 @@
+// Runtime ISA dispatch for the W4A32 kernels: one table chosen once per process from CPUID and
+// XCR0 (the OS must save YMM / ZMM state, checked with xgetbv), overridable with the environment
+// variable NIBBLE_ISA=scalar|avx2|avx512. `nibble inspect --kernels` prints the decision.
+//
+// Policy: the best ISA that is compiled in and supported wins. NIBBLE_ISA naming an ISA that is
+// compiled and supported forces it; an unknown value, or an ISA this build or CPU cannot run,
+// falls back to the automatic choice and says why in `message` (printed once to stderr).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kernels/int4_packed.h"
+
+namespace nibble {
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+/// Lower-case ISA name as accepted by NIBBLE_ISA: "scalar", "avx2", "avx512".
+const char* IsaName(Isa isa);
+
+/// CPU facts the dispatch needs (all false on non-x86 builds).
+struct CpuFeatures {
+  std::string vendor;  // CPUID leaf 0 vendor string, e.g. "AuthenticAMD"
+  bool osxsave = false;                                      // CPUID.1:ECX.OSXSAVE
+  bool avx = false, fma = false, f16c = false, avx2 = false;  // CPUID leaves 1 and 7
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool os_ymm = false;  // XCR0 bits 1,2 (SSE, AVX state) enabled by the OS
+  bool os_zmm = false;  // XCR0 bits 5,6,7 (opmask, ZMM_Hi256, Hi16_ZMM) enabled by the OS
+};
+
+/// Reads CPUID / XCR0 of the running CPU.
+CpuFeatures DetectCpuFeatures();
+
+/// One ISA's kernels.
+struct W4Kernels {
+  Isa isa = Isa::kScalar;
+  W4GemmKernel gemm = nullptr;
+  W4DequantKernel dequant = nullptr;
+};
+
+/// How one candidate ISA fared.
+struct IsaCandidate {
+  Isa isa = Isa::kScalar;
+  bool compiled = false;   // this build contains its translation unit
+  bool supported = false;  // the CPU and OS can run it
+  bool chosen = false;
+  std::string reason;      // e.g. "CPU lacks avx512bw", "OS does not save ZMM state (XCR0=0x7)"
+};
+
+/// The decision: the chosen kernels, every candidate with its reason, and the override handling.
+struct W4Dispatch {
+  W4Kernels kernels;
+  std::vector<IsaCandidate> candidates;  // best first: avx512, avx2, scalar
+  std::string override_value;            // NIBBLE_ISA as given ("" when unset)
+  std::string message;                   // non-empty when the override was rejected (why)
+};
+
+/// Pure decision from `cpu` and the NIBBLE_ISA value (nullptr or "" = unset); testable with a
+/// fake CPU.
+W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override);
+
+/// The process-wide decision, made on first use from DetectCpuFeatures() and getenv("NIBBLE_ISA");
+/// a rejected override is reported once on stderr ("nibble: NIBBLE_ISA=...: ...").
+const W4Dispatch& ActiveW4Dispatch();
+
+/// Kernels of `isa` when compiled in and supported by this CPU, else nullptr (tests, bench).
+const W4Kernels* W4KernelsFor(Isa isa);
+
+}  // namespace nibble

@@ -1,0 +1,41 @@
+// Threaded drivers of the W4A32 kernels (see int4_gemm.h).
+#include "kernels/int4_gemm.h"
+
+#include <algorithm>
+
+#include "base/check.h"
+
+namespace nibble {
+
+void GemmW4A32Packed(const W4PackedGemmArgs& a, const W4Kernels* kernels) {
+  NIBBLE_CHECK(a.w != nullptr && a.m >= 0);
+  if (a.m == 0 || a.w->n == 0) return;
+  NIBBLE_CHECK(a.x != nullptr && a.y != nullptr && a.w->data != nullptr);
+  const W4GemmKernel gemm = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).gemm;
+  const int64_t n = a.w->n;
+  const int64_t nblocks = (n + kW4BlockRows - 1) / kW4BlockRows;
+  // Tiny products are not worth waking the team (the result is the same either way).
+  const bool parallel = nblocks > 1 && a.m * n * a.w->k >= (int64_t{1} << 16);
+#pragma omp parallel if (parallel)
+  for (int64_t i0 = 0; i0 < a.m; i0 += kW4ChunkRows) {
+    W4PackedGemmArgs c = a;
+    c.m = std::min(kW4ChunkRows, a.m - i0);
+    c.x = a.x + i0 * a.w->k;
+    c.y = a.y + i0 * n;
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < nblocks; ++b) gemm(c, b * kW4BlockRows, std::min(n, (b + 1) * kW4BlockRows));
+  }
+}
+
+void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels) {
+  NIBBLE_CHECK(out != nullptr && w.data != nullptr);
+  const W4DequantKernel dq = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).dequant;
+  const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
+#pragma omp parallel for schedule(static) if (nblocks > 1)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t n0 = b * kW4BlockRows;
+    dq(w, n0, std::min(w.n, n0 + kW4BlockRows), out + n0 * w.k);
+  }
+}
+
+}  // namespace nibble

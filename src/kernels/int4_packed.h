@@ -1,0 +1,99 @@
+// The kernels' packed int4 layout ("W4P"): what Int4Linear keeps in memory and what every W4A32
+// kernel (scalar, AVX2, AVX-512) reads. Byte layout and a worked example: docs/KERNELS.md.
+//
+// Design goals: 0.5 B per code; the scales / zero points a block needs stored right before its
+// codes (one stream of cache lines, no second stream of scales); 128 codes in one 64-byte
+// "superblock" arranged so that a 16-lane dword vector loaded from it yields 16 consecutive codes
+// after one shift — AVX-512 turns them into weights with one vpermps through a per-group table,
+// with no widening shuffles. Non-goals: weights other than 4-bit; activation quantization.
+//
+// A row (row_bytes apart) is a sequence of records; a record covers R = lcm(g, 128) weights of K
+// when g % 16 == 0 (so each 16-code run lies in one group), else R = g (scalar kernels only); the
+// last record of a row may be partial and is then padded with zeros to full size. A record holds:
+//   +0          R/g fp32 scales (little endian), the stored scale values exactly
+//   +4·R/g      R/g uint8 zero points 0..15                      (asymmetric only)
+//   then ceil(R/128) superblocks of 64 bytes: weight o = 128·b + 16·j + l of the record (l = 0..15,
+//   j = 0..7) is nibble j (bits 4j..4j+3) of little-endian dword l of superblock b.
+// Symmetric weights store no zero points: they are 8 (formats/int4_matrix.h convention).
+// w[n][k] = (q − zero_point) · scale, the same formula and rounding as GemmW4A32Ref.
+#pragma once
+
+#include <cstdint>
+
+namespace nibble {
+
+/// Geometry of a packed weight; `data` points at N * row_bytes bytes (not owned).
+struct W4PackedWeight {
+  int64_t n = 0;              // out_features (rows)
+  int64_t k = 0;              // in_features
+  int64_t group_size = 0;     // g along K, k % g == 0
+  bool symmetric = false;     // true: no zero-point bytes, zero point 8
+  int64_t rec_weights = 0;    // R = lcm(g, 128) (g % 16 == 0) or g: weights of K per record
+  int64_t rec_groups = 0;     // R / g scales (and zero points) per record
+  int64_t rec_header = 0;     // 4·R/g (+ R/g when asymmetric): bytes before the superblocks
+  int64_t rec_bytes = 0;      // rec_header + 64·ceil(R/128)
+  int64_t recs = 0;           // records per row, ceil(K / R)
+  int64_t row_bytes = 0;      // recs · rec_bytes
+  const uint8_t* data = nullptr;
+};
+
+/// The geometry (data = nullptr) for a shape. Preconditions (abort): n, k, g >= 1, k % g == 0.
+W4PackedWeight W4PackedGeometry(int64_t n, int64_t k, int64_t group_size, bool symmetric);
+
+/// Total bytes N · row_bytes. Preconditions as W4PackedGeometry.
+int64_t W4PackedBytes(int64_t n, int64_t k, int64_t group_size, bool symmetric);
+
+/// Packs the native unpacked layout (formats/int4_matrix.h, as raw pointers) into `out`, which must
+/// hold W4PackedBytes(...) bytes. codes: [N, K] 0..15, one per byte; scales: [N, K/g] fp32;
+/// zero_points: [N, K/g] 0..15 (ignored when symmetric). Returns the view of `out`.
+/// Preconditions (abort): shapes as in W4PackedBytes, codes/zero points <= 15.
+W4PackedWeight PackW4(int64_t n, int64_t k, int64_t group_size, bool symmetric, const uint8_t* codes,
+                      const float* scales, const uint8_t* zero_points, uint8_t* out);
+
+/// Inverse of PackW4: writes codes [N, K], scales [N, K/g], zero_points [N, K/g] (8 when symmetric).
+void UnpackW4(const W4PackedWeight& w, uint8_t* codes, float* scales, uint8_t* zero_points);
+
+/// Arguments of one W4A32 GEMM on the packed layout: y = x · dequant(W)ᵀ (+ bias).
+struct W4PackedGemmArgs {
+  int64_t m = 0;                  // rows of x and y (tokens)
+  const W4PackedWeight* w = nullptr;
+  const float* x = nullptr;       // [M, K] fp32 row-major
+  const float* bias = nullptr;    // [N] fp32 or nullptr
+  float* y = nullptr;             // [M, N] fp32 row-major, overwritten; not aliasing x
+};
+
+/// One ISA's kernel: computes y[0..M)[n0..n1) (row range of W). Single-threaded, no allocation.
+/// Every output element is a function of its own row of x and row of W only (its accumulation
+/// order does not depend on n0/n1 or on M), so any split of N gives bit-identical results.
+using W4GemmKernel = void (*)(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
+
+/// One ISA's dequantizer: out[(n − n0) * K + k] = (q − z) · s for rows n0..n1 (fp32, exact as
+/// DequantizeRef). Single-threaded, no allocation.
+using W4DequantKernel = void (*)(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
+
+/// Scalar kernels on the packed layout (the fallback; same arithmetic and order as GemmW4A32Ref,
+/// so their results are bit-identical to it).
+void GemmW4A32PackedScalar(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
+void DequantW4PackedScalar(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
+
+namespace w4p {
+/// Scalar-side helpers shared by the ISA translation units (inline, no ISA flags needed).
+inline float Scale(const uint8_t* rec, int64_t gi) {
+  float s;
+  __builtin_memcpy(&s, rec + 4 * gi, 4);
+  return s;
+}
+inline int Zero(const W4PackedWeight& w, const uint8_t* rec, int64_t gi) {
+  return w.symmetric ? 8 : rec[4 * w.rec_groups + gi];
+}
+/// Code of weight o (0 <= o < R) of a record.
+inline int CodeAt(const W4PackedWeight& w, const uint8_t* rec, int64_t o) {
+  const int64_t b = o / 128, j = (o % 128) / 16, l = o % 16;
+  const uint8_t byte = rec[w.rec_header + 64 * b + 4 * l + j / 2];
+  return (j & 1) ? (byte >> 4) : (byte & 15);
+}
+/// Whether SIMD kernels can run 16-weight runs: every run lies inside one group.
+inline bool RunsFitGroups(const W4PackedWeight& w) { return w.group_size % 16 == 0; }
+}  // namespace w4p
+
+}  // namespace nibble

@@ -1,0 +1,116 @@
+// W4A32 GEMM/GEMV and dequantization on the W4P layout (kernels/int4_packed.h) for AVX2 + FMA
+// (+ F16C in the flags, unused so far). Compiled with its own flags (CMakeLists.txt); called only
+// after dispatch has checked CPUID and XCR0 (kernels/int4_dispatch.cc).
+//
+// A 64-byte superblock is two 32-byte loads (dwords 0..7 and 8..15); run j (codes 16j..16j+15)
+// is both shifted right by 4j and masked with 15. Each weight is float(q − z) · s (integer
+// subtract, convert, one multiply: the reference's value bit for bit), then one FMA per 8 lanes.
+// Accumulation order of an output (per run: lanes 0..7 then 8..15 into one 8-lane accumulator;
+// lanes reduced in a fixed tree; bias) is independent of the tiling, M and the row range. Groups
+// that are not a multiple of 16 go to the scalar kernel.
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/x86_avx2/int4_gemm_avx2.h"
+
+namespace nibble {
+namespace {
+
+inline float Hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Weights of run t of a record: 2 × 8 fp32 in k order.
+inline void Run(const uint8_t* sb, int j, __m256i zv, __m256 sv, __m256& lo, __m256& hi) {
+  const __m256i m15 = _mm256_set1_epi32(15);
+  const __m128i cnt = _mm_cvtsi32_si128(4 * j);
+  const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb));
+  const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sb + 32));
+  const __m256i q0 = _mm256_and_si256(_mm256_srl_epi32(v0, cnt), m15);
+  const __m256i q1 = _mm256_and_si256(_mm256_srl_epi32(v1, cnt), m15);
+  lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q0, zv)), sv);
+  hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q1, zv)), sv);
+}
+
+template <int MR, int NR>
+void Tile(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
+  const W4PackedWeight& w = *a.w;
+  const int64_t rpg = w.group_size / 16;
+  const float* x[MR];
+  for (int mi = 0; mi < MR; ++mi) x[mi] = a.x + (i0 + mi) * w.k;
+  __m256 acc[MR][NR];
+  for (int mi = 0; mi < MR; ++mi)
+    for (int r = 0; r < NR; ++r) acc[mi][r] = _mm256_setzero_ps();
+  for (int64_t ri = 0; ri < w.recs; ++ri) {
+    const int64_t k0 = ri * w.rec_weights;
+    const int64_t runs = std::min(w.rec_weights, w.k - k0) / 16;
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* rec = w.data + (r0 + r) * w.row_bytes + ri * w.rec_bytes;
+      __m256i zv = _mm256_setzero_si256();
+      __m256 sv = _mm256_setzero_ps();
+      for (int64_t t = 0; t < runs; ++t) {
+        if (t % rpg == 0) {
+          zv = _mm256_set1_epi32(w4p::Zero(w, rec, t / rpg));
+          sv = _mm256_set1_ps(w4p::Scale(rec, t / rpg));
+        }
+        __m256 lo, hi;
+        Run(rec + w.rec_header + 64 * (t / 8), static_cast<int>(t % 8), zv, sv, lo, hi);
+        for (int mi = 0; mi < MR; ++mi) {
+          acc[mi][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x[mi] + k0 + 16 * t), lo, acc[mi][r]);
+          acc[mi][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x[mi] + k0 + 16 * t + 8), hi, acc[mi][r]);
+        }
+      }
+    }
+  }
+  for (int mi = 0; mi < MR; ++mi)
+    for (int r = 0; r < NR; ++r) {
+      const float v = Hsum(acc[mi][r]);
+      a.y[(i0 + mi) * w.n + r0 + r] = a.bias != nullptr ? v + a.bias[r0 + r] : v;
+    }
+}
+
+template <int MR>
+void Rows(const W4PackedGemmArgs& a, int64_t i0, int64_t n0, int64_t n1) {
+  constexpr int NR = 4;
+  int64_t r = n0;
+  for (; r + NR <= n1; r += NR) Tile<MR, NR>(a, i0, r);
+  for (; r < n1; ++r) Tile<MR, 1>(a, i0, r);
+}
+
+}  // namespace
+
+void GemmW4A32Avx2(const W4PackedGemmArgs& a, int64_t n0, int64_t n1) {
+  if (!w4p::RunsFitGroups(*a.w)) return GemmW4A32PackedScalar(a, n0, n1);
+  int64_t i = 0;
+  for (; i + 2 <= a.m; i += 2) Rows<2>(a, i, n0, n1);
+  if (i < a.m) Rows<1>(a, i, n0, n1);
+}
+
+void DequantW4Avx2(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out) {
+  if (!w4p::RunsFitGroups(w)) return DequantW4PackedScalar(w, n0, n1, out);
+  const int64_t rpg = w.group_size / 16;
+  for (int64_t r = n0; r < n1; ++r)
+    for (int64_t ri = 0; ri < w.recs; ++ri) {
+      const uint8_t* rec = w.data + r * w.row_bytes + ri * w.rec_bytes;
+      const int64_t k0 = ri * w.rec_weights;
+      const int64_t runs = std::min(w.rec_weights, w.k - k0) / 16;
+      float* o = out + (r - n0) * w.k + k0;
+      for (int64_t t = 0; t < runs; ++t) {
+        __m256 lo, hi;
+        Run(rec + w.rec_header + 64 * (t / 8), static_cast<int>(t % 8), _mm256_set1_epi32(w4p::Zero(w, rec, t / rpg)),
+            _mm256_set1_ps(w4p::Scale(rec, t / rpg)), lo, hi);
+        _mm256_storeu_ps(o + 16 * t, lo);
+        _mm256_storeu_ps(o + 16 * t + 8, hi);
+      }
+    }
+}
+
+}  // namespace nibble
+
+#endif  // __x86_64__

@@ -1,0 +1,14 @@
+// AVX2 + FMA W4A32 kernels on the W4P layout. Call only when dispatch reports the ISA supported
+// (CPUID + XCR0 YMM state); see kernels/int4_dispatch.h.
+#pragma once
+
+#include "kernels/int4_packed.h"
+
+namespace nibble {
+
+/// W4GemmKernel for AVX2: y[0..M)[n0..n1) = x · dequant(W)ᵀ (+ bias), fp32 accumulation.
+void GemmW4A32Avx2(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
+/// W4DequantKernel for AVX2: rows n0..n1 of W as fp32 [(n1 − n0), K], exact as DequantizeRef.
+void DequantW4Avx2(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
+
+}  // namespace nibble

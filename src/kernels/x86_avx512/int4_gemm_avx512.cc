@@ -1,0 +1,224 @@
+// W4A32 GEMM/GEMV and dequantization on the W4P layout (kernels/int4_packed.h) for AVX-512
+// (F/BW/VL/DQ + FMA). Compiled with its own flags (CMakeLists.txt); called only after dispatch
+// has checked CPUID and XCR0 (kernels/int4_dispatch.cc).
+//
+// Per group and row, a 16-entry fp32 table T[i] = (i − z) · s is built once (exactly the
+// reference's weight value for code i, one rounding). A 64-byte superblock is one load of 16
+// dwords; run j (codes 16j..16j+15) is that vector shifted right by 4j, whose low nibbles index T
+// directly (vpermps reads index bits 3:0 only) — one shift and one permute per 16 weights, no
+// widening shuffles. Tiles of MR rows of x × NR rows of W share each unpacked run across MR rows
+// (GEMM) and keep NR independent FMA chains in flight (GEMV). Each output's accumulation order
+// (runs in k order into one 16-lane accumulator — two for M = 1, even and odd runs, added at the
+// end — lanes reduced, bias added) is independent of NR, the M-tiling and the row range. Groups that are not a multiple of 16 go to the scalar kernel.
+#if defined(__x86_64__)
+
+// GCC 12's avx512fintrin.h uses deliberately undefined vectors (_mm512_undefined_*) inside
+// _mm512_reduce_add_ps and friends, which -Wuninitialized reports once inlined (GCC bug 105593);
+// nothing in this file is uninitialised.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "kernels/x86_avx512/int4_gemm_avx512.h"
+
+namespace nibble {
+namespace {
+
+inline __m512 Table(const W4PackedWeight& w, const uint8_t* rec, int64_t gi) {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 z = _mm512_set1_ps(static_cast<float>(w4p::Zero(w, rec, gi)));
+  return _mm512_mul_ps(_mm512_sub_ps(iota, z), _mm512_set1_ps(w4p::Scale(rec, gi)));
+}
+
+// RPG: 16-code runs per group when a record holds several groups (g = 16, 32, 64 → 1, 2, 4: the
+// group of run j is j / RPG, a compile-time constant once the 8 runs of a superblock are
+// unrolled); RPG = 0: one group per record (g a multiple of 128), one table per record; RPG = -1:
+// any other g % 16 == 0 (g = 48, 80, …), group tracked with a counter.
+template <int MR, int NR, int RPG>
+void Tile(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
+  const W4PackedWeight& w = *a.w;
+  const int64_t rpg = w.group_size / 16;
+  const float* x[MR];
+  for (int mi = 0; mi < MR; ++mi) x[mi] = a.x + (i0 + mi) * w.k;
+  // GEMV (MR = 1) splits each output over two accumulators (even / odd runs) for twice the
+  // independent FMA chains; GEMM tiles have enough chains already.
+  constexpr int kSplit = MR == 1 ? 2 : 1;
+  __m512 acc[MR][NR][kSplit];
+  for (int mi = 0; mi < MR; ++mi)
+    for (int r = 0; r < NR; ++r)
+      for (int h = 0; h < kSplit; ++h) acc[mi][r][h] = _mm512_setzero_ps();
+  constexpr int kTables = RPG > 0 ? 8 / RPG : (RPG == 0 ? 1 : 8);
+  __m512 tbl[NR][kTables];
+  for (int64_t ri = 0; ri < w.recs; ++ri) {
+    const int64_t k0 = ri * w.rec_weights;
+    const bool full = k0 + w.rec_weights <= w.k;
+    const int64_t valid = full ? w.rec_weights : w.k - k0;  // multiple of g, so of 16
+    const int64_t ngroups = full ? w.rec_groups : valid / w.group_size;
+    const uint8_t* sb[NR];
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* rec = w.data + (r0 + r) * w.row_bytes + ri * w.rec_bytes;
+      for (int64_t gi = 0; gi < ngroups; ++gi) tbl[r][gi] = Table(w, rec, gi);
+      sb[r] = rec + w.rec_header;
+    }
+    const int64_t runs = valid / 16;
+    int64_t gi = 0, left = rpg;
+    // One run: 16 codes of each of the NR rows → FMAs into the MR × NR accumulators.
+    auto run = [&](const __m512i* v, int j, int64_t t, int tj) {
+      __m512 wv[NR];
+      for (int r = 0; r < NR; ++r) {
+        const __m512i idx = _mm512_srl_epi32(v[r], _mm_cvtsi32_si128(4 * j));
+        wv[r] = _mm512_permutexvar_ps(idx, tbl[r][tj]);
+      }
+      for (int mi = 0; mi < MR; ++mi) {
+        const __m512 xv = _mm512_loadu_ps(x[mi] + k0 + 16 * t);
+        for (int r = 0; r < NR; ++r) acc[mi][r][j % kSplit] = _mm512_fmadd_ps(xv, wv[r], acc[mi][r][j % kSplit]);
+      }
+    };
+    int64_t t0 = 0;
+    for (; t0 + 8 <= runs; t0 += 8) {
+      __m512i v[NR];
+      for (int r = 0; r < NR; ++r) v[r] = _mm512_loadu_si512(reinterpret_cast<const void*>(sb[r] + 64 * (t0 / 8)));
+      if constexpr (RPG >= 0) {
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) run(v, j, t0 + j, RPG > 0 ? j / RPG : 0);
+      } else {
+        for (int j = 0; j < 8; ++j) {
+          run(v, j, t0 + j, static_cast<int>(gi));
+          if (--left == 0) {
+            ++gi;
+            left = rpg;
+          }
+        }
+      }
+    }
+    if (t0 < runs) {  // partial last superblock (K not a multiple of 128)
+      __m512i v[NR];
+      for (int r = 0; r < NR; ++r) v[r] = _mm512_loadu_si512(reinterpret_cast<const void*>(sb[r] + 64 * (t0 / 8)));
+      for (int j = 0; t0 + j < runs; ++j) {
+        const int64_t t = t0 + j;
+        run(v, j, t, static_cast<int>(RPG > 0 ? (t % 8) / RPG : (RPG == 0 ? 0 : gi)));
+        if (--left == 0) {
+          ++gi;
+          left = rpg;
+        }
+      }
+    }
+  }
+  for (int mi = 0; mi < MR; ++mi)
+    for (int r = 0; r < NR; ++r) {
+      const float v = _mm512_reduce_add_ps(kSplit == 2 ? _mm512_add_ps(acc[mi][r][0], acc[mi][r][kSplit - 1]) : acc[mi][r][0]);
+      a.y[(i0 + mi) * w.n + r0 + r] = a.bias != nullptr ? v + a.bias[r0 + r] : v;
+    }
+}
+
+// The common case R = 128 (g = 16, 32, 64, 128) with K a multiple of 128: every record is one
+// superblock, so the loop over records is the only loop and the 8 runs are fully unrolled. Same
+// accumulation order as Tile (runs in k order, even / odd accumulators for M = 1).
+template <int MR, int NR, int RPG>
+void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
+  constexpr int G = RPG <= 0 ? 1 : 8 / RPG;  // groups per record
+  const W4PackedWeight& w = *a.w;
+  const float* x[MR];
+  for (int mi = 0; mi < MR; ++mi) x[mi] = a.x + (i0 + mi) * w.k;
+  constexpr int kSplit = MR == 1 ? 2 : 1;
+  __m512 acc[MR][NR][kSplit];
+  for (int mi = 0; mi < MR; ++mi)
+    for (int r = 0; r < NR; ++r)
+      for (int h = 0; h < kSplit; ++h) acc[mi][r][h] = _mm512_setzero_ps();
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const int64_t zoff = w.symmetric ? -1 : 4 * G;
+  const uint8_t* base = w.data + r0 * w.row_bytes;
+  for (int64_t ri = 0; ri < w.recs; ++ri) {
+    __m512 tbl[NR][G];
+    __m512i v[NR];
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* rec = base + r * w.row_bytes + ri * w.rec_bytes;
+      for (int gi = 0; gi < G; ++gi) {
+        const float z = static_cast<float>(zoff < 0 ? 8 : rec[zoff + gi]);
+        tbl[r][gi] = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z)), _mm512_set1_ps(w4p::Scale(rec, gi)));
+      }
+      v[r] = _mm512_loadu_si512(reinterpret_cast<const void*>(rec + w.rec_header));
+    }
+    const int64_t k0 = ri * 128;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      __m512 wv[NR];
+      for (int r = 0; r < NR; ++r)
+        wv[r] = _mm512_permutexvar_ps(_mm512_srli_epi32(v[r], 4 * j), tbl[r][RPG <= 0 ? 0 : j / (RPG <= 0 ? 1 : RPG)]);
+      for (int mi = 0; mi < MR; ++mi) {
+        const __m512 xv = _mm512_loadu_ps(x[mi] + k0 + 16 * j);
+        for (int r = 0; r < NR; ++r) acc[mi][r][j % kSplit] = _mm512_fmadd_ps(xv, wv[r], acc[mi][r][j % kSplit]);
+      }
+    }
+  }
+  for (int mi = 0; mi < MR; ++mi)
+    for (int r = 0; r < NR; ++r) {
+      const float v = _mm512_reduce_add_ps(kSplit == 2 ? _mm512_add_ps(acc[mi][r][0], acc[mi][r][kSplit - 1]) : acc[mi][r][0]);
+      a.y[(i0 + mi) * w.n + r0 + r] = a.bias != nullptr ? v + a.bias[r0 + r] : v;
+    }
+}
+
+template <int MR, int RPG>
+void Rows(const W4PackedGemmArgs& a, int64_t i0, int64_t n0, int64_t n1) {
+  constexpr int NR = 4;
+  int64_t r = n0;
+  if constexpr (RPG >= 0) {
+    if (a.w->rec_weights == 128 && a.w->k % 128 == 0) {
+      for (; r + NR <= n1; r += NR) Tile128<MR, NR, RPG>(a, i0, r);
+      for (; r < n1; ++r) Tile128<MR, 1, RPG>(a, i0, r);
+      return;
+    }
+  }
+  for (; r + NR <= n1; r += NR) Tile<MR, NR, RPG>(a, i0, r);
+  for (; r < n1; ++r) Tile<MR, 1, RPG>(a, i0, r);
+}
+
+template <int RPG>
+void Gemm(const W4PackedGemmArgs& a, int64_t n0, int64_t n1) {
+  int64_t i = 0;
+  for (; i + 4 <= a.m; i += 4) Rows<4, RPG>(a, i, n0, n1);
+  switch (a.m - i) {
+    case 3: Rows<3, RPG>(a, i, n0, n1); break;
+    case 2: Rows<2, RPG>(a, i, n0, n1); break;
+    case 1: Rows<1, RPG>(a, i, n0, n1); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+void GemmW4A32Avx512(const W4PackedGemmArgs& a, int64_t n0, int64_t n1) {
+  if (!w4p::RunsFitGroups(*a.w)) return GemmW4A32PackedScalar(a, n0, n1);
+  if (a.w->rec_groups == 1) return Gemm<0>(a, n0, n1);
+  switch (a.w->group_size) {
+    case 16: return Gemm<1>(a, n0, n1);
+    case 32: return Gemm<2>(a, n0, n1);
+    case 64: return Gemm<4>(a, n0, n1);
+    default: return Gemm<-1>(a, n0, n1);
+  }
+}
+
+void DequantW4Avx512(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out) {
+  if (!w4p::RunsFitGroups(w)) return DequantW4PackedScalar(w, n0, n1, out);
+  const int64_t rpg = w.group_size / 16;
+  for (int64_t r = n0; r < n1; ++r)
+    for (int64_t ri = 0; ri < w.recs; ++ri) {
+      const uint8_t* rec = w.data + r * w.row_bytes + ri * w.rec_bytes;
+      const int64_t k0 = ri * w.rec_weights;
+      const int64_t runs = std::min(w.rec_weights, w.k - k0) / 16;
+      float* o = out + (r - n0) * w.k + k0;
+      __m512 tbl = Table(w, rec, 0);
+      for (int64_t t = 0; t < runs; ++t) {
+        if (t > 0 && t % rpg == 0) tbl = Table(w, rec, t / rpg);
+        const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(rec + w.rec_header + 64 * (t / 8)));
+        const __m128i cnt = _mm_cvtsi32_si128(static_cast<int>(4 * (t % 8)));
+        _mm512_storeu_ps(o + 16 * t, _mm512_permutexvar_ps(_mm512_srl_epi32(v, cnt), tbl));
+      }
+    }
+}
+
+}  // namespace nibble
+
+#endif  // __x86_64__

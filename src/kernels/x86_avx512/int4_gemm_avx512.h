@@ -1,0 +1,14 @@
+// AVX-512 (F/BW/VL/DQ + FMA) W4A32 kernels on the W4P layout. Call only when dispatch reports
+// the ISA supported (CPUID + XCR0 ZMM state); see kernels/int4_dispatch.h.
+#pragma once
+
+#include "kernels/int4_packed.h"
+
+namespace nibble {
+
+/// W4GemmKernel for AVX-512: y[0..M)[n0..n1) = x · dequant(W)ᵀ (+ bias), fp32 accumulation.
+void GemmW4A32Avx512(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
+/// W4DequantKernel for AVX-512: rows n0..n1 of W as fp32 [(n1 − n0), K], exact as DequantizeRef.
+void DequantW4Avx512(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
+
+}  // namespace nibble

@@ -1,0 +1,315 @@
+// The packed layout (kernels/int4_packed.h) and every compiled + supported ISA kernel against a
+// double-precision reference of the dequantized weight, on shapes with tails (DESIGN.md "Tests"):
+// N ∈ {1,7,8,9,63,64,65,4096}, K ∈ {g, 3g, 4096}, M ∈ {1,2,5,32}, g ∈ {32,64,128,K} (+ g not a
+// multiple of 32), sym and asym. Tolerance per output: γ_{K+2} · (Σ_k |x_k w_k| + |b|) with
+// γ_n = n·u/(1 − n·u), u = 2^-24 — valid for any summation order, since W is bit-identical in
+// every path. Also: the dispatch decision on fake CPUs, the NIBBLE_ISA override, bit-identity
+// across thread counts, and Int4Linear end to end.
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "formats/int4_matrix.h"
+#include "kernels/int4_dispatch.h"
+#include "kernels/int4_gemm.h"
+#include "kernels/int4_packed.h"
+#include "kernels/int4_ref.h"
+#include "model/int4_linear.h"
+
+namespace nibble {
+namespace {
+
+Int4Matrix RandomMatrix(std::mt19937& rng, int64_t n, int64_t k, int64_t g, bool sym) {
+  Int4Matrix m;
+  m.n = n;
+  m.k = k;
+  m.group_size = g;
+  m.symmetric = sym;
+  std::uniform_int_distribution<int> nib(0, 15);
+  std::uniform_real_distribution<float> sc(1e-3f, 0.05f);
+  m.codes.resize(static_cast<size_t>(n * k));
+  for (auto& c : m.codes) c = static_cast<uint8_t>(nib(rng));
+  m.zero_points.resize(static_cast<size_t>(n * (k / g)));
+  m.scales.resize(m.zero_points.size());
+  for (auto& z : m.zero_points) z = sym ? 8 : static_cast<uint8_t>(nib(rng));
+  for (auto& s : m.scales) s = sc(rng);
+  return m;
+}
+
+struct Packed {
+  std::vector<uint8_t> bytes;
+  W4PackedWeight w;
+  explicit Packed(const Int4Matrix& m)
+      : bytes(static_cast<size_t>(W4PackedBytes(m.n, m.k, m.group_size, m.symmetric))),
+        w(PackW4(m.n, m.k, m.group_size, m.symmetric, m.codes.data(), m.scales.data(), m.zero_points.data(),
+                 bytes.data())) {}
+};
+
+std::vector<const W4Kernels*> SupportedKernels() {
+  std::vector<const W4Kernels*> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (const W4Kernels* k = W4KernelsFor(isa)) out.push_back(k);
+  return out;
+}
+
+// Max over outputs of |y − ref| / tol (<= 1 passes); on failure the message names the worst one.
+::testing::AssertionResult WithinTolerance(const Int4Matrix& w, const std::vector<float>& wd, int64_t m,
+                                           const std::vector<float>& x, const float* bias, const std::vector<float>& y) {
+  const double u = std::ldexp(1.0, -24);
+  const double nu = static_cast<double>(w.k + 2) * u;
+  const double gamma = nu / (1.0 - nu);
+  double worst = 0, worst_ref = 0, worst_tol = 0;
+  int64_t wi = 0, wj = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < w.n; ++j) {
+      double ref = 0, mag = 0;
+      const float* xr = x.data() + i * w.k;
+      const float* wr = wd.data() + j * w.k;
+      for (int64_t k = 0; k < w.k; ++k) {
+        const double p = static_cast<double>(xr[k]) * wr[k];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      if (bias) {
+        ref += bias[j];
+        mag += std::fabs(bias[j]);
+      }
+      const double tol = gamma * mag + 1e-30;
+      const double v = y[i * w.n + j];
+      const double r = std::isfinite(v) ? std::fabs(v - ref) / tol : 1e300;
+      if (r > worst) {
+        worst = r;
+        wi = i;
+        wj = j;
+        worst_ref = ref;
+        worst_tol = tol;
+      }
+    }
+  if (worst <= 1.0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "worst element y[" << wi << "][" << wj << "] = " << y[wi * w.n + wj]
+                                       << ", reference " << worst_ref << ", |diff| " << std::fabs(y[wi * w.n + wj] - worst_ref)
+                                       << " > tolerance " << worst_tol << " (ratio " << worst << ")";
+}
+
+TEST(W4PackedTest, RoundTripAndSizes) {
+  std::mt19937 rng(1);
+  for (auto [n, k, g] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {3, 32, 32}, {5, 384, 128}, {2, 96, 48}, {4, 100, 100}, {3, 99, 33}, {1, 7, 7}, {2, 64, 16}}) {
+    for (bool sym : {false, true}) {
+      const Int4Matrix m = RandomMatrix(rng, n, k, g, sym);
+      Packed p(m);
+      const int64_t rw = g % 16 == 0 ? std::lcm(g, int64_t{128}) : g;
+      EXPECT_EQ(p.w.rec_weights, rw);
+      EXPECT_EQ(p.w.rec_bytes, (rw / g) * (sym ? 4 : 5) + 64 * ((rw + 127) / 128));
+      EXPECT_EQ(static_cast<int64_t>(p.bytes.size()), n * ((k + rw - 1) / rw) * p.w.rec_bytes);
+      Int4Matrix back = m;
+      std::fill(back.codes.begin(), back.codes.end(), 0);
+      UnpackW4(p.w, back.codes.data(), back.scales.data(), back.zero_points.data());
+      EXPECT_EQ(back, m) << "n=" << n << " k=" << k << " g=" << g << " sym=" << sym;
+    }
+  }
+  // Bytes per weight: g128 68/128 (sym) and 69/128 (asym); g32 80/128 and 84/128.
+  EXPECT_EQ(W4PackedBytes(1, 128, 128, true), 68);
+  EXPECT_EQ(W4PackedBytes(1, 128, 128, false), 69);
+  EXPECT_EQ(W4PackedBytes(1, 128, 32, true), 80);
+  EXPECT_EQ(W4PackedBytes(1, 128, 32, false), 84);
+}
+
+TEST(W4PackedTest, WorkedExampleFromDocs) {
+  // docs/KERNELS.md: one row, K = 128, g = 64, asym, scales {0.5, 0.25}, zero points {3, 12},
+  // q[k] = k / 16 (so run j holds code j in all 16 lanes).
+  Int4Matrix m;
+  m.n = 1;
+  m.k = 128;
+  m.group_size = 64;
+  m.codes.resize(128);
+  for (int i = 0; i < 128; ++i) m.codes[i] = static_cast<uint8_t>(i / 16);
+  m.scales = {0.5f, 0.25f};
+  m.zero_points = {3, 12};
+  Packed p(m);
+  ASSERT_EQ(p.bytes.size(), 74u);
+  const uint8_t head[10] = {0x00, 0x00, 0x00, 0x3F, 0x00, 0x00, 0x80, 0x3E, 0x03, 0x0C};
+  EXPECT_EQ(std::memcmp(p.bytes.data(), head, 10), 0);
+  for (int l = 0; l < 16; ++l) {
+    const uint8_t dword[4] = {0x10, 0x32, 0x54, 0x76};
+    EXPECT_EQ(std::memcmp(p.bytes.data() + 10 + 4 * l, dword, 4), 0) << "lane " << l;
+  }
+}
+
+TEST(W4KernelTest, ScalarPackedIsBitIdenticalToReference) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  for (auto [m, n, k, g] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+           {1, 9, 96, 32}, {3, 7, 384, 128}, {2, 5, 100, 100}, {2, 3, 96, 48}}) {
+    const Int4Matrix w = RandomMatrix(rng, n, k, g, false);
+    Packed p(w);
+    std::vector<float> x(static_cast<size_t>(m * k)), bias(static_cast<size_t>(n));
+    for (auto& v : x) v = xd(rng);
+    for (auto& v : bias) v = xd(rng);
+    std::vector<float> y0(static_cast<size_t>(m * n)), y1(y0.size());
+    W4GemmArgs ra{m, n, k, g, x.data(), w.codes.data(), w.scales.data(), w.zero_points.data(), bias.data(), y0.data()};
+    GemmW4A32Ref(ra);
+    W4PackedGemmArgs pa{m, &p.w, x.data(), bias.data(), y1.data()};
+    GemmW4A32PackedScalar(pa, 0, n);
+    EXPECT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * 4), 0) << "m=" << m << " n=" << n << " k=" << k;
+  }
+}
+
+// The cross product of the shapes, with the expensive corner (N = 4096 with K = 4096 and
+// large M) thinned so the binary stays fast on 2 cores.
+TEST(W4KernelTest, EveryIsaMatchesReferenceOnTailShapes) {
+  const auto isas = SupportedKernels();
+  ASSERT_FALSE(isas.empty());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  int cases = 0;
+  for (int64_t g : {32, 64, 128, 0 /* per-channel */, 48 /* tail path */}) {
+    for (int64_t kk : {1, 3, 4096}) {
+      const int64_t k = kk == 4096 ? (g == 48 ? 4080 : 4096) : (g == 0 ? 96 * kk : g * kk);
+      const int64_t gs = g == 0 ? k : g;
+      for (int64_t n : {1, 7, 8, 9, 63, 64, 65, 4096}) {
+        for (int64_t m : {1, 2, 5, 32}) {
+          if (n * k * m > (int64_t{1} << 23) && !(n == 4096 && k == 4096 && m == 1 && gs == 128)) continue;
+          const bool sym = ((n + m + kk) % 2) == 0;
+          const Int4Matrix w = RandomMatrix(rng, n, k, gs, sym);
+          std::vector<float> wd(static_cast<size_t>(n * k));
+          DequantizeRef(w, wd.data());
+          Packed p(w);
+          std::vector<float> x(static_cast<size_t>(m * k)), bias(static_cast<size_t>(n));
+          for (auto& v : x) v = xd(rng);
+          for (auto& v : bias) v = xd(rng);
+          const bool with_bias = cases % 3 == 0;
+          for (const W4Kernels* kern : isas) {
+            std::vector<float> y(static_cast<size_t>(m * n), std::nanf(""));
+            W4PackedGemmArgs a{m, &p.w, x.data(), with_bias ? bias.data() : nullptr, y.data()};
+            GemmW4A32Packed(a, kern);
+            EXPECT_TRUE(WithinTolerance(w, wd, m, x, with_bias ? bias.data() : nullptr, y))
+                << IsaName(kern->isa) << " M=" << m << " N=" << n << " K=" << k << " g=" << gs
+                << (sym ? " sym" : " asym") << (with_bias ? " bias" : "");
+            std::vector<float> d(static_cast<size_t>(n * k));
+            if (m == 1) {
+              DequantW4Packed(p.w, d.data(), kern);
+              EXPECT_EQ(std::memcmp(d.data(), wd.data(), d.size() * 4), 0) << IsaName(kern->isa) << " dequant";
+            }
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 300);
+}
+
+CpuFeatures FakeCpu(bool avx2, bool avx512, bool os_zmm) {
+  CpuFeatures c;
+  c.vendor = "FakeCPU";
+  c.osxsave = true;
+  c.os_ymm = true;
+  c.os_zmm = os_zmm;
+  c.avx = c.fma = c.f16c = c.avx2 = avx2;
+  c.avx512f = c.avx512bw = c.avx512vl = c.avx512dq = avx512;
+  return c;
+}
+
+TEST(W4DispatchTest, FakeCpusAndOverride) {
+#if defined(__x86_64__)
+  const CpuFeatures full = FakeCpu(true, true, true);
+  EXPECT_EQ(ResolveW4Dispatch(full, nullptr).kernels.isa, Isa::kAvx512);
+  EXPECT_EQ(ResolveW4Dispatch(full, "").kernels.isa, Isa::kAvx512);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const W4Dispatch d = ResolveW4Dispatch(full, IsaName(isa));
+    EXPECT_EQ(d.kernels.isa, isa);
+    EXPECT_TRUE(d.message.empty()) << d.message;
+  }
+  // The OS does not save ZMM state: AVX-512 is refused even though CPUID has it.
+  const W4Dispatch noz = ResolveW4Dispatch(FakeCpu(true, true, false), "avx512");
+  EXPECT_EQ(noz.kernels.isa, Isa::kAvx2);
+  EXPECT_NE(noz.message.find("ZMM"), std::string::npos) << noz.message;
+  // AVX2-only CPU.
+  const W4Dispatch a2 = ResolveW4Dispatch(FakeCpu(true, false, false), nullptr);
+  EXPECT_EQ(a2.kernels.isa, Isa::kAvx2);
+  EXPECT_NE(a2.candidates[0].reason.find("avx512f"), std::string::npos) << a2.candidates[0].reason;
+  // Nothing: scalar.
+  EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), nullptr).kernels.isa, Isa::kScalar);
+  EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), "avx2").kernels.isa, Isa::kScalar);
+#endif
+  // Unknown value: automatic choice and a message naming it.
+  const W4Dispatch bad = ResolveW4Dispatch(DetectCpuFeatures(), "sse9");
+  EXPECT_NE(bad.message.find("sse9"), std::string::npos);
+  EXPECT_EQ(bad.kernels.isa, ResolveW4Dispatch(DetectCpuFeatures(), nullptr).kernels.isa);
+}
+
+TEST(W4DispatchTest, ForcingEachIsaComputesTheSameProduct) {
+  // Each ISA through the override on the real CPU (where supported), including scalar.
+  std::mt19937 rng(4);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const Int4Matrix w = RandomMatrix(rng, 65, 384, 128, false);
+  std::vector<float> wd(static_cast<size_t>(65 * 384));
+  DequantizeRef(w, wd.data());
+  Packed p(w);
+  std::vector<float> x(3 * 384);
+  for (auto& v : x) v = xd(rng);
+  const CpuFeatures cpu = DetectCpuFeatures();
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const W4Dispatch d = ResolveW4Dispatch(cpu, IsaName(isa));
+    if (W4KernelsFor(isa) == nullptr) {
+      EXPECT_FALSE(d.message.empty());
+      continue;
+    }
+    EXPECT_EQ(d.kernels.isa, isa);
+    std::vector<float> y(3 * 65);
+    W4PackedGemmArgs a{3, &p.w, x.data(), nullptr, y.data()};
+    GemmW4A32Packed(a, &d.kernels);
+    EXPECT_TRUE(WithinTolerance(w, wd, 3, x, nullptr, y)) << IsaName(isa);
+  }
+}
+
+TEST(W4ThreadsTest, BitIdenticalForOneAndTwoThreads) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const Int4Matrix w = RandomMatrix(rng, 1000, 512, 128, false);
+  Packed p(w);
+  const int saved = omp_get_max_threads();
+  for (const W4Kernels* kern : SupportedKernels()) {
+    for (int64_t m : {1, 5, 70}) {
+      std::vector<float> x(static_cast<size_t>(m * 512));
+      for (auto& v : x) v = xd(rng);
+      std::vector<float> y1(static_cast<size_t>(m * 1000)), y2(y1.size());
+      omp_set_num_threads(1);
+      GemmW4A32Packed({m, &p.w, x.data(), nullptr, y1.data()}, kern);
+      omp_set_num_threads(2);
+      GemmW4A32Packed({m, &p.w, x.data(), nullptr, y2.data()}, kern);
+      EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * 4), 0) << IsaName(kern->isa) << " m=" << m;
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
+TEST(Int4LinearTest, ForwardAndWeightRoundTrip) {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const Int4Matrix w = RandomMatrix(rng, 72, 256, 64, true);
+  std::vector<float> wd(static_cast<size_t>(72 * 256));
+  DequantizeRef(w, wd.data());
+  std::vector<float> bias(72);
+  for (auto& v : bias) v = xd(rng);
+  Int4Linear lin(w, bias, "test");
+  EXPECT_EQ(lin.weight(), w);
+  EXPECT_EQ(lin.WeightBytes(), 72 * 2 * (2 * 4 + 64));
+  for (int64_t m : {int64_t{1}, int64_t{7}, Int4Linear::kDequantGemmMinRows + 3}) {
+    std::vector<float> x(static_cast<size_t>(m * 256)), y(static_cast<size_t>(m * 72));
+    for (auto& v : x) v = xd(rng);
+    lin.Forward(x.data(), m, y.data());
+    EXPECT_TRUE(WithinTolerance(w, wd, m, x, bias.data(), y)) << "m=" << m;
+  }
+}
+
+}  // namespace
+}  // namespace nibble

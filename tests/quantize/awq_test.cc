@@ -1,0 +1,483 @@
+// AWQ: calibration data, the sequential pipeline's numerical safety (fp16 overflow, all-zero
+// channels and groups, GQA v->o skip), Quark scaling_layers from --quant_config, determinism
+// (seed, thread count), and the acceptance checks on prose-llama-7m(-outliers) (mean KLD vs RTN).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <nibble/nibble.h>
+#include <nlohmann/json.hpp>
+
+#include "formats/float_dtype.h"
+#include "formats/quark_pack.h"
+#include "io/safetensors.h"
+#include "model/checkpoint_format.h"
+#include "quantize/awq.h"
+#include "quantize/calibration.h"
+#include "test_paths.h"
+#include "tokenizer/tokenizer.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/nibble-awq-test-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string sub(const std::string& s) const { return path_ + "/" + s; }
+
+ private:
+  std::string path_;
+};
+
+std::string ReadAll(const std::string& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void WriteText(const std::string& p, const std::string& s) {
+  std::ofstream out(p, std::ios::binary);
+  out << s;
+}
+
+// A tiny random Llama (GQA: 8 heads, 2 kv heads, head_dim 8 → v_proj out 16, o_proj in 64) with
+// stories260K's tokenizer (vocab 512). `edit(name, values)` may change a tensor before writing.
+struct TinySpec {
+  nibble::DType dtype = nibble::DType::kF16;
+  int64_t layers = 2, hidden = 64, inter = 128, heads = 8, kv_heads = 2;
+};
+
+void WriteTinyModel(const std::string& dir, const TinySpec& s,
+                    const std::function<void(const std::string&, std::vector<float>&)>& edit = nullptr) {
+  fs::create_directories(dir);
+  const int64_t hd = s.hidden / s.heads, vocab = 512;
+  nlohmann::ordered_json c = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                              {"hidden_size", s.hidden}, {"intermediate_size", s.inter},
+                              {"num_hidden_layers", s.layers}, {"num_attention_heads", s.heads},
+                              {"num_key_value_heads", s.kv_heads}, {"vocab_size", vocab},
+                              {"max_position_embeddings", 256}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
+                              {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2},
+                              {"torch_dtype", s.dtype == nibble::DType::kF16 ? "float16" : (s.dtype == nibble::DType::kBF16 ? "bfloat16" : "float32")}};
+  WriteText(dir + "/config.json", c.dump(2));
+  fs::copy_file(nibble_test::SharedModel("stories260K") + "/tokenizer.model", dir + "/tokenizer.model");
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<nibble::TensorToWrite> ts;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float stddev, float mean) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = mean + stddev * nd(rng);
+    if (edit) edit(name, v);
+    nibble::TensorToWrite t;
+    t.name = name;
+    t.dtype = s.dtype;
+    t.shape = shape;
+    const size_t es = nibble::DTypeSize(s.dtype);
+    t.bytes.resize(v.size() * es);
+    for (size_t i = 0; i < v.size(); ++i) nibble::StoreFloatAs(v[i], s.dtype, t.bytes.data() + i * es);
+    ts.push_back(std::move(t));
+  };
+  add("model.embed_tokens.weight", {vocab, s.hidden}, 1.0f, 0.0f);
+  add("model.norm.weight", {s.hidden}, 0.05f, 1.0f);
+  add("lm_head.weight", {vocab, s.hidden}, 0.1f, 0.0f);
+  for (int64_t l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {s.hidden}, 0.05f, 1.0f);
+    add(p + "post_attention_layernorm.weight", {s.hidden}, 0.05f, 1.0f);
+    add(p + "self_attn.q_proj.weight", {s.heads * hd, s.hidden}, 0.1f, 0.0f);
+    add(p + "self_attn.k_proj.weight", {s.kv_heads * hd, s.hidden}, 0.1f, 0.0f);
+    add(p + "self_attn.v_proj.weight", {s.kv_heads * hd, s.hidden}, 0.1f, 0.0f);
+    add(p + "self_attn.o_proj.weight", {s.hidden, s.heads * hd}, 0.1f, 0.0f);
+    add(p + "mlp.gate_proj.weight", {s.inter, s.hidden}, 0.1f, 0.0f);
+    add(p + "mlp.up_proj.weight", {s.inter, s.hidden}, 0.1f, 0.0f);
+    add(p + "mlp.down_proj.weight", {s.hidden, s.inter}, 0.1f, 0.0f);
+  }
+  std::vector<const nibble::TensorToWrite*> ptrs;
+  for (const auto& t : ts) ptrs.push_back(&t);
+  ASSERT_TRUE(nibble::WriteSafetensors(dir + "/model.safetensors", ptrs, {}).ok());
+}
+
+// Calibration text: a slice of tinyshakespeare (a few thousand tokens).
+std::string CalibFile(const TempDir& tmp) {
+  const std::string text = ReadAll(nibble_test::SharedData("tinyshakespeare.txt")).substr(0, 60000);
+  const std::string p = tmp.sub("calib.txt");
+  WriteText(p, text);
+  return p;
+}
+
+nibble::QuantizeRequest AwqReq(const std::string& model, const std::string& out, const std::string& calib) {
+  nibble::QuantizeRequest r;
+  r.model_dir = model;
+  r.output_dir = out;
+  r.quant_algo = "awq";
+  r.quant_scheme = "w_uint4_per_group_asym";
+  r.group_size = 32;
+  r.dataset = calib;
+  r.num_calib_data = 4;
+  r.seq_len = 64;
+  r.overwrite = true;
+  return r;
+}
+
+bool AllFinite(const std::vector<float>& v) {
+  for (float x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+void ExpectModelRunsFinite(const std::string& dir) {
+  auto m = nibble::Model::Load(dir);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  auto logits = (*m)->Logits({1, 50, 60, 70, 80, 90});
+  ASSERT_TRUE(logits.ok()) << logits.error().message;
+  EXPECT_TRUE(AllFinite(*logits));
+}
+
+std::vector<float> TensorValues(const nibble::TensorStore& st, const std::string& name) {
+  const nibble::TensorView* t = st.Find(name);
+  EXPECT_NE(t, nullptr) << name;
+  std::vector<float> v;
+  if (t == nullptr) return v;
+  const size_t es = nibble::DTypeSize(t->dtype);
+  for (size_t i = 0; i < t->nbytes / es; ++i) v.push_back(nibble::LoadFloatAs(t->data + i * es, t->dtype));
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calibration data
+
+TEST(AwqCalibration, FirstChunksShortfallWarningAndSeededShuffle) {
+  auto tok = nibble::Tokenizer::Load(nibble_test::SharedModel("stories260K"));
+  ASSERT_TRUE(tok.ok());
+  const std::string text = ReadAll(nibble_test::SharedData("tinyshakespeare.txt")).substr(0, 20000);
+  auto all = (*tok)->Encode(text);
+  ASSERT_TRUE(all.ok());
+  auto d = nibble::BuildCalibrationData(**tok, {text}, 3, 100, 0);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  ASSERT_EQ(d->tokens.size(), 300u);
+  EXPECT_EQ(std::vector<int32_t>(all->begin(), all->begin() + 300), d->tokens);  // [BOS] + encode(text), first chunks
+  EXPECT_EQ(d->tokens[0], (*tok)->bos_id());
+  EXPECT_TRUE(d->warnings.empty());
+  // Ask for more than there is: a warning with the real count, not an error.
+  const int64_t avail = static_cast<int64_t>(all->size()) / 100;
+  auto many = nibble::BuildCalibrationData(**tok, {text}, 100000, 100, 0);
+  ASSERT_TRUE(many.ok());
+  EXPECT_EQ(many->num_chunks, avail);
+  ASSERT_EQ(many->warnings.size(), 1u);
+  EXPECT_NE(many->warnings[0].find(std::to_string(avail) + " chunks"), std::string::npos) << many->warnings[0];
+  // Seeded choice: deterministic, distinct chunks, differs from the first chunks.
+  auto s1 = nibble::BuildCalibrationData(**tok, {text}, 3, 100, 5);
+  auto s2 = nibble::BuildCalibrationData(**tok, {text}, 3, 100, 5);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  EXPECT_EQ(s1->tokens, s2->tokens);
+  EXPECT_NE(s1->tokens, d->tokens);
+  // Too little text for one chunk: a named error.
+  auto none = nibble::BuildCalibrationData(**tok, {"hi"}, 1, 100, 0);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message.find("fewer than one chunk"), std::string::npos);
+}
+
+TEST(AwqCalibration, JsonlTextsAreConcatenatedAndLongDocumentsChunked) {
+  TempDir tmp;
+  const std::string p = tmp.sub("c.jsonl");
+  WriteText(p, "{\"text\": \"Once upon a time there was a little dog.\"}\n\n{\"text\": \"It was happy.\", \"id\": 3}\n");
+  auto texts = nibble::ReadCalibrationTexts(p);
+  ASSERT_TRUE(texts.ok()) << texts.error().message;
+  ASSERT_EQ(texts->size(), 2u);
+  auto tok = nibble::Tokenizer::Load(nibble_test::SharedModel("stories260K"));
+  ASSERT_TRUE(tok.ok());
+  auto a = (*tok)->Encode((*texts)[0]);
+  auto b = (*tok)->Encode((*texts)[1]);
+  auto d = nibble::BuildCalibrationData(**tok, *texts, 2, 5, 0);
+  ASSERT_TRUE(d.ok());
+  std::vector<int32_t> stream = *a;
+  stream.insert(stream.end(), b->begin(), b->end());
+  EXPECT_EQ(std::vector<int32_t>(stream.begin(), stream.begin() + 10), d->tokens);  // one document spans chunks
+  WriteText(p, "{\"text\": 3}\n");
+  auto bad = nibble::ReadCalibrationTexts(p);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find(":1: expected a JSON object with a string field \"text\""), std::string::npos)
+      << bad.error().message;
+  WriteText(p, "not json\n");
+  EXPECT_FALSE(nibble::ReadCalibrationTexts(p).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// AWQ numerical safety and GQA
+
+TEST(Awq, GqaSkipsVToOWithMessageAndStillQuantizesAndRuns) {
+  TempDir tmp;
+  WriteTinyModel(tmp.sub("m"), TinySpec{});
+  auto req = AwqReq(tmp.sub("m"), tmp.sub("q"), CalibFile(tmp));
+  std::vector<std::string> msgs;
+  req.on_message = [&](const std::string& m) { msgs.push_back(m); };
+  auto s = nibble::Quantize(req);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  bool said = false;
+  for (const auto& m : msgs) said = said || (m.find("v_proj") != std::string::npos && m.find("skipped") != std::string::npos &&
+                                             m.find("16") != std::string::npos && m.find("64") != std::string::npos);
+  EXPECT_TRUE(said);
+  auto cfg = nlohmann::json::parse(ReadAll(tmp.sub("q/config.json")));
+  const auto& algo = cfg["quantization_config"]["algo_config"];
+  ASSERT_TRUE(algo.is_array());
+  ASSERT_EQ(algo.size(), 1u);
+  EXPECT_EQ(algo[0]["name"], "awq");
+  EXPECT_EQ(algo[0]["scaling_layers"].size(), 3u);  // v_proj -> o_proj left out
+  for (const auto& m : algo[0]["scaling_layers"]) EXPECT_NE(m["prev_op"], "self_attn.v_proj");
+  EXPECT_EQ(algo[0]["propagation"], "fp");
+  ASSERT_EQ(s->awq_layers.size(), 2u);
+  for (const auto& l : s->awq_layers) {
+    ASSERT_EQ(l.mappings.size(), 4u);
+    EXPECT_TRUE(l.mappings[1].skipped);
+    for (const auto& m : l.mappings) {
+      if (!m.skipped) {
+        EXPECT_LE(m.loss_best, m.loss_rtn);  // identity is candidate 0
+      }
+    }
+  }
+  ExpectModelRunsFinite(tmp.sub("q"));
+  // The report JSON carries the same.
+  auto rep = nlohmann::json::parse(s->report_json);
+  EXPECT_EQ(rep["awq_layers"].size(), 2u);
+  EXPECT_EQ(rep["calibration"]["chunks"], 4);
+}
+
+TEST(Awq, Fp16OverflowAfterScalingNeverBecomesInf) {
+  TempDir tmp;
+  TinySpec spec;
+  spec.kv_heads = 8;  // MHA: v_proj -> o_proj runs too
+  // Channel 5 carries large activations (norm weight 8) and q_proj has a 60000 weight there:
+  // any scale > 1.09 on channel 5 pushes that group's range past fp16's 65504.
+  WriteTinyModel(tmp.sub("m"), spec, [](const std::string& name, std::vector<float>& v) {
+    if (name == "model.layers.0.input_layernorm.weight") v[5] = 8.0f;
+    if (name == "model.layers.0.self_attn.q_proj.weight") v[0 * 64 + 5] = 60000.0f;
+  });
+  auto req = AwqReq(tmp.sub("m"), tmp.sub("q"), CalibFile(tmp));
+  auto s = nibble::Quantize(req);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  int64_t rejected = 0;
+  for (const auto& m : s->awq_layers[0].mappings) {
+    rejected += m.rejected;
+    if (!m.skipped) {
+      EXPECT_TRUE(std::isfinite(m.loss_best));
+      EXPECT_TRUE(std::isfinite(m.scale_max));
+    }
+  }
+  EXPECT_GT(rejected, 0) << "candidates that overflow fp16 must be rejected";
+  auto st = nibble::TensorStore::OpenDir(tmp.sub("q"));
+  ASSERT_TRUE(st.ok());
+  for (const auto& n : st->Names()) {
+    const nibble::TensorView* t = st->Find(n);
+    if (t->dtype == nibble::DType::kF16) {
+      EXPECT_TRUE(AllFinite(TensorValues(*st, n))) << n;
+    }
+  }
+  ExpectModelRunsFinite(tmp.sub("q"));
+}
+
+TEST(Awq, ZeroChannelAndZeroGroupAreFiniteAndExact) {
+  TempDir tmp;
+  TinySpec spec;
+  spec.dtype = nibble::DType::kBF16;
+  // Channel 3: input_layernorm weight 0 (activations always 0) and q/k/v columns 0.
+  // gate_proj row 0, group 0 (columns 0..31): all zero.
+  WriteTinyModel(tmp.sub("m"), spec, [](const std::string& name, std::vector<float>& v) {
+    if (name.find("input_layernorm") != std::string::npos) v[3] = 0.0f;
+    if (name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos ||
+        name.find("v_proj") != std::string::npos)
+      for (size_t r = 0; r < v.size() / 64; ++r) v[r * 64 + 3] = 0.0f;
+    if (name.find("gate_proj") != std::string::npos)
+      for (int c = 0; c < 32; ++c) v[c] = 0.0f;
+  });
+  auto s = nibble::Quantize(AwqReq(tmp.sub("m"), tmp.sub("q"), CalibFile(tmp)));
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  for (const auto& l : s->awq_layers)
+    for (const auto& m : l.mappings) {
+      if (m.skipped) continue;
+      EXPECT_TRUE(std::isfinite(m.loss_best) && std::isfinite(m.loss_rtn));
+      EXPECT_TRUE(std::isfinite(m.scale_min) && m.scale_min > 0 && std::isfinite(m.scale_max));
+    }
+  auto info = nibble::DetectCheckpointFormat(tmp.sub("q"));
+  ASSERT_TRUE(info.ok() && info->quark);
+  auto st = nibble::TensorStore::OpenDir(tmp.sub("q"));
+  ASSERT_TRUE(st.ok());
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.gate_proj";
+    auto r = nibble::ResolveLayer(*info->quark, p);
+    ASSERT_TRUE(r.ok() && r->spec);
+    auto q = nibble::ImportQuarkLinear(*st, p, *r->spec, info->quark->export_config.pack_method, 128, 64);
+    ASSERT_TRUE(q.ok()) << q.error().message;
+    std::vector<float> w(128 * 64);
+    nibble::DequantizeRef(*q, w.data());
+    for (int c = 0; c < 32; ++c) EXPECT_EQ(w[c], 0.0f);
+    EXPECT_TRUE(AllFinite(q->scales));
+    EXPECT_TRUE(AllFinite(TensorValues(*st, "model.layers." + std::to_string(l) + ".input_layernorm.weight")));
+  }
+  ExpectModelRunsFinite(tmp.sub("q"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config: custom scaling_layers from --quant_config; named errors.
+
+TEST(Awq, QuantConfigScalingLayersAreUsedAndRecorded) {
+  TempDir tmp;
+  WriteTinyModel(tmp.sub("m"), TinySpec{});
+  nlohmann::ordered_json qc = {
+      {"quant_method", "quark"},
+      {"export", {{"kv_cache_group", nlohmann::json::array()}, {"min_kv_scale", 0.0}, {"pack_method", "reorder"},
+                  {"weight_format", "real_quantized"}, {"weight_merge_groups", nullptr}}},
+      {"global_quant_config", {{"input_tensors", nullptr}, {"output_tensors", nullptr}, {"bias", nullptr},
+                               {"weight", {{"dtype", "int4"}, {"is_dynamic", false}, {"qscheme", "per_group"},
+                                           {"ch_axis", 1}, {"group_size", 32}, {"symmetric", true},
+                                           {"round_method", "half_even"}, {"scale_type", "float"}}}}},
+      {"layer_quant_config", nlohmann::json::object()}, {"layer_type_quant_config", nlohmann::json::object()},
+      {"kv_cache_quant_config", nlohmann::json::object()}, {"exclude", {"lm_head"}},
+      {"algo_config", {{{"name", "awq"}, {"model_decoder_layers", "model.layers"},
+                        {"scaling_layers", {{{"prev_op", "mlp.up_proj"}, {"layers", {"mlp.down_proj"}}, {"inp", "mlp.down_proj"}}}}}}},
+      {"softmax_quant_spec", nullptr}, {"quant_mode", "eager_mode"}};
+  WriteText(tmp.sub("qc.json"), qc.dump(2));
+  auto req = AwqReq(tmp.sub("m"), tmp.sub("q"), CalibFile(tmp));
+  req.quant_config_file = tmp.sub("qc.json");
+  auto s = nibble::Quantize(req);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  ASSERT_EQ(s->awq_layers[0].mappings.size(), 1u);
+  auto cfg = nlohmann::json::parse(ReadAll(tmp.sub("q/config.json")));
+  const auto& sl = cfg["quantization_config"]["algo_config"][0]["scaling_layers"];
+  ASSERT_EQ(sl.size(), 1u);
+  EXPECT_EQ(sl[0]["prev_op"], "mlp.up_proj");
+  // input_layernorm is untouched (no mapping folds into it); up_proj rows and down columns are.
+  auto in = nibble::TensorStore::OpenDir(tmp.sub("m"));
+  auto out = nibble::TensorStore::OpenDir(tmp.sub("q"));
+  ASSERT_TRUE(in.ok() && out.ok());
+  EXPECT_EQ(TensorValues(*in, "model.layers.0.input_layernorm.weight"), TensorValues(*out, "model.layers.0.input_layernorm.weight"));
+
+  // A mapping whose prev_op does not feed its layers is a named error.
+  qc["algo_config"][0]["scaling_layers"][0]["prev_op"] = "input_layernorm";
+  WriteText(tmp.sub("qc.json"), qc.dump(2));
+  auto bad = nibble::Quantize(req);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("prev_op input_layernorm does not feed mlp.down_proj"), std::string::npos)
+      << bad.error().message;
+}
+
+TEST(Awq, BadRequestsAreNamedErrors) {
+  TempDir tmp;
+  WriteTinyModel(tmp.sub("m"), TinySpec{});
+  auto req = AwqReq(tmp.sub("m"), tmp.sub("q"), "");
+  auto r = nibble::Quantize(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("--dataset"), std::string::npos);
+  req.dataset = CalibFile(tmp);
+  req.propagate = "sideways";
+  r = nibble::Quantize(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("--propagate"), std::string::npos);
+  req.propagate = "fp";
+  req.dataset = tmp.sub("missing.txt");
+  EXPECT_FALSE(nibble::Quantize(req).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Determinism
+
+std::map<std::string, std::string> DirBytes(const std::string& dir) {
+  std::map<std::string, std::string> m;
+  for (const auto& e : fs::directory_iterator(dir)) m[e.path().filename().string()] = ReadAll(e.path().string());
+  return m;
+}
+
+TEST(Awq, SameSeedGivesByteIdenticalFilesWithOneAndTwoThreads) {
+  TempDir tmp;
+  WriteTinyModel(tmp.sub("m"), TinySpec{});
+  const std::string calib = CalibFile(tmp);
+  auto req = AwqReq(tmp.sub("m"), tmp.sub("a"), calib);
+  req.seed = 3;
+  req.awq_clip = true;
+  req.propagate = "quantized";
+  nibble::SetNumThreads(1);
+  ASSERT_TRUE(nibble::Quantize(req).ok());
+  req.output_dir = tmp.sub("b");
+  ASSERT_TRUE(nibble::Quantize(req).ok());
+  nibble::SetNumThreads(2);
+  req.output_dir = tmp.sub("c");
+  ASSERT_TRUE(nibble::Quantize(req).ok());
+  nibble::SetNumThreads(0);
+  const auto a = DirBytes(tmp.sub("a")), b = DirBytes(tmp.sub("b")), c = DirBytes(tmp.sub("c"));
+  EXPECT_EQ(a.size(), 3u);  // model.safetensors, config.json, tokenizer.model
+  EXPECT_TRUE(a == b) << "two runs with the same seed differ";
+  EXPECT_TRUE(a == c) << "1 and 2 threads differ";
+  auto cfg = nlohmann::json::parse(a.at("config.json"));
+  EXPECT_EQ(cfg["quantization_config"]["algo_config"][0]["propagation"], "quantized");
+  EXPECT_EQ(cfg["quantization_config"]["algo_config"][0]["clip"], true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Acceptance (issue 4) on the shipped reference models, 32 x 512 calibration tokens (the
+// reference implementation's setting), evaluation on prose-val, 60 windows of 512.
+
+struct Kld {
+  double rtn = 0, awq = 0, rtn_top1 = 0, awq_top1 = 0;
+};
+
+Kld RtnVsAwq(const std::string& model, const std::string& scheme) {
+  TempDir tmp;
+  nibble::QuantizeRequest r;
+  r.model_dir = model;
+  r.quant_scheme = scheme;
+  r.group_size = 128;
+  r.output_dir = tmp.sub("rtn");
+  EXPECT_TRUE(nibble::Quantize(r).ok());
+  r.output_dir = tmp.sub("awq");
+  r.quant_algo = "awq";
+  r.dataset = nibble_test::SharedData("prose-calib.txt");
+  r.num_calib_data = 32;
+  r.seq_len = 512;
+  auto s = nibble::Quantize(r);
+  EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
+  auto fp = nibble::Model::Load(model);
+  auto rtn = nibble::Model::Load(tmp.sub("rtn"));
+  auto awq = nibble::Model::Load(tmp.sub("awq"));
+  EXPECT_TRUE(fp.ok() && rtn.ok() && awq.ok());
+  nibble::CompareOptions o;
+  o.seq_len = 512;
+  o.max_windows = 60;
+  auto c = nibble::CompareModels(**fp, {rtn->get(), awq->get()}, ReadAll(nibble_test::SharedData("prose-val.txt")), o);
+  EXPECT_TRUE(c.ok());
+  Kld k{c->rows[0].mean_kld, c->rows[1].mean_kld, c->rows[0].top1_agreement, c->rows[1].top1_agreement};
+  std::printf("%s %s: RTN KLD %.6f top-1 %.2f%% PPL %.3f | AWQ KLD %.6f top-1 %.2f%% PPL %.3f | AWQ %.1f s\n", model.c_str(),
+              scheme.c_str(), k.rtn, 100 * k.rtn_top1, c->rows[0].perplexity.ppl, k.awq, 100 * k.awq_top1,
+              c->rows[1].perplexity.ppl, s.ok() ? s->awq_seconds : -1.0);
+  return k;
+}
+
+TEST(AwqAcceptance, OutliersAsymKldAtMost30PercentOfRtn) {
+  const Kld k = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m-outliers"), "w_uint4_per_group_asym");
+  EXPECT_NEAR(k.rtn, 0.0200, 0.0200 * 0.05);  // README band for RTN
+  EXPECT_LE(k.awq, 0.30 * k.rtn);
+}
+
+TEST(AwqAcceptance, PlainModelAsymNotWorseThanRtn) {
+  const Kld k = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m"), "w_uint4_per_group_asym");
+  EXPECT_LE(k.awq, 1.05 * k.rtn);
+}
+
+TEST(AwqAcceptance, OutliersSymAndPlainSym) {
+  const Kld a = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m-outliers"), "w_int4_per_group_sym");
+  EXPECT_LE(a.awq, 0.30 * a.rtn);
+  const Kld b = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m"), "w_int4_per_group_sym");
+  EXPECT_LE(b.awq, 1.05 * b.rtn);
+}
+
+}  // namespace

@@ -1,0 +1,81 @@
+// `nibble bench`: (a) DRAM read bandwidth, (b) int4 GEMV/GEMM on LLM shapes with weights cycling
+// past L3, reported as weight GB/s, % of the measured bandwidth and GFLOP/s (best round; the mean
+// is printed too). End-to-end tokens/s:
+// `nibble synth` + `nibble generate` (README "Kernels and benchmarks").
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nibble/bench.h>
+#include <nibble/nibble.h>
+
+#include "commands.h"
+
+namespace nibble_cli {
+
+namespace {
+struct BenchArgs {
+  int threads = 0;
+  double bandwidth_gib = 1.0;
+  int passes = 5;
+  std::vector<std::string> shapes = {"4096x4096", "4096x11008", "11008x4096", "4096x14336"};
+  std::vector<int64_t> groups = {128, 32};
+  std::vector<int64_t> ms = {1, 16, 512};
+  double cycle_gib = 1.0;
+  double seconds = 1.0;
+  bool skip_bandwidth = false, skip_gemm = false;
+};
+}  // namespace
+
+Runner RegisterBench(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "DRAM bandwidth and int4 GEMV/GEMM throughput against it");
+  cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--bandwidth_gib", a->bandwidth_gib, "Buffer streamed by the bandwidth test (GiB)")->capture_default_str();
+  cmd->add_option("--passes", a->passes, "Bandwidth passes (best reported)")->capture_default_str();
+  cmd->add_option("--shapes", a->shapes, "KxN weight shapes (K = in_features)")->capture_default_str();
+  cmd->add_option("--group_size", a->groups, "Group sizes")->capture_default_str();
+  cmd->add_option("--m", a->ms, "Rows of x (1 = decode GEMV)")->capture_default_str();
+  cmd->add_option("--cycle_gib", a->cycle_gib, "Total size of the distinct weight matrices cycled through (GiB)")
+      ->capture_default_str();
+  cmd->add_option("--seconds", a->seconds, "Minimum timed seconds per case")->capture_default_str();
+  cmd->add_flag("--no_bandwidth", a->skip_bandwidth, "Skip the bandwidth test (% column left empty)");
+  cmd->add_flag("--no_gemm", a->skip_gemm, "Only measure bandwidth");
+  return [a]() {
+    nibble::SetNumThreads(a->threads);
+    const nibble::KernelDispatchReport k = nibble::DescribeKernels();
+    std::printf("threads: %d | kernels: %s\n", nibble::NumThreads(), k.chosen.c_str());
+    double bw = 0;
+    if (!a->skip_bandwidth) {
+      auto r = nibble::MeasureReadBandwidth(static_cast<int64_t>(a->bandwidth_gib * (1 << 30)), a->passes);
+      if (!r.ok()) return Fail(r.error().message);
+      bw = r->gb_per_s;
+      std::printf("DRAM read bandwidth: %.2f GB/s (%.2f GiB buffer, best of %d passes, %.3f s)\n", bw,
+                  static_cast<double>(r->bytes) / (1 << 30), r->passes, r->seconds);
+    }
+    if (a->skip_gemm) return 0;
+    std::printf("%-11s %5s %4s %-13s %6s %9s %10s %9s %7s %9s %10s\n", "KxN", "g", "M", "path", "mats", "MB/mat",
+                "ms/call", "GB/s", "%bw", "GFLOP/s", "mean GB/s");
+    for (const std::string& sh : a->shapes) {
+      nibble::GemmBenchCase c;
+      if (std::sscanf(sh.c_str(), "%ldx%ld", &c.k, &c.n) != 2) return Fail("--shapes: expected KxN, got \"" + sh + "\"");
+      for (int64_t g : a->groups)
+        for (int64_t m : a->ms) {
+          c.group_size = g;
+          c.m = m;
+          auto r = nibble::BenchW4Gemm(c, static_cast<int64_t>(a->cycle_gib * (1 << 30)), a->seconds);
+          if (!r.ok()) return Fail(r.error().message);
+          char pct[16] = "-";
+          if (bw > 0) std::snprintf(pct, sizeof pct, "%.1f", 100.0 * r->weight_gb_per_s / bw);
+          std::printf("%-11s %5ld %4ld %-13s %6ld %9.2f %10.3f %9.2f %7s %9.1f %10.2f\n", sh.c_str(), g, m,
+                      r->path.c_str(), r->matrices, r->weight_bytes / 1e6, r->seconds_per_call * 1e3, r->weight_gb_per_s,
+                      pct, r->gflop_per_s, r->weight_bytes / r->mean_seconds_per_call / 1e9);
+          std::fflush(stdout);
+        }
+    }
+    return 0;
+  };
+}
+
+}  // namespace nibble_cli
