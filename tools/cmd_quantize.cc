@@ -1,6 +1,7 @@
 // `nibble quantize`: float HF checkpoint -> AMD Quark hf_format int4 checkpoint (Quark's flags).
 #include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -91,6 +92,8 @@ Runner RegisterQuantize(CLI::App& app) {
       for (CLI::Option* o : {scheme, gs, pm, ex, lqc})
         if (o->count() > 0) return Fail("--quant_config is applied as written; do not combine it with " + o->get_name());
     }
+    if (gs->count() > 0 && r.quant_scheme.find("per_channel") != std::string::npos)
+      return Fail("--group_size does not apply to " + r.quant_scheme + " (one scale per output row)");
     (void)cmd;
     nibble::SetNumThreads(a->threads);
     std::unique_ptr<nibble::ProgressBar> bar;
@@ -109,6 +112,16 @@ Runner RegisterQuantize(CLI::App& app) {
     auto s = nibble::Quantize(r);
     bar.reset();
     if (!s.ok()) return Fail(s.error().message);
+    // Overrides that decided no layer are almost always a typo in the pattern: say so.
+    for (const std::string& o : r.layer_quant_config) {
+      const std::string pattern = o.substr(0, o.rfind(':'));
+      bool used = false;
+      for (const auto& l : s->layers) used = used || l.rule == "layer_quant_config[\"" + pattern + "\"]";
+      if (!used) std::fprintf(stderr, "warning: --layer_quant_config pattern \"%s\" matched no layer\n", pattern.c_str());
+    }
+    if (!std::filesystem::exists(std::filesystem::path(r.model_dir) / "tokenizer.model"))
+      std::fprintf(stderr, "warning: %s has no tokenizer.model; the output cannot run generate or perplexity\n",
+                   r.model_dir.c_str());
     if (!a->report.empty()) {
       std::FILE* f = std::fopen(a->report.c_str(), "wb");
       if (f == nullptr || std::fwrite(s->report_json.data(), 1, s->report_json.size(), f) != s->report_json.size()) {

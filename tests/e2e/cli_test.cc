@@ -2,6 +2,7 @@
 // non-zero exit code (never a signal) for bad input.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -116,6 +117,8 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
       {"overwrite a regular file", "quantize --model_dir " + model + " --output_dir " +
            Quote(nibble_test::SourceDir() + "/README.md") + " --overwrite", "is not a directory"},
       {"text is a directory", "perplexity --model " + model + " --text /tmp", "is a directory"},
+      {"group_size with per_channel", "quantize --model_dir " + model + " --output_dir /tmp/nibble-unused-out"
+           " --quant_scheme w_int4_per_channel_sym --group_size 32", "--group_size does not apply"},
       {"negative threads", "generate --model " + model + " --threads -2 -n 1", "--threads"},
   };
   for (const auto& c : cases) {
@@ -135,6 +138,15 @@ TEST(Cli, InvalidUtf8PromptIsRefused) {
 }  // namespace
 
 namespace {
+
+TEST(Cli, UnusedLayerOverrideIsWarnedAbout) {
+  const std::string out = "/tmp/nibble-cli-warn-" + std::to_string(getpid());
+  RunResult r = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + out +
+                          " --layer_quant_config 'nomatch.*:group_size=32' --overwrite");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("pattern \"nomatch.*\" matched no layer"), std::string::npos) << r.out;
+  std::system(("rm -rf " + out).c_str());
+}
 
 TEST(Cli, PerplexityDefaultSeqLenFitsTheModel) {
   // Default seq_len = min(2048, max_position_embeddings) = 512 for the embedded model.
