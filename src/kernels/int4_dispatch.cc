@@ -71,13 +71,16 @@ W4Kernels KernelsOf(Isa isa) {
   k.isa = isa;
   k.gemm = GemmW4A32PackedScalar;
   k.dequant = DequantW4PackedScalar;
+  k.stream_read = StreamReadScalar;
 #if defined(__x86_64__)
   if (isa == Isa::kAvx2) {
     k.gemm = GemmW4A32Avx2;
     k.dequant = DequantW4Avx2;
+    k.stream_read = StreamReadAvx2;
   } else if (isa == Isa::kAvx512) {
     k.gemm = GemmW4A32Avx512;
     k.dequant = DequantW4Avx512;
+    k.stream_read = StreamReadAvx512;
   }
 #endif
   return k;

@@ -37,6 +37,7 @@ struct W4Kernels {
   Isa isa = Isa::kScalar;
   W4GemmKernel gemm = nullptr;
   W4DequantKernel dequant = nullptr;
+  StreamReadKernel stream_read = nullptr;
 };
 
 /// How one candidate ISA fared.

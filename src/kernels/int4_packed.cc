@@ -111,4 +111,10 @@ void DequantW4PackedScalar(const W4PackedWeight& w, int64_t n0, int64_t n1, floa
     }
 }
 
+uint64_t StreamReadScalar(const uint64_t* p, int64_t words) {
+  uint64_t sum = 0;
+  for (int64_t i = 0; i < words; ++i) sum += p[i];
+  return sum;
+}
+
 }  // namespace nibble

@@ -71,10 +71,15 @@ using W4GemmKernel = void (*)(const W4PackedGemmArgs& args, int64_t n0, int64_t 
 /// DequantizeRef). Single-threaded, no allocation.
 using W4DequantKernel = void (*)(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
 
+/// One ISA's streaming read: the wrapping sum of `words` 64-bit words at `p` (any alignment),
+/// read with the ISA's widest loads. The bandwidth roofline of `nibble bench` (reads only).
+using StreamReadKernel = uint64_t (*)(const uint64_t* p, int64_t words);
+
 /// Scalar kernels on the packed layout (the fallback; same arithmetic and order as GemmW4A32Ref,
 /// so their results are bit-identical to it).
 void GemmW4A32PackedScalar(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
 void DequantW4PackedScalar(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
+uint64_t StreamReadScalar(const uint64_t* p, int64_t words);
 
 namespace w4p {
 /// Scalar-side helpers shared by the ISA translation units (inline, no ISA flags needed).

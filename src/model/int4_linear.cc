@@ -1,5 +1,7 @@
 #include "model/int4_linear.h"
 
+#include <cstring>
+
 #include "base/check.h"
 #include "kernels/dense_gemm.h"
 #include "kernels/int4_gemm.h"
@@ -12,14 +14,15 @@ Int4Linear::Int4Linear(const Int4Matrix& w, std::vector<float> bias, std::string
   NIBBLE_CHECK(static_cast<int64_t>(w.codes.size()) == w.n * w.k);
   NIBBLE_CHECK(static_cast<int64_t>(w.scales.size()) == w.n * w.groups());
   NIBBLE_CHECK(w.zero_points.size() == w.scales.size());
-  packed_.resize(static_cast<size_t>(W4PackedBytes(w.n, w.k, w.group_size, w.symmetric)));
+  packed_ = PageBuffer(static_cast<size_t>(W4PackedBytes(w.n, w.k, w.group_size, w.symmetric)));
   pw_ = PackW4(w.n, w.k, w.group_size, w.symmetric, w.codes.data(), w.scales.data(), w.zero_points.data(),
                packed_.data());
 }
 
-Int4Linear::Int4Linear(std::vector<uint8_t> packed, const W4PackedWeight& geometry, std::vector<float> bias,
+Int4Linear::Int4Linear(const uint8_t* packed, size_t bytes, const W4PackedWeight& geometry, std::vector<float> bias,
                        std::string desc)
-    : packed_(std::move(packed)), pw_(geometry), bias_(std::move(bias)), desc_(std::move(desc)) {
+    : packed_(bytes), pw_(geometry), bias_(std::move(bias)), desc_(std::move(desc)) {
+  if (bytes > 0) std::memcpy(packed_.data(), packed, bytes);
   NIBBLE_CHECK(static_cast<int64_t>(packed_.size()) ==
                W4PackedBytes(pw_.n, pw_.k, pw_.group_size, pw_.symmetric));
   W4PackedWeight expect = W4PackedGeometry(pw_.n, pw_.k, pw_.group_size, pw_.symmetric);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/page_buffer.h"
 #include "formats/int4_matrix.h"
 #include "kernels/int4_packed.h"
 #include "model/linear.h"
@@ -27,9 +28,10 @@ class Int4Linear final : public Linear {
   /// `desc` describes the stored scheme for inspect (e.g. "uint4 per_group g128").
   /// weight: satisfies ValidateInt4Matrix (aborts otherwise); bias: empty or [N].
   Int4Linear(const Int4Matrix& weight, std::vector<float> bias, std::string desc);
-  /// From bytes already in the W4P layout (e.g. benchmarks copying one packed matrix many times).
-  /// packed: W4PackedBytes(geometry...) bytes; geometry.data is ignored (re-pointed at `packed`).
-  Int4Linear(std::vector<uint8_t> packed, const W4PackedWeight& geometry, std::vector<float> bias, std::string desc);
+  /// A copy of bytes already in the W4P layout (e.g. benchmarks copying one packed matrix many
+  /// times). packed: W4PackedBytes(geometry...) bytes; geometry.data is ignored.
+  Int4Linear(const uint8_t* packed, size_t bytes, const W4PackedWeight& geometry, std::vector<float> bias,
+             std::string desc);
   int64_t in_features() const override { return pw_.k; }
   int64_t out_features() const override { return pw_.n; }
   void Forward(const float* x, int64_t m, float* y) const override;
@@ -43,7 +45,7 @@ class Int4Linear final : public Linear {
   const W4PackedWeight& packed() const { return pw_; }
 
  private:
-  std::vector<uint8_t> packed_;  // [N, K/g] group records, see kernels/int4_packed.h
+  PageBuffer packed_;  // [N, K/g] group records (kernels/int4_packed.h), on huge pages when large
   W4PackedWeight pw_;            // geometry + pointer into packed_
   std::vector<float> bias_;
   std::string desc_;

@@ -271,6 +271,24 @@ TEST(W4DispatchTest, ForcingEachIsaComputesTheSameProduct) {
   }
 }
 
+TEST(StreamReadTest, EveryIsaSumsEveryWordAtAnyOffsetAndLength) {
+  // The bandwidth roofline's read kernels: wrapping 64-bit sum, unaligned starts, tails.
+  std::mt19937_64 rng(9);
+  std::vector<uint64_t> buf(1000);
+  for (auto& v : buf) v = rng();
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const W4Kernels* k = W4KernelsFor(isa);
+    if (k == nullptr) continue;
+    ASSERT_NE(k->stream_read, nullptr) << IsaName(isa);
+    for (int64_t off : {0, 1, 3})
+      for (int64_t words : {0, 1, 15, 16, 31, 32, 33, 100, 997 - 3}) {
+        uint64_t want = 0;
+        for (int64_t i = 0; i < words; ++i) want += buf[static_cast<size_t>(off + i)];
+        EXPECT_EQ(k->stream_read(buf.data() + off, words), want) << IsaName(isa) << " off " << off << " words " << words;
+      }
+  }
+}
+
 TEST(W4ThreadsTest, BitIdenticalForOneAndTwoThreads) {
   std::mt19937 rng(5);
   std::normal_distribution<float> xd(0.f, 1.f);

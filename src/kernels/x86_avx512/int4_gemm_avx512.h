@@ -10,5 +10,7 @@ namespace nibble {
 void GemmW4A32Avx512(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
 /// W4DequantKernel for AVX-512: rows n0..n1 of W as fp32 [(n1 − n0), K], exact as DequantizeRef.
 void DequantW4Avx512(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
+/// StreamReadKernel for AVX-512: 64-byte loads, four independent accumulators.
+uint64_t StreamReadAvx512(const uint64_t* p, int64_t words);
 
 }  // namespace nibble

@@ -1,0 +1,34 @@
+// An owning, zero-initialised byte buffer for large read-mostly data (packed int4 weights) that
+// asks the kernel for transparent huge pages. Streaming 1 GiB of weights through 4 KiB pages costs
+// a TLB miss every 4 KiB; on 2 MiB pages the GEMV reads measurably faster (docs/KERNELS.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace nibble {
+
+class PageBuffer {
+ public:
+  PageBuffer() = default;
+  /// `bytes` zero bytes. Buffers of 2 MiB or more are 2 MiB aligned and advised MADV_HUGEPAGE
+  /// (Linux; a refused advice only costs speed). Aborts (std::bad_alloc) when memory is exhausted,
+  /// like std::vector.
+  explicit PageBuffer(size_t bytes);
+  ~PageBuffer();
+  /// A moved-from buffer is empty (data() == nullptr, size() == 0).
+  PageBuffer(PageBuffer&& o) noexcept;
+  PageBuffer& operator=(PageBuffer&& o) noexcept;
+  PageBuffer(const PageBuffer&) = delete;
+  PageBuffer& operator=(const PageBuffer&) = delete;
+
+  uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace nibble
