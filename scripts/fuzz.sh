@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan) and runs each one: first over its seed corpus
 # in fuzz/corpus/<target>/ (regression), then fuzzing for FUZZ_SECONDS (default 60) seconds.
-# A crash, leak or sanitizer report fails the script; the reproducer is left in build/fuzz/crashes/.
+# A crash, leak, sanitizer report or an input running over 10 s (a hang) fails the script; the
+# reproducer is left in build/fuzz/crashes/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${FUZZ_SECONDS:-60}"
@@ -16,7 +17,7 @@ for t in "${targets[@]}"; do
   work="build/fuzz/corpus-$t"
   mkdir -p "$work"
   echo "== fuzz $t: ${seconds}s"
-  "$exe" -max_total_time="$seconds" -print_final_stats=1 -artifact_prefix="build/fuzz/crashes/$t-" \
+  "$exe" -max_total_time="$seconds" -timeout=10 -print_final_stats=1 -artifact_prefix="build/fuzz/crashes/$t-" \
     "$work" "fuzz/corpus/$t" 2>&1 | grep -E "stat::number_of_executed_units|ERROR|SUMMARY" || true
   if ls "build/fuzz/crashes/$t-"* >/dev/null 2>&1; then
     echo "fuzz $t: crash reproducer(s) in build/fuzz/crashes/" >&2

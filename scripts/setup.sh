@@ -3,7 +3,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libsentencepiece-dev
       libcli11-dev libdnnl-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
-      clang libclang-rt-14-dev libcairo2-dev)
+      clang libclang-rt-14-dev libcairo2-dev libre2-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,7 +10,7 @@
 
 #include <bitset>
 #include <exception>
-#include <regex>
+#include <re2/re2.h>
 #include <vector>
 
 namespace nibble {
@@ -157,26 +157,35 @@ bool FnMatch(std::string_view name, std::string_view pattern) {
   return ti == tokens.size();
 }
 
+namespace {
+
+// RE2 options for `re:` entries: byte strings (layer names are ASCII; Latin-1 mode never rejects
+// a pattern for its encoding), errors returned instead of logged.
+RE2::Options RegexOptions() {
+  RE2::Options o;
+  o.set_encoding(RE2::Options::EncodingLatin1);
+  o.set_log_errors(false);
+  return o;
+}
+
+}  // namespace
+
 Status ValidateExcludeEntry(const std::string& entry) {
   if (entry.rfind("re:", 0) != 0) return Status::Ok();
-  try {
-    std::regex re(entry.substr(3), std::regex::ECMAScript);
-  } catch (const std::exception& e) {
-    return MakeError("exclude entry \"", entry, "\": invalid regular expression (ECMAScript): ", e.what());
-  }
+  const RE2 re(entry.substr(3), RegexOptions());
+  if (!re.ok())
+    return MakeError("exclude entry \"", entry, "\": invalid regular expression (RE2 syntax): ", re.error());
   return Status::Ok();
 }
 
 Result<bool> MatchesExcludeEntry(const std::string& name, const std::string& entry) {
   if (entry.rfind("re:", 0) != 0) return FnMatch(name, entry);
-  try {
-    std::regex re(entry.substr(3), std::regex::ECMAScript);
-    // Python re.match: anchored at the start, not at the end.
-    return std::regex_search(name, re, std::regex_constants::match_continuous);
-  } catch (const std::exception& e) {
+  const RE2 re(entry.substr(3), RegexOptions());
+  if (!re.ok())
     return MakeError("exclude entry \"", entry, "\" against layer \"", name,
-                     "\": invalid regular expression (ECMAScript): ", e.what());
-  }
+                     "\": invalid regular expression (RE2 syntax): ", re.error());
+  // Python re.match: anchored at the start, not at the end.
+  return re.Match(name, 0, name.size(), RE2::ANCHOR_START, nullptr, 0);
 }
 
 }  // namespace nibble

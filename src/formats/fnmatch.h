@@ -5,7 +5,7 @@
 // escape character, case-sensitive — with an iterative matcher (no regex, no exponential
 // backtracking: O(len(name) * len(pattern)) worst case).
 // Non-goals: Unicode code points (names are matched byte-wise; HF module names are ASCII);
-// Python-only regex syntax in `re:` entries (they are ECMAScript regexes, see below).
+// Python-only regex syntax in `re:` entries (they are RE2 regexes, see below).
 #pragma once
 
 #include <string>
@@ -26,11 +26,14 @@ namespace nibble {
 bool FnMatch(std::string_view name, std::string_view pattern);
 
 /// One `exclude` entry of a Quark config tested against a layer name (SPEC §1.3):
-/// * `re:<regex>` — ECMAScript regex (std::regex) with Python `re.match` semantics: anchored at
-///   the start of the name only, so `re:model\.layers\.1` also matches `model.layers.10.mlp`;
+/// * `re:<regex>` — RE2 regex (the Python `re` syntax Quark and vLLM configs use, minus
+///   backreferences and lookaround, which RE2 rejects with an error) with Python `re.match`
+///   semantics: anchored at the start of the name only, so `re:model\.layers\.1` also matches
+///   `model.layers.10.mlp`. RE2 matches in time linear in the name, so no pattern can hang the
+///   loader (a backtracking engine took minutes on a fuzzer-found pattern);
 /// * anything else — an fnmatch pattern (FnMatch), so a plain name matches exactly.
-/// Errors: invalid regex ("exclude entry \"re:(\": invalid regular expression: ..."), or the
-/// regex engine giving up (complexity/stack). Never throws.
+/// Errors: invalid or unsupported regex ("exclude entry \"re:(\": invalid regular expression
+/// (RE2 syntax): missing ): ("). Never throws.
 Result<bool> MatchesExcludeEntry(const std::string& name, const std::string& entry);
 
 /// Checks that a `re:` entry compiles (no-op Ok for glob entries). Used when parsing a config so

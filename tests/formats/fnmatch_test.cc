@@ -518,6 +518,32 @@ TEST(ExcludeEntryTest, RegexUsesPythonReMatchSemantics) {
   EXPECT_FALSE(*hit);
 }
 
+TEST(ExcludeEntryTest, PathologicalRegexMatchesInLinearTime) {
+  // Nested quantifiers against a near-miss: a backtracking engine (std::regex, Python re) tries
+  // ~2^48 paths here and never returns; a hostile config must not hang the loader (found by the
+  // quant_config fuzzer). RE2 answers immediately.
+  const std::string name(48, 'a');
+  for (const char* entry : {"re:(a+)+b", "re:(a|aa)*c", "re:(a*)*$x", "re:((a?){1,48}a{48})b"}) {
+    auto hit = MatchesExcludeEntry(name, entry);
+    ASSERT_TRUE(hit.ok()) << entry << ": " << hit.error().message;
+    EXPECT_FALSE(*hit) << entry;
+  }
+  auto hit = MatchesExcludeEntry(name, "re:(a+)+");
+  ASSERT_TRUE(hit.ok());
+  EXPECT_TRUE(*hit);
+}
+
+TEST(ExcludeEntryTest, BackreferencesAreRejectedWithANamedError) {
+  // RE2 has no backreferences or lookaround; such entries are errors naming the entry, not
+  // silently different matches.
+  for (const char* entry : {"re:(a)\\1", "re:model(?=\\.)"}) {
+    const Status st = ValidateExcludeEntry(entry);
+    ASSERT_FALSE(st.ok()) << entry;
+    EXPECT_NE(st.error().message.find(entry), std::string::npos) << st.error().message;
+    EXPECT_NE(st.error().message.find("invalid regular expression"), std::string::npos) << st.error().message;
+  }
+}
+
 TEST(ExcludeEntryTest, GlobEntriesUseFnmatch) {
   auto hit = MatchesExcludeEntry("model.layers.0.mlp.gate_proj", "*mlp.gate");
   ASSERT_TRUE(hit.ok());
