@@ -239,8 +239,12 @@ uint64_t StreamReadAvx512(const uint64_t* p, int64_t words) {
     a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(reinterpret_cast<const void*>(p + i + 16)));
     a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(reinterpret_cast<const void*>(p + i + 24)));
   }
-  uint64_t sum = static_cast<uint64_t>(
-      _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+  // Lanes reduced as uint64 (wrapping): _mm512_reduce_add_epi64 adds signed long longs, whose
+  // overflow is undefined behaviour (UBSan reports it).
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  uint64_t sum = 0;
+  for (uint64_t v : lanes) sum += v;
   for (; i < words; ++i) sum += p[i];
   return sum;
 }
