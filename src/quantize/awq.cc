@@ -309,25 +309,40 @@ int64_t InspectOutDim(const ModelConfig& c, const Resolved& r, const Linears& li
   return r.inspect == "linear" ? lin[r.inspect_linear]->out_features() : c.hidden_size;
 }
 
-// Runs the inspected module over all sequences in chunks. With `reference` null, stores the
-// output in *out (the fp reference) and returns 0; otherwise returns the MSE against it.
+// Runs the inspected module over all sequences in chunks of kChunkRows rows. With `reference`
+// null, stores the output in *out (the fp reference) and returns 0; otherwise (out unused) the MSE
+// against it. Chunks run in parallel, one per thread (the kernels inside see a single thread:
+// nested OpenMP regions are inactive) — one barrier per call instead of one per GEMM and attention
+// step; every chunk's arithmetic, and the order its partial sums are added in, is the same for
+// any thread count.
 double InspectAll(const Ctx& ctx, const Resolved& r, const Linears& lin, const Acts& a, int64_t batch,
                   std::vector<float>* out, const std::vector<float>* reference) {
   const int64_t od = InspectOutDim(*ctx.c, r, lin);
   const int64_t seqs = std::max<int64_t>(1, kChunkRows / ctx.t);
-  if (reference == nullptr) out->resize(batch * ctx.t * od);
-  else out->resize(std::min(seqs, batch) * ctx.t * od);
-  double sum = 0;
-  for (int64_t b0 = 0; b0 < batch; b0 += seqs) {
-    const int64_t nb = std::min(seqs, batch - b0);
-    if (reference == nullptr) {
-      InspectChunk(ctx, r, lin, a, b0, nb, out->data() + b0 * ctx.t * od);
-    } else {
-      InspectChunk(ctx, r, lin, a, b0, nb, out->data());
+  const int64_t chunks = (batch + seqs - 1) / seqs;
+  if (reference == nullptr) {
+    out->resize(static_cast<size_t>(batch * ctx.t * od));
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      const int64_t b0 = ci * seqs;
+      InspectChunk(ctx, r, lin, a, b0, std::min(seqs, batch - b0), out->data() + b0 * ctx.t * od);
+    }
+    return 0;
+  }
+  std::vector<double> part(static_cast<size_t>(chunks));
+#pragma omp parallel
+  {
+    std::vector<float> y(static_cast<size_t>(std::min(seqs, batch) * ctx.t * od));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t ci = 0; ci < chunks; ++ci) {
+      const int64_t b0 = ci * seqs, nb = std::min(seqs, batch - b0);
+      InspectChunk(ctx, r, lin, a, b0, nb, y.data());
       const int64_t n = nb * ctx.t * od;
-      sum += Mse(reference->data() + b0 * ctx.t * od, out->data(), n) * static_cast<double>(n);
+      part[static_cast<size_t>(ci)] = Mse(reference->data() + b0 * ctx.t * od, y.data(), n) * static_cast<double>(n);
     }
   }
+  double sum = 0;
+  for (double p : part) sum += p;
   return sum / static_cast<double>(batch * ctx.t * od);
 }
 
@@ -341,7 +356,7 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
   const std::vector<float> x_mean = ChannelAbsMean(a.Of(r.src), rows, kin);
   const std::vector<float> w_mean = WeightMean(L, r.balance);
   Linears base = MakeLinears(L);
-  std::vector<float> y_fp, y_q;
+  std::vector<float> y_fp;
   InspectAll(ctx, r, base, a, batch, &y_fp, nullptr);
 
   double best = std::numeric_limits<double>::infinity();
@@ -379,7 +394,7 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
       cand[i] = std::make_unique<DenseLinear>(n, k, std::make_shared<const std::vector<float>>(std::move(dq).value()), L.bias[i]);
     }
     double loss = std::numeric_limits<double>::infinity();
-    if (ok) loss = InspectAll(ctx, r, cand, a, batch, &y_q, &y_fp);
+    if (ok) loss = InspectAll(ctx, r, cand, a, batch, nullptr, &y_fp);
     if (first) rep.loss_rtn = loss;
     first = false;
     if (!std::isfinite(loss)) { ++rep.rejected; continue; }
