@@ -94,22 +94,28 @@ MappedFile::~MappedFile() {
 }
 
 Status WriteFileAtomic(const std::string& path, const void* bytes, size_t size) {
+  return WriteFileAtomicParts(path, {std::span<const uint8_t>(static_cast<const uint8_t*>(bytes), size)});
+}
+
+Status WriteFileAtomicParts(const std::string& path, const std::vector<std::span<const uint8_t>>& parts) {
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return MakeError("cannot create ", tmp, ": ", Errno());
-  const char* p = static_cast<const char*>(bytes);
-  size_t left = size;
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      std::string e = Errno();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return MakeError("cannot write ", tmp, ": ", e);
+  for (const auto& part : parts) {
+    const uint8_t* p = part.data();
+    size_t left = part.size();
+    while (left > 0) {
+      ssize_t n = ::write(fd, p, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        std::string e = Errno();
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return MakeError("cannot write ", tmp, ": ", e);
+      }
+      p += n;
+      left -= static_cast<size_t>(n);
     }
-    p += n;
-    left -= static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     std::string e = Errno();

@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "base/result.h"
 
@@ -48,5 +50,9 @@ class MappedFile {
 /// Writes `bytes` to `path` via a temporary file in the same directory, fsync and rename, so a
 /// reader never sees a half-written file. Errors name the path and strerror.
 Status WriteFileAtomic(const std::string& path, const void* bytes, size_t size);
+
+/// WriteFileAtomic for a file made of consecutive parts (written in order, never concatenated in
+/// memory). Same guarantees and errors.
+Status WriteFileAtomicParts(const std::string& path, const std::vector<std::span<const uint8_t>>& parts);
 
 }  // namespace nibble

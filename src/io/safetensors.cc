@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <set>
 
@@ -230,8 +231,13 @@ Result<TensorStore> TensorStore::OpenDir(const std::string& dir) {
   return MakeError(dir, ": no model.safetensors or model.safetensors.index.json found");
 }
 
-Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const TensorToWrite*>& tensors,
-                                                  const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The padded header text of a safetensors file holding `tensors` in order (8-byte length prefix
+// not included), and the total data size. Same checks as the reader, so the writer never emits a
+// header the reader refuses.
+Result<std::pair<std::string, uint64_t>> BuildHeader(const std::vector<const TensorToWrite*>& tensors,
+                                                     const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
@@ -242,17 +248,17 @@ Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const Tensor
     // unreadable.
     if (t->name == "__metadata__") return MakeError("writing safetensors: \"__metadata__\" is reserved and cannot name a tensor");
     if (!seen.insert(t->name).second) return MakeError("writing safetensors: duplicate tensor name \"", t->name, "\"");
-    // Same checks as the reader, so the writer never emits a header the reader refuses.
     uint64_t nbytes = DTypeSize(t->dtype);
     for (int64_t d : t->shape) {
       if (d < 0) return MakeError("writing safetensors: tensor \"", t->name, "\" has negative dimension in shape ", ShapeToString(t->shape));
       if (MulOverflow(nbytes, static_cast<uint64_t>(d), &nbytes) || nbytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
         return MakeError("writing safetensors: tensor \"", t->name, "\" shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " overflows 64-bit byte count");
     }
-    if (nbytes != t->bytes.size())
-      return MakeError("writing safetensors: tensor \"", t->name, "\" has ", t->bytes.size(), " bytes but shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " needs ", nbytes);
-    header[t->name] = {{"dtype", DTypeName(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + t->bytes.size()}}};
-    offset += t->bytes.size();
+    const size_t have = t->data().size();
+    if (nbytes != have)
+      return MakeError("writing safetensors: tensor \"", t->name, "\" has ", have, " bytes but shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " needs ", nbytes);
+    header[t->name] = {{"dtype", DTypeName(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + have}}};
+    offset += have;
   }
   std::string h;
   try {
@@ -261,22 +267,45 @@ Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const Tensor
     return MakeError("writing safetensors: a tensor name or metadata string is not valid UTF-8 (", e.what(), ")");
   }
   while (h.size() % 8 != 0) h.push_back(' ');
-  std::vector<uint8_t> out(8 + h.size() + offset);
-  uint64_t n = h.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(n >> (8 * i));
+  return std::pair<std::string, uint64_t>(std::move(h), offset);
+}
+
+std::array<uint8_t, 8> LengthPrefix(uint64_t n) {
+  std::array<uint8_t, 8> b{};
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(n >> (8 * i));
+  return b;
+}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const TensorToWrite*>& tensors,
+                                                  const std::map<std::string, std::string>& metadata) {
+  NIBBLE_ASSIGN_OR_RETURN(auto header, BuildHeader(tensors, metadata));
+  const std::string& h = header.first;
+  std::vector<uint8_t> out(8 + h.size() + header.second);
+  const auto prefix = LengthPrefix(h.size());
+  std::copy(prefix.begin(), prefix.end(), out.begin());
   std::copy(h.begin(), h.end(), out.begin() + 8);
   size_t pos = 8 + h.size();
   for (const TensorToWrite* t : tensors) {
-    std::copy(t->bytes.begin(), t->bytes.end(), out.begin() + static_cast<std::ptrdiff_t>(pos));
-    pos += t->bytes.size();
+    const auto d = t->data();
+    std::copy(d.begin(), d.end(), out.begin() + static_cast<std::ptrdiff_t>(pos));
+    pos += d.size();
   }
   return out;
 }
 
 Status WriteSafetensors(const std::string& path, const std::vector<const TensorToWrite*>& tensors,
                         const std::map<std::string, std::string>& metadata) {
-  NIBBLE_ASSIGN_OR_RETURN(auto bytes, SerializeSafetensors(tensors, metadata));
-  return WriteFileAtomic(path, bytes.data(), bytes.size());
+  NIBBLE_ASSIGN_OR_RETURN(auto header, BuildHeader(tensors, metadata));
+  const std::string& h = header.first;
+  const auto prefix = LengthPrefix(h.size());
+  std::vector<std::span<const uint8_t>> parts;
+  parts.reserve(tensors.size() + 2);
+  parts.emplace_back(prefix.data(), prefix.size());
+  parts.emplace_back(reinterpret_cast<const uint8_t*>(h.data()), h.size());
+  for (const TensorToWrite* t : tensors) parts.push_back(t->data());
+  return WriteFileAtomicParts(path, parts);
 }
 
 }  // namespace nibble

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -97,12 +98,22 @@ class TensorStore {
   std::string description_;
 };
 
-/// A tensor to write: bytes must be prod(shape) * DTypeSize(dtype) long.
+/// A tensor to write: its data must be prod(shape) * DTypeSize(dtype) bytes long. The data is
+/// either owned (`bytes`) or borrowed (`borrowed`, e.g. a tensor of a memory-mapped input
+/// checkpoint written unchanged, so it is never copied into memory); borrowed memory must stay
+/// valid until the write returns. When `borrowed` is non-null it wins and `bytes` is ignored.
 struct TensorToWrite {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   std::vector<uint8_t> bytes;
+  const uint8_t* borrowed = nullptr;
+  size_t borrowed_size = 0;
+
+  /// The data to write: the borrowed span when set, else `bytes`.
+  std::span<const uint8_t> data() const {
+    return borrowed != nullptr ? std::span<const uint8_t>(borrowed, borrowed_size) : std::span<const uint8_t>(bytes);
+  }
 };
 
 /// Serialises tensors (in the given order) with optional __metadata__ into a safetensors image.
@@ -112,7 +123,9 @@ struct TensorToWrite {
 Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const TensorToWrite*>& tensors,
                                                   const std::map<std::string, std::string>& metadata);
 
-/// SerializeSafetensors + atomic write to `path`.
+/// Writes the same image as SerializeSafetensors to `path` atomically (temporary file, fsync,
+/// rename; file.h WriteFileAtomicParts), streaming header and tensor data to the file without
+/// assembling the image in memory. Same errors, plus the file's write errors (naming the path).
 Status WriteSafetensors(const std::string& path, const std::vector<const TensorToWrite*>& tensors,
                         const std::map<std::string, std::string>& metadata);
 

@@ -591,7 +591,7 @@ nlohmann::ordered_json AwqAlgoConfigJson(const AwqSettings& s, const std::vector
 
 Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
                          const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const AwqSettings& st,
-                         const std::function<void(int64_t, int64_t)>& progress) {
+                         const AwqTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress) {
   const auto t0 = std::chrono::steady_clock::now();
   if (batch < 1 || seq_len < 1 || static_cast<int64_t>(tokens.size()) != batch * seq_len)
     return MakeError("AWQ: calibration tokens (", tokens.size(), ") do not form ", batch, " x ", seq_len);
@@ -732,11 +732,11 @@ Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const 
       }
     }
     x = std::move(x_next);
-    res.tensors[p + "input_layernorm.weight"] = L.ln1;
-    res.tensors[p + "post_attention_layernorm.weight"] = L.ln2;
+    NIBBLE_RETURN_IF_ERROR(sink(p + "input_layernorm.weight", std::move(L.ln1)));
+    NIBBLE_RETURN_IF_ERROR(sink(p + "post_attention_layernorm.weight", std::move(L.ln2)));
     for (int i = 0; i < kNumLinears; ++i) {
-      res.tensors[p + lin_names[i] + ".weight"] = std::move(*L.w[i]);
-      if (!L.bias[i].empty()) res.tensors[p + lin_names[i] + ".bias"] = L.bias[i];
+      NIBBLE_RETURN_IF_ERROR(sink(p + lin_names[i] + ".weight", std::move(*L.w[i])));
+      if (!L.bias[i].empty()) NIBBLE_RETURN_IF_ERROR(sink(p + lin_names[i] + ".bias", std::move(L.bias[i])));
     }
     lrep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     res.layers.push_back(std::move(lrep));

@@ -20,9 +20,10 @@
 //   4. optional clip search (AutoAWQ; q/k skipped) on the smoothed weights;
 //   5. the next layer's input: fp propagation (default) runs the smoothed, unclipped,
 //      unquantized layer; quantized propagation runs the layer with Q(W) dequantized.
-// The returned fp32 weights are what the exporter quantizes with RTN (formats/rtn.h): smoothed
-// weights go to RTN unrounded (as the reference implementation does); folded norm weights are
-// already rounded to their dtype.
+// Each finished layer's fp32 weights go to the caller's sink at once (then are freed), so memory
+// holds one layer's weights and the calibration activations, never the whole model in fp32. They
+// are what the exporter quantizes with RTN (formats/rtn.h): smoothed weights go to RTN unrounded
+// (as the reference implementation does); folded norm weights are already rounded to their dtype.
 //
 // Numerical safety: a candidate whose RTN scale overflows the scale dtype, or that makes a value
 // stored in float (an unquantized balance layer, a folded prev_op) overflow its dtype, is rejected
@@ -118,10 +119,13 @@ struct AwqLayerReport {
   double seconds = 0;
 };
 
+/// Receives one decoder-layer tensor AWQ produced: its HF name (e.g.
+/// "model.layers.0.input_layernorm.weight") and new fp32 values, row-major in the stored shape.
+/// Called for every weight (and bias) of a layer, norms first then q/k/v/o/gate/up/down, as soon
+/// as the layer's search and propagation are done; a non-OK status stops RunAwq and is returned.
+using AwqTensorSink = std::function<Status(const std::string& name, std::vector<float> values)>;
+
 struct AwqResult {
-  /// Tensor name (HF, e.g. "model.layers.0.input_layernorm.weight") → new fp32 values, for every
-  /// decoder-layer tensor AWQ changed (same shapes as stored).
-  std::map<std::string, std::vector<float>> tensors;
   std::vector<AwqLayerReport> layers;
   std::vector<std::string> messages;   // e.g. skipped mappings (GQA)
   std::vector<AwqMapping> used;        // mappings applied in at least one layer
@@ -131,12 +135,13 @@ struct AwqResult {
 /// Runs AWQ on every decoder layer of the dense checkpoint `store` (config `mc`) with calibration
 /// tokens [batch, seq_len] (each row an independent sequence from position 0) and the Quark
 /// config `cfg` (resolves each projection's spec; excluded projections are smoothed but stay in
-/// float). `progress(done, total)` counts (layer, mapping) steps.
+/// float). Every layer's resulting tensors go to `sink` (see AwqTensorSink) and are not kept.
+/// `progress(done, total)` counts (layer, mapping) steps.
 /// Errors: seq_len > max_position_embeddings, a mapping naming an unknown module or one whose
 /// prev_op does not feed its layers (names the mapping), a projection whose K is not a multiple
 /// of its group size, missing/mis-shaped tensors, no finite candidate loss (names the layer).
 Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
                          const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const AwqSettings& settings,
-                         const std::function<void(int64_t, int64_t)>& progress);
+                         const AwqTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress);
 
 }  // namespace nibble

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "formats/int4_matrix.h"
@@ -108,14 +109,23 @@ class StagingDir {
   fs::path target_, path_;
 };
 
-TensorToWrite CopyTensor(const TensorView& t) {
+// An input tensor written unchanged: borrowed from the memory-mapped input, never copied.
+TensorToWrite BorrowTensor(const TensorView& t) {
   TensorToWrite w;
   w.name = t.name;
   w.dtype = t.dtype;
   w.shape = t.shape;
-  w.bytes.assign(t.data, t.data + t.nbytes);
+  w.borrowed = t.data;
+  w.borrowed_size = t.nbytes;
   return w;
 }
+
+// What one input tensor becomes in the output: the tensors to write (one, or Quark's
+// weight/weight_scale/weight_zero_point triple) and, for a linear's weight, its report line.
+struct Produced {
+  std::vector<TensorToWrite> tensors;
+  std::optional<QuantizedLayerReport> layer;
+};
 
 // The per-channel replacement used by MisalignedPolicy::kPerChannel: one group per row written as
 // per_group with group_size = K, which every Quark W4A16 loader accepts (vLLM requires a positive
@@ -180,12 +190,91 @@ Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
     }
   }
 
-  // AWQ: calibration data, the sequential layer pipeline; its smoothed weights replace the stored
-  // ones below.
+  std::map<std::string, std::string> module_of_weight;
+  for (const auto& m : modules) module_of_weight[m + ".weight"] = m;
+
+  // One input tensor → what is written for it. `new_values` (AWQ's fp32 result, same shape) replaces
+  // the stored values when given. A float tensor AWQ changed is stored in its own dtype; values
+  // that do not fit are an error, never inf (the AWQ search rejects such candidates, so this is a
+  // safety net).
+  auto produce = [&](const TensorView& t, const std::vector<float>* new_values) -> Result<Produced> {
+    Produced res;
+    auto keep_float = [&]() -> Status {
+      if (new_values == nullptr) {
+        res.tensors.push_back(BorrowTensor(t));
+        return Status::Ok();
+      }
+      TensorToWrite w;
+      w.name = t.name;
+      w.dtype = t.dtype;
+      w.shape = t.shape;
+      const size_t es = DTypeSize(t.dtype);
+      w.bytes.resize(new_values->size() * es);
+      for (size_t i = 0; i < new_values->size(); ++i) {
+        const float v = (*new_values)[i];
+        if (!std::isfinite(RoundToDType(v, t.dtype)))
+          return MakeError("tensor ", t.name, "[", i, "] = ", v, " after AWQ smoothing does not fit ", DTypeName(t.dtype));
+        StoreFloatAs(v, t.dtype, w.bytes.data() + i * es);
+      }
+      res.tensors.push_back(std::move(w));
+      return Status::Ok();
+    };
+    auto mod = module_of_weight.find(t.name);
+    if (mod == module_of_weight.end()) {
+      NIBBLE_RETURN_IF_ERROR(keep_float());
+      return res;
+    }
+    const std::string& name = mod->second;
+    NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(cfg, name));
+    QuantizedLayerReport lr;
+    lr.name = name;
+    lr.rule = r.rule;
+    lr.n = t.shape[0];
+    lr.k = t.shape[1];
+    lr.bytes_in = static_cast<int64_t>(t.nbytes);
+    if (!r.spec) {
+      NIBBLE_RETURN_IF_ERROR(keep_float());
+      lr.bytes_out = lr.bytes_in;
+    } else {
+      std::vector<float> owned;
+      const std::vector<float>* w = new_values;
+      if (w == nullptr) {
+        NIBBLE_ASSIGN_OR_RETURN(owned, TensorToF32(t));
+        w = &owned;
+      }
+      auto q = QuantizeRtnRef(w->data(), lr.n, lr.k, *r.spec, t.dtype);
+      if (!q.ok()) return q.error().WithContext("layer " + name);
+      auto packed = ExportQuarkLinear(name, *q, *r.spec, cfg.export_config.pack_method, t.dtype);
+      if (!packed.ok()) return packed.error().WithContext("layer " + name);
+      std::vector<float> deq(w->size());
+      DequantizeRef(*q, deq.data());
+      double num = 0, den = 0;
+      for (size_t i = 0; i < w->size(); ++i) {
+        const double d = static_cast<double>((*w)[i]) - deq[i];
+        num += d * d;
+        den += static_cast<double>((*w)[i]) * (*w)[i];
+      }
+      lr.rel_error = den > 0 ? std::sqrt(num / den) : 0.0;
+      lr.quantized = true;
+      lr.scheme = DescribeSpec(*r.spec);
+      lr.bytes_out = static_cast<int64_t>(packed->weight.bytes.size() + packed->weight_scale.bytes.size() +
+                                          packed->weight_zero_point.bytes.size());
+      res.tensors.push_back(std::move(packed->weight));
+      res.tensors.push_back(std::move(packed->weight_scale));
+      res.tensors.push_back(std::move(packed->weight_zero_point));
+    }
+    res.layer = std::move(lr);
+    return res;
+  };
+
+  // AWQ: calibration data and the sequential layer pipeline. Each layer's smoothed fp32 tensors
+  // are quantized / stored as soon as AWQ finishes the layer and then freed, so memory never holds
+  // the model in fp32.
   auto note = [&](const std::string& m) {
     report.messages.push_back(m);
     if (o.message) o.message(m);
   };
+  std::map<std::string, Produced> from_awq;
   if (o.quant_algo == "awq") {
     NIBBLE_ASSIGN_OR_RETURN(std::optional<AwqSettings> from_cfg, ParseAwqAlgoConfig(cfg.algo_config, o.awq));
     report.awq_settings = from_cfg ? *from_cfg : o.awq;
@@ -198,105 +287,42 @@ Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
     report.calib_seq_len = calib->seq_len;
     report.calib_available_chunks = calib->available_chunks;
     report.calib_total_tokens = calib->total_tokens;
-    auto awq = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, o.progress);
+    auto sink = [&](const std::string& tname, std::vector<float> values) -> Status {
+      NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(tname));
+      NIBBLE_ASSIGN_OR_RETURN(Produced p, produce(*t, &values));
+      from_awq[tname] = std::move(p);
+      return Status::Ok();
+    };
+    auto awq = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, sink, o.progress);
     if (!awq.ok()) return awq.error().WithContext("AWQ");
     for (const auto& m : awq->messages) note(m);
     cfg.algo_config = AwqAlgoConfigJson(report.awq_settings, awq->used, mc);
     report.awq = std::move(awq).value();
   }
-  const std::map<std::string, std::vector<float>>* replaced = report.awq ? &report.awq->tensors : nullptr;
 
-  // Pass 2: quantize and collect the tensors to write (input order = sorted names).
-  std::map<std::string, std::string> module_of_weight;
-  for (const auto& m : modules) module_of_weight[m + ".weight"] = m;
+  // Pass 2: every tensor in input order (sorted names); AWQ's are already produced.
   std::vector<TensorToWrite> out;
   int64_t done = 0;
   for (const std::string& tname : store.Names()) {
-    const TensorView* t = store.Find(tname);
-    auto mod = module_of_weight.find(tname);
-    const std::vector<float>* new_values = nullptr;
-    if (replaced != nullptr) {
-      auto it = replaced->find(tname);
-      if (it != replaced->end()) new_values = &it->second;
-    }
-    // A float tensor AWQ changed, stored in its own dtype; values that do not fit are an error,
-    // never inf (the AWQ search rejects such candidates, so this is a safety net).
-    auto store_float = [&](const TensorView& tv) -> Result<TensorToWrite> {
-      TensorToWrite w;
-      w.name = tv.name;
-      w.dtype = tv.dtype;
-      w.shape = tv.shape;
-      const size_t es = DTypeSize(tv.dtype);
-      w.bytes.resize(new_values->size() * es);
-      for (size_t i = 0; i < new_values->size(); ++i) {
-        const float v = (*new_values)[i];
-        if (!std::isfinite(RoundToDType(v, tv.dtype)))
-          return MakeError("tensor ", tv.name, "[", i, "] = ", v, " after AWQ smoothing does not fit ", DTypeName(tv.dtype));
-        StoreFloatAs(v, tv.dtype, w.bytes.data() + i * es);
-      }
-      return w;
-    };
-    if (mod == module_of_weight.end()) {
-      if (new_values != nullptr) {
-        NIBBLE_ASSIGN_OR_RETURN(TensorToWrite w, store_float(*t));
-        out.push_back(std::move(w));
-      } else {
-        out.push_back(CopyTensor(*t));
-      }
-      continue;
-    }
-    const std::string& name = mod->second;
-    NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(cfg, name));
-    QuantizedLayerReport lr;
-    lr.name = name;
-    lr.rule = r.rule;
-    lr.n = t->shape[0];
-    lr.k = t->shape[1];
-    lr.bytes_in = static_cast<int64_t>(t->nbytes);
-    if (!r.spec) {
-      if (new_values != nullptr) {
-        NIBBLE_ASSIGN_OR_RETURN(TensorToWrite w, store_float(*t));
-        out.push_back(std::move(w));
-      } else {
-        out.push_back(CopyTensor(*t));
-      }
-      lr.bytes_out = lr.bytes_in;
+    Produced p;
+    if (auto it = from_awq.find(tname); it != from_awq.end()) {
+      p = std::move(it->second);
+      from_awq.erase(it);
     } else {
-      std::vector<float> w;
-      if (new_values != nullptr) {
-        w = *new_values;
-      } else {
-        NIBBLE_ASSIGN_OR_RETURN(w, TensorToF32(*t));
-      }
-      auto q = QuantizeRtnRef(w.data(), lr.n, lr.k, *r.spec, t->dtype);
-      if (!q.ok()) return q.error().WithContext("layer " + name);
-      auto packed = ExportQuarkLinear(name, *q, *r.spec, cfg.export_config.pack_method, t->dtype);
-      if (!packed.ok()) return packed.error().WithContext("layer " + name);
-      std::vector<float> deq(w.size());
-      DequantizeRef(*q, deq.data());
-      double num = 0, den = 0;
-      for (size_t i = 0; i < w.size(); ++i) {
-        num += (static_cast<double>(w[i]) - deq[i]) * (static_cast<double>(w[i]) - deq[i]);
-        den += static_cast<double>(w[i]) * w[i];
-      }
-      lr.rel_error = den > 0 ? std::sqrt(num / den) : 0.0;
-      lr.quantized = true;
-      lr.scheme = DescribeSpec(*r.spec);
-      lr.bytes_out = static_cast<int64_t>(packed->weight.bytes.size() + packed->weight_scale.bytes.size() +
-                                          packed->weight_zero_point.bytes.size());
-      out.push_back(std::move(packed->weight));
-      out.push_back(std::move(packed->weight_scale));
-      out.push_back(std::move(packed->weight_zero_point));
+      NIBBLE_ASSIGN_OR_RETURN(p, produce(*store.Find(tname), nullptr));
     }
-    report.layers.push_back(lr);
-    if (o.progress && o.quant_algo == "rtn") o.progress(++done, static_cast<int64_t>(modules.size()));
+    for (auto& t : p.tensors) out.push_back(std::move(t));
+    if (p.layer) {
+      report.layers.push_back(std::move(*p.layer));
+      if (o.progress && o.quant_algo == "rtn") o.progress(++done, static_cast<int64_t>(modules.size()));
+    }
   }
 
   // Shards: consecutive tensors up to max_shard_size bytes each (a larger tensor gets its own).
   std::vector<std::vector<const TensorToWrite*>> shards(1);
   int64_t shard_bytes = 0;
   for (const auto& t : out) {
-    const int64_t b = static_cast<int64_t>(t.bytes.size());
+    const int64_t b = static_cast<int64_t>(t.data().size());
     if (!shards.back().empty() && shard_bytes + b > o.max_shard_size) {
       shards.emplace_back();
       shard_bytes = 0;

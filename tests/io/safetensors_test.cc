@@ -426,6 +426,44 @@ TEST(SafetensorsFileTest, WriteThenOpen) {
   EXPECT_EQ(entries, 1);
 }
 
+// The streamed file equals the in-memory image byte for byte, with owned and borrowed tensors
+// mixed (a borrowed tensor wins over its `bytes`); a borrowed span of the wrong size is refused
+// and leaves no file.
+TEST(SafetensorsFileTest, StreamedWriteEqualsSerializedImageWithBorrowedTensors) {
+  TempDir dir;
+  auto a = MakeTensor("a", DType::kU8, {5}, 1);
+  auto src = MakeTensor("unused", DType::kF16, {3, 4}, 9);
+  TensorToWrite b;
+  b.name = "b";
+  b.dtype = DType::kF16;
+  b.shape = {3, 4};
+  b.bytes = {1, 2, 3};  // ignored: borrowed wins
+  b.borrowed = src.bytes.data();
+  b.borrowed_size = src.bytes.size();
+  auto c = MakeTensor("c", DType::kF32, {2, 2}, 77);
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  auto image = SerializeSafetensors({&a, &b, &c}, meta);
+  ASSERT_TRUE(image.ok()) << image.error().message;
+  ASSERT_TRUE(WriteSafetensors(dir.Path("s.safetensors"), {&a, &b, &c}, meta).ok());
+  std::ifstream in(dir.Path("s.safetensors"), std::ios::binary);
+  std::vector<uint8_t> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(file, *image);
+  auto f = SafetensorsFile::Open(dir.Path("s.safetensors"));
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  const TensorView* got = nullptr;
+  for (const auto& v : (*f)->tensors())
+    if (v.name == "b") got = &v;
+  ASSERT_NE(got, nullptr);
+  ASSERT_EQ(got->nbytes, src.bytes.size());
+  EXPECT_EQ(std::memcmp(got->data, src.bytes.data(), got->nbytes), 0);
+
+  b.borrowed_size = src.bytes.size() - 2;
+  Status bad = WriteSafetensors(dir.Path("bad.safetensors"), {&a, &b}, meta);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("\"b\" has 22 bytes"), std::string::npos) << bad.error().message;
+  EXPECT_FALSE(std::filesystem::exists(dir.Path("bad.safetensors")));
+}
+
 TEST(SafetensorsFileTest, EmptyFileIsAnError) {
   TempDir dir;
   dir.WriteText("e.safetensors", "");

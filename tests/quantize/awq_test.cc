@@ -17,6 +17,7 @@
 #include "formats/quark_pack.h"
 #include "io/safetensors.h"
 #include "model/checkpoint_format.h"
+#include "model/config.h"
 #include "quantize/awq.h"
 #include "quantize/calibration.h"
 #include "test_paths.h"
@@ -387,6 +388,73 @@ TEST(Awq, BadRequestsAreNamedErrors) {
   req.propagate = "fp";
   req.dataset = tmp.sub("missing.txt");
   EXPECT_FALSE(nibble::Quantize(req).ok());
+}
+
+// Bounded memory: RunAwq hands each layer's tensors to the sink as soon as that layer is done
+// (after its mappings, before the next layer starts) and keeps none of them; a sink error stops
+// the pipeline at once and is returned.
+TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
+  TempDir tmp;
+  TinySpec spec;
+  spec.layers = 3;
+  WriteTinyModel(tmp.sub("m"), spec);
+  auto mc = nibble::LoadModelConfig(tmp.sub("m"));
+  ASSERT_TRUE(mc.ok()) << mc.error().message;
+  auto store = nibble::TensorStore::OpenDir(tmp.sub("m"));
+  ASSERT_TRUE(store.ok()) << store.error().message;
+  nibble::QuarkQuantConfig cfg;
+  cfg.global = nibble::WeightQuantSpec{};
+  cfg.global->group_size = 32;
+  const int64_t batch = 2, seq = 32;
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 37) % 500));
+  const nibble::AwqSettings st;
+  const int64_t per_layer = static_cast<int64_t>(st.scaling_layers.size()) + 1;  // mappings + propagation
+  int64_t step = 0;
+  auto progress = [&](int64_t done, int64_t total) {
+    step = done;
+    EXPECT_EQ(total, 3 * per_layer);
+  };
+  struct Call {
+    std::string name;
+    int64_t step;
+    size_t size;
+  };
+  std::vector<Call> calls;
+  auto sink = [&](const std::string& name, std::vector<float> v) -> nibble::Status {
+    calls.push_back({name, step, v.size()});
+    return nibble::Status::Ok();
+  };
+  auto r = nibble::RunAwq(*mc, *store, cfg, tokens, batch, seq, st, sink, progress);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const std::vector<std::string> order = {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
+                                          "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                          "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+  ASSERT_EQ(calls.size(), 3 * order.size());
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const int64_t l = static_cast<int64_t>(i / order.size());
+    const std::string name = "model.layers." + std::to_string(l) + "." + order[i % order.size()] + ".weight";
+    EXPECT_EQ(calls[i].name, name);
+    // All of layer l's mapping steps are done, its final step (and layer l+1) not yet.
+    EXPECT_EQ(calls[i].step, l * per_layer + per_layer - 1) << name;
+    const nibble::TensorView* t = store->Find(name);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(calls[i].size, t->nbytes / nibble::DTypeSize(t->dtype)) << name;
+  }
+
+  calls.clear();
+  step = 0;
+  auto failing = [&](const std::string& name, std::vector<float>) -> nibble::Status {
+    calls.push_back({name, step, 0});
+    if (name == "model.layers.1.self_attn.q_proj.weight") return nibble::MakeError("cannot write ", name, ": disk full");
+    return nibble::Status::Ok();
+  };
+  r = nibble::RunAwq(*mc, *store, cfg, tokens, batch, seq, st, failing, progress);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("disk full"), std::string::npos) << r.error().message;
+  ASSERT_FALSE(calls.empty());
+  EXPECT_EQ(calls.back().name, "model.layers.1.self_attn.q_proj.weight");  // nothing after the error
+  EXPECT_EQ(step, 2 * per_layer - 1);                                       // layer 2 never started
 }
 
 // ---------------------------------------------------------------------------------------------
