@@ -25,6 +25,7 @@ struct BenchArgs {
   double cycle_gib = 1.0;
   double seconds = 1.0;
   bool skip_bandwidth = false, skip_gemm = false;
+  bool int8 = false;
 };
 }  // namespace
 
@@ -42,6 +43,8 @@ Runner RegisterBench(CLI::App& app) {
   cmd->add_option("--seconds", a->seconds, "Minimum timed seconds per case")->capture_default_str();
   cmd->add_flag("--no_bandwidth", a->skip_bandwidth, "Skip the bandwidth test (% column left empty)");
   cmd->add_flag("--no_gemm", a->skip_gemm, "Only measure bandwidth");
+  cmd->add_flag("--int8_activations", a->int8,
+                "Also time the opt-in W4A8 path (int8 activations) after each W4A32 case, same weights");
   return [a]() {
     nibble::SetNumThreads(a->threads);
     const nibble::KernelDispatchReport k = nibble::DescribeKernels();
@@ -55,7 +58,7 @@ Runner RegisterBench(CLI::App& app) {
                   static_cast<double>(r->bytes) / (1 << 30), r->passes, r->seconds);
     }
     if (a->skip_gemm) return 0;
-    std::printf("%-11s %5s %4s %-13s %6s %9s %10s %9s %7s %9s %10s\n", "KxN", "g", "M", "path", "mats", "MB/mat",
+    std::printf("%-11s %5s %4s %-16s %6s %9s %10s %9s %7s %9s %10s\n", "KxN", "g", "M", "path", "mats", "MB/mat",
                 "ms/call", "GB/s", "%bw", "GFLOP/s", "mean GB/s");
     for (const std::string& sh : a->shapes) {
       nibble::GemmBenchCase c;
@@ -64,14 +67,18 @@ Runner RegisterBench(CLI::App& app) {
         for (int64_t m : a->ms) {
           c.group_size = g;
           c.m = m;
-          auto r = nibble::BenchW4Gemm(c, static_cast<int64_t>(a->cycle_gib * (1 << 30)), a->seconds);
-          if (!r.ok()) return Fail(r.error().message);
-          char pct[16] = "-";
-          if (bw > 0) std::snprintf(pct, sizeof pct, "%.1f", 100.0 * r->weight_gb_per_s / bw);
-          std::printf("%-11s %5ld %4ld %-13s %6ld %9.2f %10.3f %9.2f %7s %9.1f %10.2f\n", sh.c_str(), g, m,
-                      r->path.c_str(), r->matrices, r->weight_bytes / 1e6, r->seconds_per_call * 1e3, r->weight_gb_per_s,
-                      pct, r->gflop_per_s, r->weight_bytes / r->mean_seconds_per_call / 1e9);
-          std::fflush(stdout);
+          for (bool int8 : {false, true}) {
+            if (int8 && !a->int8) continue;
+            c.int8_activations = int8;
+            auto r = nibble::BenchW4Gemm(c, static_cast<int64_t>(a->cycle_gib * (1 << 30)), a->seconds);
+            if (!r.ok()) return Fail(r.error().message);
+            char pct[16] = "-";
+            if (bw > 0) std::snprintf(pct, sizeof pct, "%.1f", 100.0 * r->weight_gb_per_s / bw);
+            std::printf("%-11s %5ld %4ld %-16s %6ld %9.2f %10.3f %9.2f %7s %9.1f %10.2f\n", sh.c_str(), g, m,
+                        r->path.c_str(), r->matrices, r->weight_bytes / 1e6, r->seconds_per_call * 1e3,
+                        r->weight_gb_per_s, pct, r->gflop_per_s, r->weight_bytes / r->mean_seconds_per_call / 1e9);
+            std::fflush(stdout);
+          }
         }
     }
     return 0;

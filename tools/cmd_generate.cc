@@ -14,6 +14,7 @@ struct GenerateArgs {
   std::string model;
   nibble::GenerateOptions opt;
   int threads = 0;
+  bool int8 = false;
 };
 }  // namespace
 
@@ -29,10 +30,18 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_option("--seed", args->opt.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
   cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 1024));
+  cmd->add_flag("--int8_activations", args->int8,
+                "Opt-in W4A8: int8 activations in the int4 linears (faster decode, costs perplexity: measure it "
+                "with `nibble perplexity --int8_activations`)");
   return [args]() {
     nibble::SetNumThreads(args->threads);
     auto model = nibble::Model::Load(args->model);
     if (!model.ok()) return Fail(model.error().message);
+    if (args->int8) {
+      const int64_t n = (*model)->SetInt8Activations(true);
+      if (n == 0) return Fail("--int8_activations: " + args->model + " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)");
+      std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears\n", static_cast<long long>(n));
+    }
     std::fwrite(args->opt.prompt.data(), 1, args->opt.prompt.size(), stdout);  // echo, as llama.cpp does
     auto stats = nibble::Generate(**model, args->opt, [](std::string_view piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);

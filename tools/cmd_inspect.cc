@@ -36,6 +36,8 @@ Runner RegisterInspect(CLI::App& app) {
           c.push_back({{"isa", x.isa}, {"compiled", x.compiled}, {"supported", x.supported}, {"chosen", x.chosen},
                        {"reason", x.reason}});
         j["candidates"] = c;
+        j["int8_activations_kernel"] = k.int8_kernel;
+        j["int8_activations_reason"] = k.int8_reason;
         std::printf("%s\n", j.dump(2).c_str());
       } else {
         std::printf("int4 kernels: %s\ncpu: %s | %s\nNIBBLE_ISA: %s%s%s\n", k.chosen.c_str(), k.cpu_vendor.c_str(),
@@ -44,6 +46,7 @@ Runner RegisterInspect(CLI::App& app) {
         for (const auto& x : k.candidates)
           std::printf("  %-7s %-8s %s\n", x.isa.c_str(), x.chosen ? "chosen" : (x.supported ? "skipped" : "rejected"),
                       x.reason.c_str());
+        std::printf("int8 activations (opt-in --int8_activations): %s (%s)\n", k.int8_kernel.c_str(), k.int8_reason.c_str());
       }
       if (dir->empty()) return 0;
     }

@@ -19,6 +19,7 @@ struct PerplexityArgs {
   std::string model, text, kl_base;
   int64_t seq_len = 0, max_windows = 0;
   int threads = 0;
+  bool int8 = false;
 };
 }  // namespace
 
@@ -32,6 +33,9 @@ Runner RegisterPerplexity(CLI::App& app) {
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--kl_divergence_base", a->kl_base,
                   "Float model directory: also report mean KL(P_base || P_model) and top-1 agreement on the same windows");
+  cmd->add_flag("--int8_activations", a->int8,
+                "Opt-in W4A8: evaluate the same windows twice, W4A16 then with int8 activations in the int4 linears, "
+                "and print the perplexity (and KLD) cost");
   return [a]() {
     nibble::SetNumThreads(a->threads);
     std::ifstream in(a->text, std::ios::binary);
@@ -67,6 +71,18 @@ Runner RegisterPerplexity(CLI::App& app) {
                   static_cast<long long>(c->base.n_windows_available), static_cast<long long>(c->base.scored_tokens));
       std::printf("perplexity: %.4f (base %.4f)\nmean KLD: %.6f nats (max %.4f)\ntop-1 agreement: %.2f %%\n",
                   row.perplexity.ppl, c->base.ppl, row.mean_kld, row.max_kld, 100.0 * row.top1_agreement);
+      if (a->int8) {
+        const int64_t n = (*model)->SetInt8Activations(true);
+        if (n == 0) return Fail("--int8_activations: " + a->model + " has no int4 linear the int8 kernels serve");
+        auto c8 = nibble::CompareModels(**base, {model->get()}, ss.str(), co);
+        bar.reset();
+        if (!c8.ok()) return Fail(a->text + ": " + c8.error().message);
+        const auto& r8 = c8->rows[0];
+        std::printf("int8 activations (W4A8, %lld int4 linears): perplexity %.4f (%+.2f %% vs W4A16), mean KLD %.6f nats "
+                    "(%+.6f), top-1 agreement %.2f %%\n",
+                    static_cast<long long>(n), r8.perplexity.ppl, 100.0 * (r8.perplexity.ppl / row.perplexity.ppl - 1.0),
+                    r8.mean_kld, r8.mean_kld - row.mean_kld, 100.0 * r8.top1_agreement);
+      }
       return 0;
     }
     auto r = nibble::EvaluatePerplexity(**model, ss.str(), opt);
@@ -84,6 +100,16 @@ Runner RegisterPerplexity(CLI::App& app) {
     std::printf("mean NLL: %.6f nats/token\nperplexity: %.4f\n", r->mean_nll, r->ppl);
     std::fprintf(stderr, "throughput: %.1f tokens/s (%.2f s, %d threads)\n", r->tokens_per_second, r->seconds,
                  nibble::NumThreads());
+    if (a->int8) {
+      const int64_t n = (*model)->SetInt8Activations(true);
+      if (n == 0) return Fail("--int8_activations: " + a->model + " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)");
+      auto r8 = nibble::EvaluatePerplexity(**model, ss.str(), opt);
+      bar.reset();
+      if (!r8.ok()) return Fail(a->text + ": " + r8.error().message);
+      std::printf("int8 activations (W4A8, %lld int4 linears): mean NLL %.6f, perplexity %.4f (%+.2f %% vs W4A16 %.4f)\n",
+                  static_cast<long long>(n), r8->mean_nll, r8->ppl, 100.0 * (r8->ppl / r->ppl - 1.0), r->ppl);
+      std::fprintf(stderr, "throughput (int8 activations): %.1f tokens/s (%.2f s)\n", r8->tokens_per_second, r8->seconds);
+    }
     return 0;
   };
 }

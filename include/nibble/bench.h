@@ -26,6 +26,8 @@ struct KernelDispatchReport {
   std::string override_value;      // NIBBLE_ISA ("" when unset)
   std::string override_message;    // why the override was ignored ("" when accepted or unset)
   std::vector<Candidate> candidates;  // best first
+  std::string int8_kernel;         // opt-in W4A8 GEMV (--int8_activations): "avx512_vnni" | "scalar"
+  std::string int8_reason;         // why that one
 };
 
 /// Reports the dispatch decision (no errors: detection cannot fail; non-x86 gives scalar).
@@ -47,12 +49,14 @@ Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes);
 /// One W4A32 GEMV/GEMM benchmark case: y[M,N] = x[M,K] · W[N,K]ᵀ with W int4 (asym, group g).
 struct GemmBenchCase {
   int64_t k = 4096, n = 4096, m = 1, group_size = 128;
+  bool int8_activations = false;  // time the opt-in W4A8 path (Model::SetInt8Activations) instead
 };
 
 struct GemmBenchResult {
   GemmBenchCase shape;
   std::string isa;            // kernels used
-  std::string path;           // "fused" (W4A32 kernel) or "dequant+sgemm" (M >= Int4Linear's threshold)
+  std::string path;           // "fused" (W4A32 kernel), "dequant+sgemm" (M >= Int4Linear's threshold) or
+                              // "w4a8:<kernel>" (int8 activations, e.g. w4a8:avx512_vnni)
   int64_t matrices = 0;       // distinct weight matrices cycled through
   int64_t weight_bytes = 0;   // packed bytes of one matrix
   int64_t calls = 0;          // timed calls
@@ -65,7 +69,8 @@ struct GemmBenchResult {
 /// Times Int4Linear::Forward (the model's code path) on `shape`, cycling over enough distinct
 /// weight matrices that together hold >= `min_total_bytes` (so L3 cannot keep them), for at least
 /// `min_seconds` and at least 3 rounds (a round = one cycle over all matrices when M < 16, else
-/// one call); the best round is reported, plus the mean. Errors: non-positive sizes, K % g != 0.
+/// one call); the best round is reported, plus the mean. Errors: non-positive sizes, K % g != 0,
+/// int8_activations with a group size the W4A8 kernels do not serve.
 Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& shape, int64_t min_total_bytes, double min_seconds);
 
 }  // namespace nibble

@@ -49,6 +49,14 @@ class Model {
   /// fp32 logits for every position of `ids` run as one sequence from position 0: [T, vocab].
   Result<std::vector<float>> Logits(const std::vector<int32_t>& ids) const;
 
+  /// Opt-in W4A8 (off by default; W4A16 numerics are the contract): int4 linears quantize their
+  /// activations dynamically to int8 per block of 128 values (symmetric, max|x|/127, as
+  /// llama.cpp's Q8 dot products) and use the int8 GEMV (AVX-512 VNNI where available) for decode
+  /// and prefill. Costs perplexity; measure it with `nibble perplexity --int8_activations`.
+  /// Returns how many linears switched (0 for a dense model; int4 linears with a group size other
+  /// than 32, 64 or a multiple of 128 stay W4A16). Not thread-safe against concurrent use.
+  int64_t SetInt8Activations(bool on);
+
   struct Impl;
   const Impl& impl() const { return *impl_; }
 

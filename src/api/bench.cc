@@ -45,13 +45,15 @@ KernelDispatchReport DescribeKernels() {
   const std::pair<bool, const char*> flags[] = {
       {cpu.avx, "avx"},           {cpu.avx2, "avx2"},         {cpu.fma, "fma"},           {cpu.f16c, "f16c"},
       {cpu.avx512f, "avx512f"},   {cpu.avx512bw, "avx512bw"}, {cpu.avx512vl, "avx512vl"}, {cpu.avx512dq, "avx512dq"},
-      {cpu.osxsave, "osxsave"},   {cpu.os_ymm, "os:ymm"},     {cpu.os_zmm, "os:zmm"}};
+      {cpu.avx512vnni, "avx512vnni"}, {cpu.osxsave, "osxsave"},   {cpu.os_ymm, "os:ymm"},     {cpu.os_zmm, "os:zmm"}};
   for (const auto& [on, name] : flags)
     if (on) r.cpu_flags += (r.cpu_flags.empty() ? "" : " ") + std::string(name);
   r.override_value = d.override_value;
   r.override_message = d.message;
   for (const IsaCandidate& c : d.candidates)
     r.candidates.push_back({IsaName(c.isa), c.compiled, c.supported, c.chosen, c.reason});
+  r.int8_kernel = d.kernels.gemm_i8_name;
+  r.int8_reason = d.gemm_i8_reason;
   return r;
 }
 
@@ -119,6 +121,10 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   for (int64_t i = 0; i < count; ++i)
     mats.push_back(std::make_unique<Int4Linear>(geo.data, static_cast<size_t>(bytes), geo,
                                                 std::vector<float>{}, "bench"));
+  if (s.int8_activations)
+    for (auto& m : mats)
+      if (!m->SetInt8Activations(true))
+        return MakeError("bench: int8 activations are not served for group_size ", s.group_size, " (32, 64 or a multiple of 128)");
   std::vector<float> x(static_cast<size_t>(s.m * s.k)), y(static_cast<size_t>(s.m * s.n));
   std::normal_distribution<float> xd(0.f, 1.f);
   for (auto& v : x) v = xd(rng);
@@ -128,7 +134,8 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   GemmBenchResult r;
   r.shape = s;
   r.isa = IsaName(ActiveW4Dispatch().kernels.isa);
-  r.path = s.m < Int4Linear::kDequantGemmMinRows ? "fused" : "dequant+sgemm";
+  r.path = s.int8_activations ? std::string("w4a8:") + ActiveW4Dispatch().kernels.gemm_i8_name
+                              : (s.m < Int4Linear::kDequantGemmMinRows ? "fused" : "dequant+sgemm");
   r.matrices = count;
   r.weight_bytes = bytes;
   // Rounds of one full cycle over the matrices (M < 16) or one call (larger M), repeated for at

@@ -12,6 +12,8 @@ Model::Model() : impl_(std::make_unique<Impl>()) {}
 Model::~Model() = default;
 const ModelInfo& Model::info() const { return impl_->info; }
 
+int64_t Model::SetInt8Activations(bool on) { return impl_->llama->SetInt8Activations(on); }
+
 Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   std::unique_ptr<Model> m(new Model());
   CheckpointInfo format;

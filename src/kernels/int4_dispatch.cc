@@ -10,6 +10,7 @@
 
 #include "kernels/x86_avx2/int4_gemm_avx2.h"
 #include "kernels/x86_avx512/int4_gemm_avx512.h"
+#include "kernels/x86_avx512vnni/int4_gemm_i8_vnni.h"
 #endif
 
 namespace nibble {
@@ -47,6 +48,7 @@ CpuFeatures DetectCpuFeatures() {
     f.avx512dq = (b >> 17) & 1;
     f.avx512bw = (b >> 30) & 1;
     f.avx512vl = (b >> 31) & 1;
+    f.avx512vnni = (c >> 11) & 1;
   }
   if (f.osxsave) {
     unsigned lo = 0, hi = 0;
@@ -66,12 +68,14 @@ constexpr bool kX86 = true;
 constexpr bool kX86 = false;
 #endif
 
-W4Kernels KernelsOf(Isa isa) {
+W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu) {
   W4Kernels k;
   k.isa = isa;
   k.gemm = GemmW4A32PackedScalar;
   k.dequant = DequantW4PackedScalar;
   k.stream_read = StreamReadScalar;
+  k.gemm_i8 = GemmW4A8PackedScalar;
+  k.gemm_i8_name = "scalar";
 #if defined(__x86_64__)
   if (isa == Isa::kAvx2) {
     k.gemm = GemmW4A32Avx2;
@@ -81,7 +85,13 @@ W4Kernels KernelsOf(Isa isa) {
     k.gemm = GemmW4A32Avx512;
     k.dequant = DequantW4Avx512;
     k.stream_read = StreamReadAvx512;
+    if (cpu.avx512vnni) {
+      k.gemm_i8 = GemmW4A8Vnni;
+      k.gemm_i8_name = "avx512_vnni";
+    }
   }
+#else
+  (void)cpu;
 #endif
   return k;
 }
@@ -154,7 +164,13 @@ W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override) {
                                               : "supported, but NIBBLE_ISA=" + d.override_value + " forced another";
     }
   }
-  d.kernels = KernelsOf(d.candidates[chosen].isa);
+  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu);
+  if (d.kernels.isa != Isa::kAvx512)
+    d.gemm_i8_reason = "no AVX-512 VNNI kernel for ISA " + std::string(IsaName(d.kernels.isa));
+  else if (!cpu.avx512vnni)
+    d.gemm_i8_reason = "CPU lacks avx512_vnni";
+  else
+    d.gemm_i8_reason = "avx512 with avx512_vnni";
   return d;
 }
 
@@ -168,7 +184,8 @@ const W4Dispatch& ActiveW4Dispatch() {
 }
 
 const W4Kernels* W4KernelsFor(Isa isa) {
-  static const W4Kernels table[3] = {KernelsOf(Isa::kScalar), KernelsOf(Isa::kAvx2), KernelsOf(Isa::kAvx512)};
+  static const CpuFeatures cpu = DetectCpuFeatures();
+  static const W4Kernels table[3] = {KernelsOf(Isa::kScalar, cpu), KernelsOf(Isa::kAvx2, cpu), KernelsOf(Isa::kAvx512, cpu)};
   for (const IsaCandidate& c : ActiveW4Dispatch().candidates)
     if (c.isa == isa && c.supported) return &table[static_cast<int>(isa)];
   return nullptr;

@@ -25,6 +25,7 @@ struct CpuFeatures {
   bool osxsave = false;                                      // CPUID.1:ECX.OSXSAVE
   bool avx = false, fma = false, f16c = false, avx2 = false;  // CPUID leaves 1 and 7
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512vnni = false;  // CPUID.7.0:ECX bit 11 (the opt-in W4A8 kernel)
   bool os_ymm = false;  // XCR0 bits 1,2 (SSE, AVX state) enabled by the OS
   bool os_zmm = false;  // XCR0 bits 5,6,7 (opmask, ZMM_Hi256, Hi16_ZMM) enabled by the OS
 };
@@ -38,6 +39,10 @@ struct W4Kernels {
   W4GemmKernel gemm = nullptr;
   W4DequantKernel dequant = nullptr;
   StreamReadKernel stream_read = nullptr;
+  /// Opt-in W4A8 GEMV (int8 activations): AVX-512 VNNI when the ISA is avx512 and the CPU has
+  /// avx512_vnni, else the scalar kernel (same results, bit for bit).
+  W4GemmI8Kernel gemm_i8 = nullptr;
+  const char* gemm_i8_name = "scalar";  // "avx512_vnni" | "scalar"
 };
 
 /// How one candidate ISA fared.
@@ -55,6 +60,7 @@ struct W4Dispatch {
   std::vector<IsaCandidate> candidates;  // best first: avx512, avx2, scalar
   std::string override_value;            // NIBBLE_ISA as given ("" when unset)
   std::string message;                   // non-empty when the override was rejected (why)
+  std::string gemm_i8_reason;            // why kernels.gemm_i8 is the one it is
 };
 
 /// Pure decision from `cpu` and the NIBBLE_ISA value (nullptr or "" = unset); testable with a

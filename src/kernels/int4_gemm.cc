@@ -27,6 +27,18 @@ void GemmW4A32Packed(const W4PackedGemmArgs& a, const W4Kernels* kernels) {
   }
 }
 
+void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y,
+                    const W4Kernels* kernels) {
+  NIBBLE_CHECK(W4Int8Supported(w) && m >= 0 && (m == 0 || (a != nullptr && y != nullptr)));
+  for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].parts == W4Int8Parts(w.group_size));
+  if (w.n == 0 || m == 0) return;
+  const W4GemmI8Kernel gemm = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).gemm_i8;
+  const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
+  const bool parallel = nblocks > 1 && m * w.n * w.k >= (int64_t{1} << 16);
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t b = 0; b < nblocks; ++b) gemm(w, a, m, bias, y, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows));
+}
+
 void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels) {
   NIBBLE_CHECK(out != nullptr && w.data != nullptr);
   const W4DequantKernel dq = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).dequant;

@@ -18,6 +18,12 @@ inline constexpr int64_t kW4ChunkRows = 64;  // rows of x per pass over W (M > 1
 /// Preconditions (abort): args.w, x, y non-null; m >= 0.
 void GemmW4A32Packed(const W4PackedGemmArgs& args, const W4Kernels* kernels = nullptr);
 
+/// y[M,N] = the opt-in W4A8 GEMM of M quantized activation rows `a` (QuantizeActsInt8) against W
+/// (+ bias), threaded like GemmW4A32Packed (bit-identical for any thread count) with the given
+/// kernels' gemm_i8 (nullptr: the active dispatch). Preconditions (abort): W4Int8Supported(w),
+/// every a[i].k == w.k and a[i].parts == W4Int8Parts(w.group_size), y non-null, m >= 0.
+void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y,
+                    const W4Kernels* kernels = nullptr);
 /// out[N,K] fp32 = dequant(W), threaded like GemmW4A32Packed; values exact as DequantizeRef.
 void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels = nullptr);
 

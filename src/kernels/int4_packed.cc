@@ -1,6 +1,8 @@
 // Packing to / from the W4P layout and the scalar kernels on it (see int4_packed.h).
 #include "kernels/int4_packed.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -109,6 +111,108 @@ void DequantW4PackedScalar(const W4PackedWeight& w, int64_t n0, int64_t n1, floa
           out[(r - n0) * w.k + k0 + o] = static_cast<float>(w4p::CodeAt(w, rec, o) - zero) * scale;
       }
     }
+}
+
+bool W4Int8Supported(const W4PackedWeight& w) {
+  return w.group_size == 32 || w.group_size == 64 || w.group_size % 128 == 0;
+}
+
+int64_t W4Int8Parts(int64_t group_size) { return group_size < 128 ? 128 / group_size : 1; }
+
+namespace {
+
+struct ActsLayout {
+  size_t x8 = 0, xs = 0, sx = 0, total = 0;  // byte offsets
+};
+
+size_t Align64(size_t v) { return (v + 63) / 64 * 64; }
+
+ActsLayout ActsLayoutFor(int64_t k, int64_t parts) {
+  const size_t blocks = static_cast<size_t>((k + 127) / 128), p = static_cast<size_t>(parts);
+  ActsLayout l;
+  l.x8 = 0;
+  l.xs = Align64(blocks * 128);
+  l.sx = l.xs + Align64(blocks * 4);
+  l.total = l.sx + Align64(blocks * p * 4);
+  return l;
+}
+
+}  // namespace
+
+size_t W4Int8ActsBytes(int64_t k, int64_t parts) { return ActsLayoutFor(k, parts).total; }
+
+W4Int8Acts QuantizeActsInt8(const float* x, int64_t k, int64_t parts, uint8_t* scratch) {
+  NIBBLE_CHECK(k >= 1 && (parts == 1 || parts == 2 || parts == 4));
+  const ActsLayout l = ActsLayoutFor(k, parts);
+  W4Int8Acts a;
+  a.k = k;
+  a.blocks = (k + 127) / 128;
+  a.parts = parts;
+  int8_t* x8 = reinterpret_cast<int8_t*>(scratch + l.x8);
+  float* xs = reinterpret_cast<float*>(scratch + l.xs);
+  int32_t* sx = reinterpret_cast<int32_t*>(scratch + l.sx);
+  for (int64_t t = 0; t < a.blocks; ++t) {
+    const int64_t k0 = 128 * t, len = std::min<int64_t>(128, k - k0);
+    float amax = 0.f;
+    for (int64_t o = 0; o < len; ++o) amax = std::max(amax, std::fabs(x[k0 + o]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    xs[t] = amax / 127.f;
+    int8_t q[128] = {};
+    for (int64_t o = 0; o < len; ++o) {
+      const float v = std::nearbyint(x[k0 + o] * inv);
+      q[o] = static_cast<int8_t>(v > 127.f ? 127 : (v < -127.f ? -127 : (v == v ? static_cast<int>(v) : 0)));
+    }
+    // A: byte i of dword lane l = code at 32i + l; B: 32i + 16 + l. Byte i lies in part
+    // i · parts / 4 (parts of 128 / parts values: 32i + l and 32i + 16 + l share a part).
+    int8_t* A = x8 + t * 128;
+    int8_t* B = A + 64;
+    for (int64_t p = 0; p < parts; ++p) sx[t * parts + p] = 0;
+    for (int l2 = 0; l2 < 16; ++l2)
+      for (int i = 0; i < 4; ++i) {
+        A[4 * l2 + i] = q[32 * i + l2];
+        B[4 * l2 + i] = q[32 * i + 16 + l2];
+        sx[t * parts + i * parts / 4] += q[32 * i + l2] + q[32 * i + 16 + l2];
+      }
+  }
+  a.x8 = x8;
+  a.xs = xs;
+  a.sx = sx;
+  return a;
+}
+
+void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* acts, int64_t m, const float* bias, float* y,
+                          int64_t n0, int64_t n1) {
+  const int64_t g = w.group_size, sb_per_rec = w.rec_weights / 128;
+  for (int64_t row = 0; row < m; ++row)
+  for (int64_t r = n0; r < n1; ++r) {
+    const W4Int8Acts& a = acts[row];
+    const int64_t part_len = 128 / a.parts;
+    float acc[16] = {};
+    float corr = 0.f;
+    for (int64_t t = 0; t < a.blocks; ++t) {
+      const uint8_t* rec = w.data + r * w.row_bytes + (t / sb_per_rec) * w.rec_bytes;
+      const int64_t b = t % sb_per_rec;
+      const uint8_t* sb = rec + w.rec_header + 64 * b;
+      for (int64_t p = 0; p < a.parts; ++p) {
+        if (128 * t + p * part_len >= w.k) break;
+        const int64_t gi = a.parts > 1 ? p : (128 * b) / g;
+        const int8_t* A = a.x8 + t * 128;
+        const int8_t* B = A + 64;
+        const float fs = w4p::Scale(rec, gi) * a.xs[t];
+        for (int l = 0; l < 16; ++l) {
+          int32_t v = 0;
+          for (int i = 0; i < 4; ++i)
+            if (i * a.parts / 4 == p) v += (sb[4 * l + i] & 15) * A[4 * l + i] + (sb[4 * l + i] >> 4) * B[4 * l + i];
+          acc[l] = std::fma(fs, static_cast<float>(v), acc[l]);
+        }
+        corr = std::fma(fs, static_cast<float>(w4p::Zero(w, rec, gi) * a.sx[t * a.parts + p]), corr);
+      }
+    }
+    for (int h = 8; h >= 1; h /= 2)
+      for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
+    const float v = acc[0] - corr;
+    y[row * w.n + r] = bias != nullptr ? v + bias[r] : v;
+  }
 }
 
 uint64_t StreamReadScalar(const uint64_t* p, int64_t words) {

@@ -5,7 +5,8 @@
 // codes (one stream of cache lines, no second stream of scales); 128 codes in one 64-byte
 // "superblock" arranged so that a 16-lane dword vector loaded from it yields 16 consecutive codes
 // after one shift — AVX-512 turns them into weights with one vpermps through a per-group table,
-// with no widening shuffles. Non-goals: weights other than 4-bit; activation quantization.
+// with no widening shuffles. Non-goals: weights other than 4-bit. The opt-in int8-activation
+// (W4A8) path below reads the same layout.
 //
 // A row (row_bytes apart) is a sequence of records; a record covers R = lcm(g, 128) weights of K
 // when g % 16 == 0 (so each 16-code run lies in one group), else R = g (scalar kernels only); the
@@ -18,6 +19,7 @@
 // w[n][k] = (q − zero_point) · scale, the same formula and rounding as GemmW4A32Ref.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace nibble {
@@ -74,6 +76,50 @@ using W4DequantKernel = void (*)(const W4PackedWeight& w, int64_t n0, int64_t n1
 /// One ISA's streaming read: the wrapping sum of `words` 64-bit words at `p` (any alignment),
 /// read with the ISA's widest loads. The bandwidth roofline of `nibble bench` (reads only).
 using StreamReadKernel = uint64_t (*)(const uint64_t* p, int64_t words);
+
+/// Opt-in W4A8 path (docs/KERNELS.md "int8 activations"): one activation row quantized
+/// dynamically to int8 per block of 128 values of K (symmetric, scale = max|x| / 127, codes
+/// round-half-even(x · 127 / max|x|) in −127..127, the llama.cpp Q8 scheme with 128-value blocks),
+/// arranged to match the W4P superblock: per block t, 128 bytes — "A" (byte i of dword lane l =
+/// x8[128t + 32i + l]) then "B" (x8[128t + 32i + 16 + l]). The low nibbles of the superblock's
+/// bytes pair with A, the high nibbles with B, so one VNNI dot product per half gives the block's
+/// integer sums per lane. With g < 128 a block holds `parts` = 128 / g groups: byte i of every
+/// lane belongs to part i · parts / 4.
+struct W4Int8Acts {
+  int64_t k = 0;               // K (values beyond K within the last block are 0)
+  int64_t blocks = 0;          // ceil(K / 128)
+  int64_t parts = 1;           // 128 / g for g in {32, 64}; 1 when g % 128 == 0
+  const int8_t* x8 = nullptr;  // [blocks][2][64]
+  const float* xs = nullptr;   // [blocks] block scale max|x| / 127 (0 for an all-zero block)
+  const int32_t* sx = nullptr; // [blocks][parts] sum of the part's int8 values
+};
+
+/// Whether the W4A8 kernels serve `w`: g in {32, 64} or g a multiple of 128 (every superblock
+/// holds whole groups, or lies in one).
+bool W4Int8Supported(const W4PackedWeight& w);
+/// Parts per block for group size g (W4Int8Supported weights): 128 / g below 128, else 1.
+int64_t W4Int8Parts(int64_t group_size);
+/// Scratch bytes QuantizeActsInt8 needs for K and `parts`.
+size_t W4Int8ActsBytes(int64_t k, int64_t parts);
+/// Quantizes x[K] (fp32) into `scratch` (W4Int8ActsBytes bytes, any alignment) and returns the
+/// view. Deterministic scalar code shared by every ISA. Non-finite x is the caller's problem (the
+/// model never produces it): the block's codes are then unspecified but the call is safe.
+W4Int8Acts QuantizeActsInt8(const float* x, int64_t k, int64_t parts, uint8_t* scratch);
+
+/// One ISA's W4A8 GEMM: y[i][n] for the M quantized activation rows a[0..M) and weight rows
+/// n0..n1 (y row-major [M, N], row stride w.n). Arithmetic per (i, n), fixed so every ISA and
+/// every tiling is bit-identical: for each block t and part p in order (parts whose group starts
+/// at or beyond K skipped), with the part's group scale s and zero point z, fs = s · xs[t] (fp32)
+/// and, for each of the 16 dword lanes l of the superblock, v_l = Σ over the part's bytes i of
+/// lo(byte 4l+i)·A[4l+i] + hi(byte 4l+i)·B[4l+i] (exact int); acc[l] = fma(fs, float(v_l), acc[l])
+/// and corr = fma(fs, float(z · sx[t][p]), corr). Then the lanes are summed as a tree (l + 8,
+/// l + 4, l + 2, l + 1) and y = (acc − corr) (+ bias[n]). Single-threaded, no allocation.
+/// Precondition: W4Int8Supported(w); every a[i].parts == W4Int8Parts(w.group_size), a[i].k == w.k.
+using W4GemmI8Kernel = void (*)(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y,
+                                int64_t n0, int64_t n1);
+/// Scalar W4A8 GEMM (the oracle and the fallback on CPUs without AVX-512 VNNI).
+void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y,
+                          int64_t n0, int64_t n1);
 
 /// Scalar kernels on the packed layout (the fallback; same arithmetic and order as GemmW4A32Ref,
 /// so their results are bit-identical to it).

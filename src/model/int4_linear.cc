@@ -44,7 +44,26 @@ Int4Matrix Int4Linear::weight() const {
   return m;
 }
 
+bool Int4Linear::SetInt8Activations(bool on) {
+  int8_ = on && W4Int8Supported(pw_);
+  return int8_;
+}
+
 void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
+  if (int8_) {
+    // Every row of x quantized once, then one pass over W for all rows (the scratch is reused
+    // across calls and layers).
+    thread_local std::vector<uint8_t> scratch;
+    thread_local std::vector<W4Int8Acts> acts;
+    const int64_t parts = W4Int8Parts(pw_.group_size);
+    const size_t row_bytes = W4Int8ActsBytes(pw_.k, parts);
+    scratch.resize(row_bytes * static_cast<size_t>(m));
+    acts.resize(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i)
+      acts[static_cast<size_t>(i)] = QuantizeActsInt8(x + i * pw_.k, pw_.k, parts, scratch.data() + row_bytes * static_cast<size_t>(i));
+    GemmW4A8Packed(pw_, acts.data(), m, bias_.empty() ? nullptr : bias_.data(), y);
+    return;
+  }
   if (m < kDequantGemmMinRows) {
     W4PackedGemmArgs a;
     a.m = m;

@@ -1,6 +1,6 @@
 // Int4 linear: weights in the kernels' packed layout W4P (kernels/int4_packed.h, docs/KERNELS.md),
-// built once at load from the native Int4Matrix; fp32 activations (W4A32 numerics: activations are
-// never quantized).
+// built once at load from the native Int4Matrix; fp32 activations (W4A32 numerics) unless the
+// opt-in int8-activation path (SetInt8Activations, W4A8) is switched on.
 //
 // Kernels (dispatched per ISA, kernels/int4_dispatch.h): M < kDequantGemmMinRows runs the fused
 // W4A32 GEMV/GEMM directly on the packed codes; larger M dequantizes the weight once per call into
@@ -36,6 +36,10 @@ class Int4Linear final : public Linear {
   int64_t out_features() const override { return pw_.n; }
   void Forward(const float* x, int64_t m, float* y) const override;
   std::string Describe() const override { return desc_; }
+  /// W4A8 opt-in (Linear::SetInt8Activations): Forward quantizes each row of x to int8 per
+  /// 128-value block (QuantizeActsInt8) and runs the int8 GEMV row by row for every M. Served
+  /// when g is 32, 64 or a multiple of 128 (W4Int8Supported); otherwise stays W4A32.
+  bool SetInt8Activations(bool on) override;
   /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight
   /// symmetric and 69/128 asymmetric.
   int64_t WeightBytes() const override { return static_cast<int64_t>(packed_.size()); }
@@ -49,6 +53,7 @@ class Int4Linear final : public Linear {
   W4PackedWeight pw_;            // geometry + pointer into packed_
   std::vector<float> bias_;
   std::string desc_;
+  bool int8_ = false;
 };
 
 }  // namespace nibble

@@ -21,6 +21,14 @@ class Linear {
   virtual std::string Describe() const = 0;
   /// Bytes of weight storage (excluding bias).
   virtual int64_t WeightBytes() const = 0;
+  /// Opt-in W4A8: int4 linears whose group size the int8 kernels serve switch Forward to
+  /// dynamically quantized int8 activations (kernels/int4_packed.h W4Int8Acts). Returns whether
+  /// this linear now runs int8 activations (false for dense linears and unsupported group sizes).
+  /// Not thread-safe against a concurrent Forward.
+  virtual bool SetInt8Activations(bool on) {
+    (void)on;
+    return false;
+  }
 };
 
 /// Dense fp32 linear through the dense GEMM (oneDNN sgemm). Weights may be shared (tied

@@ -83,6 +83,10 @@ class LlamaModel {
   const Linear& lm_head() const { return *lm_head_; }
   const std::vector<float>& final_norm() const { return norm_; }  // [hidden_size]
 
+  /// Switches every projection and lm_head to (or back from) the opt-in W4A8 path
+  /// (Linear::SetInt8Activations). Returns how many linears now run int8 activations.
+  int64_t SetInt8Activations(bool on);
+
   /// A cache for up to `capacity` positions (<= max_position_embeddings).
   KvCache NewCache(int64_t capacity) const;
 

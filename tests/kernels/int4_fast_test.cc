@@ -7,6 +7,7 @@
 // across thread counts, and Int4Linear end to end.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -326,6 +327,162 @@ TEST(Int4LinearTest, ForwardAndWeightRoundTrip) {
     for (auto& v : x) v = xd(rng);
     lin.Forward(x.data(), m, y.data());
     EXPECT_TRUE(WithinTolerance(w, wd, m, x, bias.data(), y)) << "m=" << m;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opt-in W4A8 path (int8 activations).
+
+// Independent oracle: x quantized per 128-value block with its own code (scale max|x|/127,
+// round half to even), W dequantized from the Int4Matrix, products summed in double. Also the
+// tolerance per output: the kernels round s·xs, each fma and each block/part sum in fp32, so
+// |y − oracle| <= γ_{K/16 + 8} · (Σ_k |ŵ_k x̂_k| + |b|).
+struct W4A8Ref {
+  std::vector<double> y, tol;
+};
+
+W4A8Ref W4A8Oracle(const Int4Matrix& m, const std::vector<float>& x, const float* bias) {
+  std::vector<double> xq(static_cast<size_t>(m.k));
+  for (int64_t t = 0; t * 128 < m.k; ++t) {
+    const int64_t k0 = 128 * t, k1 = std::min<int64_t>(m.k, k0 + 128);
+    float amax = 0.f;
+    for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(x[k]));
+    const float scale = amax / 127.f;
+    for (int64_t k = k0; k < k1; ++k) {
+      const double q = amax > 0.f ? std::nearbyint(static_cast<double>(x[k] * (127.f / amax))) : 0.0;
+      xq[k] = std::clamp(q, -127.0, 127.0) * scale;
+    }
+  }
+  std::vector<float> wd(static_cast<size_t>(m.n * m.k));
+  DequantizeRef(m, wd.data());
+  const double u = std::ldexp(1.0, -24), nu = static_cast<double>(m.k / 16 + 8) * u, gamma = nu / (1.0 - nu);
+  W4A8Ref r;
+  for (int64_t n = 0; n < m.n; ++n) {
+    double acc = 0, mag = 0;
+    for (int64_t k = 0; k < m.k; ++k) {
+      acc += static_cast<double>(wd[n * m.k + k]) * xq[k];
+      mag += std::fabs(static_cast<double>(wd[n * m.k + k]) * xq[k]);
+    }
+    if (bias != nullptr) {
+      acc += bias[n];
+      mag += std::fabs(bias[n]);
+    }
+    r.y.push_back(acc);
+    r.tol.push_back(gamma * mag + 1e-30);
+  }
+  return r;
+}
+
+TEST(W4A8KernelTest, EveryKernelMatchesTheOracleAndIsBitIdenticalToScalar) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const W4Kernels* scalar = W4KernelsFor(Isa::kScalar);
+  ASSERT_NE(scalar, nullptr);
+  const W4Kernels* fast = W4KernelsFor(Isa::kAvx512);  // VNNI when the CPU has it, else scalar again
+  int cases = 0;
+  for (int64_t g : {32, 64, 128, 256, -1}) {
+    for (int64_t kmul : {1, 3, 0}) {
+      const int64_t k = g == -1 ? (kmul == 0 ? 4096 : 128 * kmul) : (kmul == 0 ? 4096 : g * kmul);
+      const int64_t ge = g == -1 ? k : g;
+      for (int64_t n : {1, 7, 8, 9, 63, 64, 65}) {
+        for (bool sym : {false, true}) {
+          const Int4Matrix m = RandomMatrix(rng, n, k, ge, sym);
+          Packed p(m);
+          ASSERT_TRUE(W4Int8Supported(p.w)) << "g=" << ge;
+          // M = 1, 2, 5 in turn (the VNNI kernel tiles activation rows by 4).
+          const int64_t m_rows = cases % 3 == 0 ? 1 : (cases % 3 == 1 ? 2 : 5);
+          std::vector<std::vector<float>> xs_rows;
+          const int64_t parts = W4Int8Parts(ge);
+          const size_t ab = W4Int8ActsBytes(k, parts);
+          std::vector<uint8_t> scratch(ab * static_cast<size_t>(m_rows));
+          std::vector<W4Int8Acts> acts;
+          for (int64_t i = 0; i < m_rows; ++i) {
+            std::vector<float> x(static_cast<size_t>(k));
+            for (auto& v : x) v = xd(rng);
+            x[static_cast<size_t>((k / 2 + 17 * i) % k)] = 40.f;  // an outlier channel
+            if (k >= 256)
+              for (int64_t j = 128; j < 256; ++j) x[static_cast<size_t>(j)] = 0.f;  // an all-zero block
+            acts.push_back(QuantizeActsInt8(x.data(), k, parts, scratch.data() + ab * static_cast<size_t>(i)));
+            xs_rows.push_back(std::move(x));
+          }
+          std::vector<float> bias(static_cast<size_t>(n));
+          for (auto& v : bias) v = xd(rng);
+          const float* b = (n % 2 == 1) ? bias.data() : nullptr;
+          std::vector<float> ys(static_cast<size_t>(m_rows * n)), yf(ys.size());
+          scalar->gemm_i8(p.w, acts.data(), m_rows, b, ys.data(), 0, n);
+          for (int64_t i = 0; i < m_rows; ++i) {
+            const W4A8Ref ref = W4A8Oracle(m, xs_rows[static_cast<size_t>(i)], b);
+            double worst = 0;
+            int64_t wn = 0;
+            for (int64_t j = 0; j < n; ++j) {
+              const double r = std::fabs(ys[i * n + j] - ref.y[j]) / ref.tol[j];
+              if (!(r <= worst)) worst = r, wn = j;
+            }
+            EXPECT_LE(worst, 1.0) << "g=" << ge << " k=" << k << " n=" << n << " sym=" << sym << ": y[" << i << "][" << wn
+                                  << "] = " << ys[i * n + wn] << ", oracle " << ref.y[wn] << ", tolerance " << ref.tol[wn];
+          }
+          if (fast != nullptr) {
+            fast->gemm_i8(p.w, acts.data(), m_rows, b, yf.data(), 0, n);
+            EXPECT_EQ(std::memcmp(ys.data(), yf.data(), ys.size() * 4), 0)
+                << fast->gemm_i8_name << " g=" << ge << " k=" << k << " n=" << n << " m=" << m_rows << " sym=" << sym;
+            // Row tiling does not change a row's result: row 0 alone equals row 0 of the batch.
+            std::vector<float> y1(static_cast<size_t>(n));
+            fast->gemm_i8(p.w, acts.data(), 1, b, y1.data(), 0, n);
+            EXPECT_EQ(std::memcmp(y1.data(), yf.data(), y1.size() * 4), 0) << "m=1 vs m=" << m_rows;
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 5 * 3 * 7 * 2);
+}
+
+TEST(W4A8KernelTest, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const Int4Matrix w = RandomMatrix(rng, 1000, 512, 128, false);
+  Packed p(w);
+  std::vector<float> x(512 * 3);
+  for (auto& v : x) v = xd(rng);
+  std::vector<uint8_t> scratch(W4Int8ActsBytes(512, 1) * 3);
+  std::vector<W4Int8Acts> a;
+  for (int i = 0; i < 3; ++i) a.push_back(QuantizeActsInt8(x.data() + 512 * i, 512, 1, scratch.data() + W4Int8ActsBytes(512, 1) * i));
+  const int saved = omp_get_max_threads();
+  std::vector<float> y1(3000), y2(3000);
+  omp_set_num_threads(1);
+  GemmW4A8Packed(p.w, a.data(), 3, nullptr, y1.data());
+  omp_set_num_threads(2);
+  GemmW4A8Packed(p.w, a.data(), 3, nullptr, y2.data());
+  omp_set_num_threads(saved);
+  EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * 4), 0);
+
+  // Int4Linear: the opt-in switches every M (also M >= kDequantGemmMinRows) to the W4A8 GEMM.
+  Int4Linear lin(w, {}, "test");
+  ASSERT_TRUE(lin.SetInt8Activations(true));
+  for (int64_t m : {int64_t{3}, Int4Linear::kDequantGemmMinRows + 1}) {
+    std::vector<float> xm(static_cast<size_t>(m * 512)), y(static_cast<size_t>(m * 1000));
+    for (auto& v : xm) v = xd(rng);
+    lin.Forward(xm.data(), m, y.data());
+    for (int64_t i = 0; i < m; i += m - 1) {
+      const W4Int8Acts ai = QuantizeActsInt8(xm.data() + i * 512, 512, 1, scratch.data());
+      std::vector<float> yr(1000);
+      GemmW4A8PackedScalar(p.w, &ai, 1, nullptr, yr.data(), 0, 1000);
+      EXPECT_EQ(std::memcmp(yr.data(), y.data() + i * 1000, 4000), 0) << "m=" << m << " row " << i;
+    }
+  }
+  // Back to W4A32: the fp32 kernels' result again.
+  EXPECT_FALSE(lin.SetInt8Activations(false));
+  std::vector<float> y32(1000), yl(1000);
+  GemmW4A32Packed({1, &p.w, x.data(), nullptr, y32.data()});
+  lin.Forward(x.data(), 1, yl.data());
+  EXPECT_EQ(std::memcmp(y32.data(), yl.data(), 4000), 0);
+
+  // Group sizes the int8 kernels do not serve stay W4A32.
+  for (int64_t g : {16, 48, 192}) {
+    const Int4Matrix wg = RandomMatrix(rng, 8, 384, g, true);
+    Int4Linear lg(wg, {}, "g");
+    EXPECT_FALSE(lg.SetInt8Activations(true)) << "g=" << g;
   }
 }
 
