@@ -10,7 +10,9 @@
 
 #include <bitset>
 #include <exception>
+#include <memory>
 #include <re2/re2.h>
+#include <unordered_map>
 #include <vector>
 
 namespace nibble {
@@ -168,6 +170,17 @@ RE2::Options RegexOptions() {
   return o;
 }
 
+// The compiled pattern of a `re:` entry, cached per thread (a config resolves every layer against
+// the same few entries). Bounded: cleared when it reaches kMaxCached patterns.
+const RE2& CompiledRegex(const std::string& pattern) {
+  constexpr size_t kMaxCached = 256;
+  thread_local std::unordered_map<std::string, std::unique_ptr<RE2>> cache;
+  auto it = cache.find(pattern);
+  if (it != cache.end()) return *it->second;
+  if (cache.size() >= kMaxCached) cache.clear();
+  return *cache.emplace(pattern, std::make_unique<RE2>(pattern, RegexOptions())).first->second;
+}
+
 }  // namespace
 
 Status ValidateExcludeEntry(const std::string& entry) {
@@ -180,7 +193,7 @@ Status ValidateExcludeEntry(const std::string& entry) {
 
 Result<bool> MatchesExcludeEntry(const std::string& name, const std::string& entry) {
   if (entry.rfind("re:", 0) != 0) return FnMatch(name, entry);
-  const RE2 re(entry.substr(3), RegexOptions());
+  const RE2& re = CompiledRegex(entry.substr(3));
   if (!re.ok())
     return MakeError("exclude entry \"", entry, "\" against layer \"", name,
                      "\": invalid regular expression (RE2 syntax): ", re.error());
