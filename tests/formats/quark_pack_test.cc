@@ -15,6 +15,7 @@
 
 #include "formats/float_dtype.h"
 #include "formats/int4_matrix.h"
+#include "test_util.h"
 
 namespace nibble {
 namespace {
@@ -175,22 +176,9 @@ TEST(QuarkPackTest, Tv5Shapes) {
 
 // ---- round trips ---------------------------------------------------------------------------------
 
+// Scales not representable in F16/BF16: export rounds them.
 Int4Matrix RandomMatrix(std::mt19937& rng, int64_t n, int64_t k, int64_t g, bool sym) {
-  Int4Matrix m;
-  m.n = n;
-  m.k = k;
-  m.group_size = g;
-  m.symmetric = sym;
-  std::uniform_int_distribution<int> nib(0, 15);
-  std::uniform_real_distribution<float> sc(1e-4f, 0.1f);
-  m.codes.resize(static_cast<size_t>(n * k));
-  for (auto& c : m.codes) c = static_cast<uint8_t>(nib(rng));
-  const int64_t G = k / g;
-  m.zero_points.resize(static_cast<size_t>(n * G));
-  m.scales.resize(static_cast<size_t>(n * G));
-  for (auto& z : m.zero_points) z = sym ? 8 : static_cast<uint8_t>(nib(rng));
-  for (auto& s : m.scales) s = sc(rng);  // not representable in F16/BF16: export rounds
-  return m;
+  return nibble_test::RandomInt4Matrix(rng, n, k, g, sym, 1e-4f, 0.1f);
 }
 
 // Export → safetensors bytes → parse → import.

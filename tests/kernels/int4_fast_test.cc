@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "formats/int4_matrix.h"
+#include "test_util.h"
 #include "kernels/int4_dispatch.h"
 #include "kernels/int4_gemm.h"
 #include "kernels/int4_packed.h"
@@ -28,20 +29,7 @@ namespace nibble {
 namespace {
 
 Int4Matrix RandomMatrix(std::mt19937& rng, int64_t n, int64_t k, int64_t g, bool sym) {
-  Int4Matrix m;
-  m.n = n;
-  m.k = k;
-  m.group_size = g;
-  m.symmetric = sym;
-  std::uniform_int_distribution<int> nib(0, 15);
-  std::uniform_real_distribution<float> sc(1e-3f, 0.05f);
-  m.codes.resize(static_cast<size_t>(n * k));
-  for (auto& c : m.codes) c = static_cast<uint8_t>(nib(rng));
-  m.zero_points.resize(static_cast<size_t>(n * (k / g)));
-  m.scales.resize(m.zero_points.size());
-  for (auto& z : m.zero_points) z = sym ? 8 : static_cast<uint8_t>(nib(rng));
-  for (auto& s : m.scales) s = sc(rng);
-  return m;
+  return nibble_test::RandomInt4Matrix(rng, n, k, g, sym);
 }
 
 struct Packed {
