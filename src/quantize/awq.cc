@@ -309,41 +309,53 @@ int64_t InspectOutDim(const ModelConfig& c, const Resolved& r, const Linears& li
   return r.inspect == "linear" ? lin[r.inspect_linear]->out_features() : c.hidden_size;
 }
 
-// Runs the inspected module over all sequences in chunks of kChunkRows rows. With `reference`
-// null, stores the output in *out (the fp reference) and returns 0; otherwise (out unused) the MSE
-// against it. Chunks run in parallel, one per thread (the kernels inside see a single thread:
-// nested OpenMP regions are inactive) — one barrier per call instead of one per GEMM and attention
-// step; every chunk's arithmetic, and the order its partial sums are added in, is the same for
-// any thread count.
-double InspectAll(const Ctx& ctx, const Resolved& r, const Linears& lin, const Acts& a, int64_t batch,
-                  std::vector<float>* out, const std::vector<float>* reference) {
-  const int64_t od = InspectOutDim(*ctx.c, r, lin);
-  const int64_t seqs = std::max<int64_t>(1, kChunkRows / ctx.t);
-  const int64_t chunks = (batch + seqs - 1) / seqs;
-  if (reference == nullptr) {
-    out->resize(static_cast<size_t>(batch * ctx.t * od));
+// The inspected module runs over all sequences in chunks of kChunkRows rows. Chunks run in
+// parallel, one per thread (the kernels inside see a single thread: nested OpenMP regions are
+// inactive) — one barrier per call instead of one per GEMM and attention step; every chunk's
+// arithmetic, and the order its partial sums are added in, is the same for any thread count.
+struct Chunking {
+  int64_t od = 0, seqs = 0, chunks = 0;  // output width, sequences per chunk, chunk count
+};
+
+Chunking ChunkingFor(const Ctx& ctx, const Resolved& r, const Linears& lin, int64_t batch) {
+  Chunking c;
+  c.od = InspectOutDim(*ctx.c, r, lin);
+  c.seqs = std::max<int64_t>(1, kChunkRows / ctx.t);
+  c.chunks = (batch + c.seqs - 1) / c.seqs;
+  return c;
+}
+
+// The fp reference: the inspected module's output for every sequence, [batch * t, od].
+std::vector<float> InspectReference(const Ctx& ctx, const Resolved& r, const Linears& lin, const Acts& a, int64_t batch) {
+  const Chunking c = ChunkingFor(ctx, r, lin, batch);
+  std::vector<float> out(static_cast<size_t>(batch * ctx.t * c.od));
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t ci = 0; ci < chunks; ++ci) {
-      const int64_t b0 = ci * seqs;
-      InspectChunk(ctx, r, lin, a, b0, std::min(seqs, batch - b0), out->data() + b0 * ctx.t * od);
-    }
-    return 0;
+  for (int64_t ci = 0; ci < c.chunks; ++ci) {
+    const int64_t b0 = ci * c.seqs;
+    InspectChunk(ctx, r, lin, a, b0, std::min(c.seqs, batch - b0), out.data() + b0 * ctx.t * c.od);
   }
-  std::vector<double> part(static_cast<size_t>(chunks));
+  return out;
+}
+
+// MSE of the inspected module's output with linears `lin` against `reference` (InspectReference).
+double InspectLoss(const Ctx& ctx, const Resolved& r, const Linears& lin, const Acts& a, int64_t batch,
+                   const std::vector<float>& reference) {
+  const Chunking c = ChunkingFor(ctx, r, lin, batch);
+  std::vector<double> part(static_cast<size_t>(c.chunks));
 #pragma omp parallel
   {
-    std::vector<float> y(static_cast<size_t>(std::min(seqs, batch) * ctx.t * od));
+    std::vector<float> y(static_cast<size_t>(std::min(c.seqs, batch) * ctx.t * c.od));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t ci = 0; ci < chunks; ++ci) {
-      const int64_t b0 = ci * seqs, nb = std::min(seqs, batch - b0);
+    for (int64_t ci = 0; ci < c.chunks; ++ci) {
+      const int64_t b0 = ci * c.seqs, nb = std::min(c.seqs, batch - b0);
       InspectChunk(ctx, r, lin, a, b0, nb, y.data());
-      const int64_t n = nb * ctx.t * od;
-      part[static_cast<size_t>(ci)] = Mse(reference->data() + b0 * ctx.t * od, y.data(), n) * static_cast<double>(n);
+      const int64_t n = nb * ctx.t * c.od;
+      part[static_cast<size_t>(ci)] = Mse(reference.data() + b0 * ctx.t * c.od, y.data(), n) * static_cast<double>(n);
     }
   }
   double sum = 0;
   for (double p : part) sum += p;
-  return sum / static_cast<double>(batch * ctx.t * od);
+  return sum / static_cast<double>(batch * ctx.t * c.od);
 }
 
 // The grid search of one mapping; applies the best scales to L. Returns the report.
@@ -356,8 +368,7 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
   const std::vector<float> x_mean = ChannelAbsMean(a.Of(r.src), rows, kin);
   const std::vector<float> w_mean = WeightMean(L, r.balance);
   Linears base = MakeLinears(L);
-  std::vector<float> y_fp;
-  InspectAll(ctx, r, base, a, batch, &y_fp, nullptr);
+  const std::vector<float> y_fp = InspectReference(ctx, r, base, a, batch);
 
   double best = std::numeric_limits<double>::infinity();
   std::vector<float> best_s;
@@ -394,7 +405,7 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
       cand[i] = std::make_unique<DenseLinear>(n, k, std::make_shared<const std::vector<float>>(std::move(dq).value()), L.bias[i]);
     }
     double loss = std::numeric_limits<double>::infinity();
-    if (ok) loss = InspectAll(ctx, r, cand, a, batch, nullptr, &y_fp);
+    if (ok) loss = InspectLoss(ctx, r, cand, a, batch, y_fp);
     if (first) rep.loss_rtn = loss;
     first = false;
     if (!std::isfinite(loss)) { ++rep.rejected; continue; }
