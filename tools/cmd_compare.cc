@@ -74,7 +74,7 @@ Runner RegisterCompare(CLI::App& app) {
     for (const auto& row : r->rows)
       std::printf("%-*s %12.4f %12.6f %10.4f %9.2f%%\n", static_cast<int>(w), row.dir.c_str(), row.perplexity.ppl, row.mean_kld,
                   row.max_kld, 100.0 * row.top1_agreement);
-    std::fprintf(stderr, "%.1f s, %d threads\n", r->base.seconds, nibble::NumThreads());
+    std::fprintf(stderr, "compare: base model forward %.1f s, %d threads\n", r->base.seconds, nibble::NumThreads());
     return 0;
   };
 }

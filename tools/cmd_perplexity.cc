@@ -34,7 +34,7 @@ Runner RegisterPerplexity(CLI::App& app) {
   cmd->add_option("--kl_divergence_base", a->kl_base,
                   "Float model directory: also report mean KL(P_base || P_model) and top-1 agreement on the same windows");
   cmd->add_flag("--int8_activations", a->int8,
-                "Opt-in W4A8: evaluate the same windows twice, W4A16 then with int8 activations in the int4 linears, "
+                "Opt-in W4A8: evaluate the same windows twice, fp32 then int8 activations in the int4 linears, "
                 "and print the perplexity (and KLD) cost");
   return [a]() {
     nibble::SetNumThreads(a->threads);
@@ -44,6 +44,15 @@ Runner RegisterPerplexity(CLI::App& app) {
     ss << in.rdbuf();
     auto model = nibble::Model::Load(a->model);
     if (!model.ok()) return Fail(model.error().message);
+    // --int8_activations: refuse a model it cannot serve before evaluating anything.
+    int64_t int8_linears = 0;
+    if (a->int8) {
+      int8_linears = (*model)->SetInt8Activations(true);
+      (*model)->SetInt8Activations(false);
+      if (int8_linears == 0)
+        return Fail("--int8_activations: " + a->model +
+                    " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)");
+    }
     if (a->seq_len == 0) a->seq_len = std::min<int64_t>(2048, (*model)->info().max_position_embeddings);
     std::unique_ptr<nibble::ProgressBar> bar;
     nibble::PerplexityOptions opt;
@@ -73,12 +82,11 @@ Runner RegisterPerplexity(CLI::App& app) {
                   row.perplexity.ppl, c->base.ppl, row.mean_kld, row.max_kld, 100.0 * row.top1_agreement);
       if (a->int8) {
         const int64_t n = (*model)->SetInt8Activations(true);
-        if (n == 0) return Fail("--int8_activations: " + a->model + " has no int4 linear the int8 kernels serve");
         auto c8 = nibble::CompareModels(**base, {model->get()}, ss.str(), co);
         bar.reset();
         if (!c8.ok()) return Fail(a->text + ": " + c8.error().message);
         const auto& r8 = c8->rows[0];
-        std::printf("int8 activations (W4A8, %lld int4 linears): perplexity %.4f (%+.2f %% vs W4A16), mean KLD %.6f nats "
+        std::printf("int8 activations (W4A8, %lld int4 linears): perplexity %.4f (%+.2f %% vs fp32 activations), mean KLD %.6f nats "
                     "(%+.6f), top-1 agreement %.2f %%\n",
                     static_cast<long long>(n), r8.perplexity.ppl, 100.0 * (r8.perplexity.ppl / row.perplexity.ppl - 1.0),
                     r8.mean_kld, r8.mean_kld - row.mean_kld, 100.0 * r8.top1_agreement);
@@ -102,11 +110,10 @@ Runner RegisterPerplexity(CLI::App& app) {
                  nibble::NumThreads());
     if (a->int8) {
       const int64_t n = (*model)->SetInt8Activations(true);
-      if (n == 0) return Fail("--int8_activations: " + a->model + " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)");
       auto r8 = nibble::EvaluatePerplexity(**model, ss.str(), opt);
       bar.reset();
       if (!r8.ok()) return Fail(a->text + ": " + r8.error().message);
-      std::printf("int8 activations (W4A8, %lld int4 linears): mean NLL %.6f, perplexity %.4f (%+.2f %% vs W4A16 %.4f)\n",
+      std::printf("int8 activations (W4A8, %lld int4 linears): mean NLL %.6f, perplexity %.4f (%+.2f %% vs fp32 activations %.4f)\n",
                   static_cast<long long>(n), r8->mean_nll, r8->ppl, 100.0 * (r8->ppl / r->ppl - 1.0), r->ppl);
       std::fprintf(stderr, "throughput (int8 activations): %.1f tokens/s (%.2f s)\n", r8->tokens_per_second, r8->seconds);
     }

@@ -181,6 +181,12 @@ TEST(Cli, Int8ActivationsPerplexityCostIsPrintedAndSmall) {
   RunResult g = RunNibble("generate --model " + out + " -n 4 --temperature 0 --int8_activations");
   EXPECT_EQ(g.exit_code, 0) << g.out;
   EXPECT_NE(g.out.find("activations: int8 (W4A8) in 42 int4 linears"), std::string::npos) << g.out;
+  // A model the int8 path cannot serve is refused before anything is evaluated.
+  RunResult d = RunNibble("perplexity --model " + Quote(nibble_test::EmbeddedModel()) + " --text " +
+                          Quote(nibble_test::SharedData("prose-val.txt")) + " --max_windows 1 --int8_activations");
+  EXPECT_EQ(d.exit_code, 1) << d.out;
+  EXPECT_NE(d.out.find("no int4 linear"), std::string::npos) << d.out;
+  EXPECT_EQ(d.out.find("perplexity:"), std::string::npos) << d.out;
   std::system(("rm -rf " + out).c_str());
 }
 
