@@ -183,35 +183,36 @@ W4Int8Acts QuantizeActsInt8(const float* x, int64_t k, int64_t parts, uint8_t* s
 void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* acts, int64_t m, const float* bias, float* y,
                           int64_t n0, int64_t n1) {
   const int64_t g = w.group_size, sb_per_rec = w.rec_weights / 128;
-  for (int64_t row = 0; row < m; ++row)
-  for (int64_t r = n0; r < n1; ++r) {
-    const W4Int8Acts& a = acts[row];
-    const int64_t part_len = 128 / a.parts;
-    float acc[16] = {};
-    float corr = 0.f;
-    for (int64_t t = 0; t < a.blocks; ++t) {
-      const uint8_t* rec = w.data + r * w.row_bytes + (t / sb_per_rec) * w.rec_bytes;
-      const int64_t b = t % sb_per_rec;
-      const uint8_t* sb = rec + w.rec_header + 64 * b;
-      for (int64_t p = 0; p < a.parts; ++p) {
-        if (128 * t + p * part_len >= w.k) break;
-        const int64_t gi = a.parts > 1 ? p : (128 * b) / g;
-        const int8_t* A = a.x8 + t * 128;
-        const int8_t* B = A + 64;
-        const float fs = w4p::Scale(rec, gi) * a.xs[t];
-        for (int l = 0; l < 16; ++l) {
-          int32_t v = 0;
-          for (int i = 0; i < 4; ++i)
-            if (i * a.parts / 4 == p) v += (sb[4 * l + i] & 15) * A[4 * l + i] + (sb[4 * l + i] >> 4) * B[4 * l + i];
-          acc[l] = std::fma(fs, static_cast<float>(v), acc[l]);
+  for (int64_t row = 0; row < m; ++row) {
+    for (int64_t r = n0; r < n1; ++r) {
+      const W4Int8Acts& a = acts[row];
+      const int64_t part_len = 128 / a.parts;
+      float acc[16] = {};
+      float corr = 0.f;
+      for (int64_t t = 0; t < a.blocks; ++t) {
+        const uint8_t* rec = w.data + r * w.row_bytes + (t / sb_per_rec) * w.rec_bytes;
+        const int64_t b = t % sb_per_rec;
+        const uint8_t* sb = rec + w.rec_header + 64 * b;
+        for (int64_t p = 0; p < a.parts; ++p) {
+          if (128 * t + p * part_len >= w.k) break;
+          const int64_t gi = a.parts > 1 ? p : (128 * b) / g;
+          const int8_t* A = a.x8 + t * 128;
+          const int8_t* B = A + 64;
+          const float fs = w4p::Scale(rec, gi) * a.xs[t];
+          for (int l = 0; l < 16; ++l) {
+            int32_t v = 0;
+            for (int i = 0; i < 4; ++i)
+              if (i * a.parts / 4 == p) v += (sb[4 * l + i] & 15) * A[4 * l + i] + (sb[4 * l + i] >> 4) * B[4 * l + i];
+            acc[l] = std::fma(fs, static_cast<float>(v), acc[l]);
+          }
+          corr = std::fma(fs, static_cast<float>(w4p::Zero(w, rec, gi) * a.sx[t * a.parts + p]), corr);
         }
-        corr = std::fma(fs, static_cast<float>(w4p::Zero(w, rec, gi) * a.sx[t * a.parts + p]), corr);
       }
+      for (int h = 8; h >= 1; h /= 2)
+        for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
+      const float v = acc[0] - corr;
+      y[row * w.n + r] = bias != nullptr ? v + bias[r] : v;
     }
-    for (int h = 8; h >= 1; h /= 2)
-      for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
-    const float v = acc[0] - corr;
-    y[row * w.n + r] = bias != nullptr ? v + bias[r] : v;
   }
 }
 

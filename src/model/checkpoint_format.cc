@@ -17,8 +17,8 @@ std::string DescribeSpec(const WeightQuantSpec& spec) {
 }
 
 Result<CheckpointInfo> DetectCheckpointFormat(const std::string& dir) {
+  NIBBLE_RETURN_IF_ERROR(CheckModelDir(dir));
   const std::string path = JoinPath(dir, "config.json");
-  if (!PathExists(path)) return MakeError(dir, ": no config.json (expected a Hugging Face model directory)");
   NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   NIBBLE_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonText(text, path));
   CheckpointInfo info;

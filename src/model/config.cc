@@ -149,9 +149,17 @@ Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
   return c;
 }
 
+Status CheckModelDir(const std::string& dir) {
+  if (!PathExists(dir)) return MakeError(dir, ": model directory does not exist");
+  if (!IsDirectory(dir)) return MakeError(dir, ": is not a directory (expected a Hugging Face model directory)");
+  if (!PathExists(JoinPath(dir, "config.json")))
+    return MakeError(dir, ": no config.json (expected a Hugging Face model directory)");
+  return Status::Ok();
+}
+
 Result<ModelConfig> LoadModelConfig(const std::string& dir) {
+  NIBBLE_RETURN_IF_ERROR(CheckModelDir(dir));
   std::string path = JoinPath(dir, "config.json");
-  if (!PathExists(path)) return MakeError(dir, ": no config.json (expected a Hugging Face model directory)");
   NIBBLE_ASSIGN_OR_RETURN(json j, ReadJsonFile(path));
   return ParseModelConfig(j, path);
 }

@@ -58,6 +58,10 @@ struct ModelConfig {
 Result<ModelConfig> ParseModelConfig(const nlohmann::json& j, const std::string& path);
 
 /// Reads and parses `dir/config.json`.
+/// Checks that `dir` is a model directory holding a config.json. Errors name the path: "does not
+/// exist", "is not a directory", "no config.json (expected a Hugging Face model directory)".
+Status CheckModelDir(const std::string& dir);
+
 Result<ModelConfig> LoadModelConfig(const std::string& dir);
 
 }  // namespace nibble

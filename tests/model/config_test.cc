@@ -198,6 +198,20 @@ TEST(ModelConfigErrors, LoadFromDirWithoutConfig) {
   std::filesystem::remove_all(tmpl);
 }
 
+TEST(ModelConfigErrors, MissingDirectoryAndFileInsteadOfDirectoryAreNamed) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "nibble_cfg_XXXXXX").string();
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  auto r = LoadModelConfig(tmpl + "/absent");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find(tmpl + "/absent: model directory does not exist"), std::string::npos) << r.error().message;
+  const std::string file = tmpl + "/config.json";
+  std::ofstream(file) << "{}";
+  r = LoadModelConfig(file);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find(file + ": is not a directory"), std::string::npos) << r.error().message;
+  std::filesystem::remove_all(tmpl);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Accepted configs.
 
