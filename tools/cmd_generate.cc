@@ -39,7 +39,7 @@ Runner RegisterGenerate(CLI::App& app) {
     if (!model.ok()) return Fail(model.error().message);
     if (args->int8) {
       const int64_t n = (*model)->SetInt8Activations(true);
-      if (n == 0) return Fail("--int8_activations: " + args->model + " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)");
+      if (n == 0) return Fail(Int8NotServed(args->model));
       std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears\n", static_cast<long long>(n));
     }
     std::fwrite(args->opt.prompt.data(), 1, args->opt.prompt.size(), stdout);  // echo, as llama.cpp does

@@ -49,9 +49,7 @@ Runner RegisterPerplexity(CLI::App& app) {
     if (a->int8) {
       int8_linears = (*model)->SetInt8Activations(true);
       (*model)->SetInt8Activations(false);
-      if (int8_linears == 0)
-        return Fail("--int8_activations: " + a->model +
-                    " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)");
+      if (int8_linears == 0) return Fail(Int8NotServed(a->model));
     }
     if (a->seq_len == 0) a->seq_len = std::min<int64_t>(2048, (*model)->info().max_position_embeddings);
     std::unique_ptr<nibble::ProgressBar> bar;
@@ -81,14 +79,14 @@ Runner RegisterPerplexity(CLI::App& app) {
       std::printf("perplexity: %.4f (base %.4f)\nmean KLD: %.6f nats (max %.4f)\ntop-1 agreement: %.2f %%\n",
                   row.perplexity.ppl, c->base.ppl, row.mean_kld, row.max_kld, 100.0 * row.top1_agreement);
       if (a->int8) {
-        const int64_t n = (*model)->SetInt8Activations(true);
+        (*model)->SetInt8Activations(true);
         auto c8 = nibble::CompareModels(**base, {model->get()}, ss.str(), co);
         bar.reset();
         if (!c8.ok()) return Fail(a->text + ": " + c8.error().message);
         const auto& r8 = c8->rows[0];
         std::printf("int8 activations (W4A8, %lld int4 linears): perplexity %.4f (%+.2f %% vs fp32 activations), mean KLD %.6f nats "
                     "(%+.6f), top-1 agreement %.2f %%\n",
-                    static_cast<long long>(n), r8.perplexity.ppl, 100.0 * (r8.perplexity.ppl / row.perplexity.ppl - 1.0),
+                    static_cast<long long>(int8_linears), r8.perplexity.ppl, 100.0 * (r8.perplexity.ppl / row.perplexity.ppl - 1.0),
                     r8.mean_kld, r8.mean_kld - row.mean_kld, 100.0 * r8.top1_agreement);
       }
       return 0;
@@ -109,12 +107,12 @@ Runner RegisterPerplexity(CLI::App& app) {
     std::fprintf(stderr, "throughput: %.1f tokens/s (%.2f s, %d threads)\n", r->tokens_per_second, r->seconds,
                  nibble::NumThreads());
     if (a->int8) {
-      const int64_t n = (*model)->SetInt8Activations(true);
+      (*model)->SetInt8Activations(true);
       auto r8 = nibble::EvaluatePerplexity(**model, ss.str(), opt);
       bar.reset();
       if (!r8.ok()) return Fail(a->text + ": " + r8.error().message);
       std::printf("int8 activations (W4A8, %lld int4 linears): mean NLL %.6f, perplexity %.4f (%+.2f %% vs fp32 activations %.4f)\n",
-                  static_cast<long long>(n), r8->mean_nll, r8->ppl, 100.0 * (r8->ppl / r->ppl - 1.0), r->ppl);
+                  static_cast<long long>(int8_linears), r8->mean_nll, r8->ppl, 100.0 * (r8->ppl / r->ppl - 1.0), r->ppl);
       std::fprintf(stderr, "throughput (int8 activations): %.1f tokens/s (%.2f s)\n", r8->tokens_per_second, r8->seconds);
     }
     return 0;

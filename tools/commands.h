@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -22,5 +23,9 @@ Runner RegisterReport(CLI::App& app);
 
 /// Prints "nibble: error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);
+
+/// The --int8_activations refusal for a model (directory `dir`) none of whose linears the int8
+/// kernels serve.
+std::string Int8NotServed(const std::string& dir);
 
 }  // namespace nibble_cli

@@ -12,6 +12,11 @@ int Fail(const std::string& message) {
   std::fprintf(stderr, "nibble: error: %s\n", message.c_str());
   return 1;
 }
+
+std::string Int8NotServed(const std::string& dir) {
+  return "--int8_activations: " + dir +
+         " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)";
+}
 }  // namespace nibble_cli
 
 int main(int argc, char** argv) {

@@ -185,7 +185,7 @@ const RE2& CompiledRegex(const std::string& pattern) {
 
 Status ValidateExcludeEntry(const std::string& entry) {
   if (entry.rfind("re:", 0) != 0) return Status::Ok();
-  const RE2 re(entry.substr(3), RegexOptions());
+  const RE2& re = CompiledRegex(entry.substr(3));
   if (!re.ok())
     return MakeError("exclude entry \"", entry, "\": invalid regular expression (RE2 syntax): ", re.error());
   return Status::Ok();

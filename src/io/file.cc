@@ -93,6 +93,26 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
+namespace {
+
+// Writes all of `data` to `fd`, retrying short writes and EINTR; false (errno set) on failure.
+bool WriteAll(int fd, std::span<const uint8_t> data) {
+  const uint8_t* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
 Status WriteFileAtomic(const std::string& path, const void* bytes, size_t size) {
   return WriteFileAtomicParts(path, {std::span<const uint8_t>(static_cast<const uint8_t*>(bytes), size)});
 }
@@ -102,19 +122,11 @@ Status WriteFileAtomicParts(const std::string& path, const std::vector<std::span
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return MakeError("cannot create ", tmp, ": ", Errno());
   for (const auto& part : parts) {
-    const uint8_t* p = part.data();
-    size_t left = part.size();
-    while (left > 0) {
-      ssize_t n = ::write(fd, p, left);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        std::string e = Errno();
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        return MakeError("cannot write ", tmp, ": ", e);
-      }
-      p += n;
-      left -= static_cast<size_t>(n);
+    if (!WriteAll(fd, part)) {
+      std::string e = Errno();
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return MakeError("cannot write ", tmp, ": ", e);
     }
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {

@@ -127,6 +127,84 @@ struct Produced {
   std::optional<QuantizedLayerReport> layer;
 };
 
+// A float tensor written in its own dtype: borrowed unchanged, or AWQ's new fp32 values (same
+// shape) converted. Values that do not fit are an error, never inf (the AWQ search rejects such
+// candidates, so this is a safety net).
+Result<TensorToWrite> FloatTensor(const TensorView& t, const std::vector<float>* new_values) {
+  if (new_values == nullptr) return BorrowTensor(t);
+  TensorToWrite w;
+  w.name = t.name;
+  w.dtype = t.dtype;
+  w.shape = t.shape;
+  const size_t es = DTypeSize(t.dtype);
+  w.bytes.resize(new_values->size() * es);
+  for (size_t i = 0; i < new_values->size(); ++i) {
+    const float v = (*new_values)[i];
+    if (!std::isfinite(RoundToDType(v, t.dtype)))
+      return MakeError("tensor ", t.name, "[", i, "] = ", v, " after AWQ smoothing does not fit ", DTypeName(t.dtype));
+    StoreFloatAs(v, t.dtype, w.bytes.data() + i * es);
+  }
+  return w;
+}
+
+// One input tensor → what is written for it. `new_values` (AWQ's fp32 result, same shape)
+// replaces the stored values when given. A linear's weight (`module_of_weight`: tensor name →
+// module) is quantized per `cfg` and packed as Quark's weight / weight_scale / weight_zero_point,
+// or kept in float when its module is excluded; anything else is kept in float.
+Result<Produced> ProduceTensor(const TensorView& t, const std::vector<float>* new_values,
+                               const std::map<std::string, std::string>& module_of_weight, const QuarkQuantConfig& cfg) {
+  Produced res;
+  auto mod = module_of_weight.find(t.name);
+  if (mod == module_of_weight.end()) {
+    NIBBLE_ASSIGN_OR_RETURN(TensorToWrite w, FloatTensor(t, new_values));
+    res.tensors.push_back(std::move(w));
+    return res;
+  }
+  const std::string& name = mod->second;
+  NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(cfg, name));
+  QuantizedLayerReport lr;
+  lr.name = name;
+  lr.rule = r.rule;
+  lr.n = t.shape[0];
+  lr.k = t.shape[1];
+  lr.bytes_in = static_cast<int64_t>(t.nbytes);
+  if (!r.spec) {
+    NIBBLE_ASSIGN_OR_RETURN(TensorToWrite w, FloatTensor(t, new_values));
+    res.tensors.push_back(std::move(w));
+    lr.bytes_out = lr.bytes_in;
+    res.layer = std::move(lr);
+    return res;
+  }
+  std::vector<float> owned;
+  const std::vector<float>* w = new_values;
+  if (w == nullptr) {
+    NIBBLE_ASSIGN_OR_RETURN(owned, TensorToF32(t));
+    w = &owned;
+  }
+  auto q = QuantizeRtnRef(w->data(), lr.n, lr.k, *r.spec, t.dtype);
+  if (!q.ok()) return q.error().WithContext("layer " + name);
+  auto packed = ExportQuarkLinear(name, *q, *r.spec, cfg.export_config.pack_method, t.dtype);
+  if (!packed.ok()) return packed.error().WithContext("layer " + name);
+  std::vector<float> deq(w->size());
+  DequantizeRef(*q, deq.data());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < w->size(); ++i) {
+    const double d = static_cast<double>((*w)[i]) - deq[i];
+    num += d * d;
+    den += static_cast<double>((*w)[i]) * (*w)[i];
+  }
+  lr.rel_error = den > 0 ? std::sqrt(num / den) : 0.0;
+  lr.quantized = true;
+  lr.scheme = DescribeSpec(*r.spec);
+  lr.bytes_out = static_cast<int64_t>(packed->weight.bytes.size() + packed->weight_scale.bytes.size() +
+                                      packed->weight_zero_point.bytes.size());
+  res.tensors.push_back(std::move(packed->weight));
+  res.tensors.push_back(std::move(packed->weight_scale));
+  res.tensors.push_back(std::move(packed->weight_zero_point));
+  res.layer = std::move(lr);
+  return res;
+}
+
 // The per-channel replacement used by MisalignedPolicy::kPerChannel: one group per row written as
 // per_group with group_size = K, which every Quark W4A16 loader accepts (vLLM requires a positive
 // group_size).
@@ -193,80 +271,6 @@ Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
   std::map<std::string, std::string> module_of_weight;
   for (const auto& m : modules) module_of_weight[m + ".weight"] = m;
 
-  // One input tensor → what is written for it. `new_values` (AWQ's fp32 result, same shape) replaces
-  // the stored values when given. A float tensor AWQ changed is stored in its own dtype; values
-  // that do not fit are an error, never inf (the AWQ search rejects such candidates, so this is a
-  // safety net).
-  auto produce = [&](const TensorView& t, const std::vector<float>* new_values) -> Result<Produced> {
-    Produced res;
-    auto keep_float = [&]() -> Status {
-      if (new_values == nullptr) {
-        res.tensors.push_back(BorrowTensor(t));
-        return Status::Ok();
-      }
-      TensorToWrite w;
-      w.name = t.name;
-      w.dtype = t.dtype;
-      w.shape = t.shape;
-      const size_t es = DTypeSize(t.dtype);
-      w.bytes.resize(new_values->size() * es);
-      for (size_t i = 0; i < new_values->size(); ++i) {
-        const float v = (*new_values)[i];
-        if (!std::isfinite(RoundToDType(v, t.dtype)))
-          return MakeError("tensor ", t.name, "[", i, "] = ", v, " after AWQ smoothing does not fit ", DTypeName(t.dtype));
-        StoreFloatAs(v, t.dtype, w.bytes.data() + i * es);
-      }
-      res.tensors.push_back(std::move(w));
-      return Status::Ok();
-    };
-    auto mod = module_of_weight.find(t.name);
-    if (mod == module_of_weight.end()) {
-      NIBBLE_RETURN_IF_ERROR(keep_float());
-      return res;
-    }
-    const std::string& name = mod->second;
-    NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(cfg, name));
-    QuantizedLayerReport lr;
-    lr.name = name;
-    lr.rule = r.rule;
-    lr.n = t.shape[0];
-    lr.k = t.shape[1];
-    lr.bytes_in = static_cast<int64_t>(t.nbytes);
-    if (!r.spec) {
-      NIBBLE_RETURN_IF_ERROR(keep_float());
-      lr.bytes_out = lr.bytes_in;
-    } else {
-      std::vector<float> owned;
-      const std::vector<float>* w = new_values;
-      if (w == nullptr) {
-        NIBBLE_ASSIGN_OR_RETURN(owned, TensorToF32(t));
-        w = &owned;
-      }
-      auto q = QuantizeRtnRef(w->data(), lr.n, lr.k, *r.spec, t.dtype);
-      if (!q.ok()) return q.error().WithContext("layer " + name);
-      auto packed = ExportQuarkLinear(name, *q, *r.spec, cfg.export_config.pack_method, t.dtype);
-      if (!packed.ok()) return packed.error().WithContext("layer " + name);
-      std::vector<float> deq(w->size());
-      DequantizeRef(*q, deq.data());
-      double num = 0, den = 0;
-      for (size_t i = 0; i < w->size(); ++i) {
-        const double d = static_cast<double>((*w)[i]) - deq[i];
-        num += d * d;
-        den += static_cast<double>((*w)[i]) * (*w)[i];
-      }
-      lr.rel_error = den > 0 ? std::sqrt(num / den) : 0.0;
-      lr.quantized = true;
-      lr.scheme = DescribeSpec(*r.spec);
-      lr.bytes_out = static_cast<int64_t>(packed->weight.bytes.size() + packed->weight_scale.bytes.size() +
-                                          packed->weight_zero_point.bytes.size());
-      res.tensors.push_back(std::move(packed->weight));
-      res.tensors.push_back(std::move(packed->weight_scale));
-      res.tensors.push_back(std::move(packed->weight_zero_point));
-    }
-    res.layer = std::move(lr);
-    return res;
-  };
-
   // AWQ: calibration data and the sequential layer pipeline. Each layer's smoothed fp32 tensors
   // are quantized / stored as soon as AWQ finishes the layer and then freed, so memory never holds
   // the model in fp32.
@@ -289,7 +293,7 @@ Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
     report.calib_total_tokens = calib->total_tokens;
     auto sink = [&](const std::string& tname, std::vector<float> values) -> Status {
       NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(tname));
-      NIBBLE_ASSIGN_OR_RETURN(Produced p, produce(*t, &values));
+      NIBBLE_ASSIGN_OR_RETURN(Produced p, ProduceTensor(*t, &values, module_of_weight, cfg));
       from_awq[tname] = std::move(p);
       return Status::Ok();
     };
@@ -309,7 +313,7 @@ Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
       p = std::move(it->second);
       from_awq.erase(it);
     } else {
-      NIBBLE_ASSIGN_OR_RETURN(p, produce(*store.Find(tname), nullptr));
+      NIBBLE_ASSIGN_OR_RETURN(p, ProduceTensor(*store.Find(tname), nullptr, module_of_weight, cfg));
     }
     for (auto& t : p.tensors) out.push_back(std::move(t));
     if (p.layer) {
