@@ -196,6 +196,35 @@ TEST(W4KernelTest, EveryIsaMatchesReferenceOnTailShapes) {
   EXPECT_GT(cases, 300);
 }
 
+// The AVX-512 GEMV streams one row at a time while x fits L1 (K <= 8192) and tiles rows above
+// that: both sides of the switch, every group size that takes 128-weight records, sym and asym.
+TEST(W4KernelTest, GemvOnBothSidesOfTheRowStreamingLimit) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  for (int64_t g : {32, 64, 128, 256}) {
+    for (int64_t k : {int64_t{8192}, int64_t{8448}}) {
+      for (int64_t n : {1, 9, 65}) {
+        for (bool sym : {true, false}) {
+          const Int4Matrix w = RandomMatrix(rng, n, k, g, sym);
+          std::vector<float> wd(static_cast<size_t>(n * k));
+          DequantizeRef(w, wd.data());
+          Packed p(w);
+          std::vector<float> x(static_cast<size_t>(k)), bias(static_cast<size_t>(n));
+          for (auto& v : x) v = xd(rng);
+          for (auto& v : bias) v = xd(rng);
+          for (const W4Kernels* kern : SupportedKernels()) {
+            std::vector<float> y(static_cast<size_t>(n), std::nanf(""));
+            W4PackedGemmArgs a{1, &p.w, x.data(), bias.data(), y.data()};
+            GemmW4A32Packed(a, kern);
+            EXPECT_TRUE(WithinTolerance(w, wd, 1, x, bias.data(), y))
+                << IsaName(kern->isa) << " N=" << n << " K=" << k << " g=" << g << (sym ? " sym" : " asym");
+          }
+        }
+      }
+    }
+  }
+}
+
 CpuFeatures FakeCpu(bool avx2, bool avx512, bool os_zmm) {
   CpuFeatures c;
   c.vendor = "FakeCPU";
