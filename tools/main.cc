@@ -1,6 +1,8 @@
 // nibble — quantize LLMs to 4-bit weights and run them on the CPU.
 #include <malloc.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -17,6 +19,57 @@ std::string Int8NotServed(const std::string& dir) {
   return "--int8_activations: " + dir +
          " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)";
 }
+namespace {
+
+// Levenshtein distance, for "did you mean" on a misspelt flag.
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// CLI11 checks required options before unexpected ones, so "--model-dir X" for a required
+// "--model_dir" would be reported as "--model_dir is required". When the parsed command was also
+// given flags it does not know, name those first, with the closest known flag. Empty when none.
+std::string UnknownFlags(const CLI::App& sub) {
+  std::vector<std::string> known;
+  for (const CLI::Option* o : sub.get_options())
+    for (const std::string& l : o->get_lnames()) known.push_back("--" + l);
+  std::string msg;
+  for (const std::string& arg : sub.remaining()) {
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    const std::string flag = arg.substr(0, arg.find('='));
+    std::string best;
+    size_t best_d = std::string::npos;
+    for (const std::string& k : known) {
+      const size_t d = EditDistance(flag, k);
+      if (d < best_d) best_d = d, best = k;
+    }
+    msg += (msg.empty() ? "" : "; ") + std::string("unknown option ") + flag;
+    if (!best.empty() && best_d <= std::max<size_t>(2, flag.size() / 3)) {
+      msg += " (did you mean " + best + "?)";
+    } else {
+      // A known flag the typed one starts with ("--model-dir" for "--model").
+      for (const std::string& k : known)
+        if (flag.size() > k.size() && flag.compare(0, k.size(), k) == 0 && !std::isalnum(static_cast<unsigned char>(flag[k.size()]))) {
+          msg += " (did you mean " + k + "?)";
+          break;
+        }
+    }
+  }
+  return msg.empty() ? msg : sub.get_name() + ": " + msg + " (see nibble " + sub.get_name() + " --help)";
+}
+
+}  // namespace
 }  // namespace nibble_cli
 
 int main(int argc, char** argv) {
@@ -54,6 +107,16 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RequiredError& e) {
+    for (auto& [sub, run] : commands) {
+      if (!sub->parsed()) continue;
+      const std::string unknown = nibble_cli::UnknownFlags(*sub);
+      if (!unknown.empty()) {
+        nibble_cli::Fail(unknown);
+        return static_cast<int>(CLI::ExitCodes::ExtrasError);
+      }
+    }
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -114,6 +114,10 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
       {"bad top_p", "generate --model " + model + " --top_p 0 -n 1", "--top_p"},
       {"unknown flag", "generate --model " + model + " --frobnicate 3", "frobnicate"},
       {"unknown command", "bogus --model " + model, "unknown command \"bogus\""},
+      // CLI11 would report the required flag as missing; the misspelt one is named instead.
+      {"misspelt required flag", "perplexity --model-dir " + model + " --text x", "unknown option --model-dir (did you mean --model?)"},
+      {"misspelt required flag, close", "quantize --model-dir " + model + " --output_dir /tmp/nibble-unused-out",
+       "unknown option --model-dir (did you mean --model_dir?)"},
       {"empty output dir", "quantize --model_dir " + model + " --output_dir ''", "--output_dir is empty"},
       {"overwrite a regular file", "quantize --model_dir " + model + " --output_dir " +
            Quote(nibble_test::SourceDir() + "/README.md") + " --overwrite", "is not a directory"},
