@@ -1,6 +1,7 @@
 // Quark hf_format int4 pack / unpack (layout in quark_pack.h).
 #include "formats/quark_pack.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -56,6 +57,32 @@ void UnpackGrid(const uint8_t* data, int64_t rows, int64_t cols, PackMethod pack
       uint8_t nib[8];
       UnpackNibbleWord(LoadWord(data, r * words + c), pack, nib);
       for (int64_t j = 0; j < 8 && 8 * c + j < cols; ++j) put(r, 8 * c + j, nib[j]);
+    }
+  }
+}
+
+// Per-group weights are stored transposed, [K, ceil(N/8)] words packed along N, while codes are
+// [N, K]. Unpacks 64 × 64 tiles through a local buffer so that every write to codes is a 64-byte
+// run of one row (a nibble-by-nibble scatter K bytes apart was most of a 1.1B model's load time).
+void UnpackTransposedCodes(const uint8_t* data, int64_t k, int64_t n, PackMethod pack, bool int4, uint8_t* codes) {
+  constexpr int64_t kTile = 64;  // a multiple of 8, so tiles start on word boundaries
+  const int64_t words = CeilDiv8(n);
+  const int* map = OrderMap(pack);
+  uint8_t tile[kTile][kTile];  // [n - n0][k - k0]
+  for (int64_t k0 = 0; k0 < k; k0 += kTile) {
+    const int64_t kb = std::min(kTile, k - k0);
+    for (int64_t n0 = 0; n0 < n; n0 += kTile) {
+      const int64_t nb = std::min(kTile, n - n0);
+      for (int64_t kk = 0; kk < kb; ++kk) {
+        for (int64_t c = 0; c < nb; c += 8) {
+          const uint32_t w = LoadWord(data, (k0 + kk) * words + (n0 + c) / 8);
+          for (int i = 0; i < 8; ++i) {
+            const int64_t nn = c + map[i];
+            if (nn < nb) tile[nn][kk] = FromStored(static_cast<uint8_t>((w >> (4 * i)) & 0xFu), int4);
+          }
+        }
+      }
+      for (int64_t nn = 0; nn < nb; ++nn) std::memcpy(codes + (n0 + nn) * k + k0, tile[nn], static_cast<size_t>(kb));
     }
   }
 }
@@ -229,7 +256,7 @@ Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::s
   const TensorView& zt = *views.weight_zero_point;
   const TensorView& st = *views.weight_scale;
   if (spec.qscheme == QScheme::kPerGroup) {
-    UnpackGrid(wt.data, k, n, pack, [&](int64_t kk, int64_t nn, uint8_t nib) { set_code(nn, kk, nib); });
+    UnpackTransposedCodes(wt.data, k, n, pack, int4, m.codes.data());
     UnpackGrid(zt.data, G, n, pack, [&](int64_t gi, int64_t nn, uint8_t nib) { set_zero(nn, gi, nib); });
   } else {
     UnpackGrid(wt.data, n, k, pack, set_code);
