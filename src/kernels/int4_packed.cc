@@ -35,11 +35,11 @@ W4PackedWeight PackW4(int64_t n, int64_t k, int64_t g, bool symmetric, const uin
                       const uint8_t* zero_points, uint8_t* out) {
   W4PackedWeight w = W4PackedGeometry(n, k, g, symmetric);
   w.data = out;
-  std::memset(out, 0, static_cast<size_t>(n * w.row_bytes));
   const int64_t groups = k / g;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t ri = 0; ri < w.recs; ++ri) {
       uint8_t* rec = out + r * w.row_bytes + ri * w.rec_bytes;
+      std::memset(rec, 0, static_cast<size_t>(w.rec_bytes));
       const int64_t k0 = ri * w.rec_weights;
       for (int64_t gi = 0; gi < w.rec_groups && k0 / g + gi < groups; ++gi) {
         const int64_t G = k0 / g + gi;
@@ -49,7 +49,23 @@ W4PackedWeight PackW4(int64_t n, int64_t k, int64_t g, bool symmetric, const uin
           rec[4 * w.rec_groups + gi] = zero_points[r * groups + G];
         }
       }
-      for (int64_t o = 0; o < w.rec_weights && k0 + o < k; ++o) {
+      // Whole superblocks: dword lane l gathers codes 16j + l (j = 0..7) as its nibbles j.
+      int64_t o = 0;
+      for (; o + 128 <= w.rec_weights && k0 + o + 128 <= k; o += 128) {
+        const uint8_t* q = codes + r * k + k0 + o;
+        uint8_t* sb = rec + w.rec_header + o / 2;
+        unsigned any = 0;
+        for (int l = 0; l < 16; ++l) {
+          uint32_t d = 0;
+          for (int j = 0; j < 8; ++j) {
+            any |= q[16 * j + l];
+            d |= static_cast<uint32_t>(q[16 * j + l]) << (4 * j);
+          }
+          std::memcpy(sb + 4 * l, &d, 4);
+        }
+        NIBBLE_CHECK(any <= 15);
+      }
+      for (; o < w.rec_weights && k0 + o < k; ++o) {
         const uint8_t q = codes[r * k + k0 + o];
         NIBBLE_CHECK(q <= 15);
         const int64_t b = o / 128, j = (o % 128) / 16, l = o % 16;
