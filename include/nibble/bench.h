@@ -28,6 +28,9 @@ struct KernelDispatchReport {
   std::vector<Candidate> candidates;  // best first
   std::string int8_kernel;         // opt-in W4A8 GEMV (--int8_activations): "avx512_vnni" | "scalar"
   std::string int8_reason;         // why that one
+  /// Dense linears stored as bf16: "avx512" (kept bf16, bf16 GEMV at M = 1) or "widened to fp32
+  /// at load" where the chosen ISA has no bf16 GEMV.
+  std::string bf16_dense;
 };
 
 /// Reports the dispatch decision (no errors: detection cannot fail; non-x86 gives scalar).

@@ -54,6 +54,9 @@ KernelDispatchReport DescribeKernels() {
     r.candidates.push_back({IsaName(c.isa), c.compiled, c.supported, c.chosen, c.reason});
   r.int8_kernel = d.kernels.gemm_i8_name;
   r.int8_reason = d.gemm_i8_reason;
+  r.bf16_dense = d.kernels.gemv_bf16 != nullptr ? "kept bf16, " + std::string(IsaName(d.kernels.isa)) + " bf16 GEMV at M = 1"
+                                                : "widened to fp32 at load (no bf16 GEMV for " +
+                                                      std::string(IsaName(d.kernels.isa)) + ")";
   return r;
 }
 

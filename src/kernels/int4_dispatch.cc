@@ -76,6 +76,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu) {
   k.stream_read = StreamReadScalar;
   k.gemm_i8 = GemmW4A8PackedScalar;
   k.gemm_i8_name = "scalar";
+  k.gemv_bf16 = nullptr;  // scalar / avx2: bf16 linears are widened to fp32 at load (sgemm)
 #if defined(__x86_64__)
   if (isa == Isa::kAvx2) {
     k.gemm = GemmW4A32Avx2;
@@ -85,6 +86,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu) {
     k.gemm = GemmW4A32Avx512;
     k.dequant = DequantW4Avx512;
     k.stream_read = StreamReadAvx512;
+    k.gemv_bf16 = GemvBf16Avx512;
     if (cpu.avx512vnni) {
       k.gemm_i8 = GemmW4A8Vnni;
       k.gemm_i8_name = "avx512_vnni";

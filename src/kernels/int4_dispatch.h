@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/bf16_gemv.h"
 #include "kernels/int4_packed.h"
 
 namespace nibble {
@@ -43,6 +44,10 @@ struct W4Kernels {
   /// avx512_vnni, else the scalar kernel (same results, bit for bit).
   W4GemmI8Kernel gemm_i8 = nullptr;
   const char* gemm_i8_name = "scalar";  // "avx512_vnni" | "scalar"
+  /// bf16-weight GEMV of dense linears kept as bf16 (avx512 only; GemvBf16Scalar is the test
+  /// oracle). nullptr for scalar / avx2: bf16 linears are then widened to fp32 at load and run
+  /// through the dense sgemm (model/linear.h).
+  Bf16GemvKernel gemv_bf16 = nullptr;
 };
 
 /// How one candidate ISA fared.

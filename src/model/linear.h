@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/bf16_gemv.h"
+
 namespace nibble {
 
 /// A linear layer y[M,N] = x[M,K] · W[N,K]ᵀ (+ bias[N]); N = out_features, K = in_features.
@@ -48,6 +50,29 @@ class DenseLinear final : public Linear {
   int64_t n_, k_;
   std::shared_ptr<const std::vector<float>> weight_;
   std::vector<float> bias_;
+};
+
+/// Dense linear whose checkpoint stores bf16, kept as bf16 (2 bytes per weight instead of 4).
+/// M = 1 (decode) runs the dispatched bf16 GEMV (kernels/bf16_gemv.h), which widens the weights
+/// in registers; M > 1 widens them (exactly) into a per-thread fp32 scratch and runs the dense
+/// sgemm, so prefill and perplexity compute exactly what DenseLinear on the widened matrix does.
+/// Built by the loader only where the dispatch has a bf16 GEMV (AVX-512); elsewhere bf16 weights
+/// are widened at load into a DenseLinear.
+class Bf16DenseLinear final : public Linear {
+ public:
+  /// weight: [N, K] bf16 bit patterns; bias: empty or [N]. `gemv` must be non-null.
+  Bf16DenseLinear(int64_t n, int64_t k, std::vector<uint16_t> weight, std::vector<float> bias, Bf16GemvKernel gemv);
+  int64_t in_features() const override { return k_; }
+  int64_t out_features() const override { return n_; }
+  void Forward(const float* x, int64_t m, float* y) const override;
+  std::string Describe() const override { return "dense bf16"; }
+  int64_t WeightBytes() const override { return n_ * k_ * 2; }
+
+ private:
+  int64_t n_, k_;
+  std::vector<uint16_t> weight_;
+  std::vector<float> bias_;
+  Bf16GemvKernel gemv_;
 };
 
 /// Adds bias[N] to every row of y[M,N].

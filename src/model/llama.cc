@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "base/check.h"
 #include "kernels/dense_gemm.h"
+#include "kernels/int4_dispatch.h"
 #include "model/ops.h"
 #include "model/weights.h"
 
@@ -21,11 +23,23 @@ const std::vector<std::string>& DecoderLinearNames() {
 
 Result<std::unique_ptr<Linear>> LoadDenseLinear(const TensorStore& store, const std::string& prefix, int64_t n,
                                                 int64_t k, bool has_bias) {
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<float> w, LoadF32(store, prefix + ".weight", {n, k}));
   std::vector<float> bias;
   if (has_bias) {
     NIBBLE_ASSIGN_OR_RETURN(bias, LoadF32(store, prefix + ".bias", {n}));
   }
+  // bf16 weights stay bf16 where the dispatch has a bf16 GEMV: half the bytes per decode step.
+  const Bf16GemvKernel gemv = ActiveW4Dispatch().kernels.gemv_bf16;
+  if (const TensorView* t = store.Find(prefix + ".weight"); gemv != nullptr && t != nullptr && t->dtype == DType::kBF16) {
+    if (t->shape != std::vector<int64_t>{n, k})
+      return MakeError(t->file, ": tensor \"", t->name, "\" has shape ", t->ShapeString(), ", expected ",
+                       ShapeToString({n, k}), " from config.json");
+    if (t->nbytes != static_cast<size_t>(n * k) * 2 || t->data == nullptr)
+      return MakeError(t->file, ": tensor \"", t->name, "\" holds ", t->nbytes, " bytes, expected ", n * k * 2);
+    std::vector<uint16_t> w(static_cast<size_t>(n * k));
+    std::memcpy(w.data(), t->data, t->nbytes);
+    return std::unique_ptr<Linear>(new Bf16DenseLinear(n, k, std::move(w), std::move(bias), gemv));
+  }
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<float> w, LoadF32(store, prefix + ".weight", {n, k}));
   return std::unique_ptr<Linear>(
       new DenseLinear(n, k, std::make_shared<const std::vector<float>>(std::move(w)), std::move(bias)));
 }

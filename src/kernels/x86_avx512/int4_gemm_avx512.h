@@ -12,5 +12,7 @@ void GemmW4A32Avx512(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
 void DequantW4Avx512(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
 /// StreamReadKernel for AVX-512: 64-byte loads, four independent accumulators.
 uint64_t StreamReadAvx512(const uint64_t* p, int64_t words);
+/// Bf16GemvKernel for AVX-512 (kernels/bf16_gemv.h; in bf16_gemv_avx512.cc).
+void GemvBf16Avx512(int64_t k, const uint16_t* w, const float* x, const float* bias, float* y, int64_t n0, int64_t n1);
 
 }  // namespace nibble

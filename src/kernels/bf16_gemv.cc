@@ -1,0 +1,48 @@
+// bf16-weight GEMV: scalar reference and threaded driver (see bf16_gemv.h).
+#include "kernels/bf16_gemv.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/int4_dispatch.h"
+
+namespace nibble {
+namespace {
+
+inline float Widen(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+constexpr int64_t kBlockRows = 64;
+
+}  // namespace
+
+void GemvBf16Scalar(int64_t k, const uint16_t* w, const float* x, const float* bias, float* y, int64_t n0, int64_t n1) {
+  for (int64_t r = n0; r < n1; ++r) {
+    const uint16_t* row = w + r * k;
+    float acc = 0.0f;
+    for (int64_t i = 0; i < k; ++i) acc = std::fma(x[i], Widen(row[i]), acc);
+    y[r] = bias != nullptr ? acc + bias[r] : acc;
+  }
+}
+
+void Bf16ToF32Rows(const uint16_t* w, int64_t n, int64_t k, float* out) {
+#pragma omp parallel for schedule(static) if (n * k >= (int64_t{1} << 16))
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i) out[r * k + i] = Widen(w[r * k + i]);
+}
+
+void GemvBf16(int64_t n, int64_t k, const uint16_t* w, const float* x, const float* bias, float* y,
+              Bf16GemvKernel kernel) {
+  if (n == 0) return;
+  if (kernel == nullptr) kernel = ActiveW4Dispatch().kernels.gemv_bf16;
+  const int64_t nblocks = (n + kBlockRows - 1) / kBlockRows;
+#pragma omp parallel for schedule(static) if (nblocks > 1 && n * k >= (int64_t{1} << 16))
+  for (int64_t b = 0; b < nblocks; ++b) kernel(k, w, x, bias, y, b * kBlockRows, std::min(n, (b + 1) * kBlockRows));
+}
+
+}  // namespace nibble
