@@ -1,6 +1,7 @@
 // `nibble synth --config CONFIG.json --out DIR [--format quark|dense] [--group_size 128]`: a
 // random-weight checkpoint with real shapes, for end-to-end decode / prefill tokens/s
 // (`nibble generate --model DIR`); decode speed does not depend on the weight values.
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -10,11 +11,31 @@
 #include "commands.h"
 
 namespace nibble_cli {
+namespace {
+
+// The embedded default model's tokenizer: models/prose-llama-7m from the current directory, else
+// from the source tree the binary was built in (build/<preset>/nibble → ../../models), so that
+// synth works from any directory. Falls back to the relative path (WriteSyntheticCheckpoint then
+// names it as missing).
+std::string DefaultTokenizerDir() {
+  namespace fs = std::filesystem;
+  const fs::path rel = "models/prose-llama-7m";
+  if (fs::is_regular_file(rel / "tokenizer.model")) return rel.string();
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path near = exe.parent_path() / ".." / ".." / rel;
+    if (fs::is_regular_file(near / "tokenizer.model")) return fs::weakly_canonical(near, ec).string();
+  }
+  return rel.string();
+}
+
+}  // namespace
 
 Runner RegisterSynth(CLI::App& app) {
   auto q = std::make_shared<nibble::SynthRequest>();
   auto threads = std::make_shared<int>(0);
-  q->tokenizer_dir = "models/prose-llama-7m";
+  q->tokenizer_dir = DefaultTokenizerDir();
   CLI::App* cmd = app.add_subcommand("synth", "Write a random-weight checkpoint with the shapes of an HF config.json");
   cmd->add_option("--config", q->config_path, "HF config.json (e.g. bench/configs/tinyllama-1.1b.json)")->required();
   cmd->add_option("--out", q->out_dir, "Output directory")->required();

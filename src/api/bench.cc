@@ -190,6 +190,11 @@ Result<int64_t> ConfigInt(const nlohmann::json& c, const char* key, const std::s
 Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   if (q.format != "dense" && q.format != "quark")
     return MakeError("synth: unknown format \"", q.format, "\" (expected dense or quark)");
+  // Checked before anything is written: a checkpoint without its tokenizer cannot be run.
+  namespace fs = std::filesystem;
+  if (!q.tokenizer_dir.empty() && !fs::is_regular_file(fs::path(q.tokenizer_dir) / "tokenizer.model"))
+    return MakeError("synth: --tokenizer_dir ", q.tokenizer_dir, ": no tokenizer.model there (expected a directory "
+                     "with a SentencePiece tokenizer.model, e.g. models/prose-llama-7m; '' writes none)");
   std::string text;
   {
     std::ifstream f(q.config_path, std::ios::binary);

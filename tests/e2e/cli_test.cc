@@ -125,6 +125,8 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
       {"group_size with per_channel", "quantize --model_dir " + model + " --output_dir /tmp/nibble-unused-out"
            " --quant_scheme w_int4_per_channel_sym --group_size 32", "--group_size does not apply"},
       {"negative threads", "generate --model " + model + " --threads -2 -n 1", "--threads"},
+      {"synth without a tokenizer", "synth --config " + Quote(nibble_test::SourceDir() + "/bench/configs/tinyllama-1.1b.json") +
+           " --out /tmp/nibble-unused-synth --tokenizer_dir /nonexistent", "/nonexistent: no tokenizer.model"},
       {"int8 activations on a dense model", "generate --model " + model + " --int8_activations -n 1", "no int4 linear"},
   };
   for (const auto& c : cases) {
