@@ -68,8 +68,10 @@ void UnpackTransposedCodes(const uint8_t* data, int64_t k, int64_t n, PackMethod
   constexpr int64_t kTile = 64;  // a multiple of 8, so tiles start on word boundaries
   const int64_t words = CeilDiv8(n);
   const int* map = OrderMap(pack);
-  uint8_t tile[kTile][kTile];  // [n - n0][k - k0]
+  // Blocks of K write disjoint columns of codes, so they run on all threads.
+#pragma omp parallel for schedule(static) if (n * k >= (int64_t{1} << 20))
   for (int64_t k0 = 0; k0 < k; k0 += kTile) {
+    uint8_t tile[kTile][kTile];  // [n - n0][k - k0]
     const int64_t kb = std::min(kTile, k - k0);
     for (int64_t n0 = 0; n0 < n; n0 += kTile) {
       const int64_t nb = std::min(kTile, n - n0);

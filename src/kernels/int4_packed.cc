@@ -36,6 +36,8 @@ W4PackedWeight PackW4(int64_t n, int64_t k, int64_t g, bool symmetric, const uin
   W4PackedWeight w = W4PackedGeometry(n, k, g, symmetric);
   w.data = out;
   const int64_t groups = k / g;
+  // Rows are independent (disjoint output bytes); threads only shorten a model's load.
+#pragma omp parallel for schedule(static) if (n * k >= (int64_t{1} << 20))
   for (int64_t r = 0; r < n; ++r)
     for (int64_t ri = 0; ri < w.recs; ++ri) {
       uint8_t* rec = out + r * w.row_bytes + ri * w.rec_bytes;

@@ -14,6 +14,7 @@ Result<std::vector<float>> TensorToF32(const TensorView& t) {
       std::memcpy(out.data(), t.data, n * 4);
       break;
     case DType::kBF16:
+#pragma omp parallel for schedule(static) if (n >= (size_t{1} << 20))
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, t.data + 2 * i, 2);
@@ -21,6 +22,7 @@ Result<std::vector<float>> TensorToF32(const TensorView& t) {
       }
       break;
     case DType::kF16:
+#pragma omp parallel for schedule(static) if (n >= (size_t{1} << 20))
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, t.data + 2 * i, 2);
