@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include "formats/float_dtype.h"
@@ -225,6 +226,25 @@ TEST(QuarkPackTest, RoundTripAwkwardShapes) {
     }
   }
   EXPECT_EQ(cases, 7 * (3 * 2 * 2 * 2 + 2 * 2 * 2 * 2));
+}
+
+// Large enough (N·K >= 2^20) for the import's threaded tile loop; the result must not depend on
+// the thread count.
+TEST(QuarkPackTest, ThreadedImportRoundTripsAndMatchesOneThread) {
+  std::mt19937 rng(77);
+  for (PackMethod pack : {PackMethod::kOrder, PackMethod::kReorder}) {
+    Int4Matrix m = RandomMatrix(rng, 520, 2048, 128, false);
+    std::vector<uint8_t> image;
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(2);
+    auto two = RoundTrip(m, Spec(false, 128), pack, DType::kF32, &image);
+    omp_set_num_threads(1);
+    auto one = RoundTrip(m, Spec(false, 128), pack, DType::kF32, &image);
+    omp_set_num_threads(saved);
+    ASSERT_TRUE(two.ok() && one.ok());
+    EXPECT_TRUE(*two == m) << PackMethodName(pack);
+    EXPECT_TRUE(*one == *two) << PackMethodName(pack);
+  }
 }
 
 TEST(QuarkPackTest, RoundTripThroughTensorStoreFile) {

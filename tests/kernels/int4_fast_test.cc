@@ -328,6 +328,26 @@ TEST(W4ThreadsTest, BitIdenticalForOneAndTwoThreads) {
   omp_set_num_threads(saved);
 }
 
+// PackW4 splits rows over threads above 2^20 weights: same bytes as one thread, and unpacks back.
+TEST(W4PackedTest, ThreadedPackIsIdenticalToOneThread) {
+  std::mt19937 rng(8);
+  for (bool sym : {true, false}) {
+    const Int4Matrix w = RandomMatrix(rng, 600, 2048, 64, sym);
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    Packed p1(w);
+    omp_set_num_threads(2);
+    Packed p2(w);
+    omp_set_num_threads(saved);
+    ASSERT_EQ(p1.bytes.size(), p2.bytes.size());
+    EXPECT_EQ(std::memcmp(p1.bytes.data(), p2.bytes.data(), p1.bytes.size()), 0) << (sym ? "sym" : "asym");
+    std::vector<uint8_t> codes(w.codes.size()), zp(w.zero_points.size());
+    std::vector<float> scales(w.scales.size());
+    UnpackW4(p2.w, codes.data(), scales.data(), zp.data());
+    EXPECT_TRUE(codes == w.codes && scales == w.scales);
+  }
+}
+
 TEST(Int4LinearTest, ForwardAndWeightRoundTrip) {
   std::mt19937 rng(6);
   std::normal_distribution<float> xd(0.f, 1.f);
