@@ -80,7 +80,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
   } else {
     NIBBLE_ASSIGN_OR_RETURN(m->lm_head_, loader(store, "lm_head", c.vocab_size, h, false));
   }
-  m->embed_tokens_ = *embed_shared;
+  m->embed_tokens_ = embed_shared;  // shared, not copied (a tied lm_head holds the same table)
 
   BuildRopeTables(c, c.max_position_embeddings, &m->rope_cos_, &m->rope_sin_);
   return m;
@@ -288,7 +288,7 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
   std::vector<float> x(t * h), xn(t * h), q(t * q_dim), k(t * kv_dim), v(t * kv_dim), attn(t * q_dim),
       tmp(t * h), g(t * inter), u(t * inter), scores(nh * t * L);
   for (int64_t i = 0; i < t; ++i)
-    std::copy_n(embed_tokens_.data() + static_cast<int64_t>(tokens[i]) * h, h, x.data() + i * h);
+    std::copy_n(embed_tokens_->data() + static_cast<int64_t>(tokens[i]) * h, h, x.data() + i * h);
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (size_t l = 0; l < layers_.size(); ++l) {

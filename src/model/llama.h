@@ -97,7 +97,7 @@ class LlamaModel {
 
  private:
   ModelConfig config_;
-  std::vector<float> embed_tokens_;  // [vocab_size, hidden_size]
+  std::shared_ptr<const std::vector<float>> embed_tokens_;  // [vocab_size, hidden_size], shared with a tied lm_head
   std::vector<float> norm_;          // [hidden_size]
   std::vector<DecoderLayer> layers_;
   std::unique_ptr<Linear> lm_head_;
