@@ -56,9 +56,19 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
   m->config_ = c;
   const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim,
                 kv_dim = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
-  auto embed = LoadF32(store, "model.embed_tokens.weight", {c.vocab_size, h});
-  if (!embed.ok()) return embed.error();
-  auto embed_shared = std::make_shared<const std::vector<float>>(std::move(embed).value());
+  // The table stays bf16 when the checkpoint stores bf16 and no tied lm_head needs it as fp32.
+  const bool tied = c.tie_word_embeddings && store.Find("lm_head.weight") == nullptr;
+  std::shared_ptr<const std::vector<float>> embed_shared;
+  const TensorView* et = store.Find("model.embed_tokens.weight");
+  if (!tied && et != nullptr && et->dtype == DType::kBF16 && et->shape == std::vector<int64_t>{c.vocab_size, h} &&
+      et->data != nullptr && et->nbytes == static_cast<size_t>(c.vocab_size * h) * 2) {
+    m->embed_bf16_.resize(static_cast<size_t>(c.vocab_size * h));
+    std::memcpy(m->embed_bf16_.data(), et->data, et->nbytes);
+  } else {
+    auto embed = LoadF32(store, "model.embed_tokens.weight", {c.vocab_size, h});
+    if (!embed.ok()) return embed.error();
+    embed_shared = std::make_shared<const std::vector<float>>(std::move(embed).value());
+  }
   NIBBLE_ASSIGN_OR_RETURN(m->norm_, LoadF32(store, "model.norm.weight", {h}));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -75,7 +85,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
     m->layers_.push_back(std::move(layer));
   }
   // Tied embeddings: a checkpoint without lm_head reuses embed_tokens (HF tie_word_embeddings).
-  if (c.tie_word_embeddings && store.Find("lm_head.weight") == nullptr) {
+  if (tied) {
     m->lm_head_ = std::make_unique<DenseLinear>(c.vocab_size, h, embed_shared, std::vector<float>{});
   } else {
     NIBBLE_ASSIGN_OR_RETURN(m->lm_head_, loader(store, "lm_head", c.vocab_size, h, false));
@@ -287,8 +297,17 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
   const int64_t L = p0 + t;
   std::vector<float> x(t * h), xn(t * h), q(t * q_dim), k(t * kv_dim), v(t * kv_dim), attn(t * q_dim),
       tmp(t * h), g(t * inter), u(t * inter), scores(nh * t * L);
-  for (int64_t i = 0; i < t; ++i)
-    std::copy_n(embed_tokens_->data() + static_cast<int64_t>(tokens[i]) * h, h, x.data() + i * h);
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t row = static_cast<int64_t>(tokens[i]) * h;
+    if (embed_tokens_ != nullptr) {
+      std::copy_n(embed_tokens_->data() + row, h, x.data() + i * h);
+    } else {
+      for (int64_t j = 0; j < h; ++j) {
+        const uint32_t u32 = static_cast<uint32_t>(embed_bf16_[static_cast<size_t>(row + j)]) << 16;  // exact
+        std::memcpy(&x[static_cast<size_t>(i * h + j)], &u32, 4);
+      }
+    }
+  }
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (size_t l = 0; l < layers_.size(); ++l) {

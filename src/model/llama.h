@@ -98,6 +98,9 @@ class LlamaModel {
  private:
   ModelConfig config_;
   std::shared_ptr<const std::vector<float>> embed_tokens_;  // [vocab_size, hidden_size], shared with a tied lm_head
+  // bf16 checkpoints with their own lm_head keep the table as bf16 bit patterns instead (rows are
+  // widened exactly at lookup; embed_tokens_ is then null): half the bytes.
+  std::vector<uint16_t> embed_bf16_;  // [vocab_size, hidden_size]
   std::vector<float> norm_;          // [hidden_size]
   std::vector<DecoderLayer> layers_;
   std::unique_ptr<Linear> lm_head_;
