@@ -3,19 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
+#include "base/half.h"
 #include "kernels/int4_dispatch.h"
 
 namespace nibble {
 namespace {
-
-inline float Widen(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 constexpr int64_t kBlockRows = 64;
 
@@ -25,7 +18,7 @@ void GemvBf16Scalar(int64_t k, const uint16_t* w, const float* x, const float* b
   for (int64_t r = n0; r < n1; ++r) {
     const uint16_t* row = w + r * k;
     float acc = 0.0f;
-    for (int64_t i = 0; i < k; ++i) acc = std::fma(x[i], Widen(row[i]), acc);
+    for (int64_t i = 0; i < k; ++i) acc = std::fma(x[i], Bf16ToF32(row[i]), acc);
     y[r] = bias != nullptr ? acc + bias[r] : acc;
   }
 }
@@ -33,7 +26,7 @@ void GemvBf16Scalar(int64_t k, const uint16_t* w, const float* x, const float* b
 void Bf16ToF32Rows(const uint16_t* w, int64_t n, int64_t k, float* out) {
 #pragma omp parallel for schedule(static) if (n * k >= (int64_t{1} << 16))
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t i = 0; i < k; ++i) out[r * k + i] = Widen(w[r * k + i]);
+    for (int64_t i = 0; i < k; ++i) out[r * k + i] = Bf16ToF32(w[r * k + i]);
 }
 
 void GemvBf16(int64_t n, int64_t k, const uint16_t* w, const float* x, const float* bias, float* y,

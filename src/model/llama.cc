@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "base/half.h"
 #include "kernels/dense_gemm.h"
 #include "kernels/int4_dispatch.h"
 #include "model/ops.h"
@@ -30,11 +31,7 @@ Result<std::unique_ptr<Linear>> LoadDenseLinear(const TensorStore& store, const 
   // bf16 weights stay bf16 where the dispatch has a bf16 GEMV: half the bytes per decode step.
   const Bf16GemvKernel gemv = ActiveW4Dispatch().kernels.gemv_bf16;
   if (const TensorView* t = store.Find(prefix + ".weight"); gemv != nullptr && t != nullptr && t->dtype == DType::kBF16) {
-    if (t->shape != std::vector<int64_t>{n, k})
-      return MakeError(t->file, ": tensor \"", t->name, "\" has shape ", t->ShapeString(), ", expected ",
-                       ShapeToString({n, k}), " from config.json");
-    if (t->nbytes != static_cast<size_t>(n * k) * 2 || t->data == nullptr)
-      return MakeError(t->file, ": tensor \"", t->name, "\" holds ", t->nbytes, " bytes, expected ", n * k * 2);
+    NIBBLE_ASSIGN_OR_RETURN(t, GetShaped(store, prefix + ".weight", {n, k}));  // the store checked nbytes
     std::vector<uint16_t> w(static_cast<size_t>(n * k));
     std::memcpy(w.data(), t->data, t->nbytes);
     return std::unique_ptr<Linear>(new Bf16DenseLinear(n, k, std::move(w), std::move(bias), gemv));
@@ -60,8 +57,8 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
   const bool tied = c.tie_word_embeddings && store.Find("lm_head.weight") == nullptr;
   std::shared_ptr<const std::vector<float>> embed_shared;
   const TensorView* et = store.Find("model.embed_tokens.weight");
-  if (!tied && et != nullptr && et->dtype == DType::kBF16 && et->shape == std::vector<int64_t>{c.vocab_size, h} &&
-      et->data != nullptr && et->nbytes == static_cast<size_t>(c.vocab_size * h) * 2) {
+  if (!tied && et != nullptr && et->dtype == DType::kBF16) {
+    NIBBLE_ASSIGN_OR_RETURN(et, GetShaped(store, "model.embed_tokens.weight", {c.vocab_size, h}));
     m->embed_bf16_.resize(static_cast<size_t>(c.vocab_size * h));
     std::memcpy(m->embed_bf16_.data(), et->data, et->nbytes);
   } else {
@@ -302,10 +299,7 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
     if (embed_tokens_ != nullptr) {
       std::copy_n(embed_tokens_->data() + row, h, x.data() + i * h);
     } else {
-      for (int64_t j = 0; j < h; ++j) {
-        const uint32_t u32 = static_cast<uint32_t>(embed_bf16_[static_cast<size_t>(row + j)]) << 16;  // exact
-        std::memcpy(&x[static_cast<size_t>(i * h + j)], &u32, 4);
-      }
+      for (int64_t j = 0; j < h; ++j) x[static_cast<size_t>(i * h + j)] = Bf16ToF32(embed_bf16_[static_cast<size_t>(row + j)]);
     }
   }
 

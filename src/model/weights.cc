@@ -36,12 +36,18 @@ Result<std::vector<float>> TensorToF32(const TensorView& t) {
   return out;
 }
 
-Result<std::vector<float>> LoadF32(const TensorStore& store, const std::string& name,
-                                   const std::vector<int64_t>& expected_shape) {
+Result<const TensorView*> GetShaped(const TensorStore& store, const std::string& name,
+                                    const std::vector<int64_t>& expected_shape) {
   NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(name));
   if (t->shape != expected_shape)
     return MakeError(t->file, ": tensor \"", name, "\" has shape ", t->ShapeString(), ", expected ",
                      ShapeToString(expected_shape), " from config.json");
+  return t;
+}
+
+Result<std::vector<float>> LoadF32(const TensorStore& store, const std::string& name,
+                                   const std::vector<int64_t>& expected_shape) {
+  NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, GetShaped(store, name, expected_shape));
   return TensorToF32(*t);
 }
 

@@ -13,6 +13,11 @@ namespace nibble {
 /// Converts a F32 / F16 / BF16 tensor to fp32 (exact). Errors: other dtypes (names tensor+file).
 Result<std::vector<float>> TensorToF32(const TensorView& t);
 
+/// The tensor `name` from `store`, checked to have `expected_shape` (from config.json).
+/// Errors: missing tensor, or shape mismatch (names the file, tensor, both shapes).
+Result<const TensorView*> GetShaped(const TensorStore& store, const std::string& name,
+                                    const std::vector<int64_t>& expected_shape);
+
 /// Looks up `name`, checks its shape equals `expected_shape` and converts it to fp32.
 /// Errors: missing tensor, shape mismatch (expected vs found), non-float dtype.
 Result<std::vector<float>> LoadF32(const TensorStore& store, const std::string& name,
