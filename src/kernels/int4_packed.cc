@@ -176,8 +176,12 @@ W4Int8Acts QuantizeActsInt8(const float* x, int64_t k, int64_t parts, uint8_t* s
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
     xs[t] = amax / 127.f;
     int8_t q[128] = {};
+    // Round half to even by the 1.5·2^23 trick: for |v| < 2^22, (v + 1.5·2^23) − 1.5·2^23 is v
+    // rounded to an integer in the current rounding mode, exactly std::nearbyint(v) — without a
+    // libm call per value, so the loop vectorises (|v| <= 127 here; NaN stays NaN and maps to 0).
+    constexpr float kRound = 12582912.0f;
     for (int64_t o = 0; o < len; ++o) {
-      const float v = std::nearbyint(x[k0 + o] * inv);
+      const float v = (x[k0 + o] * inv + kRound) - kRound;
       q[o] = static_cast<int8_t>(v > 127.f ? 127 : (v < -127.f ? -127 : (v == v ? static_cast<int>(v) : 0)));
     }
     // A: byte i of dword lane l = code at 32i + l; B: 32i + 16 + l. Byte i lies in part

@@ -59,8 +59,10 @@ void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
     const size_t row_bytes = W4Int8ActsBytes(pw_.k, parts);
     scratch.resize(row_bytes * static_cast<size_t>(m));
     acts.resize(static_cast<size_t>(m));
-    for (int64_t i = 0; i < m; ++i)
-      acts[static_cast<size_t>(i)] = QuantizeActsInt8(x + i * pw_.k, pw_.k, parts, scratch.data() + row_bytes * static_cast<size_t>(i));
+    uint8_t* const sp = scratch.data();  // plain pointers for the OpenMP region (thread_local vectors)
+    W4Int8Acts* const ap = acts.data();
+#pragma omp parallel for schedule(static) if (m * pw_.k >= (int64_t{1} << 16))
+    for (int64_t i = 0; i < m; ++i) ap[i] = QuantizeActsInt8(x + i * pw_.k, pw_.k, parts, sp + row_bytes * static_cast<size_t>(i));
     GemmW4A8Packed(pw_, acts.data(), m, bias_.empty() ? nullptr : bias_.data(), y);
     return;
   }

@@ -109,40 +109,16 @@ void BuildRopeTables(const ModelConfig& c, int64_t positions, std::vector<float>
 
 namespace {
 
-// x[i] = ExpF(x[i] + shift) (the same arithmetic as ops.h ExpF, written out so that the loop
-// vectorises: GCC if-converts the clamps only without trapping math, hence the attribute; the
-// results are bit-identical to ExpF's). Cloned per ISA (GCC target_clones, chosen at load time by
-// CPUID): 16 / 8 lanes instead of SSE2's 4; contraction into FMA is off so every clone rounds
-// exactly like ExpF (measured: this loop was 13 % of an AWQ run as SSE2 code).
-__attribute__((optimize("no-trapping-math", "fp-contract=off"), target_clones("avx512f", "avx2", "default")))
-void ExpShiftedInPlace(float* row, int64_t n, float shift) {
-  for (int64_t i = 0; i < n; ++i) {
-    float x = row[i] + shift;
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float f = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - f * 0.693145751953125f;
-    r = r - f * 1.428606765330187e-06f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t e = static_cast<int32_t>(f) + 127;
-    uint32_t bits = static_cast<uint32_t>(e) << 23;
-    float scale;
-    __builtin_memcpy(&scale, &bits, 4);
-    row[i] = p * scale;
-  }
+// x[i] += y[i], threaded over large sizes (prefill); the same sums in any split.
+void AddInPlace(float* x, const float* y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
-// a[i] = silu(g[i]) * u[i] = g / (1 + ExpF(-g)) * u, as SiluMul, vectorised through
-// ExpShiftedInPlace; `tmp` has room for n floats.
-void SiluMulVec(const float* g, const float* u, int64_t n, float* a, float* tmp) {
-  for (int64_t i = 0; i < n; ++i) tmp[i] = -g[i];
-  ExpShiftedInPlace(tmp, n, 0.0f);
-  for (int64_t i = 0; i < n; ++i) a[i] = g[i] / (1.0f + tmp[i]) * u[i];
+// RmsNorm of `rows` rows, threaded over rows when there are several (each row as RmsNorm alone).
+void RmsNormRows(const float* x, const float* weight, int64_t rows, int64_t dim, double eps, float* y) {
+#pragma omp parallel for schedule(static) if (rows > 1)
+  for (int64_t r = 0; r < rows; ++r) RmsNorm(x + r * dim, weight, 1, dim, eps, y + r * dim);
 }
 
 // Causal softmax of one score row for AttentionBlockForward: scale, max-subtract, ExpF, normalise,
@@ -247,12 +223,8 @@ void MlpBlockForward(const Linear& gate_proj, const Linear& up_proj, const Linea
   gate_proj.Forward(xn, rows, gp);
   up_proj.Forward(xn, rows, up);
   float* a = act != nullptr ? act : gp;
-#pragma omp parallel
-  {
-    std::vector<float> tmp(inter);
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) SiluMulVec(gp + r * inter, up + r * inter, inter, a + r * inter, tmp.data());
-  }
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) SiluMul(gp + r * inter, up + r * inter, inter, a + r * inter);
   down_proj.Forward(a, rows, out);
 }
 
@@ -306,10 +278,11 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayer& layer = layers_[l];
-    RmsNorm(x.data(), layer.input_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
+    RmsNormRows(x.data(), layer.input_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
     layer.q_proj->Forward(xn.data(), t, q.data());
     layer.k_proj->Forward(xn.data(), t, k.data());
     layer.v_proj->Forward(xn.data(), t, v.data());
+#pragma omp parallel for schedule(static) if (t > 1)
     for (int64_t i = 0; i < t; ++i) {
       const float* cs = rope_cos_.data() + (p0 + i) * half;
       const float* sn = rope_sin_.data() + (p0 + i) * half;
@@ -343,14 +316,15 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
               attn.data() + head * hd, q_dim);
     }
     layer.o_proj->Forward(attn.data(), t, tmp.data());
-    for (int64_t i = 0; i < t * h; ++i) x[i] += tmp[i];
+    AddInPlace(x.data(), tmp.data(), t * h);
 
-    RmsNorm(x.data(), layer.post_attention_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
+    RmsNormRows(x.data(), layer.post_attention_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
     layer.gate_proj->Forward(xn.data(), t, g.data());
     layer.up_proj->Forward(xn.data(), t, u.data());
-    SiluMul(g.data(), u.data(), t * inter, g.data());
+#pragma omp parallel for schedule(static) if (t > 1)
+    for (int64_t i = 0; i < t; ++i) SiluMul(g.data() + i * inter, u.data() + i * inter, inter, g.data() + i * inter);
     layer.down_proj->Forward(g.data(), t, tmp.data());
-    for (int64_t i = 0; i < t * h; ++i) x[i] += tmp[i];
+    AddInPlace(x.data(), tmp.data(), t * h);
   }
   cache.length = L;
   if (all_logits) {

@@ -61,20 +61,54 @@ void ExpInPlace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = ExpF(x[i]);
 }
 
+// x[i] = ExpF(x[i] + shift) (the same arithmetic as ops.h ExpF, written out so that the loop
+// vectorises: GCC if-converts the clamps only without trapping math, hence the attribute; the
+// results are bit-identical to ExpF's). Cloned per ISA (GCC target_clones, chosen at load time by
+// CPUID): 16 / 8 lanes instead of SSE2's 4; contraction into FMA is off so every clone rounds
+// exactly like ExpF (measured: this loop was 13 % of an AWQ run as SSE2 code).
+__attribute__((optimize("no-trapping-math", "fp-contract=off"), target_clones("avx512f", "avx2", "default")))
+void ExpShiftedInPlace(float* row, int64_t n, float shift) {
+  for (int64_t i = 0; i < n; ++i) {
+    float x = row[i] + shift;
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float f = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - f * 0.693145751953125f;
+    r = r - f * 1.428606765330187e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t e = static_cast<int32_t>(f) + 127;
+    uint32_t bits = static_cast<uint32_t>(e) << 23;
+    float scale;
+    __builtin_memcpy(&scale, &bits, 4);
+    row[i] = p * scale;
+  }
+}
+
 void SoftmaxRow(float* row, int64_t n) {
   float mx = row[0];
   for (int64_t i = 1; i < n; ++i) mx = row[i] > mx ? row[i] : mx;
+  ExpShiftedInPlace(row, n, -mx);  // row[i] + (−mx) is row[i] − mx exactly
   float sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    row[i] = ExpF(row[i] - mx);
-    sum += row[i];
-  }
+  for (int64_t i = 0; i < n; ++i) sum += row[i];
   const float inv = 1.0f / sum;
   for (int64_t i = 0; i < n; ++i) row[i] *= inv;
 }
 
 void SiluMul(const float* g, const float* u, int64_t n, float* a) {
-  for (int64_t i = 0; i < n; ++i) a[i] = g[i] / (1.0f + ExpF(-g[i])) * u[i];
+  // Through ExpShiftedInPlace in chunks (a may alias g: each element is read before it is written).
+  constexpr int64_t kChunk = 256;
+  float e[kChunk];
+  for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+    const int64_t len = n - i0 < kChunk ? n - i0 : kChunk;
+    for (int64_t j = 0; j < len; ++j) e[j] = -g[i0 + j];
+    ExpShiftedInPlace(e, len, 0.0f);
+    for (int64_t j = 0; j < len; ++j) a[i0 + j] = g[i0 + j] / (1.0f + e[j]) * u[i0 + j];
+  }
 }
 
 }  // namespace nibble

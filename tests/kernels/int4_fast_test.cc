@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -372,8 +373,9 @@ TEST(Int4LinearTest, ForwardAndWeightRoundTrip) {
 
 // Independent oracle: x quantized per 128-value block with its own code (scale max|x|/127,
 // round half to even), W dequantized from the Int4Matrix, products summed in double. Also the
-// tolerance per output: the kernels round s·xs, each fma and each block/part sum in fp32, so
-// |y − oracle| <= γ_{K/16 + 8} · (Σ_k |ŵ_k x̂_k| + |b|).
+// tolerance per output: the kernels round s·xs, each fma and each block/part sum in fp32, and
+// accumulate q·x̂ and the zero-point term z·x̂ apart before subtracting them, so
+// |y − oracle| <= γ_{K/16 + 8} · (Σ_k s_k (|q_k x̂_k| + |z_k x̂_k|) + |b|).
 struct W4A8Ref {
   std::vector<double> y, tol;
 };
@@ -398,7 +400,9 @@ W4A8Ref W4A8Oracle(const Int4Matrix& m, const std::vector<float>& x, const float
     double acc = 0, mag = 0;
     for (int64_t k = 0; k < m.k; ++k) {
       acc += static_cast<double>(wd[n * m.k + k]) * xq[k];
-      mag += std::fabs(static_cast<double>(wd[n * m.k + k]) * xq[k]);
+      const size_t gi = static_cast<size_t>(n * m.groups() + k / m.group_size);
+      mag += static_cast<double>(m.scales[gi]) * std::fabs(xq[k]) *
+             (m.codes[static_cast<size_t>(n * m.k + k)] + static_cast<double>(m.zero_points[gi]));
     }
     if (bias != nullptr) {
       acc += bias[n];
@@ -426,8 +430,9 @@ TEST(W4A8KernelTest, EveryKernelMatchesTheOracleAndIsBitIdenticalToScalar) {
           const Int4Matrix m = RandomMatrix(rng, n, k, ge, sym);
           Packed p(m);
           ASSERT_TRUE(W4Int8Supported(p.w)) << "g=" << ge;
-          // M = 1, 2, 5 in turn (the VNNI kernel tiles activation rows by 4).
-          const int64_t m_rows = cases % 3 == 0 ? 1 : (cases % 3 == 1 ? 2 : 5);
+          // M = 1, 2, 5, 19 in turn (the VNNI kernel tiles activation rows by 4, and from 6 rows
+          // on puts 16 weight rows in the lanes when g is a multiple of 128).
+          const int64_t m_rows = std::array<int64_t, 4>{1, 2, 5, 19}[static_cast<size_t>(cases % 4)];
           std::vector<std::vector<float>> xs_rows;
           const int64_t parts = W4Int8Parts(ge);
           const size_t ab = W4Int8ActsBytes(k, parts);
@@ -475,24 +480,59 @@ TEST(W4A8KernelTest, EveryKernelMatchesTheOracleAndIsBitIdenticalToScalar) {
   EXPECT_EQ(cases, 5 * 3 * 7 * 2);
 }
 
+TEST(W4A8KernelTest, ActivationCodesRoundHalfToEvenIntoTheSuperblockOrder) {
+  // amax = 127 makes the code of x exactly round-half-even(x): ties go to the even neighbour.
+  std::vector<float> x(200, 0.f);
+  const std::vector<std::pair<float, int>> cases = {{2.5f, 2},     {3.5f, 4},   {-2.5f, -2}, {-3.5f, -4}, {0.5f, 0},
+                                                    {-0.5f, 0},    {126.5f, 126}, {1.49f, 1}, {-1.51f, -2}, {127.f, 127},
+                                                    {-127.f, -127}, {0.f, 0}};
+  for (size_t i = 0; i < cases.size(); ++i) x[3 * i + 1] = cases[i].first;
+  x[150] = 63.5f;  // second block: amax 63.5, so 63.5 -> 127 and 31.75 -> 63.5 -> 64 (tie to even)
+  x[151] = 31.75f;
+  x[152] = -0.25f;  // -0.5 -> 0
+  std::vector<uint8_t> scratch(W4Int8ActsBytes(200, 1));
+  const W4Int8Acts a = QuantizeActsInt8(x.data(), 200, 1, scratch.data());
+  ASSERT_EQ(a.blocks, 2);
+  // Code of value o of block t: byte (o % 32 / 16 ? B : A)[4 * (o % 16) + o / 32].
+  auto code = [&](int64_t k) {
+    const int64_t t = k / 128, o = k % 128;
+    const int8_t* half = a.x8 + t * 128 + ((o % 32) / 16) * 64;
+    return static_cast<int>(half[4 * (o % 16) + o / 32]);
+  };
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(code(static_cast<int64_t>(3 * i + 1)), cases[i].second) << cases[i].first;
+  EXPECT_EQ(a.xs[0], 1.f);
+  EXPECT_EQ(code(150), 127);
+  EXPECT_EQ(code(151), 64);
+  EXPECT_EQ(code(152), 0);
+  EXPECT_EQ(code(199), 0);  // padding past K
+  int32_t s0 = 0;
+  for (const auto& c : cases) s0 += c.second;
+  EXPECT_EQ(a.sx[0], s0);
+  EXPECT_EQ(a.sx[1], 127 + 64);
+}
+
 TEST(W4A8KernelTest, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
   std::mt19937 rng(12);
   std::normal_distribution<float> xd(0.f, 1.f);
   const Int4Matrix w = RandomMatrix(rng, 1000, 512, 128, false);
   Packed p(w);
-  std::vector<float> x(512 * 3);
+  constexpr int kRows = 12;  // from 6 rows on the VNNI kernel puts weight rows in the lanes
+  std::vector<float> x(512 * kRows);
   for (auto& v : x) v = xd(rng);
-  std::vector<uint8_t> scratch(W4Int8ActsBytes(512, 1) * 3);
+  std::vector<uint8_t> scratch(W4Int8ActsBytes(512, 1) * kRows);
   std::vector<W4Int8Acts> a;
-  for (int i = 0; i < 3; ++i) a.push_back(QuantizeActsInt8(x.data() + 512 * i, 512, 1, scratch.data() + W4Int8ActsBytes(512, 1) * i));
+  for (int i = 0; i < kRows; ++i)
+    a.push_back(QuantizeActsInt8(x.data() + 512 * i, 512, 1, scratch.data() + W4Int8ActsBytes(512, 1) * i));
   const int saved = omp_get_max_threads();
-  std::vector<float> y1(3000), y2(3000);
-  omp_set_num_threads(1);
-  GemmW4A8Packed(p.w, a.data(), 3, nullptr, y1.data());
-  omp_set_num_threads(2);
-  GemmW4A8Packed(p.w, a.data(), 3, nullptr, y2.data());
+  for (int m : {3, kRows}) {
+    std::vector<float> y1(static_cast<size_t>(1000 * m)), y2(y1.size());
+    omp_set_num_threads(1);
+    GemmW4A8Packed(p.w, a.data(), m, nullptr, y1.data());
+    omp_set_num_threads(2);
+    GemmW4A8Packed(p.w, a.data(), m, nullptr, y2.data());
+    EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * 4), 0) << "m=" << m;
+  }
   omp_set_num_threads(saved);
-  EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * 4), 0);
 
   // Int4Linear: the opt-in switches every M (also M >= kDequantGemmMinRows) to the W4A8 GEMM.
   Int4Linear lin(w, {}, "test");
