@@ -548,4 +548,48 @@ TEST(AwqAcceptance, OutliersSymAndPlainSym) {
   EXPECT_LE(b.awq, 1.05 * b.rtn);
 }
 
+// stories260K against the reference implementation's table (stories260K/README.md: calibration
+// the first 64 chunks of 256 tokens of tinyshakespeare, WikiText-2 test, 40 windows of 512,
+// lm_head / embeddings not quantized; "g32" = group 32 with down_proj per-channel, K = 172).
+// The asymmetric results agree to every printed digit; this checks they stay within 1 %. The
+// symmetric ones sit on rounding ties (README "AWQ", measured 1.1-1.5 % off the reference) and
+// are only held to the model's noise band, 5 %.
+double Stories260KPerplexity(const std::string& scheme, int64_t group_size, const std::string& algo) {
+  TempDir tmp;
+  nibble::QuantizeRequest r;
+  r.model_dir = nibble_test::SharedModel("stories260K");
+  r.output_dir = tmp.sub("q");
+  r.quant_scheme = scheme;
+  r.group_size = group_size;
+  if (group_size > 0)
+    r.layer_quant_config = {std::string("*.down_proj:quant_scheme=") +
+                            (scheme.find("uint4") != std::string::npos ? "w_uint4_per_channel_asym" : "w_int4_per_channel_sym")};
+  r.quant_algo = algo;
+  r.dataset = nibble_test::SharedData("tinyshakespeare.txt");
+  r.num_calib_data = 64;
+  r.seq_len = 256;
+  auto s = nibble::Quantize(r);
+  EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
+  auto m = nibble::Model::Load(tmp.sub("q"));
+  EXPECT_TRUE(m.ok());
+  if (!m.ok()) return 0;
+  nibble::PerplexityOptions o;
+  o.seq_len = 512;
+  o.max_windows = 40;
+  auto p = nibble::EvaluatePerplexity(**m, ReadAll(nibble_test::SharedData("wikitext-2-raw-test.txt")), o);
+  EXPECT_TRUE(p.ok());
+  return p.ok() ? p->ppl : 0;
+}
+
+TEST(AwqAcceptance, Stories260KAgreesWithTheReferenceImplementation) {
+  EXPECT_NEAR(Stories260KPerplexity("w_uint4_per_channel_asym", -1, "rtn"), 138.02, 138.02 * 0.01);
+  EXPECT_NEAR(Stories260KPerplexity("w_uint4_per_channel_asym", -1, "awq"), 143.30, 143.30 * 0.01);
+  EXPECT_NEAR(Stories260KPerplexity("w_uint4_per_group_asym", 32, "rtn"), 144.86, 144.86 * 0.01);
+  EXPECT_NEAR(Stories260KPerplexity("w_uint4_per_group_asym", 32, "awq"), 136.41, 136.41 * 0.01);
+  EXPECT_NEAR(Stories260KPerplexity("w_int4_per_channel_sym", -1, "rtn"), 158.06, 158.06 * 0.01);
+  EXPECT_NEAR(Stories260KPerplexity("w_int4_per_channel_sym", -1, "awq"), 161.18, 161.18 * 0.05);
+  EXPECT_NEAR(Stories260KPerplexity("w_int4_per_group_sym", 32, "rtn"), 156.85, 156.85 * 0.01);
+  EXPECT_NEAR(Stories260KPerplexity("w_int4_per_group_sym", 32, "awq"), 136.05, 136.05 * 0.05);
+}
+
 }  // namespace
