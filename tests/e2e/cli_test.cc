@@ -184,6 +184,17 @@ TEST(Cli, Int8ActivationsPerplexityCostIsPrintedAndSmall) {
   EXPECT_GT(w4a16, 10.0);
   EXPECT_NE(w4a8, w4a16);  // a different path ran
   EXPECT_LT(std::fabs(w4a8 / w4a16 - 1.0), 0.01) << r.out;
+  // With --kl_divergence_base both runs share one pass of the base model; same perplexities.
+  RunResult k = RunNibble("perplexity --model " + out + " --text " + Quote(nibble_test::SharedData("prose-val.txt")) +
+                          " --seq_len 512 --max_windows 3 --int8_activations --kl_divergence_base " +
+                          Quote(nibble_test::EmbeddedModel()));
+  ASSERT_EQ(k.exit_code, 0) << k.out;
+  char want16[64], want8[96];
+  std::snprintf(want16, sizeof(want16), "\nperplexity: %.4f (base ", w4a16);
+  std::snprintf(want8, sizeof(want8), "int8 activations (W4A8, 42 int4 linears): perplexity %.4f (", w4a8);
+  EXPECT_NE(k.out.find(want16), std::string::npos) << want16 << "\n" << k.out;
+  EXPECT_NE(k.out.find(want8), std::string::npos) << want8 << "\n" << k.out;
+  EXPECT_NE(k.out.find("mean KLD"), std::string::npos) << k.out;
   RunResult g = RunNibble("generate --model " + out + " -n 4 --temperature 0 --int8_activations");
   EXPECT_EQ(g.exit_code, 0) << g.out;
   EXPECT_NE(g.out.find("activations: int8 (W4A8) in 42 int4 linears"), std::string::npos) << g.out;
