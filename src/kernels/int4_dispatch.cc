@@ -68,7 +68,9 @@ constexpr bool kX86 = true;
 constexpr bool kX86 = false;
 #endif
 
-W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu) {
+// The kernels of `isa` on `cpu`; `i8_reason` (optional) gets why gemm_i8 is the one it is.
+W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nullptr) {
+  std::string reason = "no AVX-512 VNNI kernel for ISA " + std::string(IsaName(isa));
   W4Kernels k;
   k.isa = isa;
   k.gemm = GemmW4A32PackedScalar;
@@ -90,11 +92,15 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu) {
     if (cpu.avx512vnni) {
       k.gemm_i8 = GemmW4A8Vnni;
       k.gemm_i8_name = "avx512_vnni";
+      reason = "avx512 with avx512_vnni";
+    } else {
+      reason = "CPU lacks avx512_vnni";
     }
   }
 #else
   (void)cpu;
 #endif
+  if (i8_reason != nullptr) *i8_reason = reason;
   return k;
 }
 
@@ -166,13 +172,7 @@ W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override) {
                                               : "supported, but NIBBLE_ISA=" + d.override_value + " forced another";
     }
   }
-  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu);
-  if (d.kernels.isa != Isa::kAvx512)
-    d.gemm_i8_reason = "no AVX-512 VNNI kernel for ISA " + std::string(IsaName(d.kernels.isa));
-  else if (!cpu.avx512vnni)
-    d.gemm_i8_reason = "CPU lacks avx512_vnni";
-  else
-    d.gemm_i8_reason = "avx512 with avx512_vnni";
+  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu, &d.gemm_i8_reason);
   return d;
 }
 

@@ -255,6 +255,15 @@ TEST(W4DispatchTest, FakeCpusAndOverride) {
   const W4Dispatch a2 = ResolveW4Dispatch(FakeCpu(true, false, false), nullptr);
   EXPECT_EQ(a2.kernels.isa, Isa::kAvx2);
   EXPECT_NE(a2.candidates[0].reason.find("avx512f"), std::string::npos) << a2.candidates[0].reason;
+  // The int8 (W4A8) kernel and why: VNNI needs AVX-512 chosen and avx512_vnni.
+  EXPECT_STREQ(ResolveW4Dispatch(full, nullptr).kernels.gemm_i8_name, "scalar");  // FakeCpu: no avx512_vnni
+  EXPECT_EQ(ResolveW4Dispatch(full, nullptr).gemm_i8_reason, "CPU lacks avx512_vnni");
+  CpuFeatures vnni = full;
+  vnni.avx512vnni = true;
+  EXPECT_STREQ(ResolveW4Dispatch(vnni, nullptr).kernels.gemm_i8_name, "avx512_vnni");
+  EXPECT_EQ(ResolveW4Dispatch(vnni, nullptr).gemm_i8_reason, "avx512 with avx512_vnni");
+  EXPECT_STREQ(ResolveW4Dispatch(vnni, "avx2").kernels.gemm_i8_name, "scalar");
+  EXPECT_EQ(ResolveW4Dispatch(vnni, "avx2").gemm_i8_reason, "no AVX-512 VNNI kernel for ISA avx2");
   // Nothing: scalar.
   EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), nullptr).kernels.isa, Isa::kScalar);
   EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), "avx2").kernels.isa, Isa::kScalar);
