@@ -1,9 +1,7 @@
 // `nibble compare`: the FP / RTN / AWQ table in one run — perplexity, mean KL(P_fp || P_q) and
 // top-1 agreement of each quantized model against the float model, same tokens and windows.
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,10 +32,8 @@ Runner RegisterCompare(CLI::App& app) {
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
   return [a]() {
     nibble::SetNumThreads(a->threads);
-    std::ifstream in(a->text, std::ios::binary);
-    if (!in) return Fail("cannot open text file " + a->text);
-    std::stringstream ss;
-    ss << in.rdbuf();
+    std::string text;
+    if (const std::string err = ReadTextFile(a->text, &text); !err.empty()) return Fail(err);
     auto base = nibble::Model::Load(a->model);
     if (!base.ok()) return Fail(base.error().message);
     std::vector<std::unique_ptr<nibble::Model>> owned;
@@ -56,7 +52,7 @@ Runner RegisterCompare(CLI::App& app) {
       if (!bar) bar = std::make_unique<nibble::ProgressBar>("compare", total);
       bar->Update(done);
     };
-    auto r = nibble::CompareModels(**base, models, ss.str(), opt);
+    auto r = nibble::CompareModels(**base, models, text, opt);
     bar.reset();
     if (!r.ok()) return Fail(a->text + ": " + r.error().message);
     std::printf("text: %s\n", a->text.c_str());

@@ -1,10 +1,7 @@
 // `nibble perplexity`: the GPTQ/AWQ-paper protocol (SPEC §6.1), printed next to the number.
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -39,10 +36,8 @@ Runner RegisterPerplexity(CLI::App& app) {
                 "and print the perplexity (and KLD) cost");
   return [a]() {
     nibble::SetNumThreads(a->threads);
-    std::ifstream in(a->text, std::ios::binary);
-    if (!in || std::filesystem::is_directory(a->text)) return Fail("cannot read text file " + a->text + (in ? ": is a directory" : ""));
-    std::stringstream ss;
-    ss << in.rdbuf();
+    std::string text;
+    if (const std::string err = ReadTextFile(a->text, &text); !err.empty()) return Fail(err);
     auto model = nibble::Model::Load(a->model);
     if (!model.ok()) return Fail(model.error().message);
     // --int8_activations: refuse a model it cannot serve before evaluating anything.
@@ -79,7 +74,7 @@ Runner RegisterPerplexity(CLI::App& app) {
         model8->SetInt8Activations(true);
         models.push_back(model8.get());
       }
-      auto c = nibble::CompareModels(**base, models, ss.str(), co);
+      auto c = nibble::CompareModels(**base, models, text, co);
       bar.reset();
       if (!c.ok()) return Fail(a->text + ": " + c.error().message);
       const auto& row = c->rows[0];
@@ -99,7 +94,7 @@ Runner RegisterPerplexity(CLI::App& app) {
       }
       return 0;
     }
-    auto r = nibble::EvaluatePerplexity(**model, ss.str(), opt);
+    auto r = nibble::EvaluatePerplexity(**model, text, opt);
     bar.reset();
     if (!r.ok()) return Fail(a->text + ": " + r.error().message);
     std::printf("model: %s\ntext: %s\n", a->model.c_str(), a->text.c_str());
@@ -116,7 +111,7 @@ Runner RegisterPerplexity(CLI::App& app) {
                  nibble::NumThreads());
     if (a->int8) {
       (*model)->SetInt8Activations(true);
-      auto r8 = nibble::EvaluatePerplexity(**model, ss.str(), opt);
+      auto r8 = nibble::EvaluatePerplexity(**model, text, opt);
       bar.reset();
       if (!r8.ok()) return Fail(a->text + ": " + r8.error().message);
       std::printf("int8 activations (W4A8, %lld int4 linears): mean NLL %.6f, perplexity %.4f (%+.2f %% vs fp32 activations %.4f)\n",

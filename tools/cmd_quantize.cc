@@ -166,7 +166,12 @@ Runner RegisterQuantize(CLI::App& app) {
     if (nq > 0)
       std::printf("quantized linears: %.2f MB -> %.2f MB (%.3fx); worst relative weight error %.4f (%s)\n", in_q / 1e6,
                   out_q / 1e6, static_cast<double>(out_q) / static_cast<double>(in_q), worst, worst_name.c_str());
-    std::printf("wrote %lld shard(s), %.2f MB of tensors in %.2f s\n", static_cast<long long>(s->shards), s->total_bytes / 1e6, s->seconds);
+    if (s->awq_seconds > 0)
+      std::printf("wrote %lld shard(s), %.2f MB of tensors; %.2f s in all (AWQ %.2f s)\n", static_cast<long long>(s->shards),
+                  s->total_bytes / 1e6, s->seconds, s->awq_seconds);
+    else
+      std::printf("wrote %lld shard(s), %.2f MB of tensors in %.2f s\n", static_cast<long long>(s->shards), s->total_bytes / 1e6,
+                  s->seconds);
     return 0;
   };
 }

@@ -24,6 +24,10 @@ Runner RegisterReport(CLI::App& app);
 /// Prints "nibble: error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);
 
+/// Reads a whole text file (--text) into `text`. Returns "" on success, else the error message
+/// naming the file ("cannot read text file X: is a directory" / "...: no such file or not readable").
+std::string ReadTextFile(const std::string& path, std::string* text);
+
 /// The --int8_activations refusal for a model (directory `dir`) none of whose linears the int8
 /// kernels serve.
 std::string Int8NotServed(const std::string& dir);

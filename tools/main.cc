@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,18 @@ namespace nibble_cli {
 int Fail(const std::string& message) {
   std::fprintf(stderr, "nibble: error: %s\n", message.c_str());
   return 1;
+}
+
+std::string ReadTextFile(const std::string& path, std::string* text) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return "cannot read text file " + path + ": is a directory";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "cannot read text file " + path + ": no such file or not readable";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return "cannot read text file " + path + ": read error";
+  *text = ss.str();
+  return "";
 }
 
 std::string Int8NotServed(const std::string& dir) {
@@ -105,18 +120,26 @@ int main(int argc, char** argv) {
     }
     if (!known) return nibble_cli::Fail(std::string("unknown command \"") + argv[1] + "\" (commands: " + names + ")");
   }
+  // A misspelt flag is named with the closest known one, whether CLI11 stops at it (ExtrasError:
+  // "The following arguments were not expected: 128 --seqlen") or at a required option it left
+  // unset (RequiredError).
+  auto unknown_flags = [&]() -> std::string {
+    for (auto& [sub, run] : commands)
+      if (sub->parsed()) return nibble_cli::UnknownFlags(*sub);
+    return "";
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& e) {
-    for (auto& [sub, run] : commands) {
-      if (!sub->parsed()) continue;
-      const std::string unknown = nibble_cli::UnknownFlags(*sub);
-      if (!unknown.empty()) {
-        nibble_cli::Fail(unknown);
-        return static_cast<int>(CLI::ExitCodes::ExtrasError);
-      }
-    }
-    return app.exit(e);
+    const std::string unknown = unknown_flags();
+    if (unknown.empty()) return app.exit(e);
+    nibble_cli::Fail(unknown);
+    return static_cast<int>(CLI::ExitCodes::ExtrasError);
+  } catch (const CLI::ExtrasError& e) {
+    const std::string unknown = unknown_flags();
+    if (unknown.empty()) return app.exit(e);
+    nibble_cli::Fail(unknown);
+    return static_cast<int>(CLI::ExitCodes::ExtrasError);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -106,7 +106,7 @@ Status PlotQuantizeReport(const std::string& path, const std::string& png_path) 
       if (v > 0) { lo = std::min(lo, v); hi = std::max(hi, v); }
   if (hi <= 0) { lo = 1e-6; hi = 1; }
   const double l0 = std::floor(std::log10(lo)), l1 = std::ceil(std::log10(hi)) + (std::ceil(std::log10(hi)) == std::floor(std::log10(lo)) ? 1 : 0);
-  const int W = 1200, H = 600, ml = 80, mr = 20, mt = 50, mb = 90;
+  const int W = 1200, H = 600, ml = 80, mr = 40, mt = 50, mb = 90;  // mr: room for the last rotated label
   cairo_surface_t* surf = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, W, H);
   cairo_t* cr = cairo_create(surf);
   cairo_set_source_rgb(cr, 1, 1, 1);

@@ -118,6 +118,12 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
       {"misspelt required flag", "perplexity --model-dir " + model + " --text x", "unknown option --model-dir (did you mean --model?)"},
       {"misspelt required flag, close", "quantize --model-dir " + model + " --output_dir /tmp/nibble-unused-out",
        "unknown option --model-dir (did you mean --model_dir?)"},
+      {"misspelt optional flag", "perplexity --model " + model + " --text x --seqlen 128",
+       "unknown option --seqlen (did you mean --seq_len?)"},
+      {"misspelt switch", "generate --model " + model + " --int8_activation -n 1",
+       "unknown option --int8_activation (did you mean --int8_activations?)"},
+      {"dash for underscore", "quantize --model_dir " + model + " --output_dir /tmp/nibble-unused-out --group-size 32",
+       "unknown option --group-size (did you mean --group_size?)"},
       {"empty output dir", "quantize --model_dir " + model + " --output_dir ''", "--output_dir is empty"},
       {"overwrite a regular file", "quantize --model_dir " + model + " --output_dir " +
            Quote(nibble_test::SourceDir() + "/README.md") + " --overwrite", "is not a directory"},
