@@ -109,18 +109,6 @@ void BuildRopeTables(const ModelConfig& c, int64_t positions, std::vector<float>
 
 namespace {
 
-// x[i] += y[i], threaded over large sizes (prefill); the same sums in any split.
-void AddInPlace(float* x, const float* y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
-}
-
-// RmsNorm of `rows` rows, threaded over rows when there are several (each row as RmsNorm alone).
-void RmsNormRows(const float* x, const float* weight, int64_t rows, int64_t dim, double eps, float* y) {
-#pragma omp parallel for schedule(static) if (rows > 1)
-  for (int64_t r = 0; r < rows; ++r) RmsNorm(x + r * dim, weight, 1, dim, eps, y + r * dim);
-}
-
 // Causal softmax of one score row for AttentionBlockForward: scale, max-subtract, ExpF, normalise,
 // zero the masked tail. Reductions run over 16 independent lanes so GCC vectorises them without
 // -ffast-math (a different summation order from SoftmaxRow: same values up to rounding).
@@ -278,7 +266,7 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DecoderLayer& layer = layers_[l];
-    RmsNormRows(x.data(), layer.input_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
+    RmsNorm(x.data(), layer.input_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
     layer.q_proj->Forward(xn.data(), t, q.data());
     layer.k_proj->Forward(xn.data(), t, k.data());
     layer.v_proj->Forward(xn.data(), t, v.data());
@@ -318,7 +306,7 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
     layer.o_proj->Forward(attn.data(), t, tmp.data());
     AddInPlace(x.data(), tmp.data(), t * h);
 
-    RmsNormRows(x.data(), layer.post_attention_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
+    RmsNorm(x.data(), layer.post_attention_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
     layer.gate_proj->Forward(xn.data(), t, g.data());
     layer.up_proj->Forward(xn.data(), t, u.data());
 #pragma omp parallel for schedule(static) if (t > 1)

@@ -5,6 +5,7 @@
 namespace nibble {
 
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, double eps, float* y) {
+#pragma omp parallel for schedule(static) if (rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
@@ -57,36 +58,23 @@ void ApplyRope(float* x, int64_t heads, int64_t head_dim, const float* cos, cons
   }
 }
 
+void AddInPlace(float* x, const float* y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
 void ExpInPlace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = ExpF(x[i]);
 }
 
-// x[i] = ExpF(x[i] + shift) (the same arithmetic as ops.h ExpF, written out so that the loop
-// vectorises: GCC if-converts the clamps only without trapping math, hence the attribute; the
-// results are bit-identical to ExpF's). Cloned per ISA (GCC target_clones, chosen at load time by
+// x[i] = ExpF(x[i] + shift). ExpF is always_inline: GCC would not otherwise inline it into a
+// function with other optimize / target attributes, and a call per value does not vectorise. The
+// clamps if-convert only without trapping math, hence the attribute. Cloned per ISA (GCC target_clones, chosen at load time by
 // CPUID): 16 / 8 lanes instead of SSE2's 4; contraction into FMA is off so every clone rounds
 // exactly like ExpF (measured: this loop was 13 % of an AWQ run as SSE2 code).
 __attribute__((optimize("no-trapping-math", "fp-contract=off"), target_clones("avx512f", "avx2", "default")))
 void ExpShiftedInPlace(float* row, int64_t n, float shift) {
-  for (int64_t i = 0; i < n; ++i) {
-    float x = row[i] + shift;
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float f = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - f * 0.693145751953125f;
-    r = r - f * 1.428606765330187e-06f;
-    float p = 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    const int32_t e = static_cast<int32_t>(f) + 127;
-    uint32_t bits = static_cast<uint32_t>(e) << 23;
-    float scale;
-    __builtin_memcpy(&scale, &bits, 4);
-    row[i] = p * scale;
-  }
+  for (int64_t i = 0; i < n; ++i) row[i] = ExpF(row[i] + shift);
 }
 
 void SoftmaxRow(float* row, int64_t n) {

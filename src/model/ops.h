@@ -8,7 +8,8 @@
 
 namespace nibble {
 
-/// y[t,:] = x[t,:] / sqrt(mean(x[t,:]²) + eps) * weight, for t < rows; HF LlamaRMSNorm.
+/// y[t,:] = x[t,:] / sqrt(mean(x[t,:]²) + eps) * weight, for t < rows; HF LlamaRMSNorm. Rows are
+/// threaded when there are several (each row computed as alone).
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, double eps, float* y);
 
 /// inv_freq per HF rope init (default, linear, llama3), [head_dim / 2].
@@ -22,7 +23,8 @@ void ApplyRope(float* x, int64_t heads, int64_t head_dim, const float* cos, cons
 /// reduction x = n·ln2 + r, a degree-6 polynomial for e^r on |r| <= ln2/2, then 2^n through the
 /// exponent bits. Max relative error ~2 ulp on [-87, 88]; clamps outside (0 below, 2^128-ish
 /// finite above; inputs here are max-subtracted logits or activations, never that large).
-inline float ExpF(float x) {
+/// always_inline so that ExpShiftedInPlace's per-ISA clones inline and vectorise it.
+__attribute__((always_inline)) inline float ExpF(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   // Round to nearest even with the 1.5·2^23 trick (vectorises without SSE4.1's roundps).
   const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
@@ -41,6 +43,10 @@ inline float ExpF(float x) {
   __builtin_memcpy(&scale, &bits, 4);
   return p * scale;
 }
+
+/// x[i] += y[i] for i < n (threaded for large n; every element as alone, so any split gives the
+/// same sums).
+void AddInPlace(float* x, const float* y, int64_t n);
 
 /// x[i] = ExpF(x[i]).
 void ExpInPlace(float* x, int64_t n);

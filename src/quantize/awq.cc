@@ -157,7 +157,7 @@ void RunLayer(const Ctx& ctx, const Layer& L, const Linears& lin, const float* x
   a->h.resize(rows * h);
   AttentionBlockForward(c, *lin[kQ], *lin[kK], *lin[kV], *lin[kO], ctx.rope_cos.data(), ctx.rope_sin.data(), a->xn1.data(),
                         batch, ctx.t, a->h.data(), a->concat.data());
-  for (int64_t i = 0; i < rows * h; ++i) a->h[i] += x[i];
+  AddInPlace(a->h.data(), x, rows * h);
   if (stage < 3) return;
   a->xn2.resize(rows * h);
   RmsNorm(a->h.data(), L.ln2.data(), rows, h, c.rms_norm_eps, a->xn2.data());
@@ -165,7 +165,7 @@ void RunLayer(const Ctx& ctx, const Layer& L, const Linears& lin, const float* x
   a->act.resize(rows * c.intermediate_size);
   a->out.resize(rows * h);
   MlpBlockForward(*lin[kGate], *lin[kUp], *lin[kDown], a->xn2.data(), rows, a->out.data(), a->act.data());
-  for (int64_t i = 0; i < rows * h; ++i) a->out[i] += a->h[i];
+  AddInPlace(a->out.data(), a->h.data(), rows * h);
 }
 
 int StageFor(Src s) {

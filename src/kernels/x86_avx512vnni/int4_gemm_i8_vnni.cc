@@ -121,7 +121,6 @@ TileFn Select(int64_t parts, bool sym, int64_t mr) {
   return sym ? TileFor<1, true>(mr) : TileFor<1, false>(mr);
 }
 
-
 // ---- Large M, one group part per block (g a multiple of 128): 16 weight rows in the lanes. ----
 //
 // The per-row tiles above spend a cvt + fma (and the activation loads) on every 128 products of
