@@ -2,7 +2,8 @@
 // into fixed blocks of kW4BlockRows rows (and M into fixed chunks of kW4ChunkRows rows, so a chunk
 // of x stays in L2 while the weight streams past it). Every output element is computed by exactly
 // one thread in an order that depends on neither the block nor the thread count, so results are
-// bit-identical for any number of threads. No allocation.
+// bit-identical for any number of threads. x is read 64-byte aligned (AlignedActs: misaligned x is
+// copied once per call into a per-thread scratch, which allocates only when it grows).
 #pragma once
 
 #include "kernels/int4_dispatch.h"

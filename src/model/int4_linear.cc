@@ -57,9 +57,11 @@ void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
     thread_local std::vector<W4Int8Acts> acts;
     const int64_t parts = W4Int8Parts(pw_.group_size);
     const size_t row_bytes = W4Int8ActsBytes(pw_.k, parts);
-    scratch.resize(row_bytes * static_cast<size_t>(m));
+    // Base aligned to 64 bytes (row_bytes is a multiple of 64), so that the kernels' 64-byte loads
+    // of the activations never straddle two cache lines (std::vector only guarantees 16).
+    scratch.resize(row_bytes * static_cast<size_t>(m) + 63);
     acts.resize(static_cast<size_t>(m));
-    uint8_t* const sp = scratch.data();  // plain pointers for the OpenMP region (thread_local vectors)
+    uint8_t* const sp = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;  // plain pointers for the OpenMP region
     W4Int8Acts* const ap = acts.data();
 #pragma omp parallel for schedule(static) if (m * pw_.k >= (int64_t{1} << 16))
     for (int64_t i = 0; i < m; ++i) ap[i] = QuantizeActsInt8(x + i * pw_.k, pw_.k, parts, sp + row_bytes * static_cast<size_t>(i));

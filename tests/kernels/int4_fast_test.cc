@@ -20,6 +20,7 @@
 
 #include "formats/int4_matrix.h"
 #include "test_util.h"
+#include "kernels/aligned_acts.h"
 #include "kernels/int4_dispatch.h"
 #include "kernels/int4_gemm.h"
 #include "kernels/int4_packed.h"
@@ -336,6 +337,49 @@ TEST(W4ThreadsTest, BitIdenticalForOneAndTwoThreads) {
     }
   }
   omp_set_num_threads(saved);
+}
+
+// AlignedActs hands the kernels a 64-byte-aligned x: the same pointer when x already is, else an
+// exact copy; and the products do not depend on where x sits (every float offset within a line).
+TEST(AlignedActsTest, CopiesOnlyMisalignedRowsExactly) {
+  alignas(64) float buf[16 + 300];
+  for (int i = 0; i < 316; ++i) buf[i] = static_cast<float>(i) * 0.37f - 11.f;
+  EXPECT_EQ(AlignedActs(buf, 300), buf);
+  EXPECT_EQ(AlignedActs(nullptr, 0), nullptr);
+  for (int off = 1; off < 16; ++off) {
+    const float* a = AlignedActs(buf + off, 300);
+    ASSERT_NE(a, buf + off) << off;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % kActsAlignment, 0u) << off;
+    EXPECT_EQ(std::memcmp(a, buf + off, 300 * sizeof(float)), 0) << off;
+  }
+}
+
+TEST(AlignedActsTest, ProductsDoNotDependOnTheOffsetOfX) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const int64_t n = 48, k = 384;
+  for (int64_t g : {32, 128}) {
+    const Int4Matrix w = RandomMatrix(rng, n, k, g, false);
+    Packed p(w);
+    for (const W4Kernels* kern : SupportedKernels())
+      for (int64_t m : {1, 3}) {
+        std::vector<float> storage(static_cast<size_t>(m * k + 32));
+        std::vector<float> x(static_cast<size_t>(m * k));
+        for (auto& v : x) v = xd(rng);
+        std::vector<float> y0(static_cast<size_t>(m * n)), y(y0.size());
+        // Offset 0 of a 64-byte boundary inside `storage`, then every other float offset.
+        const size_t base = (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64 / sizeof(float);
+        for (size_t off = 0; off < 16; ++off) {
+          float* xp = storage.data() + base + off;
+          std::memcpy(xp, x.data(), x.size() * sizeof(float));
+          GemmW4A32Packed({m, &p.w, xp, nullptr, off == 0 ? y0.data() : y.data()}, kern);
+          if (off > 0) {
+            EXPECT_EQ(std::memcmp(y.data(), y0.data(), y.size() * sizeof(float)), 0)
+                << IsaName(kern->isa) << " g=" << g << " m=" << m << " offset " << off;
+          }
+        }
+      }
+  }
 }
 
 // PackW4 splits rows over threads above 2^20 weights: same bytes as one thread, and unpacks back.

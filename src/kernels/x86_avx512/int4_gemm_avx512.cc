@@ -174,9 +174,6 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 // acc[j % 4]) keep four FMA chains in flight; reduced as (acc0 + acc1) + (acc2 + acc3) at the end
 // of the row — fixed, so the result depends on neither the thread count nor the row range.
 constexpr int64_t kGemvRowMaxK = 8192;
-// Prefetch 1 KiB ahead into L2 (measured, 1 thread 4096x11008: 256 B to L1 13.0, 1 KiB to L2
-// 13.6-16.6 GB/s, none 11.7; the spread is the host's noise).
-constexpr int kGemvPrefetchBytes = 1024;
 
 template <int RPG>
 void GemvRow128(const W4PackedGemmArgs& a, int64_t r) {
@@ -189,7 +186,6 @@ void GemvRow128(const W4PackedGemmArgs& a, int64_t r) {
   const uint8_t* rec = w.data + r * w.row_bytes;
   __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
   for (int64_t ri = 0; ri < w.recs; ++ri, rec += w.rec_bytes) {
-    _mm_prefetch(reinterpret_cast<const char*>(rec + kGemvPrefetchBytes), _MM_HINT_T1);
     __m512 tbl[G];
     for (int gi = 0; gi < G; ++gi) {
       const __m512 q = sym ? iota8 : _mm512_sub_ps(iota, _mm512_set1_ps(static_cast<float>(rec[4 * G + gi])));
