@@ -23,7 +23,8 @@ void GemvBf16Scalar(int64_t k, const uint16_t* w, const float* x, const float* b
 void Bf16ToF32Rows(const uint16_t* w, int64_t n, int64_t k, float* out);
 
 /// Threaded driver: splits N in fixed blocks over the OpenMP team and runs `kernel` (the active
-/// dispatch's when nullptr). Bit-identical for any thread count.
+/// dispatch's when nullptr). Bit-identical for any thread count. A misaligned x is read from a
+/// 64-byte-aligned copy (AlignedActs; same values, so the same result).
 void GemvBf16(int64_t n, int64_t k, const uint16_t* w, const float* x, const float* bias, float* y,
               Bf16GemvKernel kernel = nullptr);
 

@@ -170,9 +170,16 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 // GEMV (M = 1) on records of one 128-weight superblock (g = 16/32/64/128, K % 128 == 0), used
 // while x fits L1 (K <= kGemvRowMaxK). One weight row at a time, so the weights stream as one
 // sequential run; tiles of 2, 4 or 8 interleaved rows measured 1.6-2.4x slower here (4096x11008
-// g128, 1 thread: 1 row 16.2 GB/s, 2 rows 7.4, 8 rows 10.9). Four accumulators (run j into
-// acc[j % 4]) keep four FMA chains in flight; reduced as (acc0 + acc1) + (acc2 + acc3) at the end
-// of the row — fixed, so the result depends on neither the thread count nor the row range.
+// g128, 1 thread: 1 row 16.2 GB/s, 2 rows 7.4, 8 rows 10.9; again with x aligned: 2 rows sharing
+// the x loads 6.8-7.0 GB/s from DRAM against 19.5-20.3 for 1 row, and equal with the weights in
+// L3). No software prefetch: with x aligned, a 1 KiB prefetch into L2 measured 3-5 % slower than
+// the hardware prefetchers alone. Four accumulators (run j into acc[j % 4]) keep four FMA chains
+// in flight (eight measured no faster); reduced as (acc0 + acc1) + (acc2 + acc3) at the end of
+// the row — fixed, so the result depends on neither the thread count nor the row range. Above
+// kGemvRowMaxK, x (read from L2) costs more than the row streaming gains: 11008x4096 g128,
+// 1 thread, 8.2-8.7 GB/s against 13.1-13.5 for the tiles; cutting K into two L1-sized chunks,
+// each run over 16 rows before the next, 5.9 GB/s (half rows strided 5.9 KB apart defeat the
+// hardware prefetchers as the 2-row tiles do).
 constexpr int64_t kGemvRowMaxK = 8192;
 
 template <int RPG>
