@@ -61,7 +61,8 @@ void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
     // of the activations never straddle two cache lines (std::vector only guarantees 16).
     scratch.resize(row_bytes * static_cast<size_t>(m) + 63);
     acts.resize(static_cast<size_t>(m));
-    uint8_t* const sp = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;  // plain pointers for the OpenMP region
+    // Plain pointers for the OpenMP region (thread_local vectors).
+    uint8_t* const sp = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
     W4Int8Acts* const ap = acts.data();
 #pragma omp parallel for schedule(static) if (m * pw_.k >= (int64_t{1} << 16))
     for (int64_t i = 0; i < m; ++i) ap[i] = QuantizeActsInt8(x + i * pw_.k, pw_.k, parts, sp + row_bytes * static_cast<size_t>(i));
