@@ -211,7 +211,7 @@ void MlpBlockForward(const Linear& gate_proj, const Linear& up_proj, const Linea
   gate_proj.Forward(xn, rows, gp);
   up_proj.Forward(xn, rows, up);
   float* a = act != nullptr ? act : gp;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows > 1)
   for (int64_t r = 0; r < rows; ++r) SiluMul(gp + r * inter, up + r * inter, inter, a + r * inter);
   down_proj.Forward(a, rows, out);
 }
@@ -250,10 +250,10 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
       return MakeError("token id ", tokens[i], " at position ", p0 + i, " is outside the vocabulary [0, ", c.vocab_size, ")");
 
   const int64_t h = c.hidden_size, hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
-  const int64_t q_dim = nh * hd, kv_dim = nkv * hd, inter = c.intermediate_size, half = hd / 2;
+  const int64_t q_dim = nh * hd, kv_dim = nkv * hd, half = hd / 2;
   const int64_t L = p0 + t;
   std::vector<float> x(t * h), xn(t * h), q(t * q_dim), k(t * kv_dim), v(t * kv_dim), attn(t * q_dim),
-      tmp(t * h), g(t * inter), u(t * inter), scores(nh * t * L);
+      tmp(t * h), scores(nh * t * L);
   for (int64_t i = 0; i < t; ++i) {
     const int64_t row = static_cast<int64_t>(tokens[i]) * h;
     if (embed_tokens_ != nullptr) {
@@ -307,11 +307,7 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
     AddInPlace(x.data(), tmp.data(), t * h);
 
     RmsNorm(x.data(), layer.post_attention_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
-    layer.gate_proj->Forward(xn.data(), t, g.data());
-    layer.up_proj->Forward(xn.data(), t, u.data());
-#pragma omp parallel for schedule(static) if (t > 1)
-    for (int64_t i = 0; i < t; ++i) SiluMul(g.data() + i * inter, u.data() + i * inter, inter, g.data() + i * inter);
-    layer.down_proj->Forward(g.data(), t, tmp.data());
+    MlpBlockForward(*layer.gate_proj, *layer.up_proj, *layer.down_proj, xn.data(), t, tmp.data(), nullptr);
     AddInPlace(x.data(), tmp.data(), t * h);
   }
   cache.length = L;
