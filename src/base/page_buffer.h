@@ -11,7 +11,8 @@ namespace nibble {
 class PageBuffer {
  public:
   PageBuffer() = default;
-  /// `bytes` zero bytes. Buffers of 2 MiB or more are 2 MiB aligned and advised MADV_HUGEPAGE
+  /// `bytes` zero bytes, at least 64-byte aligned (one cache line: whole-line vector loads never
+  /// split). Buffers of 2 MiB or more are 2 MiB aligned and advised MADV_HUGEPAGE
   /// (Linux; a refused advice only costs speed). Aborts (std::bad_alloc) when memory is exhausted,
   /// like std::vector.
   explicit PageBuffer(size_t bytes);

@@ -1,21 +1,20 @@
 #include "kernels/aligned_acts.h"
 
 #include <cstring>
-#include <vector>
 
 #include "base/check.h"
+#include "base/page_buffer.h"
 
 namespace nibble {
 
 const float* AlignedActs(const float* x, int64_t count) {
   NIBBLE_CHECK(count >= 0 && (count == 0 || x != nullptr));
   if (count == 0 || reinterpret_cast<uintptr_t>(x) % kActsAlignment == 0) return x;
-  constexpr int64_t kPad = kActsAlignment / static_cast<int64_t>(sizeof(float));
-  thread_local std::vector<float> scratch;
-  if (static_cast<int64_t>(scratch.size()) < count + kPad) scratch.resize(static_cast<size_t>(count + kPad));
-  const uintptr_t p = reinterpret_cast<uintptr_t>(scratch.data());
-  float* out = scratch.data() + (kActsAlignment - p % kActsAlignment) % kActsAlignment / sizeof(float);
-  std::memcpy(out, x, static_cast<size_t>(count) * sizeof(float));
+  const size_t bytes = static_cast<size_t>(count) * sizeof(float);
+  thread_local PageBuffer scratch;  // PageBuffer storage is at least 64-byte aligned
+  if (scratch.size() < bytes) scratch = PageBuffer(bytes);
+  float* out = reinterpret_cast<float*>(scratch.data());
+  std::memcpy(out, x, bytes);
   return out;
 }
 

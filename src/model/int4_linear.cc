@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "base/page_buffer.h"
 #include "kernels/dense_gemm.h"
 #include "kernels/int4_gemm.h"
 
@@ -53,16 +54,14 @@ void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
   if (int8_) {
     // Every row of x quantized once, then one pass over W for all rows (the scratch is reused
     // across calls and layers).
-    thread_local std::vector<uint8_t> scratch;
+    thread_local PageBuffer scratch;  // 64-byte aligned: activation loads never split lines
     thread_local std::vector<W4Int8Acts> acts;
     const int64_t parts = W4Int8Parts(pw_.group_size);
     const size_t row_bytes = W4Int8ActsBytes(pw_.k, parts);
-    // Base aligned to 64 bytes (row_bytes is a multiple of 64), so that the kernels' 64-byte loads
-    // of the activations never straddle two cache lines (std::vector only guarantees 16).
-    scratch.resize(row_bytes * static_cast<size_t>(m) + 63);
+    const size_t need = row_bytes * static_cast<size_t>(m);
+    if (scratch.size() < need) scratch = PageBuffer(need);
     acts.resize(static_cast<size_t>(m));
-    // Plain pointers for the OpenMP region (thread_local vectors).
-    uint8_t* const sp = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
+    uint8_t* const sp = scratch.data();  // plain pointers for the OpenMP region (thread_local buffers)
     W4Int8Acts* const ap = acts.data();
 #pragma omp parallel for schedule(static) if (m * pw_.k >= (int64_t{1} << 16))
     for (int64_t i = 0; i < m; ++i) ap[i] = QuantizeActsInt8(x + i * pw_.k, pw_.k, parts, sp + row_bytes * static_cast<size_t>(i));

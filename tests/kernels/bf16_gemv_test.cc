@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "base/page_buffer.h"
 #include "kernels/bf16_gemv.h"
 #include "kernels/int4_dispatch.h"
 
@@ -75,14 +76,23 @@ TEST(Bf16GemvTest, EveryKernelMatchesTheDoubleOracleOnTailShapes) {
   }
 }
 
+// Standard-normal bf16 weights [n, k] and x [k], drawn in that order from `seed`.
+struct RandomGemv {
+  std::vector<uint16_t> w;
+  std::vector<float> x;
+  RandomGemv(int64_t n, int64_t k, unsigned seed) : w(static_cast<size_t>(n * k)), x(static_cast<size_t>(k)) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.f, 1.f);
+    for (auto& h : w) h = ToBf16Bits(d(rng));
+    for (auto& v : x) v = d(rng);
+  }
+};
+
 TEST(Bf16GemvTest, ThreadCountDoesNotChangeTheResultAndWideningIsExact) {
   const int64_t n = 300, k = 1000;
-  std::mt19937 rng(9);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<uint16_t> w(static_cast<size_t>(n * k));
-  for (auto& h : w) h = ToBf16Bits(d(rng));
-  std::vector<float> x(static_cast<size_t>(k));
-  for (auto& v : x) v = d(rng);
+  const RandomGemv c(n, k, 9);
+  const std::vector<uint16_t>& w = c.w;
+  const std::vector<float>& x = c.x;
   for (Bf16GemvKernel kern : Kernels()) {
     std::vector<float> y1(static_cast<size_t>(n)), y2(static_cast<size_t>(n));
     const int saved = omp_get_max_threads();
@@ -101,18 +111,14 @@ TEST(Bf16GemvTest, ThreadCountDoesNotChangeTheResultAndWideningIsExact) {
 // The GEMV reads x from an aligned copy when x is misaligned: the same bits at every offset.
 TEST(Bf16GemvTest, ResultDoesNotDependOnTheOffsetOfX) {
   const int64_t n = 40, k = 200;
-  std::mt19937 rng(21);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<uint16_t> w(static_cast<size_t>(n * k));
-  for (auto& h : w) h = ToBf16Bits(d(rng));
-  std::vector<float> x(static_cast<size_t>(k)), storage(static_cast<size_t>(k + 32));
-  for (auto& v : x) v = d(rng);
-  const size_t base = (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64 / sizeof(float);
+  const RandomGemv c(n, k, 21);
+  PageBuffer storage(static_cast<size_t>(k + 16) * sizeof(float));  // 64-byte aligned
+  float* const base = reinterpret_cast<float*>(storage.data());
   for (Bf16GemvKernel kern : Kernels()) {
     std::vector<float> y0(static_cast<size_t>(n)), y(static_cast<size_t>(n));
     for (size_t off = 0; off < 16; ++off) {
-      std::memcpy(storage.data() + base + off, x.data(), x.size() * sizeof(float));
-      GemvBf16(n, k, w.data(), storage.data() + base + off, nullptr, off == 0 ? y0.data() : y.data(), kern);
+      std::memcpy(base + off, c.x.data(), c.x.size() * sizeof(float));
+      GemvBf16(n, k, c.w.data(), base + off, nullptr, off == 0 ? y0.data() : y.data(), kern);
       if (off > 0) {
         EXPECT_EQ(std::memcmp(y.data(), y0.data(), y.size() * 4), 0) << "offset " << off;
       }

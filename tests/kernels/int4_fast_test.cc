@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "base/page_buffer.h"
 #include "formats/int4_matrix.h"
 #include "test_util.h"
 #include "kernels/aligned_acts.h"
@@ -363,14 +364,13 @@ TEST(AlignedActsTest, ProductsDoNotDependOnTheOffsetOfX) {
     Packed p(w);
     for (const W4Kernels* kern : SupportedKernels())
       for (int64_t m : {1, 3}) {
-        std::vector<float> storage(static_cast<size_t>(m * k + 32));
+        PageBuffer storage(static_cast<size_t>(m * k + 16) * sizeof(float));  // 64-byte aligned
         std::vector<float> x(static_cast<size_t>(m * k));
         for (auto& v : x) v = xd(rng);
         std::vector<float> y0(static_cast<size_t>(m * n)), y(y0.size());
-        // Offset 0 of a 64-byte boundary inside `storage`, then every other float offset.
-        const size_t base = (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64 / sizeof(float);
+        // Offset 0 (a 64-byte boundary), then every other float offset within the line.
         for (size_t off = 0; off < 16; ++off) {
-          float* xp = storage.data() + base + off;
+          float* xp = reinterpret_cast<float*>(storage.data()) + off;
           std::memcpy(xp, x.data(), x.size() * sizeof(float));
           GemmW4A32Packed({m, &p.w, xp, nullptr, off == 0 ? y0.data() : y.data()}, kern);
           if (off > 0) {
