@@ -161,6 +161,7 @@ struct AwqMappingSummary {
   double loss_rtn = 0;   // MSE of the inspected module's output with plain RTN (identity scales)
   double loss_best = 0;  // MSE with the chosen scales
   int64_t rejected = 0;  // grid candidates rejected (overflow / non-finite)
+  int64_t stopped_early = 0;  // grid candidates dropped once their partial loss exceeded the best so far
   double scale_min = 0, scale_max = 0;
 };
 

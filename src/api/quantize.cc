@@ -139,6 +139,7 @@ static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSu
           mj["loss_rtn"] = m.loss_rtn;
           mj["loss_best"] = m.loss_best;
           mj["rejected_candidates"] = m.rejected;
+          mj["stopped_early_candidates"] = m.stopped_early;
           mj["scale_min"] = m.scale_min;
           mj["scale_max"] = m.scale_max;
         }
@@ -214,7 +215,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
       ls.seconds = l.seconds;
       for (const auto& m : l.mappings)
         ls.mappings.push_back({m.mapping.prev_op, m.mapping.layers, m.skipped, m.skip_reason, m.ratio, m.duo, m.loss_rtn,
-                               m.loss_best, m.rejected, m.scale_min, m.scale_max});
+                               m.loss_best, m.rejected, m.stopped_early, m.scale_min, m.scale_max});
       for (const auto& e : l.linears) ls.linears.push_back({e.name, e.quantized, e.rtn_error, e.awq_error});
       s.awq_layers.push_back(std::move(ls));
     }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "formats/float_dtype.h"
@@ -338,21 +339,45 @@ std::vector<float> InspectReference(const Ctx& ctx, const Resolved& r, const Lin
 }
 
 // MSE of the inspected module's output with linears `lin` against `reference` (InspectReference).
-double InspectLoss(const Ctx& ctx, const Resolved& r, const Linears& lin, const Acts& a, int64_t batch,
-                   const std::vector<float>& reference) {
+// The loss is a sum of non-negative per-chunk squared errors, so once the chunks computed so far
+// (in whatever order the threads finish them) add up to more than `stop_above` (a sum of squared
+// errors, not a mean), the full loss must exceed it too: the remaining chunks are skipped and
+// nullopt returned. stop_above = +inf (the default) computes every chunk. A finished loss is the
+// same value (chunk parts added in chunk order) whether or not a stop was armed.
+std::optional<double> InspectLoss(const Ctx& ctx, const Resolved& r, const Linears& lin, const Acts& a, int64_t batch,
+                                  const std::vector<float>& reference,
+                                  double stop_above = std::numeric_limits<double>::infinity()) {
   const Chunking c = ChunkingFor(ctx, r, lin, batch);
   std::vector<double> part(static_cast<size_t>(c.chunks));
+  double done_sum = 0;  // parts finished so far, in completion order (only for the stop test)
+  bool stopped = false;
 #pragma omp parallel
   {
     std::vector<float> y(static_cast<size_t>(std::min(c.seqs, batch) * ctx.t * c.od));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t ci = 0; ci < c.chunks; ++ci) {
+      bool skip;
+#pragma omp atomic read
+      skip = stopped;
+      if (skip) continue;
       const int64_t b0 = ci * c.seqs, nb = std::min(c.seqs, batch - b0);
       InspectChunk(ctx, r, lin, a, b0, nb, y.data());
       const int64_t n = nb * ctx.t * c.od;
-      part[static_cast<size_t>(ci)] = Mse(reference.data() + b0 * ctx.t * c.od, y.data(), n) * static_cast<double>(n);
+      const double p = Mse(reference.data() + b0 * ctx.t * c.od, y.data(), n) * static_cast<double>(n);
+      part[static_cast<size_t>(ci)] = p;
+#pragma omp critical(nibble_awq_loss_stop)
+      {
+        done_sum += p;
+        // A NaN or infinite part never stops the search: the full loss is then non-finite and
+        // the candidate is counted as rejected, as without the stop.
+        if (std::isfinite(done_sum) && done_sum > stop_above) {
+#pragma omp atomic write
+          stopped = true;
+        }
+      }
     }
   }
+  if (stopped) return std::nullopt;
   double sum = 0;
   for (double p : part) sum += p;
   return sum / static_cast<double>(batch * ctx.t * c.od);
@@ -369,6 +394,7 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
   const std::vector<float> w_mean = WeightMean(L, r.balance);
   Linears base = MakeLinears(L);
   const std::vector<float> y_fp = InspectReference(ctx, r, base, a, batch);
+  const int64_t y_dim = InspectOutDim(*ctx.c, r, base);
 
   double best = std::numeric_limits<double>::infinity();
   std::vector<float> best_s;
@@ -405,7 +431,20 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
       cand[i] = std::make_unique<DenseLinear>(n, k, std::make_shared<const std::vector<float>>(std::move(dq).value()), L.bias[i]);
     }
     double loss = std::numeric_limits<double>::infinity();
-    if (ok) loss = InspectLoss(ctx, r, cand, a, batch, y_fp);
+    if (ok) {
+      // Stop a candidate as soon as its partial squared error exceeds the best loss so far (by a
+      // margin far above rounding): it cannot win, so the choice — and every output byte — is
+      // that of the full search, for a fraction of the forwards of the worse candidates.
+      const double stop_above = st.early_stop && std::isfinite(best) ? best * static_cast<double>(rows * y_dim) * (1 + 1e-9)
+                                                    : std::numeric_limits<double>::infinity();
+      const std::optional<double> l = InspectLoss(ctx, r, cand, a, batch, y_fp, stop_above);
+      if (!l) {
+        ++rep.stopped_early;
+        first = false;
+        continue;
+      }
+      loss = *l;
+    }
     if (first) rep.loss_rtn = loss;
     first = false;
     if (!std::isfinite(loss)) { ++rep.rejected; continue; }

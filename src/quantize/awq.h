@@ -71,6 +71,11 @@ struct AwqSettings {
   int64_t n_grid = 20;
   bool clip = false;                 // AutoAWQ clip search (SPEC §2.3)
   AwqPropagation propagation = AwqPropagation::kFp;
+  // Stop evaluating a grid candidate once its partial squared error over the calibration chunks
+  // exceeds the best full loss so far (it cannot win). The chosen scales, and so every output
+  // byte, are those of the full search; only the forwards of losing candidates are cut short.
+  // false runs every candidate to the end (the full search, for tests).
+  bool early_stop = true;
 };
 
 /// Parses the AWQ entry of a Quark `algo_config` (a list, or a legacy single object): the entry
@@ -100,6 +105,7 @@ struct AwqMappingReport {
   double loss_rtn = 0;     // MSE of the inspected output with plain RTN (identity scales)
   double loss_best = 0;    // MSE with the chosen scales
   int64_t rejected = 0;    // candidates rejected (non-finite loss, overflow)
+  int64_t stopped_early = 0;  // candidates dropped once their partial loss exceeded the best so far
   double scale_min = 0, scale_max = 0;  // of the chosen s
 };
 

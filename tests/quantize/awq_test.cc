@@ -457,6 +457,63 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
   EXPECT_EQ(step, 2 * per_layer - 1);                                       // layer 2 never started
 }
 
+// The early stop of losing grid candidates changes no result: the same scales, losses and output
+// tensors as the full search, with candidates actually stopped (several inspect chunks per call:
+// 256 sequences of 32 tokens are 4 chunks of 2048 rows).
+TEST(Awq, EarlyStopGivesTheFullSearchResult) {
+  TempDir tmp;
+  TinySpec spec;
+  WriteTinyModel(tmp.sub("m"), spec);
+  auto mc = nibble::LoadModelConfig(tmp.sub("m"));
+  ASSERT_TRUE(mc.ok()) << mc.error().message;
+  auto store = nibble::TensorStore::OpenDir(tmp.sub("m"));
+  ASSERT_TRUE(store.ok()) << store.error().message;
+  nibble::QuarkQuantConfig cfg;
+  cfg.global = nibble::WeightQuantSpec{};
+  cfg.global->group_size = 32;
+  const int64_t batch = 256, seq = 32;
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 37 + i / 7) % 500));
+  auto run = [&](bool early_stop, std::map<std::string, std::vector<float>>* out) {
+    nibble::AwqSettings st;
+    st.duo_scaling = "both";
+    st.early_stop = early_stop;
+    auto sink = [&](const std::string& name, std::vector<float> v) -> nibble::Status {
+      (*out)[name] = std::move(v);
+      return nibble::Status::Ok();
+    };
+    return nibble::RunAwq(*mc, *store, cfg, tokens, batch, seq, st, sink, nullptr);
+  };
+  std::map<std::string, std::vector<float>> full_t, fast_t;
+  auto full = run(false, &full_t);
+  ASSERT_TRUE(full.ok()) << full.error().message;
+  auto fast = run(true, &fast_t);
+  ASSERT_TRUE(fast.ok()) << fast.error().message;
+  ASSERT_EQ(full_t.size(), fast_t.size());
+  for (const auto& [name, v] : full_t) {
+    ASSERT_TRUE(fast_t.count(name)) << name;
+    EXPECT_TRUE(v == fast_t[name]) << name << " differs with the early stop";
+  }
+  int64_t stopped = 0;
+  ASSERT_EQ(full->layers.size(), fast->layers.size());
+  for (size_t l = 0; l < full->layers.size(); ++l) {
+    ASSERT_EQ(full->layers[l].mappings.size(), fast->layers[l].mappings.size());
+    for (size_t m = 0; m < full->layers[l].mappings.size(); ++m) {
+      const auto& a = full->layers[l].mappings[m];
+      const auto& b = fast->layers[l].mappings[m];
+      if (a.skipped) continue;
+      EXPECT_EQ(a.ratio, b.ratio);
+      EXPECT_EQ(a.duo, b.duo);
+      EXPECT_EQ(a.loss_rtn, b.loss_rtn);
+      EXPECT_EQ(a.loss_best, b.loss_best);
+      EXPECT_EQ(a.rejected, b.rejected);
+      EXPECT_EQ(a.stopped_early, 0);
+      stopped += b.stopped_early;
+    }
+  }
+  EXPECT_GT(stopped, 0) << "no grid candidate was stopped early";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Determinism
 
