@@ -369,7 +369,8 @@ std::optional<double> InspectLoss(const Ctx& ctx, const Resolved& r, const Linea
       {
         done_sum += p;
         // A NaN or infinite part never stops the search: the full loss is then non-finite and
-        // the candidate is counted as rejected, as without the stop.
+        // the candidate is counted as rejected, as without the stop. (A candidate stopped before
+        // it reaches such a part counts as stopped, not rejected; neither is chosen.)
         if (std::isfinite(done_sum) && done_sum > stop_above) {
 #pragma omp atomic write
           stopped = true;
@@ -435,12 +436,12 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
       // Stop a candidate as soon as its partial squared error exceeds the best loss so far (by a
       // margin far above rounding): it cannot win, so the choice — and every output byte — is
       // that of the full search, for a fraction of the forwards of the worse candidates.
-      const double stop_above = st.early_stop && std::isfinite(best) ? best * static_cast<double>(rows * y_dim) * (1 + 1e-9)
-                                                    : std::numeric_limits<double>::infinity();
+      const double stop_above = st.early_stop && std::isfinite(best)
+                                    ? best * static_cast<double>(rows * y_dim) * (1 + 1e-9)
+                                    : std::numeric_limits<double>::infinity();
       const std::optional<double> l = InspectLoss(ctx, r, cand, a, batch, y_fp, stop_above);
-      if (!l) {
+      if (!l) {  // (best is finite, so this is not the first candidate)
         ++rep.stopped_early;
-        first = false;
         continue;
       }
       loss = *l;
