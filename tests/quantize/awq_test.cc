@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -390,6 +392,26 @@ TEST(Awq, BadRequestsAreNamedErrors) {
   EXPECT_FALSE(nibble::Quantize(req).ok());
 }
 
+// The inputs of a direct RunAwq call: a tiny model written to `dir`, its config and tensors, and
+// a uint4 g32 Quark config.
+struct TinyAwqInputs {
+  std::optional<nibble::ModelConfig> mc;
+  std::optional<nibble::TensorStore> store;
+  nibble::QuarkQuantConfig cfg;
+};
+
+void OpenTinyAwqInputs(const std::string& dir, const TinySpec& spec, TinyAwqInputs* in) {
+  WriteTinyModel(dir, spec);
+  auto mc = nibble::LoadModelConfig(dir);
+  ASSERT_TRUE(mc.ok()) << mc.error().message;
+  auto store = nibble::TensorStore::OpenDir(dir);
+  ASSERT_TRUE(store.ok()) << store.error().message;
+  in->mc.emplace(std::move(mc).value());
+  in->store.emplace(std::move(store).value());
+  in->cfg.global = nibble::WeightQuantSpec{};
+  in->cfg.global->group_size = 32;
+}
+
 // Bounded memory: RunAwq hands each layer's tensors to the sink as soon as that layer is done
 // (after its mappings, before the next layer starts) and keeps none of them; a sink error stops
 // the pipeline at once and is returned.
@@ -397,14 +419,11 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
   TempDir tmp;
   TinySpec spec;
   spec.layers = 3;
-  WriteTinyModel(tmp.sub("m"), spec);
-  auto mc = nibble::LoadModelConfig(tmp.sub("m"));
-  ASSERT_TRUE(mc.ok()) << mc.error().message;
-  auto store = nibble::TensorStore::OpenDir(tmp.sub("m"));
-  ASSERT_TRUE(store.ok()) << store.error().message;
-  nibble::QuarkQuantConfig cfg;
-  cfg.global = nibble::WeightQuantSpec{};
-  cfg.global->group_size = 32;
+  TinyAwqInputs in;
+  ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
+  const nibble::ModelConfig& mc = *in.mc;
+  const nibble::TensorStore& store = *in.store;
+  const nibble::QuarkQuantConfig& cfg = in.cfg;
   const int64_t batch = 2, seq = 32;
   std::vector<int32_t> tokens;
   for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 37) % 500));
@@ -425,7 +444,7 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
     calls.push_back({name, step, v.size()});
     return nibble::Status::Ok();
   };
-  auto r = nibble::RunAwq(*mc, *store, cfg, tokens, batch, seq, st, sink, progress);
+  auto r = nibble::RunAwq(mc, store, cfg, tokens, batch, seq, st, sink, progress);
   ASSERT_TRUE(r.ok()) << r.error().message;
   const std::vector<std::string> order = {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
                                           "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -437,7 +456,7 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
     EXPECT_EQ(calls[i].name, name);
     // All of layer l's mapping steps are done, its final step (and layer l+1) not yet.
     EXPECT_EQ(calls[i].step, l * per_layer + per_layer - 1) << name;
-    const nibble::TensorView* t = store->Find(name);
+    const nibble::TensorView* t = store.Find(name);
     ASSERT_NE(t, nullptr);
     EXPECT_EQ(calls[i].size, t->nbytes / nibble::DTypeSize(t->dtype)) << name;
   }
@@ -449,7 +468,7 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
     if (name == "model.layers.1.self_attn.q_proj.weight") return nibble::MakeError("cannot write ", name, ": disk full");
     return nibble::Status::Ok();
   };
-  r = nibble::RunAwq(*mc, *store, cfg, tokens, batch, seq, st, failing, progress);
+  r = nibble::RunAwq(mc, store, cfg, tokens, batch, seq, st, failing, progress);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("disk full"), std::string::npos) << r.error().message;
   ASSERT_FALSE(calls.empty());
@@ -463,14 +482,11 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
 TEST(Awq, EarlyStopGivesTheFullSearchResult) {
   TempDir tmp;
   TinySpec spec;
-  WriteTinyModel(tmp.sub("m"), spec);
-  auto mc = nibble::LoadModelConfig(tmp.sub("m"));
-  ASSERT_TRUE(mc.ok()) << mc.error().message;
-  auto store = nibble::TensorStore::OpenDir(tmp.sub("m"));
-  ASSERT_TRUE(store.ok()) << store.error().message;
-  nibble::QuarkQuantConfig cfg;
-  cfg.global = nibble::WeightQuantSpec{};
-  cfg.global->group_size = 32;
+  TinyAwqInputs in;
+  ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
+  const nibble::ModelConfig& mc = *in.mc;
+  const nibble::TensorStore& store = *in.store;
+  const nibble::QuarkQuantConfig& cfg = in.cfg;
   const int64_t batch = 256, seq = 32;
   std::vector<int32_t> tokens;
   for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 37 + i / 7) % 500));
@@ -482,7 +498,7 @@ TEST(Awq, EarlyStopGivesTheFullSearchResult) {
       (*out)[name] = std::move(v);
       return nibble::Status::Ok();
     };
-    return nibble::RunAwq(*mc, *store, cfg, tokens, batch, seq, st, sink, nullptr);
+    return nibble::RunAwq(mc, store, cfg, tokens, batch, seq, st, sink, nullptr);
   };
   std::map<std::string, std::vector<float>> full_t, fast_t;
   auto full = run(false, &full_t);
