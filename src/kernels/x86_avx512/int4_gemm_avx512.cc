@@ -27,10 +27,25 @@
 namespace nibble {
 namespace {
 
+// kCodeMinusZero[z][i] = i − z (exact small integers): the unscaled table row for zero point z,
+// one aligned load instead of converting z to float and broadcasting it (a scalar convert and a
+// shuffle per group on the ports the kernel's permutes need).
+struct CodeMinusZeroTable {
+  alignas(64) float v[16][16];
+  constexpr CodeMinusZeroTable() : v{} {
+    for (int z = 0; z < 16; ++z)
+      for (int i = 0; i < 16; ++i) v[z][i] = static_cast<float>(i - z);
+  }
+};
+constexpr CodeMinusZeroTable kCodeMinusZero;
+
+// T[i] = (i − z) · s for zero point z (0..15) and scale s: the reference's weight value for code i.
+inline __m512 TableFor(int z, float s) {
+  return _mm512_mul_ps(_mm512_load_ps(kCodeMinusZero.v[z]), _mm512_set1_ps(s));
+}
+
 inline __m512 Table(const W4PackedWeight& w, const uint8_t* rec, int64_t gi) {
-  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512 z = _mm512_set1_ps(static_cast<float>(w4p::Zero(w, rec, gi)));
-  return _mm512_mul_ps(_mm512_sub_ps(iota, z), _mm512_set1_ps(w4p::Scale(rec, gi)));
+  return TableFor(w4p::Zero(w, rec, gi) & 15, w4p::Scale(rec, gi));
 }
 
 // RPG: 16-code runs per group when a record holds several groups (g = 16, 32, 64 → 1, 2, 4: the
@@ -133,7 +148,6 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
   for (int mi = 0; mi < MR; ++mi)
     for (int r = 0; r < NR; ++r)
       for (int h = 0; h < kSplit; ++h) acc[mi][r][h] = _mm512_setzero_ps();
-  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const int64_t zoff = w.symmetric ? -1 : 4 * G;
   const uint8_t* base = w.data + r0 * w.row_bytes;
   for (int64_t ri = 0; ri < w.recs; ++ri) {
@@ -142,10 +156,7 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
     for (int r = 0; r < NR; ++r) {
       const uint8_t* rec = base + r * w.row_bytes + ri * w.rec_bytes;
       _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes), _MM_HINT_T0);
-      for (int gi = 0; gi < G; ++gi) {
-        const float z = static_cast<float>(zoff < 0 ? 8 : rec[zoff + gi]);
-        tbl[r][gi] = _mm512_mul_ps(_mm512_sub_ps(iota, _mm512_set1_ps(z)), _mm512_set1_ps(w4p::Scale(rec, gi)));
-      }
+      for (int gi = 0; gi < G; ++gi) tbl[r][gi] = TableFor(zoff < 0 ? 8 : (rec[zoff + gi] & 15), w4p::Scale(rec, gi));
       v[r] = _mm512_loadu_si512(reinterpret_cast<const void*>(rec + w.rec_header));
     }
     const int64_t k0 = ri * 128;
@@ -173,9 +184,15 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 // g128, 1 thread: 1 row 16.2 GB/s, 2 rows 7.4, 8 rows 10.9; again with x aligned: 2 rows sharing
 // the x loads 6.8-7.0 GB/s from DRAM against 19.5-20.3 for 1 row, and equal with the weights in
 // L3). No software prefetch: with x aligned, a 1 KiB prefetch into L2 measured 3-5 % slower than
-// the hardware prefetchers alone. Four accumulators (run j into acc[j % 4]) keep four FMA chains
-// in flight (eight measured no faster); reduced as (acc0 + acc1) + (acc2 + acc3) at the end of
-// the row — fixed, so the result depends on neither the thread count nor the row range. Above
+// the hardware prefetchers alone, and prefetching 2-32 KiB ahead into L1 or L2 gained nothing
+// either (4096x11008 g128, 1 thread: 21.0-22.1 GB/s for every distance against 21.3-21.7 without).
+// Eight accumulators (run j into acc[j]) keep eight FMA chains in flight, one per run, so the
+// 4-cycle FMA latency does not bound the record (with four: 2 FMAs per chain per record, 8
+// cycles); reduced as ((acc0 + acc4) + (acc1 + acc5)) + ((acc2 + acc6) + (acc3 + acc7)) at the
+// end of the row — fixed, so the result depends on neither the thread count nor the row range.
+// With the weights in cache (4096x1024, 5 MB cycled, 1 thread) eight accumulators read 25.3 GB/s
+// against 24.0 for four at g128 (24.4 against 23.7 at g32); from DRAM the row runs at the same
+// ~21-22 GB/s either way, a per-core limit of this access pattern on this host. Above
 // kGemvRowMaxK, x (read from L2) costs more than the row streaming gains: 11008x4096 g128,
 // 1 thread, 8.2-8.7 GB/s against 13.1-13.5 for the tiles; cutting K into two L1-sized chunks,
 // each run over 16 rows before the next, 5.9 GB/s (half rows strided 5.9 KB apart defeat the
@@ -187,33 +204,27 @@ void GemvRow128(const W4PackedGemmArgs& a, int64_t r) {
   constexpr int G = RPG <= 0 ? 1 : 8 / RPG;  // groups per record
   constexpr int D = RPG <= 0 ? 8 : RPG;      // runs per group table
   const W4PackedWeight& w = *a.w;
-  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m512 iota8 = _mm512_sub_ps(iota, _mm512_set1_ps(8.0f));
   const bool sym = w.symmetric;
   const uint8_t* rec = w.data + r * w.row_bytes;
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  __m512 acc[8];
+  for (__m512& v : acc) v = _mm512_setzero_ps();
   for (int64_t ri = 0; ri < w.recs; ++ri, rec += w.rec_bytes) {
     __m512 tbl[G];
-    for (int gi = 0; gi < G; ++gi) {
-      const __m512 q = sym ? iota8 : _mm512_sub_ps(iota, _mm512_set1_ps(static_cast<float>(rec[4 * G + gi])));
-      tbl[gi] = _mm512_mul_ps(q, _mm512_set1_ps(w4p::Scale(rec, gi)));
-    }
+    for (int gi = 0; gi < G; ++gi) tbl[gi] = TableFor(sym ? 8 : (rec[4 * G + gi] & 15), w4p::Scale(rec, gi));
     __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(rec + w.rec_header));
     // Keep the superblock in a register: GCC otherwise folds the load into each of the 7 shifts,
     // 8 loads that mostly straddle two cache lines (68-byte records) — measured 2.4x slower
     // (4096x11008 g128, 1 thread, 16.2 -> 6.7 GB/s).
     asm("" : "+v"(v));
     const float* xk = a.x + ri * 128;
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(xk), _mm512_permutexvar_ps(v, tbl[0]), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(xk + 16), _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl[1 / D]), acc1);
-    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(xk + 32), _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8), tbl[2 / D]), acc2);
-    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(xk + 48), _mm512_permutexvar_ps(_mm512_srli_epi32(v, 12), tbl[3 / D]), acc3);
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(xk + 64), _mm512_permutexvar_ps(_mm512_srli_epi32(v, 16), tbl[4 / D]), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(xk + 80), _mm512_permutexvar_ps(_mm512_srli_epi32(v, 20), tbl[5 / D]), acc1);
-    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(xk + 96), _mm512_permutexvar_ps(_mm512_srli_epi32(v, 24), tbl[6 / D]), acc2);
-    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(xk + 112), _mm512_permutexvar_ps(_mm512_srli_epi32(v, 28), tbl[7 / D]), acc3);
+    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(xk), _mm512_permutexvar_ps(v, tbl[0]), acc[0]);
+#pragma GCC unroll 7
+    for (int j = 1; j < 8; ++j)
+      acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(xk + 16 * j), _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4 * j), tbl[j / D]), acc[j]);
   }
-  const float y = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+  const __m512 s04 = _mm512_add_ps(acc[0], acc[4]), s15 = _mm512_add_ps(acc[1], acc[5]);
+  const __m512 s26 = _mm512_add_ps(acc[2], acc[6]), s37 = _mm512_add_ps(acc[3], acc[7]);
+  const float y = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s04, s15), _mm512_add_ps(s26, s37)));
   a.y[r] = a.bias != nullptr ? y + a.bias[r] : y;
 }
 
