@@ -183,21 +183,35 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 // sequential run; tiles of 2, 4 or 8 interleaved rows measured 1.6-2.4x slower here (4096x11008
 // g128, 1 thread: 1 row 16.2 GB/s, 2 rows 7.4, 8 rows 10.9; again with x aligned: 2 rows sharing
 // the x loads 6.8-7.0 GB/s from DRAM against 19.5-20.3 for 1 row, and equal with the weights in
-// L3). No software prefetch: with x aligned, a 1 KiB prefetch into L2 measured 3-5 % slower than
-// the hardware prefetchers alone, and prefetching 2-32 KiB ahead into L1 or L2 gained nothing
-// either (4096x11008 g128, 1 thread: 21.0-22.1 GB/s for every distance against 21.3-21.7 without).
+// L3).
+//
+// Software prefetch: non-temporal (prefetchnta), kRowPrefetchBytes ahead along the row (the end
+// of a row runs on into the next row, which this thread streams next). Measured, uint4 g128,
+// weights cycling past L3, the two settings interleaved over six rounds, median GB/s: 1 thread
+// 4096x4096 / 4096x11008 / 4096x14336 20.6 / 18.4 / 20.0 without, 21.6 / 22.2 / 22.1 with;
+// 2 threads 31.3 / 32.1 / 32.0 against 34.8 / 36.4 / 35.7. 2 and 8 KiB ahead measured alike
+// (1 thread 20.9 and 21.7, 2 threads 35.7 and 37.5 for 4096x11008). A prefetch into L1 or L2 (T0
+// or T1) at 0.25-32 KiB gained nothing (21.0-22.1 GB/s against 21.3-21.7 without): the
+// non-temporal fill is what keeps x in L1 while the weights stream past it.
+//
 // Eight accumulators (run j into acc[j]) keep eight FMA chains in flight, one per run, so the
 // 4-cycle FMA latency does not bound the record (with four: 2 FMAs per chain per record, 8
 // cycles); reduced as ((acc0 + acc4) + (acc1 + acc5)) + ((acc2 + acc6) + (acc3 + acc7)) at the
 // end of the row — fixed, so the result depends on neither the thread count nor the row range.
 // With the weights in cache (4096x1024, 5 MB cycled, 1 thread) eight accumulators read 25.3 GB/s
-// against 24.0 for four at g128 (24.4 against 23.7 at g32); from DRAM the row runs at the same
-// ~21-22 GB/s either way, a per-core limit of this access pattern on this host. Above
-// kGemvRowMaxK, x (read from L2) costs more than the row streaming gains: 11008x4096 g128,
-// 1 thread, 8.2-8.7 GB/s against 13.1-13.5 for the tiles; cutting K into two L1-sized chunks,
-// each run over 16 rows before the next, 5.9 GB/s (half rows strided 5.9 KB apart defeat the
-// hardware prefetchers as the 2-row tiles do).
+// against 24.0 for four at g128 (24.4 against 23.7 at g32).
+//
+// kGemvRowMaxK = 8192: x up to 32 KiB. Above it, without the non-temporal prefetch, the row GEMV
+// lost to the 8-row tiles (11008x4096 g128, 1 thread, 8.2-8.7 GB/s against 13.1-13.5), and cutting
+// K into two L1-sized chunks, each run over 16 rows before the next, read 5.9 GB/s (half rows
+// strided 5.9 KB apart defeat the hardware prefetchers as the 2-row tiles do). With the prefetch
+// and the limit raised to 11264 (an experiment, not kept), 11008x4096 on the AMD host, four rounds,
+// median GB/s, rows against tiles: 1 thread g128 14.0 / 13.8, g32 15.0 / 12.1; 2 threads g128
+// 25.0 / 24.2, g32 26.2 / 23.8 — even at g128, and the tiles are this shape's best case on the
+// Intel host (74-75 % of its bandwidth, docs/KERNELS.md), where rows were not measured. At
+// 14336x4096 (x 56 KiB) rows lost at g128 (10.3-10.5 against 12.7-13.8).
 constexpr int64_t kGemvRowMaxK = 8192;
+constexpr int kRowPrefetchBytes = 4096;
 
 template <int RPG>
 void GemvRow128(const W4PackedGemmArgs& a, int64_t r) {
@@ -209,6 +223,7 @@ void GemvRow128(const W4PackedGemmArgs& a, int64_t r) {
   __m512 acc[8];
   for (__m512& v : acc) v = _mm512_setzero_ps();
   for (int64_t ri = 0; ri < w.recs; ++ri, rec += w.rec_bytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kRowPrefetchBytes), _MM_HINT_NTA);
     __m512 tbl[G];
     for (int gi = 0; gi < G; ++gi) tbl[gi] = TableFor(sym ? 8 : (rec[4 * G + gi] & 15), w4p::Scale(rec, gi));
     __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(rec + w.rec_header));
