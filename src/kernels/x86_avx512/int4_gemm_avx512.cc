@@ -132,10 +132,14 @@ void Tile(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 // The common case R = 128 (g = 16, 32, 64, 128) with K a multiple of 128: every record is one
 // superblock, so the loop over records is the only loop and the 8 runs are fully unrolled. Same
 // accumulation order as Tile (runs in k order, even / odd accumulators for M = 1).
-// Software prefetch distance along each row stream: the hardware prefetchers lose track of 4-8
+// Software prefetch along each row stream: the hardware prefetchers lose track of 4-8
 // interleaved row streams of 68-byte records (measured: GEMV 4096x11008 g128 from DRAM 6.8 ->
-// 9.5 GB/s on one core with 256 bytes ahead; 512-2048 were slower).
-constexpr int kPrefetchBytes = 256;
+// 9.5 GB/s on one core with 256 bytes ahead into L1; 512-2048 into L1 were slower). Non-temporal
+// (prefetchnta) 1 KiB ahead since: GEMV from DRAM, five interleaved rounds, median GB/s against
+// 256 bytes into L1 (T0): 11008x4096 g128 1 thread 14.1 / 14.3, 2 threads 26.3 / 24.1; g32 15.3 /
+// 13.2 and 27.6 / 24.7; 14336x4096 g128 14.6 / 14.3 and 27.4 / 27.9; g32 15.7 / 13.3 and 28.7 /
+// 21.9 (non-temporal 256 bytes ahead: 13.2-14.5 and 23.1-26.7). M = 16 unchanged.
+constexpr int kPrefetchBytes = 1024;
 
 template <int MR, int NR, int RPG>
 void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
@@ -155,7 +159,7 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
     __m512i v[NR];
     for (int r = 0; r < NR; ++r) {
       const uint8_t* rec = base + r * w.row_bytes + ri * w.rec_bytes;
-      _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(rec + kPrefetchBytes), _MM_HINT_NTA);
       for (int gi = 0; gi < G; ++gi) tbl[r][gi] = TableFor(zoff < 0 ? 8 : (rec[zoff + gi] & 15), w4p::Scale(rec, gi));
       v[r] = _mm512_loadu_si512(reinterpret_cast<const void*>(rec + w.rec_header));
     }
