@@ -193,10 +193,12 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 // of a row runs on into the next row, which this thread streams next). Measured, uint4 g128,
 // weights cycling past L3, the two settings interleaved over six rounds, median GB/s: 1 thread
 // 4096x4096 / 4096x11008 / 4096x14336 20.6 / 18.4 / 20.0 without, 21.6 / 22.2 / 22.1 with;
-// 2 threads 31.3 / 32.1 / 32.0 against 34.8 / 36.4 / 35.7. 2 and 8 KiB ahead measured alike
-// (1 thread 20.9 and 21.7, 2 threads 35.7 and 37.5 for 4096x11008). A prefetch into L1 or L2 (T0
-// or T1) at 0.25-32 KiB gained nothing (21.0-22.1 GB/s against 21.3-21.7 without): the
-// non-temporal fill is what keeps x in L1 while the weights stream past it.
+// 2 threads 31.3 / 32.1 / 32.0 against 34.8 / 36.4 / 35.7. A later five-round run (g128 and g32,
+// docs/KERNELS.md) found 1 thread unchanged and the 2-thread medians 0-20 % higher, best runs
+// equal. 2 and 8 KiB ahead measured alike (1 thread 20.9 and 21.7, 2 threads 35.7 and 37.5 for
+// 4096x11008). A prefetch into L1 or L2 (T0 or T1) at 0.25-32 KiB gained nothing (21.0-22.1 GB/s
+// against 21.3-21.7 without); why only the non-temporal hint helps was not measured (perhaps its
+// fill displaces less of x and of the hardware prefetchers' lines).
 //
 // Eight accumulators (run j into acc[j]) keep eight FMA chains in flight, one per run, so the
 // 4-cycle FMA latency does not bound the record (with four: 2 FMAs per chain per record, 8
