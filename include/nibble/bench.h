@@ -94,10 +94,13 @@ struct SynthRequest {
 
 /// Writes the checkpoint: config.json (torch_dtype bfloat16), bf16 weights ~ U(-0.035, 0.035)
 /// (std ≈ 0.02), RMSNorm weights 1, sharded with model.safetensors.index.json when larger than
-/// max_shard_bytes; for "quark" the dense checkpoint is written to OUT.synth-dense and quantized
-/// by the regular pipeline (lm_head excluded, as `nibble quantize`), then removed. Decode speed
-/// does not depend on the weight values. Errors: unreadable config, missing keys, unknown format,
-/// existing output without overwrite, write failures (with the file named).
+/// max_shard_bytes. The output appears atomically: "dense" is written to a staging directory beside
+/// it and renamed onto it; for "quark" the dense checkpoint is staged beside the output, quantized
+/// by the regular pipeline (lm_head excluded, as `nibble quantize`, which commits its own output
+/// the same way), then removed. A failure leaves no partial output. Decode speed does not depend on
+/// the weight values. Errors: unreadable config, missing keys, unknown format, existing output
+/// without overwrite, an existing output that is a file or a non-empty directory without
+/// config.json (never replaced, even with overwrite), write failures (with the file named).
 Status WriteSyntheticCheckpoint(const SynthRequest& request);
 
 }  // namespace nibble

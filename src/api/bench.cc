@@ -25,6 +25,7 @@
 #include "formats/int4_matrix.h"
 #include "io/file.h"
 #include "io/safetensors.h"
+#include "io/staging_dir.h"
 #include "kernels/int4_dispatch.h"
 #include "model/int4_linear.h"
 
@@ -214,17 +215,18 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   const int64_t head_dim = c.contains("head_dim") && c["head_dim"].is_number_integer() ? c["head_dim"].get<int64_t>()
                                                                                        : hidden / heads;
   const bool tied = c.value("tie_word_embeddings", false);
-  namespace fs = std::filesystem;
-  const fs::path out(q.out_dir);
   std::error_code ec;
-  if (fs::exists(out)) {
-    if (!q.overwrite) return MakeError("synth: output ", q.out_dir, " exists (use --overwrite)");
-    fs::remove_all(out, ec);
-  }
-  const fs::path dense = q.format == "dense" ? out : fs::path(q.out_dir + ".synth-dense");
-  fs::remove_all(dense, ec);
-  fs::create_directories(dense, ec);
-  if (ec) return MakeError("synth: cannot create ", dense.string(), ": ", ec.message());
+  if (q.out_dir.empty()) return MakeError("synth: --out is empty");
+  if (fs::exists(fs::path(q.out_dir), ec) && !q.overwrite)
+    return MakeError("synth: output ", q.out_dir, " exists (use --overwrite)");
+  // The dense checkpoint goes to a staging directory beside the output (io/staging_dir.h): renamed
+  // onto it for "dense", the quantizer's input for "quark" (which stages and commits its own
+  // output) and removed afterwards. A failed run leaves no partial output, and an existing output
+  // is replaced only once the new one is complete — and only if it is a model directory.
+  auto staged = StagingDir::Create(q.out_dir, q.format == "dense" ? "tmp" : "synth-dense");
+  if (!staged.ok()) return staged.error().WithContext("synth");
+  StagingDir staging = std::move(staged).value();
+  const fs::path dense(staging.path());
 
   struct Spec {
     std::string name;
@@ -308,14 +310,17 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
         if (ec) return MakeError("synth: copying ", src.string(), ": ", ec.message());
       }
     }
-  if (q.format == "dense") return Status::Ok();
+  if (q.format == "dense") {
+    const Status committed = staging.Commit(q.overwrite);
+    if (!committed.ok()) return committed.error().WithContext("synth");
+    return Status::Ok();
+  }
   QuantizeRequest qr;
   qr.model_dir = dense.string();
   qr.output_dir = q.out_dir;
   qr.group_size = q.group_size;
-  qr.overwrite = true;
+  qr.overwrite = q.overwrite;
   auto summary = Quantize(qr);
-  fs::remove_all(dense, ec);
   if (!summary.ok()) return summary.error().WithContext("synth: quantizing the synthetic checkpoint");
   return Status::Ok();
 }

@@ -1,9 +1,5 @@
 #include "quantize/quantize.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -17,6 +13,7 @@
 #include "io/file.h"
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "io/staging_dir.h"
 #include "model/checkpoint_format.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -41,73 +38,6 @@ std::string ShardName(int64_t i, int64_t n) {
   return buf;
 }
 
-// A temporary sibling directory "<parent>/.<name>.nibble-tmp-<pid>" that is removed unless
-// committed; stale ones from killed runs (their pid is gone) are removed first.
-class StagingDir {
- public:
-  static Result<StagingDir> Create(const std::string& target) {
-    if (target.empty()) return MakeError("--output_dir is empty");
-    std::error_code ec;
-    fs::path t = fs::absolute(fs::path(target), ec).lexically_normal();
-    if (ec) return MakeError("output directory \"", target, "\": ", ec.message());
-    if (t.filename().empty()) t = t.parent_path();
-    fs::path parent = t.parent_path();
-    if (!fs::is_directory(parent, ec)) return MakeError("output directory's parent ", parent.string(), " does not exist");
-    const std::string prefix = "." + t.filename().string() + ".nibble-tmp-";
-    for (const auto& e : fs::directory_iterator(parent, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind(prefix, 0) != 0) continue;
-      const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + prefix.size()));
-      if (pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM)) continue;  // still running
-      fs::remove_all(e.path(), ec);
-    }
-    StagingDir s;
-    s.target_ = t;
-    s.path_ = parent / (prefix + std::to_string(::getpid()));
-    fs::remove_all(s.path_, ec);
-    if (!fs::create_directory(s.path_, ec))
-      return MakeError("cannot create staging directory ", s.path_.string(), ": ", ec.message());
-    return s;
-  }
-  StagingDir() = default;
-  StagingDir(StagingDir&& o) noexcept : target_(std::move(o.target_)), path_(std::move(o.path_)) { o.path_.clear(); }
-  ~StagingDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  std::string path() const { return path_.string(); }
-
-  // Renames the staging dir onto the target; an existing target is swapped out and removed.
-  Status Commit(bool overwrite) {
-    std::error_code ec;
-    const bool exists = fs::exists(target_, ec);
-    if (exists && !fs::is_directory(target_, ec))
-      return MakeError("output path ", target_.string(), " exists and is not a directory; refusing to replace it");
-    if (exists && !fs::is_empty(target_, ec) && !fs::exists(target_ / "config.json", ec))
-      return MakeError("output directory ", target_.string(),
-                       " is not empty and holds no config.json (not a model directory); refusing to replace it");
-    if (exists && !overwrite) return MakeError("output directory ", target_.string(), " exists; pass --overwrite to replace it");
-    // fsync the staging directory so its entries are durable before the rename.
-    int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) { ::fsync(fd); ::close(fd); }
-    fs::path old;
-    if (exists) {
-      old = target_.parent_path() / ("." + target_.filename().string() + ".nibble-old-" + std::to_string(::getpid()));
-      fs::rename(target_, old, ec);
-      if (ec) return MakeError("cannot move existing ", target_.string(), " aside: ", ec.message());
-    }
-    fs::rename(path_, target_, ec);
-    if (ec) return MakeError("cannot rename ", path_.string(), " to ", target_.string(), ": ", ec.message());
-    path_.clear();
-    if (!old.empty()) fs::remove_all(old, ec);
-    int pfd = ::open(target_.parent_path().c_str(), O_RDONLY | O_DIRECTORY);
-    if (pfd >= 0) { ::fsync(pfd); ::close(pfd); }
-    return Status::Ok();
-  }
-
- private:
-  fs::path target_, path_;
-};
 
 // An input tensor written unchanged: borrowed from the memory-mapped input, never copied.
 TensorToWrite BorrowTensor(const TensorView& t) {
@@ -337,6 +267,7 @@ Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& o) {
   }
   report.shards = static_cast<int64_t>(shards.size());
 
+  if (o.output_dir.empty()) return MakeError("--output_dir is empty");
   NIBBLE_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Create(o.output_dir));
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
   if (shards.size() == 1) {

@@ -1,0 +1,102 @@
+#include "io/staging_dir.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <utility>
+
+namespace nibble {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void FsyncDir(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+Result<StagingDir> StagingDir::Create(const std::string& target, const std::string& kind) {
+  if (target.empty()) return MakeError("output directory is empty");
+  std::error_code ec;
+  fs::path t = fs::absolute(fs::path(target), ec).lexically_normal();
+  if (ec) return MakeError("output directory \"", target, "\": ", ec.message());
+  if (t.filename().empty()) t = t.parent_path();
+  const fs::path parent = t.parent_path();
+  if (!fs::is_directory(parent, ec)) return MakeError("output directory's parent ", parent.string(), " does not exist");
+  const std::string prefix = "." + t.filename().string() + ".nibble-" + kind + "-";
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + prefix.size()));
+    if (pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM)) continue;  // still running
+    std::error_code rec;
+    fs::remove_all(e.path(), rec);
+  }
+  StagingDir s;
+  s.target_ = t;
+  s.path_ = parent / (prefix + std::to_string(::getpid()));
+  fs::remove_all(s.path_, ec);
+  if (!fs::create_directory(s.path_, ec))
+    return MakeError("cannot create staging directory ", s.path_.string(), ": ", ec.message());
+  return s;
+}
+
+StagingDir::StagingDir(StagingDir&& o) noexcept : target_(std::move(o.target_)), path_(std::move(o.path_)) {
+  o.path_.clear();
+}
+
+StagingDir& StagingDir::operator=(StagingDir&& o) noexcept {
+  if (this != &o) {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+    target_ = std::move(o.target_);
+    path_ = std::move(o.path_);
+    o.path_.clear();
+  }
+  return *this;
+}
+
+StagingDir::~StagingDir() {
+  std::error_code ec;
+  if (!path_.empty()) fs::remove_all(path_, ec);
+}
+
+Status StagingDir::Commit(bool overwrite) {
+  if (path_.empty()) return MakeError("staging directory for ", target_.string(), " was already committed");
+  std::error_code ec;
+  const bool exists = fs::exists(target_, ec);
+  if (exists && !fs::is_directory(target_, ec))
+    return MakeError("output path ", target_.string(), " exists and is not a directory; refusing to replace it");
+  if (exists && !fs::is_empty(target_, ec) && !fs::exists(target_ / "config.json", ec))
+    return MakeError("output directory ", target_.string(),
+                     " is not empty and holds no config.json (not a model directory); refusing to replace it");
+  if (exists && !overwrite) return MakeError("output directory ", target_.string(), " exists; pass --overwrite to replace it");
+  FsyncDir(path_);  // the staging directory's entries are durable before the rename
+  fs::path old;
+  if (exists) {
+    old = target_.parent_path() / ("." + target_.filename().string() + ".nibble-old-" + std::to_string(::getpid()));
+    fs::rename(target_, old, ec);
+    if (ec) return MakeError("cannot move existing ", target_.string(), " aside: ", ec.message());
+  }
+  fs::rename(path_, target_, ec);
+  if (ec) {
+    std::error_code back;
+    if (!old.empty()) fs::rename(old, target_, back);  // put the previous output back
+    return MakeError("cannot rename ", path_.string(), " to ", target_.string(), ": ", ec.message());
+  }
+  path_.clear();
+  if (!old.empty()) fs::remove_all(old, ec);
+  FsyncDir(target_.parent_path());
+  return Status::Ok();
+}
+
+}  // namespace nibble

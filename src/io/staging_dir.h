@@ -1,0 +1,47 @@
+// Atomic output directories: write a whole checkpoint into a temporary sibling directory, then
+// rename it onto the target in one step, so a failed or interrupted run never leaves a
+// half-written output and never removes a directory that is not a model directory.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "base/result.h"
+
+namespace nibble {
+
+/// A temporary sibling directory "<parent>/.<name>.nibble-<kind>-<pid>" of a target directory
+/// "<parent>/<name>". It is removed on destruction unless Commit() renamed it onto the target.
+/// Stale ones left by killed runs (same name and kind, their pid no longer running) are removed
+/// when a new one is created. Two StagingDirs for the same target in one process need different
+/// `kind`s.
+class StagingDir {
+ public:
+  /// Creates the staging directory for `target`. Errors (naming the path): empty target, the
+  /// target's parent directory missing, the staging directory not creatable.
+  static Result<StagingDir> Create(const std::string& target, const std::string& kind = "tmp");
+
+  StagingDir() = default;
+  StagingDir(StagingDir&& o) noexcept;
+  StagingDir& operator=(StagingDir&& o) noexcept;
+  StagingDir(const StagingDir&) = delete;
+  StagingDir& operator=(const StagingDir&) = delete;
+  ~StagingDir();
+
+  /// The staging directory's path (empty after Commit()).
+  std::string path() const { return path_.string(); }
+  /// The absolute, normalised target path.
+  std::string target() const { return target_.string(); }
+
+  /// Renames the staging directory onto the target (fsync of the staging directory first, of
+  /// the parent after). An existing target is replaced only when `overwrite` is set and it is an
+  /// empty directory or a model directory (holds config.json); the old one is moved aside, then
+  /// removed. Errors (naming the path): target exists without `overwrite`; target is a file or a
+  /// non-empty directory without config.json; a rename fails (the target is then unchanged).
+  Status Commit(bool overwrite);
+
+ private:
+  std::filesystem::path target_, path_;
+};
+
+}  // namespace nibble
