@@ -94,6 +94,13 @@ Runner RegisterQuantize(CLI::App& app) {
     }
     if (gs->count() > 0 && r.quant_scheme.find("per_channel") != std::string::npos)
       return Fail("--group_size does not apply to " + r.quant_scheme + " (one scale per output row)");
+    if (!a->report.empty()) {  // checked before quantizing, so a long AWQ run does not end in this error
+      std::error_code ec;
+      const std::filesystem::path parent = std::filesystem::absolute(a->report, ec).parent_path();
+      if (ec || !std::filesystem::is_directory(parent, ec))
+        return Fail("--report " + a->report + ": directory " + parent.string() + " does not exist");
+      if (std::filesystem::is_directory(a->report, ec)) return Fail("--report " + a->report + " is a directory");
+    }
     (void)cmd;
     nibble::SetNumThreads(a->threads);
     std::unique_ptr<nibble::ProgressBar> bar;
@@ -123,12 +130,8 @@ Runner RegisterQuantize(CLI::App& app) {
       std::fprintf(stderr, "warning: %s has no tokenizer.model; the output cannot run generate or perplexity\n",
                    r.model_dir.c_str());
     if (!a->report.empty()) {
-      std::FILE* f = std::fopen(a->report.c_str(), "wb");
-      if (f == nullptr || std::fwrite(s->report_json.data(), 1, s->report_json.size(), f) != s->report_json.size()) {
-        if (f != nullptr) std::fclose(f);
-        return Fail("cannot write report " + a->report);
-      }
-      if (std::fclose(f) != 0) return Fail("cannot write report " + a->report);
+      const nibble::Status w = nibble::WriteFileAtomically(a->report, s->report_json);
+      if (!w.ok()) return Fail("cannot write report: " + w.error().message);
     }
     if (r.quant_algo == "awq") {
       std::printf("AWQ: %lld calibration chunks x %lld tokens (%s), propagation %s%s, %.1f s\n",

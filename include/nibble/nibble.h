@@ -270,4 +270,10 @@ Result<std::string> SummarizeQuantizeReport(const std::string& report_path);
 /// (cairo). Errors: unreadable / malformed report, a report without AWQ layers, unwritable PNG.
 Status PlotQuantizeReport(const std::string& report_path, const std::string& png_path);
 
+/// Writes `bytes` to `path` atomically (a temporary file beside it, fsync, rename): a reader never
+/// sees a half-written file, and a failed write leaves any previous file at `path` as it was. Used
+/// for `nibble quantize --report`. Errors name the path and the OS reason (missing directory,
+/// permission, full disk).
+Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
 }  // namespace nibble

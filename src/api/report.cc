@@ -182,10 +182,24 @@ Status PlotQuantizeReport(const std::string& path, const std::string& png_path) 
     cairo_show_text(cr, sidx == 0 ? "RTN" : "AWQ");
   }
   cairo_destroy(cr);
-  const cairo_status_t st = cairo_surface_write_to_png(surf, png_path.c_str());
+  // Encoded into memory, then written atomically: a failed write never leaves a truncated PNG.
+  std::string png;
+  const cairo_status_t st = cairo_surface_write_to_png_stream(
+      surf,
+      [](void* closure, const unsigned char* data, unsigned int length) {
+        static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
+        return CAIRO_STATUS_SUCCESS;
+      },
+      &png);
   cairo_surface_destroy(surf);
-  if (st != CAIRO_STATUS_SUCCESS) return MakeError("cannot write PNG ", png_path, ": ", cairo_status_to_string(st));
+  if (st != CAIRO_STATUS_SUCCESS) return MakeError("cannot encode PNG ", png_path, ": ", cairo_status_to_string(st));
+  const Status w = WriteFileAtomic(png_path, png.data(), png.size());
+  if (!w.ok()) return w.error().WithContext("cannot write PNG " + png_path);
   return Status::Ok();
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  return WriteFileAtomic(path, bytes.data(), bytes.size());
 }
 
 }  // namespace nibble

@@ -134,6 +134,10 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
       {"synth without a tokenizer", "synth --config " + Quote(nibble_test::SourceDir() + "/bench/configs/tinyllama-1.1b.json") +
            " --out /tmp/nibble-unused-synth --tokenizer_dir /nonexistent", "/nonexistent: no tokenizer.model"},
       {"int8 activations on a dense model", "generate --model " + model + " --int8_activations -n 1", "no int4 linear"},
+      {"report into a missing directory", "quantize --model_dir " + model + " --output_dir /tmp/nibble-unused-out"
+           " --report /nonexistent/dir/r.json", "directory /nonexistent/dir does not exist"},
+      {"report path is a directory", "quantize --model_dir " + model + " --output_dir /tmp/nibble-unused-out --report /tmp",
+       "--report /tmp is a directory"},
   };
   for (const auto& c : cases) {
     RunResult r = RunNibble(c.args);
@@ -160,6 +164,34 @@ TEST(Cli, UnusedLayerOverrideIsWarnedAbout) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("pattern \"nomatch.*\" matched no layer"), std::string::npos) << r.out;
   std::system(("rm -rf " + out).c_str());
+}
+
+// quantize --report and report --plot as a user runs them: the JSON and the PNG are written whole
+// (atomically), an unwritable plot path is a named error and leaves no file behind.
+TEST(Cli, AwqReportAndPlotAreWrittenWhole) {
+  const std::string dir = "/tmp/nibble-cli-report-" + std::to_string(getpid());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  RunResult q = RunNibble("quantize --model_dir " + Quote(nibble_test::SharedModel("stories260K")) + " --output_dir " + dir +
+                          "/q --quant_algo awq --dataset " + Quote(nibble_test::SharedData("prose-calib.txt")) +
+                          " --group_size 32 --misaligned per_channel --num_calib_data 4 --seq_len 64 --report " + dir + "/r.json");
+  ASSERT_EQ(q.exit_code, 0) << q.out;
+  const std::string rep = ReadFile(dir + "/r.json");
+  ASSERT_FALSE(rep.empty());
+  EXPECT_EQ(rep.front(), '{');
+  EXPECT_EQ(rep.find_last_not_of(" \n"), rep.rfind('}'));
+  RunResult p = RunNibble("report " + dir + "/r.json --plot " + dir + "/plot.png");
+  ASSERT_EQ(p.exit_code, 0) << p.out;
+  const std::string png = ReadFile(dir + "/plot.png");
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  RunResult bad = RunNibble("report " + dir + "/r.json --plot " + dir + "/missing/plot.png");
+  EXPECT_GT(bad.exit_code, 0) << bad.out;
+  EXPECT_NE(bad.out.find(dir + "/missing/plot.png"), std::string::npos) << bad.out;
+  // Only what was asked for is there: no temporary files beside the report or the plot.
+  std::system(("ls -A " + dir + " > " + dir + ".ls").c_str());
+  const std::string listing = ReadFile(dir + ".ls");
+  EXPECT_EQ(listing, "plot.png\nq\nr.json\n");
+  std::system(("rm -rf " + dir + " " + dir + ".ls").c_str());
 }
 
 TEST(Cli, PerplexityDefaultSeqLenFitsTheModel) {
