@@ -1,8 +1,14 @@
 // Helpers shared by several test suites.
 #pragma once
 
+#include <stdlib.h>
+
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <string>
 
 #include "formats/int4_matrix.h"
 
@@ -28,5 +34,35 @@ inline nibble::Int4Matrix RandomInt4Matrix(std::mt19937& rng, int64_t n, int64_t
   for (auto& s : m.scales) s = sc(rng);
   return m;
 }
+
+/// A fresh directory "<system temp dir>/<prefix>XXXXXX" (mkdtemp), removed with its contents at
+/// scope exit. Aborts when it cannot be created (a test cannot run without it).
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "nibble_test_") {
+    std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "XXXXXX")).string();
+    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::string& path() const { return path_; }
+  /// path() + "/" + name.
+  std::string sub(const std::string& name) const { return path_ + "/" + name; }
+  /// Writes `text` to sub(name) (binary) and returns that path.
+  std::string Write(const std::string& name, const std::string& text) const {
+    const std::string p = sub(name);
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+
+ private:
+  std::string path_;
+};
 
 }  // namespace nibble_test

@@ -9,29 +9,12 @@
 #include <fstream>
 #include <string>
 
+#include "test_util.h"
+
 namespace nibble {
 namespace {
 
-// A fresh directory under /tmp, removed with its contents at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/nibble_json_test_XXXXXX";
-    const char* p = ::mkdtemp(tmpl);
-    if (p == nullptr) std::abort();
-    path_ = p;
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-  std::string Write(const std::string& name, const std::string& text) const {
-    std::string p = path_ + "/" + name;
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-
- private:
-  std::string path_;
-};
+using nibble_test::TempDir;
 
 void ExpectError(const std::string& text, const std::string& needle) {
   auto r = ParseJsonText(text, "cfg.json");

@@ -14,27 +14,13 @@
 #include <nibble/bench.h>
 
 #include "test_paths.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "nibble_staging_XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) std::abort();
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  fs::path path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using nibble_test::TempDir;
 
 void WriteText(const fs::path& p, const std::string& text) {
   std::ofstream f(p);
@@ -56,22 +42,22 @@ std::vector<std::string> Others(const fs::path& dir, const std::string& keep) {
 
 TEST(StagingDir, CommitRenamesOntoTheTargetAndLeavesNothingElse) {
   TempDir t;
-  const fs::path out = t.path() / "out";
+  const fs::path out = fs::path(t.path()) / "out";
   auto s = nibble::StagingDir::Create(out.string());
   ASSERT_TRUE(s.ok()) << s.error().message;
   nibble::StagingDir st = std::move(s).value();
-  EXPECT_EQ(fs::path(st.path()).parent_path(), t.path());
+  EXPECT_EQ(fs::path(st.path()).parent_path(), fs::path(t.path()));
   WriteText(fs::path(st.path()) / "config.json", "{}");
   EXPECT_FALSE(fs::exists(out));  // nothing at the target until Commit
   ASSERT_TRUE(st.Commit(false).ok());
   EXPECT_EQ(ReadText(out / "config.json"), "{}");
-  EXPECT_TRUE(Others(t.path(), "out").empty());
+  EXPECT_TRUE(Others(fs::path(t.path()), "out").empty());
   EXPECT_FALSE(st.Commit(false).ok());  // a second Commit is an error, not a crash
 }
 
 TEST(StagingDir, UncommittedIsRemovedAndTheTargetNeverAppears) {
   TempDir t;
-  const fs::path out = t.path() / "out";
+  const fs::path out = fs::path(t.path()) / "out";
   {
     auto s = nibble::StagingDir::Create(out.string());
     ASSERT_TRUE(s.ok());
@@ -79,12 +65,12 @@ TEST(StagingDir, UncommittedIsRemovedAndTheTargetNeverAppears) {
     WriteText(fs::path(st.path()) / "model.safetensors", "partial");
   }
   EXPECT_FALSE(fs::exists(out));
-  EXPECT_TRUE(Others(t.path(), "").empty());
+  EXPECT_TRUE(Others(fs::path(t.path()), "").empty());
 }
 
 TEST(StagingDir, NeverReplacesADirectoryThatIsNotAModelDirectory) {
   TempDir t;
-  const fs::path out = t.path() / "home";
+  const fs::path out = fs::path(t.path()) / "home";
   fs::create_directory(out);
   WriteText(out / "notes.txt", "keep me");
   auto s = nibble::StagingDir::Create(out.string());
@@ -97,7 +83,7 @@ TEST(StagingDir, NeverReplacesADirectoryThatIsNotAModelDirectory) {
   EXPECT_NE(r.error().message.find(out.string()), std::string::npos) << r.error().message;
   EXPECT_EQ(ReadText(out / "notes.txt"), "keep me");
   // A file at the target is refused too.
-  const fs::path file = t.path() / "file";
+  const fs::path file = fs::path(t.path()) / "file";
   WriteText(file, "x");
   auto s2 = nibble::StagingDir::Create(file.string());
   ASSERT_TRUE(s2.ok());
@@ -108,7 +94,7 @@ TEST(StagingDir, NeverReplacesADirectoryThatIsNotAModelDirectory) {
 
 TEST(StagingDir, ReplacesAModelDirectoryOnlyWithOverwrite) {
   TempDir t;
-  const fs::path out = t.path() / "model";
+  const fs::path out = fs::path(t.path()) / "model";
   fs::create_directory(out);
   WriteText(out / "config.json", "old");
   WriteText(out / "old.safetensors", "old");
@@ -123,19 +109,19 @@ TEST(StagingDir, ReplacesAModelDirectoryOnlyWithOverwrite) {
   ASSERT_TRUE(st.Commit(true).ok());
   EXPECT_EQ(ReadText(out / "config.json"), "new");
   EXPECT_FALSE(fs::exists(out / "old.safetensors"));
-  EXPECT_TRUE(Others(t.path(), "model").empty());
+  EXPECT_TRUE(Others(fs::path(t.path()), "model").empty());
 }
 
 TEST(StagingDir, KindsForTheSameTargetDoNotCollideAndMissingParentIsAnError) {
   TempDir t;
-  const fs::path out = t.path() / "out";
+  const fs::path out = fs::path(t.path()) / "out";
   auto a = nibble::StagingDir::Create(out.string(), "a");
   auto b = nibble::StagingDir::Create(out.string(), "b");
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(a.value().path(), b.value().path());
   EXPECT_TRUE(fs::is_directory(a.value().path()));
   EXPECT_TRUE(fs::is_directory(b.value().path()));
-  auto bad = nibble::StagingDir::Create((t.path() / "no" / "such" / "out").string());
+  auto bad = nibble::StagingDir::Create((fs::path(t.path()) / "no" / "such" / "out").string());
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("does not exist"), std::string::npos) << bad.error().message;
   EXPECT_FALSE(nibble::StagingDir::Create("").ok());
@@ -145,12 +131,12 @@ TEST(StagingDir, KindsForTheSameTargetDoNotCollideAndMissingParentIsAnError) {
 // directory that is not a model directory, it deleted its contents.
 TEST(SynthOutput, OverwriteNeverRemovesANonModelDirectoryAndReplacesAModelOne) {
   TempDir t;
-  const fs::path cfg = t.path() / "config.json";
+  const fs::path cfg = fs::path(t.path()) / "config.json";
   WriteText(cfg,
             R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":64,)"
             R"("intermediate_size":128,"num_hidden_layers":1,"num_attention_heads":4,)"
             R"("num_key_value_heads":2,"vocab_size":512,"rms_norm_eps":1e-5,"max_position_embeddings":64})");
-  const fs::path victim = t.path() / "victim";
+  const fs::path victim = fs::path(t.path()) / "victim";
   fs::create_directory(victim);
   WriteText(victim / "notes.txt", "keep me");
   for (const char* format : {"dense", "quark"}) {
@@ -167,10 +153,10 @@ TEST(SynthOutput, OverwriteNeverRemovesANonModelDirectoryAndReplacesAModelOne) {
       EXPECT_NE(r.error().message.find("not a model directory"), std::string::npos) << r.error().message;
     }
     EXPECT_EQ(ReadText(victim / "notes.txt"), "keep me") << format;
-    EXPECT_EQ(Others(t.path(), "victim"), std::vector<std::string>{"config.json"}) << format;  // no staging left
+    EXPECT_EQ(Others(fs::path(t.path()), "victim"), std::vector<std::string>{"config.json"}) << format;  // no staging left
   }
   // A model directory is replaced with --overwrite, refused without.
-  const fs::path model = t.path() / "model";
+  const fs::path model = fs::path(t.path()) / "model";
   nibble::SynthRequest q;
   q.config_path = cfg.string();
   q.out_dir = model.string();
@@ -185,7 +171,7 @@ TEST(SynthOutput, OverwriteNeverRemovesANonModelDirectoryAndReplacesAModelOne) {
   const nibble::Status r = nibble::WriteSyntheticCheckpoint(q);
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_NE(ReadText(model / "config.json").find("quantization_config"), std::string::npos);
-  std::vector<std::string> left = Others(t.path(), "");
+  std::vector<std::string> left = Others(fs::path(t.path()), "");
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{"config.json", "model", "victim"}));
 }

@@ -47,6 +47,7 @@
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/ops.h"
+#include "test_util.h"
 
 namespace {
 
@@ -56,24 +57,7 @@ using nlohmann::json;
 // ---------------------------------------------------------------------------------------------
 // Synthetic checkpoints.
 
-// A temp directory removed at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "nibble_ref_fwd_XXXXXX").string();
-    char* p = mkdtemp(tmpl.data());
-    if (p == nullptr) std::abort();
-    path_ = p;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using nibble_test::TempDir;
 
 // Deterministic N(0,1) (splitmix64 + Box-Muller), identical on every platform.
 class Rng {

@@ -23,24 +23,14 @@
 #include "quantize/awq.h"
 #include "quantize/calibration.h"
 #include "test_paths.h"
+#include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/nibble-awq-test-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string sub(const std::string& s) const { return path_ + "/" + s; }
-
- private:
-  std::string path_;
-};
+using nibble_test::TempDir;
 
 std::string ReadAll(const std::string& p) {
   std::ifstream in(p, std::ios::binary);

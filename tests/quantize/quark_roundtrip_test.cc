@@ -22,24 +22,13 @@
 #include "model/int4_linear.h"
 #include "model/weights.h"
 #include "test_paths.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/nibble-test-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string path() const { return path_; }
-  std::string sub(const std::string& s) const { return path_ + "/" + s; }
-
- private:
-  std::string path_;
-};
+using nibble_test::TempDir;
 
 std::vector<const nibble::Linear*> AllLinears(const nibble::LlamaModel& m) {
   std::vector<const nibble::Linear*> v;
