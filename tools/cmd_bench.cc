@@ -26,6 +26,7 @@ struct BenchArgs {
   double seconds = 1.0;
   bool skip_bandwidth = false, skip_gemm = false;
   bool int8 = false;
+  bool bf16 = false;
 };
 }  // namespace
 
@@ -45,6 +46,8 @@ Runner RegisterBench(CLI::App& app) {
   cmd->add_flag("--no_gemm", a->skip_gemm, "Only measure bandwidth");
   cmd->add_flag("--int8_activations", a->int8,
                 "Also time the opt-in W4A8 path (int8 activations) after each W4A32 case, same weights");
+  cmd->add_flag("--bf16_activations", a->bf16,
+                "Also time the opt-in bf16-activation path after each W4A32 case, same weights");
   return [a]() {
     nibble::SetNumThreads(a->threads);
     const nibble::KernelDispatchReport k = nibble::DescribeKernels();
@@ -67,9 +70,10 @@ Runner RegisterBench(CLI::App& app) {
         for (int64_t m : a->ms) {
           c.group_size = g;
           c.m = m;
-          for (bool int8 : {false, true}) {
-            if (int8 && !a->int8) continue;
-            c.int8_activations = int8;
+          for (int act : {0, 1, 2}) {  // fp32, int8, bf16 activations
+            if ((act == 1 && !a->int8) || (act == 2 && !a->bf16)) continue;
+            c.int8_activations = act == 1;
+            c.bf16_activations = act == 2;
             auto r = nibble::BenchW4Gemm(c, static_cast<int64_t>(a->cycle_gib * (1 << 30)), a->seconds);
             if (!r.ok()) return Fail(r.error().message);
             char pct[16] = "-";

@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include <nibble/bench.h>
 #include <nibble/nibble.h>
 
 #include "commands.h"
@@ -15,6 +16,7 @@ struct GenerateArgs {
   nibble::GenerateOptions opt;
   int threads = 0;
   bool int8 = false;
+  bool bf16 = false;
 };
 }  // namespace
 
@@ -33,6 +35,10 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_flag("--int8_activations", args->int8,
                 "Opt-in W4A8: int8 activations in the int4 linears (faster decode, costs perplexity: measure it "
                 "with `nibble perplexity --int8_activations`)");
+  cmd->add_flag("--bf16_activations", args->bf16,
+                "Opt-in bf16 activations in the int4 linears (W4A16 as bf16 engines run it; faster decode on CPUs "
+                "with avx512_bf16; measure its perplexity cost with `nibble perplexity --bf16_activations`)")
+      ->excludes("--int8_activations");
   return [args]() {
     nibble::SetNumThreads(args->threads);
     auto model = nibble::Model::Load(args->model);
@@ -41,6 +47,12 @@ Runner RegisterGenerate(CLI::App& app) {
       const int64_t n = (*model)->SetInt8Activations(true);
       if (n == 0) return Fail(Int8NotServed(args->model));
       std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears\n", static_cast<long long>(n));
+    }
+    if (args->bf16) {
+      const int64_t n = (*model)->SetBf16Activations(true);
+      if (n == 0) return Fail(Bf16NotServed(args->model));
+      std::fprintf(stderr, "activations: bf16 in %lld int4 linears (kernel: %s)\n", static_cast<long long>(n),
+                   nibble::DescribeKernels().bf16_act_kernel.c_str());
     }
     std::fwrite(args->opt.prompt.data(), 1, args->opt.prompt.size(), stdout);  // echo, as llama.cpp does
     auto stats = nibble::Generate(**model, args->opt, [](std::string_view piece) {

@@ -38,6 +38,8 @@ Runner RegisterInspect(CLI::App& app) {
         j["candidates"] = c;
         j["int8_activations_kernel"] = k.int8_kernel;
         j["int8_activations_reason"] = k.int8_reason;
+        j["bf16_activations_kernel"] = k.bf16_act_kernel;
+        j["bf16_activations_reason"] = k.bf16_act_reason;
         j["bf16_dense_linears"] = k.bf16_dense;
         std::printf("%s\n", j.dump(2).c_str());
       } else {
@@ -48,6 +50,8 @@ Runner RegisterInspect(CLI::App& app) {
           std::printf("  %-7s %-8s %s\n", x.isa.c_str(), x.chosen ? "chosen" : (x.supported ? "skipped" : "rejected"),
                       x.reason.c_str());
         std::printf("int8 activations (opt-in --int8_activations): %s (%s)\n", k.int8_kernel.c_str(), k.int8_reason.c_str());
+        std::printf("bf16 activations (opt-in --bf16_activations): %s (%s)\n", k.bf16_act_kernel.c_str(),
+                    k.bf16_act_reason.c_str());
         std::printf("bf16 dense linears: %s\n", k.bf16_dense.c_str());
       }
       if (dir->empty()) return 0;

@@ -18,6 +18,16 @@ struct PerplexityArgs {
   int64_t seq_len = 0, max_windows = 0;
   int threads = 0;
   bool int8 = false;
+  bool bf16 = false;
+};
+
+// The opt-in activation path a run compares against fp32 activations (--int8_activations or
+// --bf16_activations), if any.
+struct OptInActs {
+  bool on = false;
+  const char* label = "";      // printed before the figures
+  const char* short_name = ""; // "int8" / "bf16"
+  int64_t (nibble::Model::*set)(bool) = nullptr;
 };
 }  // namespace
 
@@ -34,18 +44,25 @@ Runner RegisterPerplexity(CLI::App& app) {
   cmd->add_flag("--int8_activations", a->int8,
                 "Opt-in W4A8: evaluate the same windows twice, fp32 then int8 activations in the int4 linears, "
                 "and print the perplexity (and KLD) cost");
+  cmd->add_flag("--bf16_activations", a->bf16,
+                "Opt-in bf16 activations: evaluate the same windows twice, fp32 then bf16 activations in the int4 "
+                "linears, and print the perplexity (and KLD) cost")
+      ->excludes("--int8_activations");
   return [a]() {
     nibble::SetNumThreads(a->threads);
     std::string text;
     if (const std::string err = ReadTextFile(a->text, &text); !err.empty()) return Fail(err);
     auto model = nibble::Model::Load(a->model);
     if (!model.ok()) return Fail(model.error().message);
-    // --int8_activations: refuse a model it cannot serve before evaluating anything.
-    int64_t int8_linears = 0;
-    if (a->int8) {
-      int8_linears = (*model)->SetInt8Activations(true);
-      (*model)->SetInt8Activations(false);
-      if (int8_linears == 0) return Fail(Int8NotServed(a->model));
+    OptInActs opt_in;
+    if (a->int8) opt_in = {true, "int8 activations (W4A8", "int8", &nibble::Model::SetInt8Activations};
+    if (a->bf16) opt_in = {true, "bf16 activations (W4A16 bf16", "bf16", &nibble::Model::SetBf16Activations};
+    // An opt-in path: refuse a model it cannot serve before evaluating anything.
+    int64_t opt_linears = 0;
+    if (opt_in.on) {
+      opt_linears = ((**model).*opt_in.set)(true);
+      ((**model).*opt_in.set)(false);
+      if (opt_linears == 0) return Fail(a->int8 ? Int8NotServed(a->model) : Bf16NotServed(a->model));
     }
     if (a->seq_len == 0) a->seq_len = std::min<int64_t>(2048, (*model)->info().max_position_embeddings);
     std::unique_ptr<nibble::ProgressBar> bar;
@@ -63,16 +80,16 @@ Runner RegisterPerplexity(CLI::App& app) {
       co.seq_len = a->seq_len;
       co.max_windows = a->max_windows;
       co.progress = opt.progress;
-      // --int8_activations: a second instance of the model with int8 activations goes through the
+      // An opt-in path: a second instance of the model with those activations goes through the
       // same comparison, so the base model runs once for both.
       std::vector<const nibble::Model*> models = {model->get()};
-      std::unique_ptr<nibble::Model> model8;
-      if (a->int8) {
-        auto m8 = nibble::Model::Load(a->model);
-        if (!m8.ok()) return Fail(m8.error().message);
-        model8 = std::move(*m8);
-        model8->SetInt8Activations(true);
-        models.push_back(model8.get());
+      std::unique_ptr<nibble::Model> model2;
+      if (opt_in.on) {
+        auto m2 = nibble::Model::Load(a->model);
+        if (!m2.ok()) return Fail(m2.error().message);
+        model2 = std::move(*m2);
+        ((*model2).*opt_in.set)(true);
+        models.push_back(model2.get());
       }
       auto c = nibble::CompareModels(**base, models, text, co);
       bar.reset();
@@ -85,12 +102,13 @@ Runner RegisterPerplexity(CLI::App& app) {
                   static_cast<long long>(c->base.n_windows_available), static_cast<long long>(c->base.scored_tokens));
       std::printf("perplexity: %.4f (base %.4f)\nmean KLD: %.6f nats (max %.4f)\ntop-1 agreement: %.2f %%\n",
                   row.perplexity.ppl, c->base.ppl, row.mean_kld, row.max_kld, 100.0 * row.top1_agreement);
-      if (a->int8) {
-        const auto& r8 = c->rows[1];
-        std::printf("int8 activations (W4A8, %lld int4 linears): perplexity %.4f (%+.2f %% vs fp32 activations), mean KLD %.6f nats "
+      if (opt_in.on) {
+        const auto& r2 = c->rows[1];
+        std::printf("%s, %lld int4 linears): perplexity %.4f (%+.2f %% vs fp32 activations), mean KLD %.6f nats "
                     "(%+.6f), top-1 agreement %.2f %%\n",
-                    static_cast<long long>(int8_linears), r8.perplexity.ppl, 100.0 * (r8.perplexity.ppl / row.perplexity.ppl - 1.0),
-                    r8.mean_kld, r8.mean_kld - row.mean_kld, 100.0 * r8.top1_agreement);
+                    opt_in.label, static_cast<long long>(opt_linears), r2.perplexity.ppl,
+                    100.0 * (r2.perplexity.ppl / row.perplexity.ppl - 1.0), r2.mean_kld, r2.mean_kld - row.mean_kld,
+                    100.0 * r2.top1_agreement);
       }
       return 0;
     }
@@ -109,14 +127,16 @@ Runner RegisterPerplexity(CLI::App& app) {
     std::printf("mean NLL: %.6f nats/token\nperplexity: %.4f\n", r->mean_nll, r->ppl);
     std::fprintf(stderr, "throughput: %.1f tokens/s (%.2f s, %d threads)\n", r->tokens_per_second, r->seconds,
                  nibble::NumThreads());
-    if (a->int8) {
-      (*model)->SetInt8Activations(true);
-      auto r8 = nibble::EvaluatePerplexity(**model, text, opt);
+    if (opt_in.on) {
+      ((**model).*opt_in.set)(true);
+      auto r2 = nibble::EvaluatePerplexity(**model, text, opt);
       bar.reset();
-      if (!r8.ok()) return Fail(a->text + ": " + r8.error().message);
-      std::printf("int8 activations (W4A8, %lld int4 linears): mean NLL %.6f, perplexity %.4f (%+.2f %% vs fp32 activations %.4f)\n",
-                  static_cast<long long>(int8_linears), r8->mean_nll, r8->ppl, 100.0 * (r8->ppl / r->ppl - 1.0), r->ppl);
-      std::fprintf(stderr, "throughput (int8 activations): %.1f tokens/s (%.2f s)\n", r8->tokens_per_second, r8->seconds);
+      if (!r2.ok()) return Fail(a->text + ": " + r2.error().message);
+      std::printf("%s, %lld int4 linears): mean NLL %.6f, perplexity %.4f (%+.2f %% vs fp32 activations %.4f)\n",
+                  opt_in.label, static_cast<long long>(opt_linears), r2->mean_nll, r2->ppl, 100.0 * (r2->ppl / r->ppl - 1.0),
+                  r->ppl);
+      std::fprintf(stderr, "throughput (%s activations): %.1f tokens/s (%.2f s)\n", opt_in.short_name, r2->tokens_per_second,
+                   r2->seconds);
     }
     return 0;
   };

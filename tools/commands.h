@@ -31,5 +31,7 @@ std::string ReadTextFile(const std::string& path, std::string* text);
 /// The --int8_activations refusal for a model (directory `dir`) none of whose linears the int8
 /// kernels serve.
 std::string Int8NotServed(const std::string& dir);
+/// The --bf16_activations refusal, likewise (group sizes that are not multiples of 32).
+std::string Bf16NotServed(const std::string& dir);
 
 }  // namespace nibble_cli

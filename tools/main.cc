@@ -30,6 +30,11 @@ std::string ReadTextFile(const std::string& path, std::string* text) {
   return "";
 }
 
+std::string Bf16NotServed(const std::string& dir) {
+  return "--bf16_activations: " + dir +
+         " has no int4 linear the bf16-activation path serves (dense model, or group sizes that are not multiples of 32)";
+}
+
 std::string Int8NotServed(const std::string& dir) {
   return "--int8_activations: " + dir +
          " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)";

@@ -28,6 +28,9 @@ struct KernelDispatchReport {
   std::vector<Candidate> candidates;  // best first
   std::string int8_kernel;         // opt-in W4A8 GEMV (--int8_activations): "avx512_vnni" | "scalar"
   std::string int8_reason;         // why that one
+  /// opt-in bf16-activation GEMM (--bf16_activations): "avx512_bf16" | "w4a32 on bf16-rounded inputs"
+  std::string bf16_act_kernel;
+  std::string bf16_act_reason;     // why that one
   /// Dense linears stored as bf16: "avx512" (kept bf16, bf16 GEMV at M = 1) or "widened to fp32
   /// at load" where the chosen ISA has no bf16 GEMV.
   std::string bf16_dense;
@@ -53,13 +56,15 @@ Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes);
 struct GemmBenchCase {
   int64_t k = 4096, n = 4096, m = 1, group_size = 128;
   bool int8_activations = false;  // time the opt-in W4A8 path (Model::SetInt8Activations) instead
+  bool bf16_activations = false;  // time the opt-in bf16-activation path (Model::SetBf16Activations) instead
 };
 
 struct GemmBenchResult {
   GemmBenchCase shape;
   std::string isa;            // kernels used
   std::string path;           // "fused" (W4A32 kernel), "dequant+sgemm" (M >= Int4Linear's threshold) or
-                              // "w4a8:<kernel>" (int8 activations, e.g. w4a8:avx512_vnni)
+                              // "w4a8:<kernel>" (int8 activations, e.g. w4a8:avx512_vnni) or
+                              // "bf16:<kernel>" (bf16 activations, e.g. bf16:avx512_bf16)
   int64_t matrices = 0;       // distinct weight matrices cycled through
   int64_t weight_bytes = 0;   // packed bytes of one matrix
   int64_t calls = 0;          // timed calls
@@ -73,7 +78,8 @@ struct GemmBenchResult {
 /// weight matrices that together hold >= `min_total_bytes` (so L3 cannot keep them), for at least
 /// `min_seconds` and at least 3 rounds (a round = one cycle over all matrices when M < 16, else
 /// one call); the best round is reported, plus the mean. Errors: non-positive sizes, K % g != 0,
-/// int8_activations with a group size the W4A8 kernels do not serve.
+/// int8_activations with a group size the W4A8 kernels do not serve, bf16_activations with a
+/// group size that is not a multiple of 32, both switched on.
 Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& shape, int64_t min_total_bytes, double min_seconds);
 
 }  // namespace nibble

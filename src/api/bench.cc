@@ -46,7 +46,8 @@ KernelDispatchReport DescribeKernels() {
   const std::pair<bool, const char*> flags[] = {
       {cpu.avx, "avx"},           {cpu.avx2, "avx2"},         {cpu.fma, "fma"},           {cpu.f16c, "f16c"},
       {cpu.avx512f, "avx512f"},   {cpu.avx512bw, "avx512bw"}, {cpu.avx512vl, "avx512vl"}, {cpu.avx512dq, "avx512dq"},
-      {cpu.avx512vnni, "avx512vnni"}, {cpu.osxsave, "osxsave"},   {cpu.os_ymm, "os:ymm"},     {cpu.os_zmm, "os:zmm"}};
+      {cpu.avx512vnni, "avx512vnni"}, {cpu.avx512vbmi, "avx512vbmi"}, {cpu.avx512bf16, "avx512bf16"},
+      {cpu.osxsave, "osxsave"},   {cpu.os_ymm, "os:ymm"},     {cpu.os_zmm, "os:zmm"}};
   for (const auto& [on, name] : flags)
     if (on) r.cpu_flags += (r.cpu_flags.empty() ? "" : " ") + std::string(name);
   r.override_value = d.override_value;
@@ -55,6 +56,8 @@ KernelDispatchReport DescribeKernels() {
     r.candidates.push_back({IsaName(c.isa), c.compiled, c.supported, c.chosen, c.reason});
   r.int8_kernel = d.kernels.gemm_i8_name;
   r.int8_reason = d.gemm_i8_reason;
+  r.bf16_act_kernel = d.kernels.gemm_bf16_name;
+  r.bf16_act_reason = d.gemm_bf16_reason;
   r.bf16_dense = d.kernels.gemv_bf16 != nullptr ? "kept bf16, " + std::string(IsaName(d.kernels.isa)) + " bf16 GEMV at M = 1"
                                                 : "widened to fp32 at load (no bf16 GEMV for " +
                                                       std::string(IsaName(d.kernels.isa)) + ")";
@@ -129,6 +132,12 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
     for (auto& m : mats)
       if (!m->SetInt8Activations(true))
         return MakeError("bench: int8 activations are not served for group_size ", s.group_size, " (32, 64 or a multiple of 128)");
+  if (s.bf16_activations) {
+    if (s.int8_activations) return MakeError("bench: int8 and bf16 activations are exclusive");
+    for (auto& m : mats)
+      if (!m->SetBf16Activations(true))
+        return MakeError("bench: bf16 activations are not served for group_size ", s.group_size, " (a multiple of 32)");
+  }
   std::vector<float> x(static_cast<size_t>(s.m * s.k)), y(static_cast<size_t>(s.m * s.n));
   std::normal_distribution<float> xd(0.f, 1.f);
   for (auto& v : x) v = xd(rng);
@@ -138,8 +147,11 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   GemmBenchResult r;
   r.shape = s;
   r.isa = IsaName(ActiveW4Dispatch().kernels.isa);
-  r.path = s.int8_activations ? std::string("w4a8:") + ActiveW4Dispatch().kernels.gemm_i8_name
-                              : (s.m < Int4Linear::kDequantGemmMinRows ? "fused" : "dequant+sgemm");
+  r.path = s.int8_activations   ? std::string("w4a8:") + ActiveW4Dispatch().kernels.gemm_i8_name
+           : s.bf16_activations ? std::string("bf16:") + (ActiveW4Dispatch().kernels.gemm_bf16 != nullptr
+                                                              ? ActiveW4Dispatch().kernels.gemm_bf16_name
+                                                              : "rounded+w4a32")
+                                : (s.m < Int4Linear::kDequantGemmMinRows ? "fused" : "dequant+sgemm");
   r.matrices = count;
   r.weight_bytes = bytes;
   // Rounds of one full cycle over the matrices (M < 16) or one call (larger M), repeated for at

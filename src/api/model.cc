@@ -13,6 +13,7 @@ Model::~Model() = default;
 const ModelInfo& Model::info() const { return impl_->info; }
 
 int64_t Model::SetInt8Activations(bool on) { return impl_->llama->SetInt8Activations(on); }
+int64_t Model::SetBf16Activations(bool on) { return impl_->llama->SetBf16Activations(on); }
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   std::unique_ptr<Model> m(new Model());

@@ -10,6 +10,7 @@
 
 #include "kernels/x86_avx2/int4_gemm_avx2.h"
 #include "kernels/x86_avx512/int4_gemm_avx512.h"
+#include "kernels/x86_avx512bf16/int4_gemm_bf16.h"
 #include "kernels/x86_avx512vnni/int4_gemm_i8_vnni.h"
 #endif
 
@@ -49,6 +50,12 @@ CpuFeatures DetectCpuFeatures() {
     f.avx512bw = (b >> 30) & 1;
     f.avx512vl = (b >> 31) & 1;
     f.avx512vnni = (c >> 11) & 1;
+    f.avx512vbmi = (c >> 1) & 1;
+    if (a >= 1) {  // CPUID.7.0:EAX = the highest sub-leaf of leaf 7
+      unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+      __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
+      f.avx512bf16 = (a1 >> 5) & 1;
+    }
   }
   if (f.osxsave) {
     unsigned lo = 0, hi = 0;
@@ -68,9 +75,13 @@ constexpr bool kX86 = true;
 constexpr bool kX86 = false;
 #endif
 
-// The kernels of `isa` on `cpu`; `i8_reason` (optional) gets why gemm_i8 is the one it is.
-W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nullptr) {
+// The kernels of `isa` on `cpu`; `i8_reason` / `bf16_reason` (optional) get why gemm_i8 /
+// gemm_bf16 are the ones they are.
+W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nullptr,
+                    std::string* bf16_reason = nullptr) {
   std::string reason = "no AVX-512 VNNI kernel for ISA " + std::string(IsaName(isa));
+  std::string breason = "no AVX-512 BF16 kernel for ISA " + std::string(IsaName(isa)) +
+                        "; bf16 activations run the W4A32 kernel on bf16-rounded inputs";
   W4Kernels k;
   k.isa = isa;
   k.gemm = GemmW4A32PackedScalar;
@@ -89,6 +100,14 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
     k.dequant = DequantW4Avx512;
     k.stream_read = StreamReadAvx512;
     k.gemv_bf16 = GemvBf16Avx512;
+    if (cpu.avx512bf16 && cpu.avx512vbmi) {
+      k.gemm_bf16 = GemmW4Bf16Avx512;
+      k.gemm_bf16_name = "avx512_bf16";
+      breason = "avx512 with avx512_bf16 and avx512_vbmi";
+    } else {
+      breason = std::string("CPU lacks ") + (cpu.avx512bf16 ? "avx512_vbmi" : "avx512_bf16") +
+                "; bf16 activations run the W4A32 kernel on bf16-rounded inputs";
+    }
     if (cpu.avx512vnni) {
       k.gemm_i8 = GemmW4A8Vnni;
       k.gemm_i8_name = "avx512_vnni";
@@ -101,6 +120,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
   (void)cpu;
 #endif
   if (i8_reason != nullptr) *i8_reason = reason;
+  if (bf16_reason != nullptr) *bf16_reason = breason;
   return k;
 }
 
@@ -172,7 +192,7 @@ W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override) {
                                               : "supported, but NIBBLE_ISA=" + d.override_value + " forced another";
     }
   }
-  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu, &d.gemm_i8_reason);
+  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu, &d.gemm_i8_reason, &d.gemm_bf16_reason);
   return d;
 }
 

@@ -27,6 +27,8 @@ struct CpuFeatures {
   bool avx = false, fma = false, f16c = false, avx2 = false;  // CPUID leaves 1 and 7
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512vnni = false;  // CPUID.7.0:ECX bit 11 (the opt-in W4A8 kernel)
+  bool avx512vbmi = false;  // CPUID.7.0:ECX bit 1 (vpmultishiftqb, the opt-in bf16-activation kernel)
+  bool avx512bf16 = false;  // CPUID.7.1:EAX bit 5 (vdpbf16ps, the opt-in bf16-activation kernel)
   bool os_ymm = false;  // XCR0 bits 1,2 (SSE, AVX state) enabled by the OS
   bool os_zmm = false;  // XCR0 bits 5,6,7 (opmask, ZMM_Hi256, Hi16_ZMM) enabled by the OS
 };
@@ -44,6 +46,11 @@ struct W4Kernels {
   /// avx512_vnni, else the scalar kernel (same results, bit for bit).
   W4GemmI8Kernel gemm_i8 = nullptr;
   const char* gemm_i8_name = "scalar";  // "avx512_vnni" | "scalar"
+  /// Opt-in bf16-activation GEMM (W4Bf16Acts): AVX-512 BF16 when the ISA is avx512 and the CPU
+  /// has avx512_bf16 and avx512_vbmi, else nullptr (Int4Linear then rounds the activations to
+  /// bf16 and runs `gemm`: the same inputs, a different fp32 summation order).
+  W4GemmBf16Kernel gemm_bf16 = nullptr;
+  const char* gemm_bf16_name = "w4a32 on bf16-rounded inputs";  // or "avx512_bf16"
   /// bf16-weight GEMV of dense linears kept as bf16 (avx512 only; GemvBf16Scalar is the test
   /// oracle). nullptr for scalar / avx2: bf16 linears are then widened to fp32 at load and run
   /// through the dense sgemm (model/linear.h).
@@ -66,6 +73,7 @@ struct W4Dispatch {
   std::string override_value;            // NIBBLE_ISA as given ("" when unset)
   std::string message;                   // non-empty when the override was rejected (why)
   std::string gemm_i8_reason;            // why kernels.gemm_i8 is the one it is
+  std::string gemm_bf16_reason;          // why kernels.gemm_bf16 is the one it is
 };
 
 /// Pure decision from `cpu` and the NIBBLE_ISA value (nullptr or "" = unset); testable with a

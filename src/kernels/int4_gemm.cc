@@ -43,6 +43,23 @@ void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, con
   for (int64_t b = 0; b < nblocks; ++b) gemm(w, a, m, bias, y, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows));
 }
 
+void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
+                      const W4Kernels* kernels) {
+  const W4GemmBf16Kernel gemm = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).gemm_bf16;
+  NIBBLE_CHECK(gemm != nullptr && W4Bf16Supported(w) && m >= 0 && (m == 0 || (a != nullptr && y != nullptr)));
+  for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].group_size == w.group_size);
+  if (w.n == 0 || m == 0) return;
+  const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
+  const bool parallel = nblocks > 1 && m * w.n * w.k >= (int64_t{1} << 16);
+#pragma omp parallel if (parallel)
+  for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows) {
+    const int64_t mc = std::min(kW4ChunkRows, m - i0);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < nblocks; ++b)
+      gemm(w, a + i0, mc, bias, y + i0 * w.n, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows));
+  }
+}
+
 void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels) {
   NIBBLE_CHECK(out != nullptr && w.data != nullptr);
   const W4DequantKernel dq = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).dequant;

@@ -25,6 +25,13 @@ void GemmW4A32Packed(const W4PackedGemmArgs& args, const W4Kernels* kernels = nu
 /// every a[i].k == w.k and a[i].parts == W4Int8Parts(w.group_size), y non-null, m >= 0.
 void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y,
                     const W4Kernels* kernels = nullptr);
+/// y[M,N] = the opt-in bf16-activation GEMM of M prepared rows `a` (PrepareActsBf16) against W
+/// (+ bias) with the given kernels' gemm_bf16 (nullptr: the active dispatch), threaded like
+/// GemmW4A32Packed (N split in fixed blocks, M in chunks of kW4ChunkRows; bit-identical for any
+/// thread count). Preconditions (abort): the kernels have a gemm_bf16, W4Bf16Supported(w), every
+/// a[i].k == w.k and a[i].group_size == w.group_size, y non-null, m >= 0.
+void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
+                      const W4Kernels* kernels = nullptr);
 /// out[N,K] fp32 = dequant(W), threaded like GemmW4A32Packed; values exact as DequantizeRef.
 void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels = nullptr);
 

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "base/check.h"
+#include "base/half.h"
 
 namespace nibble {
 
@@ -236,6 +237,60 @@ void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* acts, int64
       y[row * w.n + r] = bias != nullptr ? v + bias[r] : v;
     }
   }
+}
+
+bool W4Bf16Supported(const W4PackedWeight& w) { return w.group_size >= 32 && w.group_size % 32 == 0; }
+
+namespace {
+
+struct Bf16Layout {
+  size_t xb = 0, c0 = 0, c1 = 0, total = 0;  // byte offsets
+};
+
+Bf16Layout Bf16LayoutFor(int64_t k, int64_t group_size) {
+  const size_t runs = static_cast<size_t>((k + 31) / 32), groups = static_cast<size_t>(k / group_size);
+  Bf16Layout l;
+  l.xb = 0;
+  l.c0 = Align64(runs * 64);
+  l.c1 = l.c0 + Align64(groups * 4);
+  l.total = l.c1 + Align64(groups * 4);
+  return l;
+}
+
+}  // namespace
+
+size_t W4Bf16ActsBytes(int64_t k, int64_t group_size) { return Bf16LayoutFor(k, group_size).total; }
+
+W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_t* scratch) {
+  NIBBLE_CHECK(k >= 1 && group_size >= 32 && group_size % 32 == 0 && k % group_size == 0);
+  const Bf16Layout l = Bf16LayoutFor(k, group_size);
+  W4Bf16Acts a;
+  a.k = k;
+  a.group_size = group_size;
+  a.runs = (k + 31) / 32;
+  uint16_t* xb = reinterpret_cast<uint16_t*>(scratch + l.xb);
+  float* c0 = reinterpret_cast<float*>(scratch + l.c0);
+  float* c1 = reinterpret_cast<float*>(scratch + l.c1);
+  for (int64_t u = 0; u < a.runs; ++u)
+    for (int64_t i = 0; i < 32; ++i) {
+      const int64_t kk = 32 * u + i;  // word 2l <- 32u + l, word 2l + 1 <- 32u + 16 + l
+      const int64_t word = i < 16 ? 2 * i : 2 * (i - 16) + 1;
+      xb[32 * u + word] = kk < k ? F32ToBf16(x[kk]) : uint16_t{0};
+    }
+  for (int64_t gi = 0; gi < k / group_size; ++gi) {
+    float sigma = 0.f;
+    for (int64_t kk = gi * group_size; kk < (gi + 1) * group_size; ++kk) sigma += Bf16ToF32(F32ToBf16(x[kk]));
+    c0[gi] = -8.f * sigma;
+    c1[gi] = sigma * (-1.f / 16.f);
+  }
+  a.xb = xb;
+  a.c0 = c0;
+  a.c1 = c1;
+  return a;
+}
+
+void RoundToBf16(const float* x, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(F32ToBf16(x[i]));
 }
 
 uint64_t StreamReadScalar(const uint64_t* p, int64_t words) {

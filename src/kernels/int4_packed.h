@@ -6,7 +6,7 @@
 // "superblock" arranged so that a 16-lane dword vector loaded from it yields 16 consecutive codes
 // after one shift — AVX-512 turns them into weights with one vpermps through a per-group table,
 // with no widening shuffles. Non-goals: weights other than 4-bit. The opt-in int8-activation
-// (W4A8) path below reads the same layout.
+// (W4A8) and bf16-activation paths below read the same layout.
 //
 // A row (row_bytes apart) is a sequence of records; a record covers R = lcm(g, 128) weights of K
 // when g % 16 == 0 (so each 16-code run lies in one group), else R = g (scalar kernels only); the
@@ -120,6 +120,45 @@ using W4GemmI8Kernel = void (*)(const W4PackedWeight& w, const W4Int8Acts* a, in
 /// Scalar W4A8 GEMM (the oracle and the fallback on CPUs without AVX-512 VNNI).
 void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y,
                           int64_t n0, int64_t n1);
+
+/// Opt-in bf16-activation path (docs/KERNELS.md "bf16 activations"): W4A16 with the activations
+/// rounded to bf16 (round to nearest even), the numerics of a W4A16 engine running bf16. One
+/// activation row, arranged to match the W4P superblock for `vdpbf16ps`: per run u of 32 values of
+/// K (values 32u .. 32u + 31, zeros beyond K), 32 bf16 words where word 2l = bf16(x[32u + l]) and
+/// word 2l + 1 = bf16(x[32u + 16 + l]), l = 0..15 — the two weights that dword lane l of the
+/// superblock holds in nibbles 2c and 2c + 1 (c = u mod 4). Per group gi, with σ = Σ_k bf16(x_k)
+/// over the group (fp32, k ascending): c0[gi] = −8·σ and c1[gi] = −σ/16, so that
+/// c0 + z·c1 = −(128 + z)·σ/16 is the per-lane share of the zero-point correction (the kernel
+/// multiplies the codes as the bf16 values 128 + q, whose bits are 0x4300 | q).
+struct W4Bf16Acts {
+  int64_t k = 0;                // K
+  int64_t group_size = 0;       // g (a multiple of 32)
+  int64_t runs = 0;             // ceil(K / 32)
+  const uint16_t* xb = nullptr; // [runs][32] bf16 bit patterns, 64-byte aligned when the scratch is
+  const float* c0 = nullptr;    // [K / g]
+  const float* c1 = nullptr;    // [K / g]
+};
+
+/// Whether the bf16-activation kernel serves `w`: g a multiple of 32 (each 32-weight run of a
+/// superblock lies in one group).
+bool W4Bf16Supported(const W4PackedWeight& w);
+/// Scratch bytes PrepareActsBf16 needs for K and g (every array 64-byte aligned within it).
+size_t W4Bf16ActsBytes(int64_t k, int64_t group_size);
+/// Rounds x[K] (fp32) to bf16 and arranges it into `scratch` (W4Bf16ActsBytes bytes; 64-byte
+/// aligned for aligned vector loads) as W4Bf16Acts describes. Deterministic scalar code shared by
+/// every ISA. Preconditions (abort): k >= 1, group_size >= 32, group_size % 32 == 0, k % g == 0.
+W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_t* scratch);
+/// Rounds x[n] to bf16 and back to fp32 (round to nearest even) into out[n]; the activations the
+/// bf16 path computes with (the fallback runs the W4A32 kernel on them).
+void RoundToBf16(const float* x, int64_t n, float* out);
+
+/// One ISA's bf16-activation GEMM: y[i][n] = Σ_k bf16(x_i[k]) · (q − z)·s (+ bias[n]) for the M
+/// prepared rows a[0..M) and weight rows n0..n1 (y row-major [M, N], row stride w.n). Per (i, n)
+/// the arithmetic is fixed (docs/KERNELS.md), independent of M, n0 and n1, so any tiling and any
+/// thread count give bit-identical results. Single-threaded, no allocation.
+/// Precondition: W4Bf16Supported(w); every a[i].k == w.k and a[i].group_size == w.group_size.
+using W4GemmBf16Kernel = void (*)(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias,
+                                  float* y, int64_t n0, int64_t n1);
 
 /// Scalar kernels on the packed layout (the fallback; same arithmetic and order as GemmW4A32Ref,
 /// so their results are bit-identical to it).

@@ -1,6 +1,7 @@
 // Int4 linear: weights in the kernels' packed layout W4P (kernels/int4_packed.h, docs/KERNELS.md),
 // built once at load from the native Int4Matrix; fp32 activations (W4A32 numerics) unless the
-// opt-in int8-activation path (SetInt8Activations, W4A8) is switched on.
+// opt-in int8-activation path (SetInt8Activations, W4A8) or bf16-activation path
+// (SetBf16Activations) is switched on.
 //
 // Kernels (dispatched per ISA, kernels/int4_dispatch.h): M < kDequantGemmMinRows runs the fused
 // W4A32 GEMV/GEMM directly on the packed codes; larger M dequantizes the weight once per call into
@@ -40,6 +41,11 @@ class Int4Linear final : public Linear {
   /// 128-value block (QuantizeActsInt8) and runs the int8 GEMV row by row for every M. Served
   /// when g is 32, 64 or a multiple of 128 (W4Int8Supported); otherwise stays W4A32.
   bool SetInt8Activations(bool on) override;
+  /// bf16-activation opt-in (Linear::SetBf16Activations): Forward rounds each row of x to bf16
+  /// (PrepareActsBf16) and runs the AVX-512 BF16 GEMM for M < kDequantGemmMinRows; from that M on,
+  /// and on CPUs without the kernel, it runs the W4A32 path on the bf16-rounded rows. Served when g is a multiple of 32
+  /// (W4Bf16Supported); otherwise stays W4A32. Switching one opt-in on switches the other off.
+  bool SetBf16Activations(bool on) override;
   /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight
   /// symmetric and 69/128 asymmetric.
   int64_t WeightBytes() const override { return static_cast<int64_t>(packed_.size()); }
@@ -54,6 +60,9 @@ class Int4Linear final : public Linear {
   std::vector<float> bias_;
   std::string desc_;
   bool int8_ = false;
+  bool bf16_ = false;
+  // The W4A32 path (fused kernel below kDequantGemmMinRows rows, else dequantize + dense GEMM).
+  void ForwardW4A32(const float* x, int64_t m, float* y) const;
 };
 
 }  // namespace nibble

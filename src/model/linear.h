@@ -31,6 +31,14 @@ class Linear {
     (void)on;
     return false;
   }
+  /// Opt-in bf16 activations: int4 linears whose group size is a multiple of 32 switch Forward to
+  /// activations rounded to bf16 (kernels/int4_packed.h W4Bf16Acts; W4A16 as a bf16 engine runs
+  /// it). Returns whether this linear now runs bf16 activations (false for dense linears and
+  /// unsupported group sizes). Not thread-safe against a concurrent Forward.
+  virtual bool SetBf16Activations(bool on) {
+    (void)on;
+    return false;
+  }
 };
 
 /// Dense fp32 linear through the dense GEMM (oneDNN sgemm). Weights may be shared (tied

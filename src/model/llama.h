@@ -86,6 +86,9 @@ class LlamaModel {
   /// Switches every projection and lm_head to (or back from) the opt-in W4A8 path
   /// (Linear::SetInt8Activations). Returns how many linears now run int8 activations.
   int64_t SetInt8Activations(bool on);
+  /// Switches every projection and lm_head to (or back from) the opt-in bf16-activation path
+  /// (Linear::SetBf16Activations). Returns how many linears now run bf16 activations.
+  int64_t SetBf16Activations(bool on);
 
   /// A cache for up to `capacity` positions (<= max_position_embeddings).
   KvCache NewCache(int64_t capacity) const;

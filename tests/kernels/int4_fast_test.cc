@@ -266,6 +266,20 @@ TEST(W4DispatchTest, FakeCpusAndOverride) {
   EXPECT_EQ(ResolveW4Dispatch(vnni, nullptr).gemm_i8_reason, "avx512 with avx512_vnni");
   EXPECT_STREQ(ResolveW4Dispatch(vnni, "avx2").kernels.gemm_i8_name, "scalar");
   EXPECT_EQ(ResolveW4Dispatch(vnni, "avx2").gemm_i8_reason, "no AVX-512 VNNI kernel for ISA avx2");
+  // The bf16-activation kernel and why: AVX-512 chosen with avx512_bf16 and avx512_vbmi, else none
+  // (Int4Linear then runs the W4A32 kernels on bf16-rounded inputs).
+  EXPECT_EQ(ResolveW4Dispatch(full, nullptr).kernels.gemm_bf16, nullptr);
+  EXPECT_NE(ResolveW4Dispatch(full, nullptr).gemm_bf16_reason.find("CPU lacks avx512_bf16"), std::string::npos);
+  CpuFeatures bf = full;
+  bf.avx512bf16 = true;
+  EXPECT_EQ(ResolveW4Dispatch(bf, nullptr).kernels.gemm_bf16, nullptr);  // no vbmi yet
+  EXPECT_NE(ResolveW4Dispatch(bf, nullptr).gemm_bf16_reason.find("CPU lacks avx512_vbmi"), std::string::npos);
+  bf.avx512vbmi = true;
+  EXPECT_NE(ResolveW4Dispatch(bf, nullptr).kernels.gemm_bf16, nullptr);
+  EXPECT_STREQ(ResolveW4Dispatch(bf, nullptr).kernels.gemm_bf16_name, "avx512_bf16");
+  EXPECT_EQ(ResolveW4Dispatch(bf, nullptr).gemm_bf16_reason, "avx512 with avx512_bf16 and avx512_vbmi");
+  EXPECT_EQ(ResolveW4Dispatch(bf, "avx2").kernels.gemm_bf16, nullptr);
+  EXPECT_NE(ResolveW4Dispatch(bf, "avx2").gemm_bf16_reason.find("no AVX-512 BF16 kernel for ISA avx2"), std::string::npos);
   // Nothing: scalar.
   EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), nullptr).kernels.isa, Isa::kScalar);
   EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), "avx2").kernels.isa, Isa::kScalar);

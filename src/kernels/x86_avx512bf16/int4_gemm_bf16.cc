@@ -1,0 +1,167 @@
+// AVX-512 BF16 W4A16 GEMM with bf16 activations (see int4_gemm_bf16.h). Compiled with
+// -mavx512bf16 -mavx512vbmi; called only after the dispatcher has checked CPUID and XCR0.
+#include "kernels/x86_avx512bf16/int4_gemm_bf16.h"
+
+// GCC 12's avx512fintrin.h builds _mm512_castps512_ps256 and friends from deliberately undefined
+// vectors (_mm512_undefined_*), which -Wuninitialized reports once inlined (GCC bug 105593);
+// nothing in this file is uninitialised.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace nibble {
+namespace {
+
+// Bytes ahead of the current superblock that the row stream prefetches (non-temporal), as the
+// W4A32 row GEMV does (kernels/x86_avx512/int4_gemm_avx512.cc).
+constexpr int64_t kPrefetchBytes = 4096;
+// Activation rows per pass over a weight row (accumulators: MR × (2 + 4) zmm).
+constexpr int64_t kMaxRows = 3;
+
+// 0.f .. 15.f: a zero point as a float by one broadcast load.
+alignas(64) constexpr float kCodeFloat[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+
+// The lane tree (l + 8), (l + 4), (l + 2), (l + 1).
+inline float ReduceTree(__m512 a) {
+  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
+  return _mm_cvtss_f32(h1);
+}
+
+// Control of vpmultishiftqb for run c (0..3) of a superblock: in every qword (dword lanes 2m,
+// 2m + 1), output byte 0 starts at bit 8c (lane 2m, nibble 2c), byte 2 at 8c + 4 (nibble 2c + 1),
+// byte 4 at 32 + 8c (lane 2m + 1, nibble 2c), byte 6 at 32 + 8c + 4; odd bytes are masked off.
+inline __m512i RunControl(int c) {
+  const uint64_t b = static_cast<uint64_t>(8 * c);
+  const uint64_t q = b | (b + 4) << 16 | (b + 32) << 32 | (b + 36) << 48;
+  return _mm512_set1_epi64(static_cast<long long>(q));
+}
+
+// The 32 bf16 words 0x4300 | q of run c of the superblock `sb`: dword lane l holds (low word)
+// the code of weight 32c + l and (high word) that of weight 32c + 16 + l.
+inline __m512bh RunWords(__m512i sb, __m512i control) {
+  const __m512i v = _mm512_multishift_epi64_epi8(control, sb);
+  // (v & 0x000F000F) | 0x43004300
+  return (__m512bh)_mm512_ternarylogic_epi32(v, _mm512_set1_epi32(0x000F000F), _mm512_set1_epi32(0x43004300), 0xEA);
+}
+
+// Weight row r against activation rows a[0..MR): y[i * w.n + r]. kGops = runs per group (g / 32)
+// when fixed at compile time (1, 2, 4), 0 = read from w. Group gi of the row adds into running
+// sum gi mod 4 (the group loop is unrolled by four so the sums stay in registers).
+template <int MR, bool kSym, int kGops>
+void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, float* y, int64_t r) {
+  const uint16_t* xb[MR];
+  const float* c0[MR];
+  const float* c1[MR];
+  for (int i = 0; i < MR; ++i) {
+    xb[i] = acts[i].xb;
+    c0[i] = acts[i].c0;
+    c1[i] = acts[i].c1;
+  }
+  __m512 tot[MR][4];
+  for (int i = 0; i < MR; ++i)
+    for (int t = 0; t < 4; ++t) tot[i][t] = _mm512_setzero_ps();
+  const __m512i ctl[4] = {RunControl(0), RunControl(1), RunControl(2), RunControl(3)};
+  const int64_t gops = kGops > 0 ? kGops : w.group_size / 32, groups = w.k / w.group_size;
+  const int64_t gpr = w.rec_groups, rec_bytes = w.rec_bytes, header = w.rec_header;
+  const uint8_t* rec = w.data + r * w.row_bytes;  // record of group gi
+  int64_t gl = 0;                                  // gi's index within it
+  __m512i sbv = _mm512_setzero_si512();            // the superblock being read
+  for (int64_t gi0 = 0; gi0 < groups; gi0 += 4) {
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      const int64_t gi = gi0 + t;
+      if (gi >= groups) break;
+      // Per-lane start fma(z, c1, c0) = −(128 + z)·σ/16; z read as a float from a table (a
+      // broadcast load: no int→float convert, no register broadcast).
+      const __m512 zf = _mm512_set1_ps(kCodeFloat[kSym ? 8 : rec[4 * gpr + gl]]);
+      __m512 a0[MR], a1[MR];
+      for (int i = 0; i < MR; ++i) {
+        a0[i] = _mm512_fmadd_ps(zf, _mm512_set1_ps(c1[i][gi]), _mm512_set1_ps(c0[i][gi]));
+        a1[i] = _mm512_setzero_ps();
+      }
+      const uint16_t* xg[MR];
+      for (int i = 0; i < MR; ++i) xg[i] = xb[i] + 32 * gops * gi;
+      const int64_t ul0 = gl * gops;  // first run of the group within the record
+      const uint8_t* codes = rec + header;
+      // Runs ul0 .. ul0 + gops − 1 of the record: superblock ul / 4, run c = ul mod 4. Records hold
+      // whole superblocks and gi0 is a multiple of 4, so for kGops in {1, 2, 4} c = (t·gops + o)
+      // mod 4 is a compile-time constant. Each superblock is loaded once, when its run 0 comes
+      // (a register, not a memory operand of each vpmultishiftqb).
+#pragma GCC unroll 4
+      for (int64_t o = 0; o < gops; ++o) {
+        const int64_t ul = ul0 + o;
+        const int64_t c = kGops > 0 ? (t * kGops + o) & 3 : (ul & 3);
+        if (c == 0 || (kGops == 0 && o == 0)) {
+          const uint8_t* sb = codes + 64 * (ul >> 2);
+          if (MR == 1) _mm_prefetch(reinterpret_cast<const char*>(sb + kPrefetchBytes), _MM_HINT_NTA);
+          sbv = _mm512_loadu_si512(sb);
+        }
+        const __m512bh v = RunWords(sbv, ctl[c]);
+        for (int i = 0; i < MR; ++i) {
+          const __m512bh x = (__m512bh)_mm512_loadu_si512(xg[i] + 32 * o);
+          if ((o & 1) == 0)
+            a0[i] = _mm512_dpbf16_ps(a0[i], v, x);
+          else
+            a1[i] = _mm512_dpbf16_ps(a1[i], v, x);
+        }
+      }
+      float s;
+      __builtin_memcpy(&s, rec + 4 * gl, 4);
+      const __m512 sv = _mm512_set1_ps(s);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 acc = gops >= 2 ? _mm512_add_ps(a0[i], a1[i]) : a0[i];
+        tot[i][t] = _mm512_fmadd_ps(sv, acc, tot[i][t]);
+      }
+      if (++gl == gpr) {
+        gl = 0;
+        rec += rec_bytes;
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    const __m512 t = _mm512_add_ps(_mm512_add_ps(tot[i][0], tot[i][1]), _mm512_add_ps(tot[i][2], tot[i][3]));
+    const float v = ReduceTree(t);
+    y[i * w.n + r] = bias != nullptr ? v + bias[r] : v;
+  }
+}
+
+using TileFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t);
+
+template <bool kSym, int kGops>
+TileFn TileFor(int64_t mr) {
+  switch (mr) {
+    case 3: return Tile<3, kSym, kGops>;
+    case 2: return Tile<2, kSym, kGops>;
+    default: return Tile<1, kSym, kGops>;
+  }
+}
+
+template <bool kSym>
+TileFn SelectGops(int64_t gops, int64_t mr) {
+  switch (gops) {
+    case 1: return TileFor<kSym, 1>(mr);
+    case 2: return TileFor<kSym, 2>(mr);
+    case 4: return TileFor<kSym, 4>(mr);
+    default: return TileFor<kSym, 0>(mr);
+  }
+}
+
+}  // namespace
+
+void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
+                      int64_t n0, int64_t n1) {
+  const int64_t gops = w.group_size / 32;
+  for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
+    const int64_t mr = std::min(kMaxRows, m - i0);
+    const TileFn tile = w.symmetric ? SelectGops<true>(gops, mr) : SelectGops<false>(gops, mr);
+    for (int64_t r = n0; r < n1; ++r) tile(w, a + i0, bias, y + i0 * w.n, r);
+  }
+}
+
+}  // namespace nibble

@@ -1,0 +1,20 @@
+// AVX-512 BF16 + VBMI W4A16 GEMM with bf16 activations on the W4P layout: the opt-in
+// bf16-activation path (kernels/int4_packed.h, W4Bf16Acts). Call only when dispatch reports
+// AVX-512 with avx512_bf16 and avx512_vbmi supported (CPUID + XCR0 ZMM state); see
+// kernels/int4_dispatch.h.
+#pragma once
+
+#include "kernels/int4_packed.h"
+
+namespace nibble {
+
+/// W4GemmBf16Kernel for AVX-512 BF16: per 32 weights one `vpmultishiftqb` + one `vpternlogd` turn
+/// the codes into the bf16 words 0x4300 | q (= 128 + q) and one `vdpbf16ps` multiplies them with
+/// the prepared activations (32 products); per group the accumulator starts at the zero-point
+/// correction c0 + z·c1 and is scaled into one of four running sums. Arithmetic per (row, weight
+/// row) in docs/KERNELS.md "bf16 activations"; one weight row at a time against up to 3 activation
+/// rows (the codes are unpacked once for all of them).
+void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
+                      int64_t n0, int64_t n1);
+
+}  // namespace nibble

@@ -1,0 +1,233 @@
+// The opt-in bf16-activation path (kernels/int4_packed.h W4Bf16Acts, docs/KERNELS.md "bf16
+// activations"): the arrangement of the prepared activations, the AVX-512 BF16 kernel against an
+// independent oracle (bf16-rounded x, dequantized W, products summed in double) on shapes with
+// tails, bit-identity across activation-row tilings and thread counts, and Int4Linear with the
+// switch on (fast kernel or fallback) for decode and prefill row counts.
+#include <omp.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "base/half.h"
+#include "base/page_buffer.h"
+#include "formats/int4_matrix.h"
+#include "kernels/int4_dispatch.h"
+#include "kernels/int4_gemm.h"
+#include "kernels/int4_packed.h"
+#include "kernels/int4_ref.h"
+#include "model/int4_linear.h"
+#include "test_util.h"
+
+namespace nibble {
+namespace {
+
+struct Packed {
+  std::vector<uint8_t> bytes;
+  W4PackedWeight w;
+  explicit Packed(const Int4Matrix& m)
+      : bytes(static_cast<size_t>(W4PackedBytes(m.n, m.k, m.group_size, m.symmetric))),
+        w(PackW4(m.n, m.k, m.group_size, m.symmetric, m.codes.data(), m.scales.data(), m.zero_points.data(),
+                 bytes.data())) {}
+};
+
+// Independent oracle: y = Σ_k bf16(x_k) · (q − z)·s (+ b) in double, and a tolerance: the kernel
+// multiplies bf16(x) by the codes as 128 + q (exact products) and adds the correction −(128 + z)·σ,
+// each partial sum rounded in fp32 along chains no longer than K/16 + 16, so
+// |y − oracle| <= γ_{K/16+16} · (Σ_k s_k |x̂_k| (128 + q_k + 2·(128 + z_k)) + |b|).
+struct Ref {
+  std::vector<double> y, tol;
+};
+
+Ref Oracle(const Int4Matrix& m, const float* x, const float* bias) {
+  std::vector<float> wd(static_cast<size_t>(m.n * m.k));
+  DequantizeRef(m, wd.data());
+  const double u = std::ldexp(1.0, -24), nu = static_cast<double>(m.k / 16 + 16) * u, gamma = nu / (1.0 - nu);
+  Ref r;
+  for (int64_t n = 0; n < m.n; ++n) {
+    double acc = 0, mag = 0;
+    for (int64_t k = 0; k < m.k; ++k) {
+      const double xb = Bf16ToF32(F32ToBf16(x[k]));
+      acc += static_cast<double>(wd[n * m.k + k]) * xb;
+      const size_t gi = static_cast<size_t>(n * m.groups() + k / m.group_size);
+      mag += static_cast<double>(m.scales[gi]) * std::fabs(xb) *
+             (128.0 + m.codes[static_cast<size_t>(n * m.k + k)] + 2.0 * (128.0 + m.zero_points[gi]));
+    }
+    if (bias != nullptr) {
+      acc += bias[n];
+      mag += std::fabs(bias[n]);
+    }
+    r.y.push_back(acc);
+    r.tol.push_back(gamma * mag + 1e-30);
+  }
+  return r;
+}
+
+// The fast kernel, or nullptr (the CPU lacks avx512_bf16 / avx512_vbmi: those tests skip).
+W4GemmBf16Kernel FastKernel() {
+  const W4Kernels* k = W4KernelsFor(Isa::kAvx512);
+  return k != nullptr ? k->gemm_bf16 : nullptr;
+}
+
+TEST(W4Bf16Test, PreparedActivationsAreRoundedAndInSuperblockOrder) {
+  const int64_t k = 96, g = 32;
+  std::vector<float> x(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) x[static_cast<size_t>(i)] = 1.f + static_cast<float>(i) / 64.f;
+  // Ties to even: 1 + 2^-8 lies halfway between bf16 neighbours 1 and 1 + 2^-7 -> 1;
+  // 1 + 3·2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6 -> 1 + 2^-6 (even mantissa).
+  x[5] = 1.f + std::ldexp(1.f, -8);
+  x[6] = 1.f + 3.f * std::ldexp(1.f, -8);
+  std::vector<uint8_t> scratch(W4Bf16ActsBytes(k, g));
+  const W4Bf16Acts a = PrepareActsBf16(x.data(), k, g, scratch.data());
+  ASSERT_EQ(a.runs, 3);
+  auto value = [&](int64_t u, int64_t word) { return Bf16ToF32(a.xb[32 * u + word]); };
+  EXPECT_EQ(value(0, 2 * 5), 1.f);
+  EXPECT_EQ(value(0, 2 * 6), 1.f + std::ldexp(1.f, -6));
+  for (int64_t u = 0; u < 3; ++u)
+    for (int64_t l = 0; l < 16; ++l) {
+      if (u == 0 && (l == 5 || l == 6)) continue;
+      EXPECT_EQ(value(u, 2 * l), Bf16ToF32(F32ToBf16(x[static_cast<size_t>(32 * u + l)]))) << u << " " << l;
+      EXPECT_EQ(value(u, 2 * l + 1), Bf16ToF32(F32ToBf16(x[static_cast<size_t>(32 * u + 16 + l)]))) << u << " " << l;
+    }
+  for (int64_t gi = 0; gi < 3; ++gi) {
+    float sigma = 0.f;
+    for (int64_t i = 32 * gi; i < 32 * gi + 32; ++i) sigma += Bf16ToF32(F32ToBf16(x[static_cast<size_t>(i)]));
+    EXPECT_EQ(a.c0[gi], -8.f * sigma);
+    EXPECT_EQ(a.c1[gi], -sigma / 16.f);
+  }
+  std::vector<float> r(static_cast<size_t>(k));
+  RoundToBf16(x.data(), k, r.data());
+  EXPECT_EQ(r[5], 1.f);
+  EXPECT_EQ(r[6], 1.f + std::ldexp(1.f, -6));
+}
+
+TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
+  const W4GemmBf16Kernel fast = FastKernel();
+  if (fast == nullptr) GTEST_SKIP() << "no AVX-512 BF16 kernel on this CPU: " << ActiveW4Dispatch().gemm_bf16_reason;
+  std::mt19937 rng(21);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  int cases = 0;
+  for (int64_t g : {32, 64, 96, 128, 256, -1}) {
+    for (int64_t kmul : {1, 3, 0}) {
+      const int64_t k = g == -1 ? (kmul == 0 ? 4096 : 160 * kmul) : (kmul == 0 ? 4224 / g * g : g * kmul);
+      const int64_t ge = g == -1 ? k : g;
+      for (int64_t n : {1, 7, 8, 9, 63, 64, 65}) {
+        for (bool sym : {false, true}) {
+          const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, ge, sym);
+          Packed p(m);
+          ASSERT_TRUE(W4Bf16Supported(p.w));
+          const int64_t m_rows = std::array<int64_t, 4>{1, 2, 5, 4}[static_cast<size_t>(cases % 4)];
+          const size_t ab = W4Bf16ActsBytes(k, ge);
+          PageBuffer scratch(ab * static_cast<size_t>(m_rows));
+          std::vector<float> x(static_cast<size_t>(k * m_rows));
+          for (auto& v : x) v = xd(rng);
+          x[static_cast<size_t>(k / 2)] = 300.f;  // an outlier channel
+          std::vector<W4Bf16Acts> acts;
+          for (int64_t i = 0; i < m_rows; ++i)
+            acts.push_back(PrepareActsBf16(x.data() + i * k, k, ge, scratch.data() + ab * static_cast<size_t>(i)));
+          std::vector<float> bias(static_cast<size_t>(n));
+          for (auto& v : bias) v = xd(rng);
+          const float* b = (n % 2 == 1) ? bias.data() : nullptr;
+          std::vector<float> y(static_cast<size_t>(m_rows * n));
+          fast(p.w, acts.data(), m_rows, b, y.data(), 0, n);
+          for (int64_t i = 0; i < m_rows; ++i) {
+            const Ref ref = Oracle(m, x.data() + i * k, b);
+            double worst = 0;
+            int64_t wn = 0;
+            for (int64_t j = 0; j < n; ++j) {
+              const double r = std::fabs(y[i * n + j] - ref.y[j]) / ref.tol[j];
+              if (!(r <= worst)) worst = r, wn = j;
+            }
+            EXPECT_LE(worst, 1.0) << "g=" << ge << " k=" << k << " n=" << n << " sym=" << sym << ": y[" << i << "][" << wn
+                                  << "] = " << y[i * n + wn] << ", oracle " << ref.y[wn] << ", tolerance " << ref.tol[wn];
+          }
+          // Row tiling does not change a row's result: each row alone, and a sub-range of N.
+          for (int64_t i = 0; i < m_rows; ++i) {
+            std::vector<float> y1(static_cast<size_t>(n));
+            fast(p.w, acts.data() + i, 1, b, y1.data(), 0, n);
+            EXPECT_EQ(std::memcmp(y1.data(), y.data() + i * n, y1.size() * 4), 0) << "row " << i << " of " << m_rows;
+          }
+          if (n > 2) {
+            std::vector<float> yr(y.size(), -1.f);
+            fast(p.w, acts.data(), m_rows, b, yr.data(), 1, n - 1);
+            for (int64_t i = 0; i < m_rows; ++i)
+              EXPECT_EQ(std::memcmp(yr.data() + i * n + 1, y.data() + i * n + 1, static_cast<size_t>(n - 2) * 4), 0);
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 6 * 3 * 7 * 2);
+}
+
+TEST(W4Bf16Test, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
+  std::mt19937 rng(22);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const Int4Matrix w = nibble_test::RandomInt4Matrix(rng, 1000, 512, 128, false);
+  Packed p(w);
+  const int64_t rows = 70;  // more than one chunk of kW4ChunkRows
+  std::vector<float> x(static_cast<size_t>(512 * rows));
+  for (auto& v : x) v = xd(rng);
+  const size_t ab = W4Bf16ActsBytes(512, 128);
+  PageBuffer scratch(ab * rows);
+  std::vector<W4Bf16Acts> a;
+  for (int64_t i = 0; i < rows; ++i) a.push_back(PrepareActsBf16(x.data() + 512 * i, 512, 128, scratch.data() + ab * i));
+  const W4Kernels* avx512 = W4KernelsFor(Isa::kAvx512);
+  const bool fast = FastKernel() != nullptr;
+  const bool linear_fast = ActiveW4Dispatch().kernels.gemm_bf16 != nullptr;  // what Int4Linear runs
+  const int saved = omp_get_max_threads();
+  if (fast)
+    for (int64_t m : {int64_t{1}, int64_t{3}, rows}) {
+      std::vector<float> y1(static_cast<size_t>(1000 * m)), y2(y1.size());
+      omp_set_num_threads(1);
+      GemmW4Bf16Packed(p.w, a.data(), m, nullptr, y1.data(), avx512);
+      omp_set_num_threads(2);
+      GemmW4Bf16Packed(p.w, a.data(), m, nullptr, y2.data(), avx512);
+      EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * 4), 0) << "m=" << m;
+    }
+  omp_set_num_threads(saved);
+
+  // Int4Linear with the switch on: M < kDequantGemmMinRows runs the bf16 kernel (without one, and
+  // from that M on, the W4A32 path on bf16-rounded x); both agree with the oracle (its tolerance,
+  // γ_{K/16+16} times magnitudes at least 25 times Σ|x·w|, also covers any fp32 order of K terms).
+  std::vector<float> bias(1000);
+  for (auto& v : bias) v = xd(rng);
+  Int4Linear lin(w, bias, "test");
+  ASSERT_TRUE(lin.SetBf16Activations(true));
+  for (int64_t m : {int64_t{1}, int64_t{3}, Int4Linear::kDequantGemmMinRows + 1}) {
+    std::vector<float> y(static_cast<size_t>(m * 1000));
+    lin.Forward(x.data(), m, y.data());
+    for (int64_t i = 0; i < m; i += std::max<int64_t>(1, m - 1)) {
+      const Ref ref = Oracle(w, x.data() + i * 512, bias.data());
+      for (int64_t j = 0; j < 1000; ++j)
+        ASSERT_LE(std::fabs(y[static_cast<size_t>(i * 1000 + j)] - ref.y[static_cast<size_t>(j)]),
+                  ref.tol[static_cast<size_t>(j)])
+            << "m=" << m << " y[" << i << "][" << j << "]";
+      if (linear_fast && m < Int4Linear::kDequantGemmMinRows) {  // the kernel's own result for that row, bit for bit
+        std::vector<float> yr(1000);
+        GemmW4Bf16Packed(p.w, &a[static_cast<size_t>(i)], 1, bias.data(), yr.data());
+        EXPECT_EQ(std::memcmp(yr.data(), y.data() + i * 1000, 4000), 0) << "m=" << m << " row " << i;
+      }
+    }
+  }
+  // Off again: the W4A32 result, bit for bit.
+  EXPECT_FALSE(lin.SetBf16Activations(false));
+  std::vector<float> y32(1000), yl(1000);
+  GemmW4A32Packed({1, &p.w, x.data(), bias.data(), y32.data()});
+  lin.Forward(x.data(), 1, yl.data());
+  EXPECT_EQ(std::memcmp(y32.data(), yl.data(), 4000), 0);
+  // Group sizes that are not multiples of 32 stay W4A32.
+  for (int64_t g : {16, 48}) {
+    const Int4Matrix wg = nibble_test::RandomInt4Matrix(rng, 8, 384, g, true);
+    Int4Linear lg(wg, {}, "g");
+    EXPECT_FALSE(lg.SetBf16Activations(true)) << "g=" << g;
+  }
+}
+
+}  // namespace
+}  // namespace nibble
