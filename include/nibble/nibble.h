@@ -59,9 +59,9 @@ class Model {
 
   /// Opt-in bf16 activations (off by default): int4 linears round their activations to bf16
   /// (round to nearest even) — W4A16 as an engine running bf16 activations computes it — and use
-  /// the AVX-512 BF16 GEMV (vdpbf16ps, 32 products per instruction) for decode where the CPU has
-  /// avx512_bf16 and avx512_vbmi; prefill (M >= 64) and other CPUs run the W4A32 kernels on the
-  /// bf16-rounded activations. Costs little perplexity; measure it with `nibble perplexity
+  /// the AVX-512 BF16 kernels (vdpbf16ps, 32 products per instruction) where the CPU has
+  /// avx512_bf16 and avx512_vbmi, for decode and (g a multiple of 128) prefill; other CPUs, and
+  /// prefill with g = 32 / 64, run the W4A32 kernels on the bf16-rounded activations. Costs little perplexity; measure it with `nibble perplexity
   /// --bf16_activations`. Returns how many linears switched (0 for a dense model; group sizes
   /// that are not multiples of 32 stay fp32). Switching it on switches int8 activations off in
   /// those linears, and the reverse. Not thread-safe against concurrent use.

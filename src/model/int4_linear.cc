@@ -77,10 +77,10 @@ void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
     return;
   }
   if (bf16_) {
-    if (ActiveW4Dispatch().kernels.gemm_bf16 == nullptr || m >= kDequantGemmMinRows) {
-      // No bf16 kernel on this CPU, or prefill-sized M (where dequantize + the dense sgemm beats
-      // the bf16 kernel's row tiles: 4096x4096 g128 M = 512, 1 thread, 156 against 99 GFLOP/s):
-      // the same bf16 inputs through the W4A32 path.
+    if (ActiveW4Dispatch().kernels.gemm_bf16 == nullptr || (m >= kDequantGemmMinRows && pw_.group_size % 128 != 0)) {
+      // No bf16 kernel on this CPU, or prefill-sized M with g = 32 / 64 / 96 (the kernel's blocks
+      // need g % 128 == 0, and its row tiles lose to dequantize + the dense sgemm there: 4096x4096
+      // M = 512, 1 thread, 99 against 156 GFLOP/s): the same bf16 inputs through the W4A32 path.
       thread_local std::vector<float> xr;
       xr.resize(static_cast<size_t>(m * pw_.k));
       RoundToBf16(x, m * pw_.k, xr.data());

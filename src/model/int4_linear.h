@@ -42,8 +42,9 @@ class Int4Linear final : public Linear {
   /// when g is 32, 64 or a multiple of 128 (W4Int8Supported); otherwise stays W4A32.
   bool SetInt8Activations(bool on) override;
   /// bf16-activation opt-in (Linear::SetBf16Activations): Forward rounds each row of x to bf16
-  /// (PrepareActsBf16) and runs the AVX-512 BF16 GEMM for M < kDequantGemmMinRows; from that M on,
-  /// and on CPUs without the kernel, it runs the W4A32 path on the bf16-rounded rows. Served when g is a multiple of 32
+  /// (PrepareActsBf16) and runs the AVX-512 BF16 GEMM — at every M when g is a multiple of 128,
+  /// below kDequantGemmMinRows otherwise; larger M with other g, and CPUs without the kernel, run
+  /// the W4A32 path on the bf16-rounded rows. Served when g is a multiple of 32
   /// (W4Bf16Supported); otherwise stays W4A32. Switching one opt-in on switches the other off.
   bool SetBf16Activations(bool on) override;
   /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight

@@ -131,6 +131,75 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
   }
 }
 
+// ---- Many activation rows (prefill), g a multiple of 128: blocks of NJ weight rows × MI
+// activation rows. Each decoded run feeds MI dot products and each activation load NJ, so the
+// vdpbf16ps units, not the decoding, set the pace. Arithmetic per (activation row, weight row),
+// fixed by K and g alone: per group one 16-lane chain starting at fma(z, c1, c0) through the
+// group's runs in order, then sum = fma(s, chain, sum); at the end the lane tree + bias.
+constexpr int64_t kBlockRows = 2;  // weight rows per block (NJ)
+constexpr int64_t kBlockActs = 4;  // activation rows per block (MI)
+
+template <int NJ, int MI, bool kSym>
+void Block(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, float* y, int64_t r0) {
+  const __m512i ctl[4] = {RunControl(0), RunControl(1), RunControl(2), RunControl(3)};
+  const int64_t groups = w.k / w.group_size, spg = w.group_size / 128, header = w.rec_header;
+  const uint8_t* rec[NJ];
+  for (int j = 0; j < NJ; ++j) rec[j] = w.data + (r0 + j) * w.row_bytes;  // one group per record
+  __m512 tot[NJ][MI];
+  for (int j = 0; j < NJ; ++j)
+    for (int i = 0; i < MI; ++i) tot[j][i] = _mm512_setzero_ps();
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    __m512 acc[NJ][MI];
+    __m512 zf[NJ];
+    for (int j = 0; j < NJ; ++j) zf[j] = _mm512_set1_ps(kCodeFloat[kSym ? 8 : rec[j][4]]);
+    for (int i = 0; i < MI; ++i) {
+      const __m512 k0 = _mm512_set1_ps(acts[i].c0[gi]), k1 = _mm512_set1_ps(acts[i].c1[gi]);
+      for (int j = 0; j < NJ; ++j) acc[j][i] = _mm512_fmadd_ps(zf[j], k1, k0);
+    }
+    for (int64_t b = 0; b < spg; ++b) {
+      const int64_t u = (gi * spg + b) * 4;  // first run of the superblock in K
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) {
+        __m512bh v[NJ];
+        for (int j = 0; j < NJ; ++j) v[j] = RunWords(_mm512_loadu_si512(rec[j] + header + 64 * b), ctl[c]);
+        for (int i = 0; i < MI; ++i) {
+          const __m512bh x = (__m512bh)_mm512_loadu_si512(acts[i].xb + 32 * (u + c));
+          for (int j = 0; j < NJ; ++j) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], v[j], x);
+        }
+      }
+    }
+    for (int j = 0; j < NJ; ++j) {
+      float s;
+      __builtin_memcpy(&s, rec[j], 4);
+      const __m512 sv = _mm512_set1_ps(s);
+      for (int i = 0; i < MI; ++i) tot[j][i] = _mm512_fmadd_ps(sv, acc[j][i], tot[j][i]);
+      rec[j] += w.rec_bytes;
+    }
+  }
+  for (int j = 0; j < NJ; ++j)
+    for (int i = 0; i < MI; ++i) {
+      const float v = ReduceTree(tot[j][i]);
+      y[i * w.n + r0 + j] = bias != nullptr ? v + bias[r0 + j] : v;
+    }
+}
+
+using BlockFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t);
+
+template <int NJ, bool kSym>
+BlockFn BlockFor(int64_t mi) {
+  switch (mi) {
+    case 4: return Block<NJ, 4, kSym>;
+    case 3: return Block<NJ, 3, kSym>;
+    case 2: return Block<NJ, 2, kSym>;
+    default: return Block<NJ, 1, kSym>;
+  }
+}
+
+BlockFn SelectBlock(bool sym, int64_t nj, int64_t mi) {
+  if (nj == 2) return sym ? BlockFor<2, true>(mi) : BlockFor<2, false>(mi);
+  return sym ? BlockFor<1, true>(mi) : BlockFor<1, false>(mi);
+}
+
 using TileFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t);
 
 template <bool kSym, int kGops>
@@ -156,6 +225,16 @@ TileFn SelectGops(int64_t gops, int64_t mr) {
 
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1) {
+  if (m >= kW4Bf16BlockMinRows && w.group_size % 128 == 0) {
+    for (int64_t i0 = 0; i0 < m; i0 += kBlockActs) {
+      const int64_t mi = std::min(kBlockActs, m - i0);
+      for (int64_t r = n0; r < n1; r += kBlockRows) {
+        const int64_t nj = std::min(kBlockRows, n1 - r);
+        SelectBlock(w.symmetric, nj, mi)(w, a + i0, bias, y + i0 * w.n, r);
+      }
+    }
+    return;
+  }
   const int64_t gops = w.group_size / 32;
   for (int64_t i0 = 0; i0 < m; i0 += kMaxRows) {
     const int64_t mr = std::min(kMaxRows, m - i0);
