@@ -250,8 +250,8 @@ TEST(Cli, Int8ActivationsPerplexityCostIsPrintedAndSmall) {
 
 // The opt-in bf16-activation path end to end: perplexity prints fp32 and bf16 activations on the
 // same windows, and rounding the activations to bf16 costs well under 1 % perplexity on the
-// embedded model (measured −0.01 % at 3 windows; at 60 windows equal to four decimals, mean KLD
-// from FP +0.000003 nats); generate runs with it (the AVX-512 BF16 kernel
+// embedded model (measured −0.01 % at 3 windows; at 60 windows +0.001 %, mean KLD from FP
+// +0.000002 nats); generate runs with it (the AVX-512 BF16 kernel
 // where the CPU has one, else the W4A32 kernels on rounded inputs).
 TEST(Cli, Bf16ActivationsPerplexityCostIsPrintedAndSmall) {
   const std::string out = "/tmp/nibble-cli-bf16-" + std::to_string(getpid());
