@@ -271,15 +271,20 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
   uint16_t* xb = reinterpret_cast<uint16_t*>(scratch + l.xb);
   float* c0 = reinterpret_cast<float*>(scratch + l.c0);
   float* c1 = reinterpret_cast<float*>(scratch + l.c1);
-  for (int64_t u = 0; u < a.runs; ++u)
-    for (int64_t i = 0; i < 32; ++i) {
-      const int64_t kk = 32 * u + i;  // word 2l <- 32u + l, word 2l + 1 <- 32u + 16 + l
-      const int64_t word = i < 16 ? 2 * i : 2 * (i - 16) + 1;
-      xb[32 * u + word] = kk < k ? F32ToBf16(x[kk]) : uint16_t{0};
-    }
+  // One pass in k order: each value rounded once, stored at its word (word 2l <- 32u + l,
+  // word 2l + 1 <- 32u + 16 + l) and added to its group's σ. k % g == 0 and g % 32 == 0, so the
+  // runs cover K exactly.
   for (int64_t gi = 0; gi < k / group_size; ++gi) {
     float sigma = 0.f;
-    for (int64_t kk = gi * group_size; kk < (gi + 1) * group_size; ++kk) sigma += Bf16ToF32(F32ToBf16(x[kk]));
+    for (int64_t u = gi * group_size / 32; u < (gi + 1) * group_size / 32; ++u) {
+      const float* xr = x + 32 * u;
+      uint16_t* wr = xb + 32 * u;
+      for (int64_t i = 0; i < 32; ++i) {
+        const uint16_t b = F32ToBf16(xr[i]);
+        wr[i < 16 ? 2 * i : 2 * (i - 16) + 1] = b;
+        sigma += Bf16ToF32(b);
+      }
+    }
     c0[gi] = -8.f * sigma;
     c1[gi] = sigma * (-1.f / 16.f);
   }

@@ -20,7 +20,8 @@ namespace {
 // rounds, 4096x14336 and 4096x4096 g128 from DRAM, GB/s: 1 thread 28.1-29.1 / 27.7-28.7 without,
 // 28.1-29.2 / 27.7-29.3 at 4 KiB, lower at 2 and 8 KiB; 2 threads 37.8-39.9 / 35.5-37.0
 // without, 35.4-37.3 / 32.9-35.3 at 4 KiB.
-// Activation rows per pass over a weight row (accumulators: MR × (2 + 4) zmm).
+
+// Activation rows per pass over a weight row in the row tiles (accumulators: MR × (2 + 4) zmm).
 constexpr int64_t kMaxRows = 3;
 
 // 0.f .. 15.f: a zero point as a float by one broadcast load.
@@ -151,6 +152,7 @@ void Block(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, f
   for (int64_t gi = 0; gi < groups; ++gi) {
     __m512 acc[NJ][MI];
     __m512 zf[NJ];
+    // One group per record (g % 128 == 0): the scale at +0, the zero point (asymmetric) at +4.
     for (int j = 0; j < NJ; ++j) zf[j] = _mm512_set1_ps(kCodeFloat[kSym ? 8 : rec[j][4]]);
     for (int i = 0; i < MI; ++i) {
       const __m512 k0 = _mm512_set1_ps(acts[i].c0[gi]), k1 = _mm512_set1_ps(acts[i].c1[gi]);
