@@ -61,7 +61,14 @@ Runner RegisterBench(CLI::App& app) {
                   static_cast<double>(r->bytes) / (1 << 30), r->passes, r->seconds);
     }
     if (a->skip_gemm) return 0;
-    std::printf("%-11s %5s %4s %-16s %6s %9s %10s %9s %7s %9s %10s\n", "KxN", "g", "M", "path", "mats", "MB/mat",
+    // Group sizes an opt-in path cannot serve are refused before anything is timed.
+    for (int64_t g : a->groups) {
+      if (a->bf16 && (g < 32 || g % 32 != 0))
+        return Fail("--bf16_activations: group_size " + std::to_string(g) + " is not a multiple of 32");
+      if (a->int8 && !(g == 32 || g == 64 || (g > 0 && g % 128 == 0)))
+        return Fail("--int8_activations: group_size " + std::to_string(g) + " is not 32, 64 or a multiple of 128");
+    }
+    std::printf("%-11s %5s %4s %-26s %6s %9s %10s %9s %7s %9s %10s\n", "KxN", "g", "M", "path", "mats", "MB/mat",
                 "ms/call", "GB/s", "%bw", "GFLOP/s", "mean GB/s");
     for (const std::string& sh : a->shapes) {
       nibble::GemmBenchCase c;
@@ -78,7 +85,7 @@ Runner RegisterBench(CLI::App& app) {
             if (!r.ok()) return Fail(r.error().message);
             char pct[16] = "-";
             if (bw > 0) std::snprintf(pct, sizeof pct, "%.1f", 100.0 * r->weight_gb_per_s / bw);
-            std::printf("%-11s %5ld %4ld %-16s %6ld %9.2f %10.3f %9.2f %7s %9.1f %10.2f\n", sh.c_str(), g, m,
+            std::printf("%-11s %5ld %4ld %-26s %6ld %9.2f %10.3f %9.2f %7s %9.1f %10.2f\n", sh.c_str(), g, m,
                         r->path.c_str(), r->matrices, r->weight_bytes / 1e6, r->seconds_per_call * 1e3,
                         r->weight_gb_per_s, pct, r->gflop_per_s, r->weight_bytes / r->mean_seconds_per_call / 1e9);
             std::fflush(stdout);

@@ -36,8 +36,9 @@ Runner RegisterGenerate(CLI::App& app) {
                 "Opt-in W4A8: int8 activations in the int4 linears (faster decode, costs perplexity: measure it "
                 "with `nibble perplexity --int8_activations`)");
   cmd->add_flag("--bf16_activations", args->bf16,
-                "Opt-in bf16 activations in the int4 linears (W4A16 as bf16 engines run it; faster decode on CPUs "
-                "with avx512_bf16; measure its perplexity cost with `nibble perplexity --bf16_activations`)")
+                "Opt-in bf16 activations in the int4 linears (W4A16 as bf16 engines run it; faster decode of models "
+                "larger than the cache on CPUs with avx512_bf16; measure its perplexity cost with "
+                "`nibble perplexity --bf16_activations`)")
       ->excludes("--int8_activations");
   return [args]() {
     nibble::SetNumThreads(args->threads);
@@ -47,12 +48,20 @@ Runner RegisterGenerate(CLI::App& app) {
       const int64_t n = (*model)->SetInt8Activations(true);
       if (n == 0) return Fail(Int8NotServed(args->model));
       std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears\n", static_cast<long long>(n));
+      const int64_t kept = (*model)->info().int4_linears - n;
+      if (kept > 0)
+        std::fprintf(stderr, "activations: %lld int4 linears keep fp32 activations (group size not 32, 64 or a multiple of 128)\n",
+                     static_cast<long long>(kept));
     }
     if (args->bf16) {
       const int64_t n = (*model)->SetBf16Activations(true);
       if (n == 0) return Fail(Bf16NotServed(args->model));
       std::fprintf(stderr, "activations: bf16 in %lld int4 linears (kernel: %s)\n", static_cast<long long>(n),
                    nibble::DescribeKernels().bf16_act_kernel.c_str());
+      const int64_t kept = (*model)->info().int4_linears - n;
+      if (kept > 0)
+        std::fprintf(stderr, "activations: %lld int4 linears keep fp32 activations (group size not a multiple of 32)\n",
+                     static_cast<long long>(kept));
     }
     std::fwrite(args->opt.prompt.data(), 1, args->opt.prompt.size(), stdout);  // echo, as llama.cpp does
     auto stats = nibble::Generate(**model, args->opt, [](std::string_view piece) {

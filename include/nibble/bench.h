@@ -28,7 +28,8 @@ struct KernelDispatchReport {
   std::vector<Candidate> candidates;  // best first
   std::string int8_kernel;         // opt-in W4A8 GEMV (--int8_activations): "avx512_vnni" | "scalar"
   std::string int8_reason;         // why that one
-  /// opt-in bf16-activation GEMM (--bf16_activations): "avx512_bf16" | "w4a32 on bf16-rounded inputs"
+  /// opt-in bf16-activation GEMM (--bf16_activations): "avx512_bf16" | "w4a32_rounded" (no bf16
+  /// kernel: the W4A32 kernels on bf16-rounded inputs)
   std::string bf16_act_kernel;
   std::string bf16_act_reason;     // why that one
   /// Dense linears stored as bf16: "avx512" (kept bf16, bf16 GEMV at M = 1) or "widened to fp32
@@ -64,7 +65,9 @@ struct GemmBenchResult {
   std::string isa;            // kernels used
   std::string path;           // "fused" (W4A32 kernel), "dequant+sgemm" (M >= Int4Linear's threshold) or
                               // "w4a8:<kernel>" (int8 activations, e.g. w4a8:avx512_vnni) or
-                              // "bf16:<kernel>" (bf16 activations, e.g. bf16:avx512_bf16)
+                              // "bf16:<kernel>" (bf16 activations: bf16:avx512_bf16, or
+                              // bf16:rounded+fused / bf16:rounded+dequant+sgemm for the W4A32 path
+                              // on bf16-rounded inputs)
   int64_t matrices = 0;       // distinct weight matrices cycled through
   int64_t weight_bytes = 0;   // packed bytes of one matrix
   int64_t calls = 0;          // timed calls

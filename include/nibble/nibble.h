@@ -30,6 +30,7 @@ struct ModelInfo {
   bool tie_word_embeddings = false;
   int64_t num_parameters = 0;  // logical weight count (embeddings, norms, linears, lm_head if untied)
   std::string weight_format;   // "dense"
+  int64_t int4_linears = 0;    // linears (projections and lm_head) stored as int4
 };
 
 /// A loaded model with its tokenizer.

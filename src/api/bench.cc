@@ -136,7 +136,7 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
     if (s.int8_activations) return MakeError("bench: int8 and bf16 activations are exclusive");
     for (auto& m : mats)
       if (!m->SetBf16Activations(true))
-        return MakeError("bench: bf16 activations are not served for group_size ", s.group_size, " (a multiple of 32)");
+        return MakeError("bench: bf16 activations need a group_size that is a multiple of 32, got ", s.group_size);
   }
   std::vector<float> x(static_cast<size_t>(s.m * s.k)), y(static_cast<size_t>(s.m * s.n));
   std::normal_distribution<float> xd(0.f, 1.f);
@@ -148,9 +148,10 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   r.shape = s;
   r.isa = IsaName(ActiveW4Dispatch().kernels.isa);
   r.path = s.int8_activations   ? std::string("w4a8:") + ActiveW4Dispatch().kernels.gemm_i8_name
-           : s.bf16_activations ? std::string("bf16:") + (ActiveW4Dispatch().kernels.gemm_bf16 != nullptr
+           : s.bf16_activations ? std::string("bf16:") + (mats[0]->Bf16KernelServes(s.m)
                                                               ? ActiveW4Dispatch().kernels.gemm_bf16_name
-                                                              : "rounded+w4a32")
+                                                              : (s.m < Int4Linear::kDequantGemmMinRows ? "rounded+fused"
+                                                                                                       : "rounded+dequant+sgemm"))
                                 : (s.m < Int4Linear::kDequantGemmMinRows ? "fused" : "dequant+sgemm");
   r.matrices = count;
   r.weight_bytes = bytes;

@@ -2,6 +2,7 @@
 
 #include "api/model_impl.h"
 #include "model/checkpoint_format.h"
+#include "model/int4_linear.h"
 
 namespace nibble {
 
@@ -47,9 +48,12 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   for (const auto& layer : m->impl_->llama->layers()) {
     params += 2 * c.hidden_size;
     for (const Linear* l : {layer.q_proj.get(), layer.k_proj.get(), layer.v_proj.get(), layer.o_proj.get(),
-                            layer.gate_proj.get(), layer.up_proj.get(), layer.down_proj.get()})
+                            layer.gate_proj.get(), layer.up_proj.get(), layer.down_proj.get()}) {
       params += l->in_features() * l->out_features();
+      i.int4_linears += dynamic_cast<const Int4Linear*>(l) != nullptr ? 1 : 0;
+    }
   }
+  i.int4_linears += dynamic_cast<const Int4Linear*>(&m->impl_->llama->lm_head()) != nullptr ? 1 : 0;
   if (!c.tie_word_embeddings) params += c.vocab_size * c.hidden_size;
   i.num_parameters = params;
   return m;

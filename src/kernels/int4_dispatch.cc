@@ -81,7 +81,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
                     std::string* bf16_reason = nullptr) {
   std::string reason = "no AVX-512 VNNI kernel for ISA " + std::string(IsaName(isa));
   std::string breason = "no AVX-512 BF16 kernel for ISA " + std::string(IsaName(isa)) +
-                        "; bf16 activations run the W4A32 kernel on bf16-rounded inputs";
+                        ": the W4A32 kernels run on bf16-rounded inputs";
   W4Kernels k;
   k.isa = isa;
   k.gemm = GemmW4A32PackedScalar;
@@ -106,7 +106,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
       breason = "avx512 with avx512_bf16 and avx512_vbmi";
     } else {
       breason = std::string("CPU lacks ") + (cpu.avx512bf16 ? "avx512_vbmi" : "avx512_bf16") +
-                "; bf16 activations run the W4A32 kernel on bf16-rounded inputs";
+                ": the W4A32 kernels run on bf16-rounded inputs";
     }
     if (cpu.avx512vnni) {
       k.gemm_i8 = GemmW4A8Vnni;

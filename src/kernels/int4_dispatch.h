@@ -50,7 +50,7 @@ struct W4Kernels {
   /// has avx512_bf16 and avx512_vbmi, else nullptr (Int4Linear then rounds the activations to
   /// bf16 and runs `gemm`: the same inputs, a different fp32 summation order).
   W4GemmBf16Kernel gemm_bf16 = nullptr;
-  const char* gemm_bf16_name = "w4a32 on bf16-rounded inputs";  // or "avx512_bf16"
+  const char* gemm_bf16_name = "w4a32_rounded";  // "avx512_bf16" | "w4a32_rounded" (none: W4A32 on rounded inputs)
   /// bf16-weight GEMV of dense linears kept as bf16 (avx512 only; GemvBf16Scalar is the test
   /// oracle). nullptr for scalar / avx2: bf16 linears are then widened to fp32 at load and run
   /// through the dense sgemm (model/linear.h).

@@ -52,6 +52,13 @@ bool Int4Linear::SetInt8Activations(bool on) {
   return int8_;
 }
 
+bool Int4Linear::Bf16KernelServes(int64_t m) const {
+  // g = 32 / 64 / 96 at prefill-sized M: the kernel's blocks need g % 128 == 0, and its row tiles
+  // lose to dequantize + the dense sgemm there (4096x4096 M = 512, 1 thread, 99 against 156
+  // GFLOP/s).
+  return ActiveW4Dispatch().kernels.gemm_bf16 != nullptr && (m < kDequantGemmMinRows || pw_.group_size % 128 == 0);
+}
+
 bool Int4Linear::SetBf16Activations(bool on) {
   bf16_ = on && W4Bf16Supported(pw_);
   if (bf16_) int8_ = false;
@@ -77,10 +84,8 @@ void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
     return;
   }
   if (bf16_) {
-    if (ActiveW4Dispatch().kernels.gemm_bf16 == nullptr || (m >= kDequantGemmMinRows && pw_.group_size % 128 != 0)) {
-      // No bf16 kernel on this CPU, or prefill-sized M with g = 32 / 64 / 96 (the kernel's blocks
-      // need g % 128 == 0, and its row tiles lose to dequantize + the dense sgemm there: 4096x4096
-      // M = 512, 1 thread, 99 against 156 GFLOP/s): the same bf16 inputs through the W4A32 path.
+    if (!Bf16KernelServes(m)) {
+      // The same bf16 inputs through the W4A32 path.
       thread_local std::vector<float> xr;
       xr.resize(static_cast<size_t>(m * pw_.k));
       RoundToBf16(x, m * pw_.k, xr.data());

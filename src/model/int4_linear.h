@@ -47,6 +47,10 @@ class Int4Linear final : public Linear {
   /// the W4A32 path on the bf16-rounded rows. Served when g is a multiple of 32
   /// (W4Bf16Supported); otherwise stays W4A32. Switching one opt-in on switches the other off.
   bool SetBf16Activations(bool on) override;
+  /// With bf16 activations on: whether Forward of `m` rows runs the AVX-512 BF16 kernel (true) or
+  /// the W4A32 path on bf16-rounded rows (false: no such kernel on this CPU, or m >=
+  /// kDequantGemmMinRows with g not a multiple of 128).
+  bool Bf16KernelServes(int64_t m) const;
   /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight
   /// symmetric and 69/128 asymmetric.
   int64_t WeightBytes() const override { return static_cast<int64_t>(packed_.size()); }

@@ -135,6 +135,8 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
            " --out /tmp/nibble-unused-synth --tokenizer_dir /nonexistent", "/nonexistent: no tokenizer.model"},
       {"int8 activations on a dense model", "generate --model " + model + " --int8_activations -n 1", "no int4 linear"},
       {"bf16 activations on a dense model", "generate --model " + model + " --bf16_activations -n 1", "no int4 linear"},
+      {"bench bf16 activations at a group size they cannot serve",
+       "bench --bf16_activations --group_size 48 --no_bandwidth --shapes 4800x1024", "group_size 48 is not a multiple of 32"},
       {"int8 and bf16 activations together", "perplexity --model " + model + " --text x --int8_activations --bf16_activations",
        "excludes"},
       {"report into a missing directory", "quantize --model_dir " + model + " --output_dir /tmp/nibble-unused-out"
@@ -283,6 +285,15 @@ TEST(Cli, Bf16ActivationsPerplexityCostIsPrintedAndSmall) {
   RunResult i = RunNibble("inspect --kernels");
   EXPECT_EQ(i.exit_code, 0) << i.out;
   EXPECT_NE(i.out.find("bf16 activations (opt-in --bf16_activations): "), std::string::npos) << i.out;
+  // Linears the path cannot serve (g = 48) keep fp32 activations, and the run says how many.
+  RunResult q48 = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + out +
+                            " --overwrite --layer_quant_config '*.mlp.down_proj:group_size=48'");
+  ASSERT_EQ(q48.exit_code, 0) << q48.out;
+  RunResult g48 = RunNibble("generate --model " + out + " -n 2 --temperature 0 --bf16_activations");
+  EXPECT_EQ(g48.exit_code, 0) << g48.out;
+  EXPECT_NE(g48.out.find("activations: bf16 in 36 int4 linears"), std::string::npos) << g48.out;
+  EXPECT_NE(g48.out.find("6 int4 linears keep fp32 activations (group size not a multiple of 32)"), std::string::npos)
+      << g48.out;
   std::system(("rm -rf " + out).c_str());
 }
 
