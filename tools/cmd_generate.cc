@@ -48,20 +48,16 @@ Runner RegisterGenerate(CLI::App& app) {
       const int64_t n = (*model)->SetInt8Activations(true);
       if (n == 0) return Fail(Int8NotServed(args->model));
       std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears\n", static_cast<long long>(n));
-      const int64_t kept = (*model)->info().int4_linears - n;
-      if (kept > 0)
-        std::fprintf(stderr, "activations: %lld int4 linears keep fp32 activations (group size not 32, 64 or a multiple of 128)\n",
-                     static_cast<long long>(kept));
+      const std::string kept = KeptFp32Note(true, (*model)->info().int4_linears, n);
+      if (!kept.empty()) std::fprintf(stderr, "activations: %s\n", kept.c_str());
     }
     if (args->bf16) {
       const int64_t n = (*model)->SetBf16Activations(true);
       if (n == 0) return Fail(Bf16NotServed(args->model));
       std::fprintf(stderr, "activations: bf16 in %lld int4 linears (kernel: %s)\n", static_cast<long long>(n),
                    nibble::DescribeKernels().bf16_act_kernel.c_str());
-      const int64_t kept = (*model)->info().int4_linears - n;
-      if (kept > 0)
-        std::fprintf(stderr, "activations: %lld int4 linears keep fp32 activations (group size not a multiple of 32)\n",
-                     static_cast<long long>(kept));
+      const std::string kept = KeptFp32Note(false, (*model)->info().int4_linears, n);
+      if (!kept.empty()) std::fprintf(stderr, "activations: %s\n", kept.c_str());
     }
     std::fwrite(args->opt.prompt.data(), 1, args->opt.prompt.size(), stdout);  // echo, as llama.cpp does
     auto stats = nibble::Generate(**model, args->opt, [](std::string_view piece) {

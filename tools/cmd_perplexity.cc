@@ -63,11 +63,9 @@ Runner RegisterPerplexity(CLI::App& app) {
       opt_linears = ((**model).*opt_in.set)(true);
       ((**model).*opt_in.set)(false);
       if (opt_linears == 0) return Fail(a->int8 ? Int8NotServed(a->model) : Bf16NotServed(a->model));
-      const int64_t kept = (*model)->info().int4_linears - opt_linears;
-      if (kept > 0)
-        std::fprintf(stderr, "%s: %lld int4 linears keep fp32 activations (group size %s)\n",
-                     a->int8 ? "--int8_activations" : "--bf16_activations", static_cast<long long>(kept),
-                     a->int8 ? "not 32, 64 or a multiple of 128" : "not a multiple of 32");
+      const std::string kept = KeptFp32Note(a->int8, (*model)->info().int4_linears, opt_linears);
+      if (!kept.empty())
+        std::fprintf(stderr, "%s: %s\n", a->int8 ? "--int8_activations" : "--bf16_activations", kept.c_str());
     }
     if (a->seq_len == 0) a->seq_len = std::min<int64_t>(2048, (*model)->info().max_position_embeddings);
     std::unique_ptr<nibble::ProgressBar> bar;

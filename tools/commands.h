@@ -33,5 +33,8 @@ std::string ReadTextFile(const std::string& path, std::string* text);
 std::string Int8NotServed(const std::string& dir);
 /// The --bf16_activations refusal, likewise (group sizes that are not multiples of 32).
 std::string Bf16NotServed(const std::string& dir);
+/// "N int4 linears keep fp32 activations (group size ...)" for an opt-in that switched `switched`
+/// of `int4_linears` int4 linears ("" when it switched them all); `int8` picks the group-size rule.
+std::string KeptFp32Note(bool int8, int64_t int4_linears, int64_t switched);
 
 }  // namespace nibble_cli

@@ -35,6 +35,13 @@ std::string Bf16NotServed(const std::string& dir) {
          " has no int4 linear the bf16-activation path serves (dense model, or group sizes that are not multiples of 32)";
 }
 
+std::string KeptFp32Note(bool int8, int64_t int4_linears, int64_t switched) {
+  const int64_t kept = int4_linears - switched;
+  if (kept <= 0) return "";
+  return std::to_string(kept) + " int4 linears keep fp32 activations (group size " +
+         (int8 ? "not 32, 64 or a multiple of 128" : "not a multiple of 32") + ")";
+}
+
 std::string Int8NotServed(const std::string& dir) {
   return "--int8_activations: " + dir +
          " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)";

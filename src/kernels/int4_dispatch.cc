@@ -80,8 +80,8 @@ constexpr bool kX86 = false;
 W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nullptr,
                     std::string* bf16_reason = nullptr) {
   std::string reason = "no AVX-512 VNNI kernel for ISA " + std::string(IsaName(isa));
-  std::string breason = "no AVX-512 BF16 kernel for ISA " + std::string(IsaName(isa)) +
-                        ": the W4A32 kernels run on bf16-rounded inputs";
+  const char* const kRounded = ": the W4A32 kernels run on bf16-rounded inputs";
+  std::string breason = "no AVX-512 BF16 kernel for ISA " + std::string(IsaName(isa)) + kRounded;
   W4Kernels k;
   k.isa = isa;
   k.gemm = GemmW4A32PackedScalar;
@@ -105,8 +105,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
       k.gemm_bf16_name = "avx512_bf16";
       breason = "avx512 with avx512_bf16 and avx512_vbmi";
     } else {
-      breason = std::string("CPU lacks ") + (cpu.avx512bf16 ? "avx512_vbmi" : "avx512_bf16") +
-                ": the W4A32 kernels run on bf16-rounded inputs";
+      breason = std::string("CPU lacks ") + (cpu.avx512bf16 ? "avx512_vbmi" : "avx512_bf16") + kRounded;
     }
     if (cpu.avx512vnni) {
       k.gemm_i8 = GemmW4A8Vnni;

@@ -10,6 +10,19 @@
 
 namespace nibble {
 
+namespace {
+
+// The calling thread's scratch for prepared activation rows (int8 or bf16), at least `bytes` long;
+// reused across calls and layers, grown only when a call needs more. 64-byte aligned, so
+// activation loads never split cache lines.
+uint8_t* ActsScratch(size_t bytes) {
+  thread_local PageBuffer scratch;
+  if (scratch.size() < bytes) scratch = PageBuffer(bytes);
+  return scratch.data();
+}
+
+}  // namespace
+
 Int4Linear::Int4Linear(const Int4Matrix& w, std::vector<float> bias, std::string desc)
     : bias_(std::move(bias)), desc_(std::move(desc)) {
   NIBBLE_CHECK(w.n >= 1 && w.k >= 1 && w.group_size >= 1 && w.k % w.group_size == 0);
@@ -69,14 +82,11 @@ void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
   if (int8_) {
     // Every row of x quantized once, then one pass over W for all rows (the scratch is reused
     // across calls and layers).
-    thread_local PageBuffer scratch;  // 64-byte aligned: activation loads never split lines
     thread_local std::vector<W4Int8Acts> acts;
     const int64_t parts = W4Int8Parts(pw_.group_size);
     const size_t row_bytes = W4Int8ActsBytes(pw_.k, parts);
-    const size_t need = row_bytes * static_cast<size_t>(m);
-    if (scratch.size() < need) scratch = PageBuffer(need);
     acts.resize(static_cast<size_t>(m));
-    uint8_t* const sp = scratch.data();  // plain pointers for the OpenMP region (thread_local buffers)
+    uint8_t* const sp = ActsScratch(row_bytes * static_cast<size_t>(m));  // plain pointers for the OpenMP region
     W4Int8Acts* const ap = acts.data();
 #pragma omp parallel for schedule(static) if (m * pw_.k >= (int64_t{1} << 16))
     for (int64_t i = 0; i < m; ++i) ap[i] = QuantizeActsInt8(x + i * pw_.k, pw_.k, parts, sp + row_bytes * static_cast<size_t>(i));
@@ -92,13 +102,10 @@ void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
       ForwardW4A32(xr.data(), m, y);
       return;
     }
-    thread_local PageBuffer scratch;  // 64-byte aligned: activation loads never split lines
     thread_local std::vector<W4Bf16Acts> acts;
     const size_t row_bytes = W4Bf16ActsBytes(pw_.k, pw_.group_size);
-    const size_t need = row_bytes * static_cast<size_t>(m);
-    if (scratch.size() < need) scratch = PageBuffer(need);
     acts.resize(static_cast<size_t>(m));
-    uint8_t* const sp = scratch.data();
+    uint8_t* const sp = ActsScratch(row_bytes * static_cast<size_t>(m));
     W4Bf16Acts* const ap = acts.data();
 #pragma omp parallel for schedule(static) if (m * pw_.k >= (int64_t{1} << 16))
     for (int64_t i = 0; i < m; ++i)

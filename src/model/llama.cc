@@ -222,24 +222,23 @@ void MlpBlockForward(const Linear& gate_proj, const Linear& up_proj, const Linea
   down_proj.Forward(a, rows, out);
 }
 
-int64_t LlamaModel::SetBf16Activations(bool on) {
+template <class F>
+int64_t LlamaModel::CountLinears(F&& f) {
   int64_t n = 0;
   for (DecoderLayer& l : layers_)
     for (Linear* p : {l.q_proj.get(), l.k_proj.get(), l.v_proj.get(), l.o_proj.get(), l.gate_proj.get(), l.up_proj.get(),
                       l.down_proj.get()})
-      n += p->SetBf16Activations(on) ? 1 : 0;
-  n += lm_head_->SetBf16Activations(on) ? 1 : 0;
+      n += f(*p) ? 1 : 0;
+  n += f(*lm_head_) ? 1 : 0;
   return n;
 }
 
+int64_t LlamaModel::SetBf16Activations(bool on) {
+  return CountLinears([on](Linear& l) { return l.SetBf16Activations(on); });
+}
+
 int64_t LlamaModel::SetInt8Activations(bool on) {
-  int64_t n = 0;
-  for (DecoderLayer& l : layers_)
-    for (Linear* p : {l.q_proj.get(), l.k_proj.get(), l.v_proj.get(), l.o_proj.get(), l.gate_proj.get(), l.up_proj.get(),
-                      l.down_proj.get()})
-      n += p->SetInt8Activations(on) ? 1 : 0;
-  n += lm_head_->SetInt8Activations(on) ? 1 : 0;
-  return n;
+  return CountLinears([on](Linear& l) { return l.SetInt8Activations(on); });
 }
 
 KvCache LlamaModel::NewCache(int64_t capacity) const {

@@ -108,6 +108,10 @@ class LlamaModel {
   std::vector<DecoderLayer> layers_;
   std::unique_ptr<Linear> lm_head_;
   std::vector<float> rope_cos_, rope_sin_;  // [max_position_embeddings, head_dim / 2]
+
+  // How many of the projections and lm_head `f(Linear&)` returns true for (applied to each once).
+  template <class F>
+  int64_t CountLinears(F&& f);
 };
 
 }  // namespace nibble

@@ -9,6 +9,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include "kernels/x86_avx512/lane_tree.h"
+
 #include <algorithm>
 #include <cstdint>
 
@@ -26,15 +28,6 @@ constexpr int64_t kMaxRows = 3;
 
 // 0.f .. 15.f: a zero point as a float by one broadcast load.
 alignas(64) constexpr float kCodeFloat[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-
-// The lane tree (l + 8), (l + 4), (l + 2), (l + 1).
-inline float ReduceTree(__m512 a) {
-  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-  const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
-  return _mm_cvtss_f32(h1);
-}
 
 // Control of vpmultishiftqb for run c (0..3) of a superblock: in every qword (dword lanes 2m,
 // 2m + 1), output byte 0 starts at bit 8c (lane 2m, nibble 2c), byte 2 at 8c + 4 (nibble 2c + 1),

@@ -9,6 +9,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
+#include "kernels/x86_avx512/lane_tree.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -17,15 +19,6 @@
 namespace nibble {
 namespace {
 
-
-// The scalar kernel's lane tree: (l + 8), (l + 4), (l + 2), (l + 1).
-inline float ReduceTree(__m512 a) {
-  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-  const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
-  return _mm_cvtss_f32(h1);
-}
 
 // Activation row views hoisted into locals (the loops below then keep them in registers).
 struct Act {
