@@ -20,4 +20,11 @@ void SgemmXW(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const
   NIBBLE_CHECK_MSG(st == dnnl_success, "dnnl_sgemm status %d", static_cast<int>(st));
 }
 
+void SgemmAtB(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+              int64_t ldb, float beta, float* y, int64_t ldy) {
+  NIBBLE_CHECK(m > 0 && n > 0 && k > 0 && lda >= m && ldb >= n && ldy >= n);
+  dnnl_status_t st = dnnl_sgemm('T', 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, y, ldy);
+  NIBBLE_CHECK_MSG(st == dnnl_success, "dnnl_sgemm status %d", static_cast<int>(st));
+}
+
 }  // namespace nibble

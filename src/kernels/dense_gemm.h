@@ -16,4 +16,10 @@ void SgemmXWt(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, cons
 void SgemmXW(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w,
              int64_t ldw, float beta, float* y, int64_t ldy);
 
+/// y[M,N] = a[K,M]ᵀ · b[K,N] + beta · y (e.g. a Gram matrix XᵀX with a = b = X).  Leading
+/// dimensions in elements. Preconditions (aborts otherwise): m, n, k > 0; lda >= m, ldb >= n,
+/// ldy >= n.
+void SgemmAtB(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+              int64_t ldb, float beta, float* y, int64_t ldy);
+
 }  // namespace nibble

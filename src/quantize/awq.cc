@@ -217,6 +217,62 @@ double Mse(const float* a, const float* b, int64_t n) {
   return s / static_cast<double>(n);
 }
 
+// G = XᵀX [k, k] for x [rows, k]: for a single inspected linear, the squared output error of a
+// candidate Ŵ over all rows is Σ_rows ||x (Ŵ − W)ᵀ||² = Σ_n d_n G d_nᵀ (d = Ŵ − W), so the
+// search needs one pass over the activations instead of one per candidate. Each 64-column block
+// of G is the double sum, in chunk order, of fp32 products over fixed 2048-row chunks (rounded to
+// fp32 at the end): blocks run in parallel, and every element's arithmetic is the same for any
+// thread count.
+std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k) {
+  constexpr int64_t kCols = 64, kChunk = 2048;
+  const int64_t blocks = (k + kCols - 1) / kCols;
+  std::vector<float> g(static_cast<size_t>(k * k));
+#pragma omp parallel
+  {
+    std::vector<float> part(static_cast<size_t>(k * kCols));
+    std::vector<double> acc(part.size());
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t c0 = b * kCols, w = std::min(kCols, k - c0);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
+        const int64_t nr = std::min(kChunk, rows - r0);
+        SgemmAtB(k, w, nr, x + r0 * k, k, x + r0 * k + c0, k, 0.0f, part.data(), w);
+        for (int64_t i = 0; i < k * w; ++i) acc[i] += part[i];
+      }
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < w; ++j) g[i * k + c0 + j] = static_cast<float>(acc[i * w + j]);
+    }
+  }
+  return g;
+}
+
+// Σ_n d_n G d_nᵀ with d = wq − w [n, k] and G = GramMatrix: the summed squared output error of
+// the linear with weights wq against w. Fixed 32-row blocks of d (their products in fp32, the
+// quadratic form in double, blocks added in order): the same value for any thread count.
+double GramSquaredError(const std::vector<float>& g, const std::vector<float>& w, const std::vector<float>& wq, int64_t n,
+                        int64_t k) {
+  constexpr int64_t kRows = 32;
+  const int64_t blocks = (n + kRows - 1) / kRows;
+  std::vector<double> part(static_cast<size_t>(blocks));
+#pragma omp parallel
+  {
+    std::vector<float> d(static_cast<size_t>(kRows * k)), dg(d.size());
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t r0 = b * kRows, nr = std::min(kRows, n - r0);
+      for (int64_t i = 0; i < nr * k; ++i) d[i] = wq[r0 * k + i] - w[r0 * k + i];
+      SgemmXWt(nr, k, k, d.data(), k, g.data(), k, 0.0f, dg.data(), k);
+      double s = 0;
+      for (int64_t i = 0; i < nr * k; ++i) s += static_cast<double>(d[i]) * dg[i];
+      part[b] = s;
+    }
+  }
+  double s = 0;
+  for (double p : part) s += p;
+  return s;
+}
+
 // Per-channel mean |x| of x [rows, cols], fp32 result of double sums in fixed row blocks.
 std::vector<float> ChannelAbsMean(const float* x, int64_t rows, int64_t cols) {
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
@@ -414,8 +470,13 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
   const std::vector<float> x_mean = ChannelAbsMean(a.Of(r.src), rows, kin);
   const std::vector<float> w_mean = WeightMean(L, r.balance);
   Linears base = MakeLinears(L);
-  const std::vector<float> y_fp = InspectReference(ctx, r, base, a, batch);
   const int64_t y_dim = InspectOutDim(*ctx.c, r, base);
+  // A single inspected linear is scored through the Gram matrix of its inputs (GramMatrix): the
+  // same squared error, without a pass over the activations per candidate. Modules run per
+  // candidate against their fp output.
+  const bool gram = st.gram_linear_loss && r.inspect == "linear";
+  const std::vector<float> g = gram ? GramMatrix(a.Of(SourceOf(r.inspect_linear)), rows, kin) : std::vector<float>{};
+  const std::vector<float> y_fp = gram ? std::vector<float>{} : InspectReference(ctx, r, base, a, batch);
 
   double best = std::numeric_limits<double>::infinity();
   std::vector<float> best_s;
@@ -435,6 +496,7 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
         for (int64_t c = 0; c < L.k[p] && ok; ++c) ok = FitsDType((*L.w[p])[(off + row) * L.k[p] + c] / s[row], L.dtype[p]);
     }
     Linears cand = MakeLinears(L);
+    std::shared_ptr<const std::vector<float>> inspected_w = L.w[gram ? r.inspect_linear : 0];  // gram: Ŵ of the inspected linear
     for (int i : r.balance) {
       if (!ok) break;
       const int64_t n = L.n[i], k = L.k[i];
@@ -449,10 +511,15 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
       if (!dq.ok()) { ok = false; break; }
       for (int64_t row = 0; row < n; ++row)
         for (int64_t c = 0; c < k; ++c) (*dq)[row * k + c] /= s[c];
-      cand[i] = std::make_unique<DenseLinear>(n, k, std::make_shared<const std::vector<float>>(std::move(dq).value()), L.bias[i]);
+      auto wq = std::make_shared<const std::vector<float>>(std::move(dq).value());
+      if (gram && i == r.inspect_linear) inspected_w = wq;
+      cand[i] = std::make_unique<DenseLinear>(n, k, std::move(wq), L.bias[i]);
     }
     double loss = std::numeric_limits<double>::infinity();
-    if (ok) {
+    if (ok && gram) {
+      const int i = r.inspect_linear;
+      loss = GramSquaredError(g, *L.w[i], *inspected_w, L.n[i], kin) / static_cast<double>(rows * y_dim);
+    } else if (ok) {
       // Stop a candidate as soon as its partial squared error exceeds the best loss so far (by a
       // margin far above rounding): it cannot win, so the choice — and every output byte — is
       // that of the full search, for a fraction of the forwards of the worse candidates.

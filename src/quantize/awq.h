@@ -76,6 +76,12 @@ struct AwqSettings {
   // byte, are those of the full search; only the forwards of losing candidates are cut short.
   // false runs every candidate to the end (the full search, for tests).
   bool early_stop = true;
+  // A mapping that inspects one linear (up_proj -> down_proj, v_proj -> o_proj) scores each
+  // candidate Ŵ as Σ_n d_n G d_nᵀ / (rows · N), d = Ŵ − W, G = XᵀX of the linear's calibration
+  // inputs X (computed once per mapping, double sums of fp32 products): the MSE of X·Ŵᵀ against
+  // X·Wᵀ without a pass over the activations per candidate. false evaluates X·Ŵᵀ per candidate
+  // (the direct loss, for tests; the two agree to ~1e-7 relative).
+  bool gram_linear_loss = true;
 };
 
 /// Parses the AWQ entry of a Quark `algo_config` (a list, or a legacy single object): the entry

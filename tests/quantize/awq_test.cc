@@ -520,6 +520,53 @@ TEST(Awq, EarlyStopGivesTheFullSearchResult) {
   EXPECT_GT(stopped, 0) << "no grid candidate was stopped early";
 }
 
+// The Gram-matrix loss of a single inspected linear (up_proj -> down_proj here; v_proj -> o_proj
+// too without GQA) against the direct MSE of X·Ŵᵀ per candidate: the same losses to rounding and
+// the same choices, so the same output bytes.
+TEST(Awq, GramLossOfOneLinearEqualsTheDirectLoss) {
+  TempDir tmp;
+  TinySpec spec;
+  spec.kv_heads = spec.heads;  // v_proj -> o_proj runs too
+  TinyAwqInputs in;
+  ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
+  const int64_t batch = 64, seq = 32;
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 37 + i / 7) % 500));
+  auto run = [&](bool gram, std::map<std::string, std::vector<float>>* out) {
+    nibble::AwqSettings st;
+    st.duo_scaling = "both";
+    st.gram_linear_loss = gram;
+    auto sink = [&](const std::string& name, std::vector<float> v) -> nibble::Status {
+      (*out)[name] = std::move(v);
+      return nibble::Status::Ok();
+    };
+    return nibble::RunAwq(*in.mc, *in.store, in.cfg, tokens, batch, seq, st, sink, nullptr);
+  };
+  std::map<std::string, std::vector<float>> direct_t, gram_t;
+  auto direct = run(false, &direct_t);
+  ASSERT_TRUE(direct.ok()) << direct.error().message;
+  auto gram = run(true, &gram_t);
+  ASSERT_TRUE(gram.ok()) << gram.error().message;
+  for (const auto& [name, v] : direct_t) EXPECT_TRUE(v == gram_t[name]) << name << " differs with the Gram loss";
+  int64_t linear_mappings = 0;
+  for (size_t l = 0; l < direct->layers.size(); ++l)
+    for (size_t m = 0; m < direct->layers[l].mappings.size(); ++m) {
+      const auto& a = direct->layers[l].mappings[m];
+      const auto& b = gram->layers[l].mappings[m];
+      ASSERT_FALSE(a.skipped) << a.mapping.prev_op;
+      EXPECT_EQ(a.ratio, b.ratio);
+      EXPECT_EQ(a.duo, b.duo);
+      EXPECT_NEAR(b.loss_rtn, a.loss_rtn, 1e-5 * a.loss_rtn);
+      EXPECT_NEAR(b.loss_best, a.loss_best, 1e-5 * a.loss_best);
+      if (a.mapping.prev_op == "mlp.up_proj" || a.mapping.prev_op == "self_attn.v_proj") {
+        ++linear_mappings;
+        EXPECT_GT(a.loss_rtn, 0.0);
+        EXPECT_GT(a.loss_rtn, a.loss_best * (1 + 1e-4)) << "AWQ should beat RTN on the inspected linear";
+      }
+    }
+  EXPECT_EQ(linear_mappings, 2 * static_cast<int64_t>(direct->layers.size()));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Determinism
 
