@@ -147,8 +147,9 @@ struct Ctx {
   int64_t t = 0;
 };
 
-// Runs one decoder layer on x [batch*t, H] up to `stage`: 1 xn1; 2 concat, h; 3 xn2; 4 act, out.
-void RunLayer(const Ctx& ctx, const Layer& L, const Linears& lin, const float* x, int64_t batch, int stage, Acts* a) {
+// Stages 1 (xn1) and, when stage >= 2, 2 (concat, h) of RunLayer.
+void RunAttentionStages(const Ctx& ctx, const Layer& L, const Linears& lin, const float* x, int64_t batch, int stage,
+                        Acts* a) {
   const ModelConfig& c = *ctx.c;
   const int64_t rows = batch * ctx.t, h = c.hidden_size;
   a->xn1.resize(rows * h);
@@ -159,6 +160,17 @@ void RunLayer(const Ctx& ctx, const Layer& L, const Linears& lin, const float* x
   AttentionBlockForward(c, *lin[kQ], *lin[kK], *lin[kV], *lin[kO], ctx.rope_cos.data(), ctx.rope_sin.data(), a->xn1.data(),
                         batch, ctx.t, a->h.data(), a->concat.data());
   AddInPlace(a->h.data(), x, rows * h);
+}
+
+// Runs one decoder layer on x [batch*t, H] up to `stage`: 1 xn1; 2 concat, h; 3 xn2; 4 act, out.
+// attn_valid: a->xn1, concat and h already hold this layer's stages 1-2 for x and the current
+// input_layernorm / q / k / v / o weights (a previous call computed them and nothing they depend
+// on changed since), so a call with stage >= 3 starts at xn2 — the same values a full run gives.
+void RunLayer(const Ctx& ctx, const Layer& L, const Linears& lin, const float* x, int64_t batch, int stage, Acts* a,
+              bool attn_valid = false) {
+  const ModelConfig& c = *ctx.c;
+  const int64_t rows = batch * ctx.t, h = c.hidden_size;
+  if (!(attn_valid && stage >= 3)) RunAttentionStages(ctx, L, lin, x, batch, stage, a);
   if (stage < 3) return;
   a->xn2.resize(rows * h);
   RmsNorm(a->h.data(), L.ln2.data(), rows, h, c.rms_norm_eps, a->xn2.data());
@@ -167,6 +179,17 @@ void RunLayer(const Ctx& ctx, const Layer& L, const Linears& lin, const float* x
   a->out.resize(rows * h);
   MlpBlockForward(*lin[kGate], *lin[kUp], *lin[kDown], a->xn2.data(), rows, a->out.data(), a->act.data());
   AddInPlace(a->out.data(), a->h.data(), rows * h);
+}
+
+
+// Whether applying mapping r rescales input_layernorm or a q / k / v / o weight (its prev_op or a
+// balance layer): RunLayer's attention stages must then be recomputed.
+bool ChangesAttention(const Resolved& r) {
+  auto attn = [](int i) { return i == kQ || i == kK || i == kV || i == kO; };
+  if (r.prev_norm == 1 || (r.prev_norm == 0 && attn(r.prev_linear))) return true;
+  for (int i : r.balance)
+    if (attn(i)) return true;
+  return false;
 }
 
 int StageFor(Src s) {
@@ -801,6 +824,8 @@ Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const 
     AwqLayerReport lrep;
     lrep.layer = l;
     const Layer orig = L.Clone();
+    bool attn_valid = false;  // work's stages 1-2 are those of x and L's current attention weights
+    const bool reuse = st.reuse_attention;
     for (const Resolved& r : maps) {
       AwqMappingReport mr;
       mr.mapping = r.mapping;
@@ -823,9 +848,11 @@ Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const 
                         ", as llm-compressor and AutoAWQ do");
       } else {
         const int stage = std::max(StageFor(r.src), r.inspect == "mlp" ? 3 : 1);
-        RunLayer(ctx, L, MakeLinears(L), x.data(), batch, stage, &work);
+        RunLayer(ctx, L, MakeLinears(L), x.data(), batch, stage, &work, attn_valid);
+        if (stage >= 2) attn_valid = reuse;
         auto got = SearchAndApply(ctx, r, L, work, batch, st, p.substr(0, p.size() - 1));
         if (!got.ok()) return got.error();
+        if (ChangesAttention(r)) attn_valid = false;
         mr = std::move(got).value();
         used_names.insert(Describe(r.mapping));
       }
@@ -833,7 +860,7 @@ Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const 
       if (progress) progress(++step, total_steps);
     }
     Acts& fp = work;  // the smoothed layer's activations (stages the mappings ran are recomputed)
-    RunLayer(ctx, L, MakeLinears(L), x.data(), batch, 4, &fp);
+    RunLayer(ctx, L, MakeLinears(L), x.data(), batch, 4, &fp, attn_valid);
     std::vector<float> x_next;
     if (st.propagation == AwqPropagation::kFp) x_next = fp.out;
     if (st.clip) {

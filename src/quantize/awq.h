@@ -82,6 +82,11 @@ struct AwqSettings {
   // X·Wᵀ without a pass over the activations per candidate. false evaluates X·Ŵᵀ per candidate
   // (the direct loss, for tests; the two agree to ~1e-7 relative).
   bool gram_linear_loss = true;
+  // Within a layer, a mapping (and the final fp pass) that needs the MLP stages reuses the
+  // attention stages computed for an earlier mapping when no mapping since has rescaled
+  // input_layernorm or q / k / v / o (the values are the same as recomputed). false recomputes
+  // them every time (for tests).
+  bool reuse_attention = true;
 };
 
 /// Parses the AWQ entry of a Quark `algo_config` (a list, or a legacy single object): the entry

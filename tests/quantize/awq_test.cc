@@ -567,6 +567,41 @@ TEST(Awq, GramLossOfOneLinearEqualsTheDirectLoss) {
   EXPECT_EQ(linear_mappings, 2 * static_cast<int64_t>(direct->layers.size()));
 }
 
+// Reusing a layer's attention stages across mappings gives the bytes of recomputing them, with
+// the default mappings and with an order where a mapping that rescales the attention (input_layernorm
+// -> q/k/v) comes between two that need the MLP stages.
+TEST(Awq, ReusedAttentionStagesGiveTheBytesOfRecomputingThem) {
+  TempDir tmp;
+  TinySpec spec;
+  spec.kv_heads = spec.heads;  // v_proj -> o_proj runs too
+  TinyAwqInputs in;
+  ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
+  const int64_t batch = 32, seq = 32;
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 37 + i / 7) % 500));
+  const auto defaults = nibble::DefaultLlamaScalingLayers();
+  const std::vector<nibble::AwqMapping> reordered = {defaults[2], defaults[0], defaults[3], defaults[1]};
+  for (const auto& layers : {defaults, reordered}) {
+    auto run = [&](bool reuse, std::map<std::string, std::vector<float>>* out) {
+      nibble::AwqSettings st;
+      st.scaling_layers = layers;
+      st.reuse_attention = reuse;
+      auto sink = [&](const std::string& name, std::vector<float> v) -> nibble::Status {
+        (*out)[name] = std::move(v);
+        return nibble::Status::Ok();
+      };
+      return nibble::RunAwq(*in.mc, *in.store, in.cfg, tokens, batch, seq, st, sink, nullptr);
+    };
+    std::map<std::string, std::vector<float>> fresh_t, reused_t;
+    auto fresh = run(false, &fresh_t);
+    ASSERT_TRUE(fresh.ok()) << fresh.error().message;
+    auto reused = run(true, &reused_t);
+    ASSERT_TRUE(reused.ok()) << reused.error().message;
+    ASSERT_EQ(fresh_t.size(), reused_t.size());
+    for (const auto& [name, v] : fresh_t) EXPECT_TRUE(v == reused_t[name]) << name << " differs with reused attention stages";
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Determinism
 
