@@ -181,7 +181,6 @@ void RunLayer(const Ctx& ctx, const Layer& L, const Linears& lin, const float* x
   AddInPlace(a->out.data(), a->h.data(), rows * h);
 }
 
-
 // Whether applying mapping r rescales input_layernorm or a q / k / v / o weight (its prev_op or a
 // balance layer): RunLayer's attention stages must then be recomputed.
 bool ChangesAttention(const Resolved& r) {
@@ -519,7 +518,8 @@ Result<AwqMappingReport> SearchAndApply(const Ctx& ctx, const Resolved& r, Layer
         for (int64_t c = 0; c < L.k[p] && ok; ++c) ok = FitsDType((*L.w[p])[(off + row) * L.k[p] + c] / s[row], L.dtype[p]);
     }
     Linears cand = MakeLinears(L);
-    std::shared_ptr<const std::vector<float>> inspected_w = L.w[gram ? r.inspect_linear : 0];  // gram: Ŵ of the inspected linear
+    // gram: Ŵ of the inspected linear (its current weight unless it is quantized below)
+    std::shared_ptr<const std::vector<float>> inspected_w = gram ? L.w[r.inspect_linear] : nullptr;
     for (int i : r.balance) {
       if (!ok) break;
       const int64_t n = L.n[i], k = L.k[i];
@@ -859,7 +859,7 @@ Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const 
       lrep.mappings.push_back(mr);
       if (progress) progress(++step, total_steps);
     }
-    Acts& fp = work;  // the smoothed layer's activations (stages the mappings ran are recomputed)
+    Acts& fp = work;  // the smoothed layer's activations (attention stages reused while still valid)
     RunLayer(ctx, L, MakeLinears(L), x.data(), batch, 4, &fp, attn_valid);
     std::vector<float> x_next;
     if (st.propagation == AwqPropagation::kFp) x_next = fp.out;
