@@ -402,6 +402,34 @@ void OpenTinyAwqInputs(const std::string& dir, const TinySpec& spec, TinyAwqInpu
   in->cfg.global->group_size = 32;
 }
 
+// batch × seq calibration token ids for the tiny model (vocab 512), deterministic.
+std::vector<int32_t> TinyTokens(int64_t batch, int64_t seq) {
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 37 + i / 7) % 500));
+  return tokens;
+}
+
+// RunAwq on `in` with settings `st`; every tensor the sink receives lands in *out by name.
+nibble::Result<nibble::AwqResult> RunAwqCollect(const TinyAwqInputs& in, const std::vector<int32_t>& tokens,
+                                                int64_t batch, int64_t seq, const nibble::AwqSettings& st,
+                                                std::map<std::string, std::vector<float>>* out) {
+  auto sink = [out](const std::string& name, std::vector<float> v) -> nibble::Status {
+    (*out)[name] = std::move(v);
+    return nibble::Status::Ok();
+  };
+  return nibble::RunAwq(*in.mc, *in.store, in.cfg, tokens, batch, seq, st, sink, nullptr);
+}
+
+// Both runs hold the same tensor names with bit-identical values (`what` names the difference).
+void ExpectSameTensors(const std::map<std::string, std::vector<float>>& a,
+                       const std::map<std::string, std::vector<float>>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, v] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(v == b.at(name)) << name << " differs " << what;
+  }
+}
+
 // Bounded memory: RunAwq hands each layer's tensors to the sink as soon as that layer is done
 // (after its mappings, before the next layer starts) and keeps none of them; a sink error stops
 // the pipeline at once and is returned.
@@ -474,32 +502,20 @@ TEST(Awq, EarlyStopGivesTheFullSearchResult) {
   TinySpec spec;
   TinyAwqInputs in;
   ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
-  const nibble::ModelConfig& mc = *in.mc;
-  const nibble::TensorStore& store = *in.store;
-  const nibble::QuarkQuantConfig& cfg = in.cfg;
   const int64_t batch = 256, seq = 32;
-  std::vector<int32_t> tokens;
-  for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 37 + i / 7) % 500));
+  const std::vector<int32_t> tokens = TinyTokens(batch, seq);
   auto run = [&](bool early_stop, std::map<std::string, std::vector<float>>* out) {
     nibble::AwqSettings st;
     st.duo_scaling = "both";
     st.early_stop = early_stop;
-    auto sink = [&](const std::string& name, std::vector<float> v) -> nibble::Status {
-      (*out)[name] = std::move(v);
-      return nibble::Status::Ok();
-    };
-    return nibble::RunAwq(mc, store, cfg, tokens, batch, seq, st, sink, nullptr);
+    return RunAwqCollect(in, tokens, batch, seq, st, out);
   };
   std::map<std::string, std::vector<float>> full_t, fast_t;
   auto full = run(false, &full_t);
   ASSERT_TRUE(full.ok()) << full.error().message;
   auto fast = run(true, &fast_t);
   ASSERT_TRUE(fast.ok()) << fast.error().message;
-  ASSERT_EQ(full_t.size(), fast_t.size());
-  for (const auto& [name, v] : full_t) {
-    ASSERT_TRUE(fast_t.count(name)) << name;
-    EXPECT_TRUE(v == fast_t[name]) << name << " differs with the early stop";
-  }
+  ExpectSameTensors(full_t, fast_t, "with the early stop");
   int64_t stopped = 0;
   ASSERT_EQ(full->layers.size(), fast->layers.size());
   for (size_t l = 0; l < full->layers.size(); ++l) {
@@ -530,24 +546,19 @@ TEST(Awq, GramLossOfOneLinearEqualsTheDirectLoss) {
   TinyAwqInputs in;
   ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
   const int64_t batch = 64, seq = 32;
-  std::vector<int32_t> tokens;
-  for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 37 + i / 7) % 500));
+  const std::vector<int32_t> tokens = TinyTokens(batch, seq);
   auto run = [&](bool gram, std::map<std::string, std::vector<float>>* out) {
     nibble::AwqSettings st;
     st.duo_scaling = "both";
     st.gram_linear_loss = gram;
-    auto sink = [&](const std::string& name, std::vector<float> v) -> nibble::Status {
-      (*out)[name] = std::move(v);
-      return nibble::Status::Ok();
-    };
-    return nibble::RunAwq(*in.mc, *in.store, in.cfg, tokens, batch, seq, st, sink, nullptr);
+    return RunAwqCollect(in, tokens, batch, seq, st, out);
   };
   std::map<std::string, std::vector<float>> direct_t, gram_t;
   auto direct = run(false, &direct_t);
   ASSERT_TRUE(direct.ok()) << direct.error().message;
   auto gram = run(true, &gram_t);
   ASSERT_TRUE(gram.ok()) << gram.error().message;
-  for (const auto& [name, v] : direct_t) EXPECT_TRUE(v == gram_t[name]) << name << " differs with the Gram loss";
+  ExpectSameTensors(direct_t, gram_t, "with the Gram loss");
   int64_t linear_mappings = 0;
   for (size_t l = 0; l < direct->layers.size(); ++l)
     for (size_t m = 0; m < direct->layers[l].mappings.size(); ++m) {
@@ -577,8 +588,7 @@ TEST(Awq, ReusedAttentionStagesGiveTheBytesOfRecomputingThem) {
   TinyAwqInputs in;
   ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
   const int64_t batch = 32, seq = 32;
-  std::vector<int32_t> tokens;
-  for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 37 + i / 7) % 500));
+  const std::vector<int32_t> tokens = TinyTokens(batch, seq);
   const auto defaults = nibble::DefaultLlamaScalingLayers();
   const std::vector<nibble::AwqMapping> reordered = {defaults[2], defaults[0], defaults[3], defaults[1]};
   for (const auto& layers : {defaults, reordered}) {
@@ -586,19 +596,14 @@ TEST(Awq, ReusedAttentionStagesGiveTheBytesOfRecomputingThem) {
       nibble::AwqSettings st;
       st.scaling_layers = layers;
       st.reuse_attention = reuse;
-      auto sink = [&](const std::string& name, std::vector<float> v) -> nibble::Status {
-        (*out)[name] = std::move(v);
-        return nibble::Status::Ok();
-      };
-      return nibble::RunAwq(*in.mc, *in.store, in.cfg, tokens, batch, seq, st, sink, nullptr);
+      return RunAwqCollect(in, tokens, batch, seq, st, out);
     };
     std::map<std::string, std::vector<float>> fresh_t, reused_t;
     auto fresh = run(false, &fresh_t);
     ASSERT_TRUE(fresh.ok()) << fresh.error().message;
     auto reused = run(true, &reused_t);
     ASSERT_TRUE(reused.ok()) << reused.error().message;
-    ASSERT_EQ(fresh_t.size(), reused_t.size());
-    for (const auto& [name, v] : fresh_t) EXPECT_TRUE(v == reused_t[name]) << name << " differs with reused attention stages";
+    ExpectSameTensors(fresh_t, reused_t, "with reused attention stages");
   }
 }
 
