@@ -63,10 +63,8 @@ Runner RegisterBench(CLI::App& app) {
     if (a->skip_gemm) return 0;
     // Group sizes an opt-in path cannot serve are refused before anything is timed.
     for (int64_t g : a->groups) {
-      if (a->bf16 && (g < 32 || g % 32 != 0))
-        return Fail("--bf16_activations: group_size " + std::to_string(g) + " is not a multiple of 32");
-      if (a->int8 && !(g == 32 || g == 64 || (g > 0 && g % 128 == 0)))
-        return Fail("--int8_activations: group_size " + std::to_string(g) + " is not 32, 64 or a multiple of 128");
+      const std::string refusal = nibble::OptInGroupSizeRefusal(a->int8, a->bf16, g);
+      if (!refusal.empty()) return Fail(refusal);
     }
     std::printf("%-11s %5s %4s %-26s %6s %9s %10s %9s %7s %9s %10s\n", "KxN", "g", "M", "path", "mats", "MB/mat",
                 "ms/call", "GB/s", "%bw", "GFLOP/s", "mean GB/s");

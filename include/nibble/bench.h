@@ -77,6 +77,12 @@ struct GemmBenchResult {
   double gflop_per_s = 0;     // 2·M·N·K / seconds_per_call / 1e9
 };
 
+/// Why an opt-in activation path cannot serve group size g, or "" when it can (or neither is
+/// asked for): "--int8_activations: group_size G is not 32, 64 or a multiple of 128",
+/// "--bf16_activations: group_size G is not a multiple of 32". The kernels' own rule
+/// (kernels/int4_packed.h W4Int8ServesGroupSize / W4Bf16ServesGroupSize).
+std::string OptInGroupSizeRefusal(bool int8_activations, bool bf16_activations, int64_t group_size);
+
 /// Times Int4Linear::Forward (the model's code path) on `shape`, cycling over enough distinct
 /// weight matrices that together hold >= `min_total_bytes` (so L3 cannot keep them), for at least
 /// `min_seconds` and at least 3 rounds (a round = one cycle over all matrices when M < 16, else

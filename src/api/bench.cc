@@ -26,7 +26,9 @@
 #include "io/file.h"
 #include "io/safetensors.h"
 #include "io/staging_dir.h"
+#include "base/check.h"
 #include "kernels/int4_dispatch.h"
+#include "kernels/int4_packed.h"
 #include "model/int4_linear.h"
 
 namespace nibble {
@@ -102,10 +104,22 @@ Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes) {
   return r;
 }
 
+std::string OptInGroupSizeRefusal(bool int8_activations, bool bf16_activations, int64_t group_size) {
+  const std::string g = std::to_string(group_size);
+  if (int8_activations && !W4Int8ServesGroupSize(group_size))
+    return "--int8_activations: group_size " + g + " is not 32, 64 or a multiple of 128";
+  if (bf16_activations && !W4Bf16ServesGroupSize(group_size))
+    return "--bf16_activations: group_size " + g + " is not a multiple of 32";
+  return "";
+}
+
 Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_bytes, double min_seconds) {
   if (s.k < 1 || s.n < 1 || s.m < 1 || s.group_size < 1 || s.k % s.group_size != 0)
     return MakeError("bench shape K=", s.k, " N=", s.n, " M=", s.m, " g=", s.group_size,
                      ": need positive sizes and K % g == 0");
+  if (s.int8_activations && s.bf16_activations) return MakeError("bench: int8 and bf16 activations are exclusive");
+  const std::string refusal = OptInGroupSizeRefusal(s.int8_activations, s.bf16_activations, s.group_size);
+  if (!refusal.empty()) return MakeError("bench: ", refusal);
   std::mt19937 rng(1234);
   Int4Matrix w;
   w.n = s.n;
@@ -128,15 +142,9 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   for (int64_t i = 0; i < count; ++i)
     mats.push_back(std::make_unique<Int4Linear>(geo.data, static_cast<size_t>(bytes), geo,
                                                 std::vector<float>{}, "bench"));
-  if (s.int8_activations)
-    for (auto& m : mats)
-      if (!m->SetInt8Activations(true))
-        return MakeError("bench: int8 activations are not served for group_size ", s.group_size, " (32, 64 or a multiple of 128)");
-  if (s.bf16_activations) {
-    if (s.int8_activations) return MakeError("bench: int8 and bf16 activations are exclusive");
-    for (auto& m : mats)
-      if (!m->SetBf16Activations(true))
-        return MakeError("bench: bf16 activations need a group_size that is a multiple of 32, got ", s.group_size);
+  for (auto& m : mats) {  // served: OptInGroupSizeRefusal checked the group size above
+    if (s.int8_activations) NIBBLE_CHECK(m->SetInt8Activations(true));
+    if (s.bf16_activations) NIBBLE_CHECK(m->SetBf16Activations(true));
   }
   std::vector<float> x(static_cast<size_t>(s.m * s.k)), y(static_cast<size_t>(s.m * s.n));
   std::normal_distribution<float> xd(0.f, 1.f);

@@ -132,9 +132,11 @@ void DequantW4PackedScalar(const W4PackedWeight& w, int64_t n0, int64_t n1, floa
     }
 }
 
-bool W4Int8Supported(const W4PackedWeight& w) {
-  return w.group_size == 32 || w.group_size == 64 || w.group_size % 128 == 0;
+bool W4Int8ServesGroupSize(int64_t group_size) {
+  return group_size == 32 || group_size == 64 || (group_size > 0 && group_size % 128 == 0);
 }
+
+bool W4Int8Supported(const W4PackedWeight& w) { return W4Int8ServesGroupSize(w.group_size); }
 
 int64_t W4Int8Parts(int64_t group_size) { return group_size < 128 ? 128 / group_size : 1; }
 
@@ -239,7 +241,9 @@ void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* acts, int64
   }
 }
 
-bool W4Bf16Supported(const W4PackedWeight& w) { return w.group_size >= 32 && w.group_size % 32 == 0; }
+bool W4Bf16ServesGroupSize(int64_t group_size) { return group_size >= 32 && group_size % 32 == 0; }
+
+bool W4Bf16Supported(const W4PackedWeight& w) { return W4Bf16ServesGroupSize(w.group_size); }
 
 namespace {
 

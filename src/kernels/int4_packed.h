@@ -94,8 +94,10 @@ struct W4Int8Acts {
   const int32_t* sx = nullptr; // [blocks][parts] sum of the part's int8 values
 };
 
-/// Whether the W4A8 kernels serve `w`: g in {32, 64} or g a multiple of 128 (every superblock
-/// holds whole groups, or lies in one).
+/// Whether the W4A8 kernels serve group size g: g in {32, 64} or g a multiple of 128 (every
+/// superblock holds whole groups, or lies in one).
+bool W4Int8ServesGroupSize(int64_t group_size);
+/// W4Int8ServesGroupSize(w.group_size).
 bool W4Int8Supported(const W4PackedWeight& w);
 /// Parts per block for group size g (W4Int8Supported weights): 128 / g below 128, else 1.
 int64_t W4Int8Parts(int64_t group_size);
@@ -139,8 +141,10 @@ struct W4Bf16Acts {
   const float* c1 = nullptr;    // [K / g]
 };
 
-/// Whether the bf16-activation kernel serves `w`: g a multiple of 32 (each 32-weight run of a
-/// superblock lies in one group).
+/// Whether the bf16-activation kernel serves group size g: g a multiple of 32 (each 32-weight run
+/// of a superblock lies in one group).
+bool W4Bf16ServesGroupSize(int64_t group_size);
+/// W4Bf16ServesGroupSize(w.group_size).
 bool W4Bf16Supported(const W4PackedWeight& w);
 /// Scratch bytes PrepareActsBf16 needs for K and g (every array 64-byte aligned within it).
 size_t W4Bf16ActsBytes(int64_t k, int64_t group_size);

@@ -21,6 +21,20 @@ uint8_t* ActsScratch(size_t bytes) {
   return scratch.data();
 }
 
+// The opt-in paths' shape: every row of x [m, k] prepared once (`prepare(row, row_scratch)` ->
+// Acts; rows in parallel for large batches) into the thread's scratch (`row_bytes` per row,
+// reused across calls and layers), then one pass over W for all rows (`gemm(acts, m)`).
+template <class Acts, class Prepare, class Gemm>
+void ForwardPrepared(const float* x, int64_t m, int64_t k, size_t row_bytes, Prepare prepare, Gemm gemm) {
+  thread_local std::vector<Acts> acts;
+  acts.resize(static_cast<size_t>(m));
+  uint8_t* const sp = ActsScratch(row_bytes * static_cast<size_t>(m));  // plain pointers for the OpenMP region
+  Acts* const ap = acts.data();
+#pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < m; ++i) ap[i] = prepare(x + i * k, sp + row_bytes * static_cast<size_t>(i));
+  gemm(ap, m);
+}
+
 }  // namespace
 
 Int4Linear::Int4Linear(const Int4Matrix& w, std::vector<float> bias, std::string desc)
@@ -79,18 +93,13 @@ bool Int4Linear::SetBf16Activations(bool on) {
 }
 
 void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
+  const float* const bias = bias_.empty() ? nullptr : bias_.data();
   if (int8_) {
-    // Every row of x quantized once, then one pass over W for all rows (the scratch is reused
-    // across calls and layers).
-    thread_local std::vector<W4Int8Acts> acts;
     const int64_t parts = W4Int8Parts(pw_.group_size);
-    const size_t row_bytes = W4Int8ActsBytes(pw_.k, parts);
-    acts.resize(static_cast<size_t>(m));
-    uint8_t* const sp = ActsScratch(row_bytes * static_cast<size_t>(m));  // plain pointers for the OpenMP region
-    W4Int8Acts* const ap = acts.data();
-#pragma omp parallel for schedule(static) if (m * pw_.k >= (int64_t{1} << 16))
-    for (int64_t i = 0; i < m; ++i) ap[i] = QuantizeActsInt8(x + i * pw_.k, pw_.k, parts, sp + row_bytes * static_cast<size_t>(i));
-    GemmW4A8Packed(pw_, acts.data(), m, bias_.empty() ? nullptr : bias_.data(), y);
+    ForwardPrepared<W4Int8Acts>(
+        x, m, pw_.k, W4Int8ActsBytes(pw_.k, parts),
+        [&](const float* row, uint8_t* s) { return QuantizeActsInt8(row, pw_.k, parts, s); },
+        [&](const W4Int8Acts* a, int64_t rows) { GemmW4A8Packed(pw_, a, rows, bias, y); });
     return;
   }
   if (bf16_) {
@@ -102,15 +111,10 @@ void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
       ForwardW4A32(xr.data(), m, y);
       return;
     }
-    thread_local std::vector<W4Bf16Acts> acts;
-    const size_t row_bytes = W4Bf16ActsBytes(pw_.k, pw_.group_size);
-    acts.resize(static_cast<size_t>(m));
-    uint8_t* const sp = ActsScratch(row_bytes * static_cast<size_t>(m));
-    W4Bf16Acts* const ap = acts.data();
-#pragma omp parallel for schedule(static) if (m * pw_.k >= (int64_t{1} << 16))
-    for (int64_t i = 0; i < m; ++i)
-      ap[i] = PrepareActsBf16(x + i * pw_.k, pw_.k, pw_.group_size, sp + row_bytes * static_cast<size_t>(i));
-    GemmW4Bf16Packed(pw_, acts.data(), m, bias_.empty() ? nullptr : bias_.data(), y);
+    ForwardPrepared<W4Bf16Acts>(
+        x, m, pw_.k, W4Bf16ActsBytes(pw_.k, pw_.group_size),
+        [&](const float* row, uint8_t* s) { return PrepareActsBf16(row, pw_.k, pw_.group_size, s); },
+        [&](const W4Bf16Acts* a, int64_t rows) { GemmW4Bf16Packed(pw_, a, rows, bias, y); });
     return;
   }
   ForwardW4A32(x, m, y);

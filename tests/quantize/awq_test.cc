@@ -409,24 +409,30 @@ std::vector<int32_t> TinyTokens(int64_t batch, int64_t seq) {
   return tokens;
 }
 
-// RunAwq on `in` with settings `st`; every tensor the sink receives lands in *out by name.
-nibble::Result<nibble::AwqResult> RunAwqCollect(const TinyAwqInputs& in, const std::vector<int32_t>& tokens,
-                                                int64_t batch, int64_t seq, const nibble::AwqSettings& st,
-                                                std::map<std::string, std::vector<float>>* out) {
-  auto sink = [out](const std::string& name, std::vector<float> v) -> nibble::Status {
-    (*out)[name] = std::move(v);
-    return nibble::Status::Ok();
-  };
-  return nibble::RunAwq(*in.mc, *in.store, in.cfg, tokens, batch, seq, st, sink, nullptr);
-}
-
-// Both runs hold the same tensor names with bit-identical values (`what` names the difference).
-void ExpectSameTensors(const std::map<std::string, std::vector<float>>& a,
-                       const std::map<std::string, std::vector<float>>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, v] : a) {
-    ASSERT_TRUE(b.count(name)) << name;
-    EXPECT_TRUE(v == b.at(name)) << name << " differs " << what;
+// RunAwq twice on `in` (TinyTokens(batch, seq)): default settings with set(st, false), then with
+// set(st, true). Both runs must succeed and hand the sink the same tensor names with bit-identical
+// values (`what` names the switch in a failure); their reports land in *off and *on.
+void RunOffOnSameTensors(const TinyAwqInputs& in, int64_t batch, int64_t seq,
+                         const std::function<void(nibble::AwqSettings&, bool)>& set, const std::string& what,
+                         std::optional<nibble::AwqResult>* off, std::optional<nibble::AwqResult>* on) {
+  const std::vector<int32_t> tokens = TinyTokens(batch, seq);
+  std::map<std::string, std::vector<float>> tensors[2];
+  for (int k = 0; k < 2; ++k) {
+    nibble::AwqSettings st;
+    set(st, k == 1);
+    std::map<std::string, std::vector<float>>* out = &tensors[k];
+    auto sink = [out](const std::string& name, std::vector<float> v) -> nibble::Status {
+      (*out)[name] = std::move(v);
+      return nibble::Status::Ok();
+    };
+    auto r = nibble::RunAwq(*in.mc, *in.store, in.cfg, tokens, batch, seq, st, sink, nullptr);
+    ASSERT_TRUE(r.ok()) << what << ": " << r.error().message;
+    (k == 0 ? off : on)->emplace(std::move(r).value());
+  }
+  ASSERT_EQ(tensors[0].size(), tensors[1].size());
+  for (const auto& [name, v] : tensors[0]) {
+    ASSERT_TRUE(tensors[1].count(name)) << name;
+    EXPECT_TRUE(v == tensors[1].at(name)) << name << " differs " << what;
   }
 }
 
@@ -502,20 +508,14 @@ TEST(Awq, EarlyStopGivesTheFullSearchResult) {
   TinySpec spec;
   TinyAwqInputs in;
   ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
-  const int64_t batch = 256, seq = 32;
-  const std::vector<int32_t> tokens = TinyTokens(batch, seq);
-  auto run = [&](bool early_stop, std::map<std::string, std::vector<float>>* out) {
-    nibble::AwqSettings st;
-    st.duo_scaling = "both";
-    st.early_stop = early_stop;
-    return RunAwqCollect(in, tokens, batch, seq, st, out);
-  };
-  std::map<std::string, std::vector<float>> full_t, fast_t;
-  auto full = run(false, &full_t);
-  ASSERT_TRUE(full.ok()) << full.error().message;
-  auto fast = run(true, &fast_t);
-  ASSERT_TRUE(fast.ok()) << fast.error().message;
-  ExpectSameTensors(full_t, fast_t, "with the early stop");
+  std::optional<nibble::AwqResult> full, fast;
+  ASSERT_NO_FATAL_FAILURE(RunOffOnSameTensors(
+      in, 256, 32,
+      [](nibble::AwqSettings& st, bool on) {
+        st.duo_scaling = "both";
+        st.early_stop = on;
+      },
+      "with the early stop", &full, &fast));
   int64_t stopped = 0;
   ASSERT_EQ(full->layers.size(), fast->layers.size());
   for (size_t l = 0; l < full->layers.size(); ++l) {
@@ -545,20 +545,14 @@ TEST(Awq, GramLossOfOneLinearEqualsTheDirectLoss) {
   spec.kv_heads = spec.heads;  // v_proj -> o_proj runs too
   TinyAwqInputs in;
   ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
-  const int64_t batch = 64, seq = 32;
-  const std::vector<int32_t> tokens = TinyTokens(batch, seq);
-  auto run = [&](bool gram, std::map<std::string, std::vector<float>>* out) {
-    nibble::AwqSettings st;
-    st.duo_scaling = "both";
-    st.gram_linear_loss = gram;
-    return RunAwqCollect(in, tokens, batch, seq, st, out);
-  };
-  std::map<std::string, std::vector<float>> direct_t, gram_t;
-  auto direct = run(false, &direct_t);
-  ASSERT_TRUE(direct.ok()) << direct.error().message;
-  auto gram = run(true, &gram_t);
-  ASSERT_TRUE(gram.ok()) << gram.error().message;
-  ExpectSameTensors(direct_t, gram_t, "with the Gram loss");
+  std::optional<nibble::AwqResult> direct, gram;
+  ASSERT_NO_FATAL_FAILURE(RunOffOnSameTensors(
+      in, 64, 32,
+      [](nibble::AwqSettings& st, bool on) {
+        st.duo_scaling = "both";
+        st.gram_linear_loss = on;
+      },
+      "with the Gram loss", &direct, &gram));
   int64_t linear_mappings = 0;
   for (size_t l = 0; l < direct->layers.size(); ++l)
     for (size_t m = 0; m < direct->layers[l].mappings.size(); ++m) {
@@ -587,23 +581,17 @@ TEST(Awq, ReusedAttentionStagesGiveTheBytesOfRecomputingThem) {
   spec.kv_heads = spec.heads;  // v_proj -> o_proj runs too
   TinyAwqInputs in;
   ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
-  const int64_t batch = 32, seq = 32;
-  const std::vector<int32_t> tokens = TinyTokens(batch, seq);
   const auto defaults = nibble::DefaultLlamaScalingLayers();
   const std::vector<nibble::AwqMapping> reordered = {defaults[2], defaults[0], defaults[3], defaults[1]};
   for (const auto& layers : {defaults, reordered}) {
-    auto run = [&](bool reuse, std::map<std::string, std::vector<float>>* out) {
-      nibble::AwqSettings st;
-      st.scaling_layers = layers;
-      st.reuse_attention = reuse;
-      return RunAwqCollect(in, tokens, batch, seq, st, out);
-    };
-    std::map<std::string, std::vector<float>> fresh_t, reused_t;
-    auto fresh = run(false, &fresh_t);
-    ASSERT_TRUE(fresh.ok()) << fresh.error().message;
-    auto reused = run(true, &reused_t);
-    ASSERT_TRUE(reused.ok()) << reused.error().message;
-    ExpectSameTensors(fresh_t, reused_t, "with reused attention stages");
+    std::optional<nibble::AwqResult> fresh, reused;
+    ASSERT_NO_FATAL_FAILURE(RunOffOnSameTensors(
+        in, 32, 32,
+        [&layers](nibble::AwqSettings& st, bool on) {
+          st.scaling_layers = layers;
+          st.reuse_attention = on;
+        },
+        "with reused attention stages", &fresh, &reused));
   }
 }
 
