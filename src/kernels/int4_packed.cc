@@ -213,7 +213,6 @@ void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* acts, int64
       const W4Int8Acts& a = acts[row];
       const int64_t part_len = 128 / a.parts;
       float acc[16] = {};
-      float corr = 0.f;
       for (int64_t t = 0; t < a.blocks; ++t) {
         const uint8_t* rec = w.data + r * w.row_bytes + (t / sb_per_rec) * w.rec_bytes;
         const int64_t b = t % sb_per_rec;
@@ -225,18 +224,17 @@ void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* acts, int64
           const int8_t* B = A + 64;
           const float fs = w4p::Scale(rec, gi) * a.xs[t];
           for (int l = 0; l < 16; ++l) {
-            int32_t v = 0;
+            // Lane 0 starts at the part's zero-point term −z·Σx8, so the subtraction is exact.
+            int32_t v = l == 0 ? -w4p::Zero(w, rec, gi) * a.sx[t * a.parts + p] : 0;
             for (int i = 0; i < 4; ++i)
               if (i * a.parts / 4 == p) v += (sb[4 * l + i] & 15) * A[4 * l + i] + (sb[4 * l + i] >> 4) * B[4 * l + i];
             acc[l] = std::fma(fs, static_cast<float>(v), acc[l]);
           }
-          corr = std::fma(fs, static_cast<float>(w4p::Zero(w, rec, gi) * a.sx[t * a.parts + p]), corr);
         }
       }
       for (int h = 8; h >= 1; h /= 2)
         for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
-      const float v = acc[0] - corr;
-      y[row * w.n + r] = bias != nullptr ? v + bias[r] : v;
+      y[row * w.n + r] = bias != nullptr ? acc[0] + bias[r] : acc[0];
     }
   }
 }

@@ -113,9 +113,10 @@ W4Int8Acts QuantizeActsInt8(const float* x, int64_t k, int64_t parts, uint8_t* s
 /// every tiling is bit-identical: for each block t and part p in order (parts whose group starts
 /// at or beyond K skipped), with the part's group scale s and zero point z, fs = s · xs[t] (fp32)
 /// and, for each of the 16 dword lanes l of the superblock, v_l = Σ over the part's bytes i of
-/// lo(byte 4l+i)·A[4l+i] + hi(byte 4l+i)·B[4l+i] (exact int); acc[l] = fma(fs, float(v_l), acc[l])
-/// and corr = fma(fs, float(z · sx[t][p]), corr). Then the lanes are summed as a tree (l + 8,
-/// l + 4, l + 2, l + 1) and y = (acc − corr) (+ bias[n]). Single-threaded, no allocation.
+/// lo(byte 4l+i)·A[4l+i] + hi(byte 4l+i)·B[4l+i] (exact int), lane 0 starting at −z · sx[t][p]
+/// (the zero-point term, subtracted exactly in int32: |v_l| < 2^18, so float(v_l) is exact);
+/// acc[l] = fma(fs, float(v_l), acc[l]). Then the lanes are summed as a tree (l + 8, l + 4,
+/// l + 2, l + 1) and y = acc (+ bias[n]). Single-threaded, no allocation.
 /// Precondition: W4Int8Supported(w); every a[i].parts == W4Int8Parts(w.group_size), a[i].k == w.k.
 using W4GemmI8Kernel = void (*)(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y,
                                 int64_t n0, int64_t n1);

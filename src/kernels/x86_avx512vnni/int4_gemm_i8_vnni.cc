@@ -32,7 +32,7 @@ struct Act {
 // is the whole record), `parts` <= kParts of them inside K.
 template <int MR, int kParts, bool kSym>
 inline void Superblock(const uint8_t* rec, const uint8_t* sb, int64_t rec_groups, int64_t t, int64_t gi0, int64_t parts,
-                       const Act* a, __m512* acc, float* corr) {
+                       const Act* a, __m512* acc) {
   const __m512i lo = _mm512_set1_epi8(0x0F);
   const __m512i s = _mm512_loadu_si512(sb);
   const __m512i A = _mm512_and_si512(s, lo), B = _mm512_and_si512(_mm512_srli_epi16(s, 4), lo);
@@ -51,10 +51,11 @@ inline void Superblock(const uint8_t* rec, const uint8_t* sb, int64_t rec_groups
         xa = _mm512_and_si512(xa, m);
         xb = _mm512_and_si512(xb, m);
       }
-      const __m512i v = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), A, xa), B, xb);
+      // Lane 0 starts at the zero-point term −z·Σx8: the subtraction is exact, in int32.
+      const __m512i v0 = _mm512_maskz_set1_epi32(1, -z * a[i].sx[t * kParts + p]);
+      const __m512i v = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(v0, A, xa), B, xb);
       const float fs = sc * a[i].xs[t];
       acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(fs), _mm512_cvtepi32_ps(v), acc[i]);
-      corr[i] = __builtin_fmaf(fs, static_cast<float>(z * a[i].sx[t * kParts + p]), corr[i]);
     }
   }
 }
@@ -65,11 +66,7 @@ void Tile(const W4PackedWeight& w, const W4Int8Acts* acts, const float* bias, fl
   Act a[MR];
   for (int i = 0; i < MR; ++i) a[i] = {acts[i].x8, acts[i].xs, acts[i].sx};
   __m512 acc[MR];
-  float corr[MR];
-  for (int i = 0; i < MR; ++i) {
-    acc[i] = _mm512_setzero_ps();
-    corr[i] = 0.f;
-  }
+  for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   const uint8_t* base = w.data + r * w.row_bytes;
   const int64_t rec_bytes = w.rec_bytes, header = w.rec_header, rec_groups = w.rec_groups;
   if (kParts > 1) {
@@ -79,7 +76,7 @@ void Tile(const W4PackedWeight& w, const W4Int8Acts* acts, const float* bias, fl
       const uint8_t* rec = base + t * rec_bytes;
       const int64_t parts =
           128 * (t + 1) <= w.k ? kParts : (w.k - 128 * t + w.group_size - 1) / w.group_size;  // last, partial
-      Superblock<MR, kParts, kSym>(rec, rec + header, rec_groups, t, 0, parts, a, acc, corr);
+      Superblock<MR, kParts, kSym>(rec, rec + header, rec_groups, t, 0, parts, a, acc);
     }
   } else {
     // g = 128·j: a record is one group of j superblocks.
@@ -87,13 +84,49 @@ void Tile(const W4PackedWeight& w, const W4Int8Acts* acts, const float* bias, fl
     for (int64_t ri = 0, t = 0; ri < recs; ++ri) {
       const uint8_t* rec = base + ri * rec_bytes;
       for (int64_t b = 0; b < spg; ++b, ++t)
-        Superblock<MR, 1, kSym>(rec, rec + header + 64 * b, rec_groups, t, 0, 1, a, acc, corr);
+        Superblock<MR, 1, kSym>(rec, rec + header + 64 * b, rec_groups, t, 0, 1, a, acc);
     }
   }
   for (int i = 0; i < MR; ++i) {
-    const float v = ReduceTree(acc[i]) - corr[i];
+    const float v = ReduceTree(acc[i]);
     y[i * w.n + r] = bias != nullptr ? v + bias[r] : v;
   }
+}
+
+// Decode (M = 1) when a record is one superblock (g = 128, or per-channel K = 128): the arithmetic
+// of Tile<1, 1, kSym> step for step (so bit-identical to it and to the scalar kernel) as one flat
+// loop over the records. The general tile's nested record / superblock loops and activation-row
+// views cost about as many scalar instructions per superblock as the vector work: 4096x1024 g128
+// (weights in L3), 1 thread, 28 GB/s through Tile, 37 through this loop.
+template <bool kSym>
+void RowG128(const W4PackedWeight& w, const W4Int8Acts& a, const float* bias, float* y, int64_t r) {
+  const __m512i lo = _mm512_set1_epi8(0x0F);
+  const uint8_t* rec = w.data + r * w.row_bytes;
+  const int64_t rec_bytes = w.rec_bytes, header = w.rec_header, blocks = a.blocks;
+  const int8_t* x8 = a.x8;
+  const float* xs = a.xs;
+  const int32_t* sx = a.sx;
+  __m512 acc = _mm512_setzero_ps();
+  // Unrolled by four records: with the weights in L2 (4096x192) 5.8 cycles per record rolled, 4.7
+  // unrolled by 2, 4 or 8. The non-temporal prefetch 4 KiB ahead along the row is the W4A32 row
+  // GEMV's (kRowPrefetchBytes there); from DRAM, 1 thread, three interleaved rounds, it took
+  // 11008x4096 from 21.9-25.2 to 32.6-36.1 GB/s and the other shapes of `nibble bench` from
+  // 22.0-28.8 to 23.7-35.2.
+#pragma GCC unroll 4
+  for (int64_t t = 0; t < blocks; ++t, rec += rec_bytes, x8 += 128) {
+    _mm_prefetch(reinterpret_cast<const char*>(rec + 4096), _MM_HINT_NTA);
+    const __m512i sb = _mm512_loadu_si512(rec + header);
+    const __m512i A = _mm512_and_si512(sb, lo), B = _mm512_and_si512(_mm512_srli_epi16(sb, 4), lo);
+    const int z = kSym ? 8 : rec[4];
+    const __m512i v0 = _mm512_maskz_set1_epi32(1, -z * sx[t]);
+    const __m512i v = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(v0, A, _mm512_loadu_si512(x8)), B, _mm512_loadu_si512(x8 + 64));
+    float sc;
+    __builtin_memcpy(&sc, rec, 4);
+    const float fs = sc * xs[t];
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(fs), _mm512_cvtepi32_ps(v), acc);
+  }
+  const float v = ReduceTree(acc);
+  y[r] = bias != nullptr ? v + bias[r] : v;
 }
 
 using TileFn = void (*)(const W4PackedWeight&, const W4Int8Acts*, const float*, float*, int64_t);
@@ -123,18 +156,19 @@ TileFn Select(int64_t parts, bool sym, int64_t mr) {
 // (the bytes GemmW4A8PackedScalar multiplies with A[4l..4l+3] / B[4l..4l+3]). One vpdpbusd of
 // T[h][l] with the broadcast activation dword then yields that lane-l partial sum for all 16
 // rows at once, and the per-lane accumulators acc[l] (lanes = rows) follow the scalar kernel's
-// arithmetic step for step: fs = s·xs[t], acc[l] = fma(fs, float(v_l), acc[l]),
-// corr = fma(fs, float(z·sx[t]), corr), the (l + 8, l + 4, l + 2, l + 1) tree, acc − corr, + bias —
-// bit-identical to it, so to every other tiling. T is built (a 16×16 dword transpose of the 16
-// superblocks) once per chunk of kChunkBlocks blocks (16 KB, L1) and reused by every activation
-// row; each row's 17 accumulators wait in a per-thread buffer between chunks and lane halves.
+// arithmetic step for step: fs = s·xs[t], v_0 starting at −z·sx[t] (16 rows' zero points times the
+// block's Σx8, exact in int32), acc[l] = fma(fs, float(v_l), acc[l]), the (l + 8, l + 4, l + 2,
+// l + 1) tree, + bias — bit-identical to it, so to every other tiling. T is built (a 16×16 dword
+// transpose of the 16 superblocks) once per chunk of kChunkBlocks blocks (16 KB, L1) and reused by
+// every activation row; each row's 16 accumulators wait in a per-thread buffer between chunks and
+// lane halves.
 constexpr int64_t kLanesMinRows = 6;  // measured, 4096x11008 g128, 1 thread: M = 4 per-row 2.5 ms, lanes 3.8; M = 6 4.4 vs 4.0
 constexpr int64_t kChunkBlocks = 8;
 
 struct LaneChunk {
   alignas(64) uint32_t T[kChunkBlocks][2][16][16];  // [block][h][l][row] 4 codes per dword
   alignas(64) float S[kChunkBlocks][16];            // scale of each row's group
-  alignas(64) float Z[kChunkBlocks][16];            // zero point as float
+  alignas(64) int32_t NZ[kChunkBlocks][16];         // minus each row's zero point
 };
 
 // c[j] (lane i) = r[i] (lane j): 16×16 dword transpose in four shuffle stages.
@@ -170,7 +204,7 @@ void BuildChunk(const W4PackedWeight& w, int64_t r0, int64_t t0, int64_t nb, Lan
       const uint8_t* rec = w.data + (r0 + n) * w.row_bytes + (t / spg) * w.rec_bytes;
       rows[n] = _mm512_loadu_si512(rec + w.rec_header + 64 * (t % spg));
       c.S[tt][n] = w4p::Scale(rec, 0);
-      c.Z[tt][n] = static_cast<float>(w4p::Zero(w, rec, 0));
+      c.NZ[tt][n] = -w4p::Zero(w, rec, 0);
     }
     Transpose16(rows, cols);
     for (int l = 0; l < 16; ++l) {
@@ -185,28 +219,26 @@ struct alignas(64) Lanes {
 };
 
 // Lanes kL0 .. kL0 + 7 of activation rows i0 .. i0 + R − 1 (R = 1, 2) over the chunk's blocks; the
-// eight accumulators per row (and, for kL0 = 0, corr) come from / go to `st` (17 per row). Two
-// rows share every load of T; eight lanes at a time keep 2 × 8 accumulators in registers.
+// eight accumulators per row come from / go to `st` (16 per row). Two rows share every load of T;
+// eight lanes at a time keep 2 × 8 accumulators in registers.
 template <int R, int kL0>
 inline void LaneHalf(const LaneChunk& c, const W4Int8Acts* a, int64_t i0, int64_t t0, int64_t nb, bool first, Lanes* st) {
-  __m512 acc[R][8], corr[R];
+  __m512 acc[R][8];
   for (int r = 0; r < R; ++r) {
-    Lanes* s = st + 17 * (i0 + r);
+    Lanes* s = st + 16 * (i0 + r);
     for (int l = 0; l < 8; ++l) acc[r][l] = first ? _mm512_setzero_ps() : _mm512_load_ps(s[kL0 + l].v);
-    corr[r] = first ? _mm512_setzero_ps() : _mm512_load_ps(s[16].v);
   }
   for (int64_t tt = 0; tt < nb; ++tt) {
     const int64_t t = t0 + tt;
     const int8_t* A[R];
     __m512 fs[R];
+    __m512i v0[R];  // lane 0's start: −z·sx[t], each row's zero-point term (exact int32)
     const __m512 S = _mm512_load_ps(c.S[tt]);
     for (int r = 0; r < R; ++r) {
       const W4Int8Acts& ai = a[i0 + r];
       A[r] = ai.x8 + t * 128;
       fs[r] = _mm512_mul_ps(S, _mm512_set1_ps(ai.xs[t]));
-      if (kL0 == 0)
-        corr[r] = _mm512_fmadd_ps(fs[r], _mm512_mul_ps(_mm512_load_ps(c.Z[tt]), _mm512_set1_ps(static_cast<float>(ai.sx[t]))),
-                                  corr[r]);
+      if (kL0 == 0) v0[r] = _mm512_mullo_epi32(_mm512_load_si512(c.NZ[tt]), _mm512_set1_epi32(ai.sx[t]));
     }
     const __m512i* T0 = reinterpret_cast<const __m512i*>(c.T[tt][0]);
     const __m512i* T1 = reinterpret_cast<const __m512i*>(c.T[tt][1]);
@@ -217,23 +249,22 @@ inline void LaneHalf(const LaneChunk& c, const W4Int8Acts* a, int64_t i0, int64_
         int32_t al, bl;
         std::memcpy(&al, A[r] + 4 * (kL0 + l), 4);
         std::memcpy(&bl, A[r] + 64 + 4 * (kL0 + l), 4);
-        __m512i v = _mm512_dpbusd_epi32(_mm512_setzero_si512(), t0v, _mm512_set1_epi32(al));
+        __m512i v = _mm512_dpbusd_epi32(kL0 + l == 0 ? v0[r] : _mm512_setzero_si512(), t0v, _mm512_set1_epi32(al));
         v = _mm512_dpbusd_epi32(v, t1v, _mm512_set1_epi32(bl));
         acc[r][l] = _mm512_fmadd_ps(fs[r], _mm512_cvtepi32_ps(v), acc[r][l]);
       }
     }
   }
   for (int r = 0; r < R; ++r) {
-    Lanes* s = st + 17 * (i0 + r);
+    Lanes* s = st + 16 * (i0 + r);
     for (int l = 0; l < 8; ++l) _mm512_store_ps(s[kL0 + l].v, acc[r][l]);
-    if (kL0 == 0) _mm512_store_ps(s[16].v, corr[r]);
   }
 }
 
 void LaneRows(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y, int64_t r0) {
   thread_local LaneChunk chunk;
-  thread_local std::vector<Lanes> state;  // [m][17]: acc[0..16), corr
-  if (static_cast<int64_t>(state.size()) < 17 * m) state.resize(static_cast<size_t>(17 * m));
+  thread_local std::vector<Lanes> state;  // [m][16]: acc[0..16)
+  if (static_cast<int64_t>(state.size()) < 16 * m) state.resize(static_cast<size_t>(16 * m));
   Lanes* st = state.data();
   const int64_t blocks = a[0].blocks;
   for (int64_t t0 = 0; t0 < blocks; t0 += kChunkBlocks) {
@@ -251,12 +282,12 @@ void LaneRows(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const flo
     }
   }
   for (int64_t i = 0; i < m; ++i) {
-    const Lanes* s = st + 17 * i;
+    const Lanes* s = st + 16 * i;
     __m512 acc[16];
     for (int l = 0; l < 16; ++l) acc[l] = _mm512_load_ps(s[l].v);
     for (int h = 8; h >= 1; h /= 2)
       for (int l = 0; l < h; ++l) acc[l] = _mm512_add_ps(acc[l], acc[l + h]);
-    __m512 v = _mm512_sub_ps(acc[0], _mm512_load_ps(s[16].v));
+    __m512 v = acc[0];
     if (bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + r0));
     _mm512_storeu_ps(y + i * w.n + r0, v);
   }
@@ -274,6 +305,10 @@ void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const
   // hardware prefetchers follow best: measured 4096x11008 g128 M=1, 1 thread, weights past L3,
   // 1 row 16.7 GB/s, 2 rows 15.8, 4 rows 11.8, 8 rows 11.4. Up to 4 activation rows share each
   // unpacked superblock.
+  if (m == 1 && a[0].parts == 1 && w.rec_weights == 128) {
+    for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true> : RowG128<false>)(w, a[0], bias, y, r);
+    return;
+  }
   const TileFn full = Select(a[0].parts, w.symmetric, 4), tail = Select(a[0].parts, w.symmetric, m % 4);
   for (int64_t r = n0; r < n1; ++r) {
     int64_t i = 0;
