@@ -2,8 +2,10 @@
 // past L3, reported as weight GB/s, % of the measured bandwidth and GFLOP/s (best round; the mean
 // is printed too). End-to-end tokens/s:
 // `nibble synth` + `nibble generate` (README "Kernels and benchmarks").
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,13 +54,14 @@ Runner RegisterBench(CLI::App& app) {
     nibble::SetNumThreads(a->threads);
     const nibble::KernelDispatchReport k = nibble::DescribeKernels();
     std::printf("threads: %d | kernels: %s\n", nibble::NumThreads(), k.chosen.c_str());
-    double bw = 0;
+    std::optional<nibble::ReadBandwidthProbe> probe;
     if (!a->skip_bandwidth) {
-      auto r = nibble::MeasureReadBandwidth(static_cast<int64_t>(a->bandwidth_gib * (1 << 30)), a->passes);
-      if (!r.ok()) return Fail(r.error().message);
-      bw = r->gb_per_s;
-      std::printf("DRAM read bandwidth: %.2f GB/s (%.2f GiB buffer, best of %d passes, %.3f s)\n", bw,
-                  static_cast<double>(r->bytes) / (1 << 30), r->passes, r->seconds);
+      auto p = nibble::ReadBandwidthProbe::Create(static_cast<int64_t>(a->bandwidth_gib * (1 << 30)));
+      if (!p.ok()) return Fail(p.error().message);
+      probe.emplace(std::move(*p));
+      const nibble::BandwidthResult r = probe->Measure(a->passes);
+      std::printf("DRAM read bandwidth: %.2f GB/s (%.2f GiB buffer, best of %d passes, %.3f s)\n", r.gb_per_s,
+                  static_cast<double>(r.bytes) / (1 << 30), r.passes, r.seconds);
     }
     if (a->skip_gemm) return 0;
     // Group sizes an opt-in path cannot serve are refused before anything is timed.
@@ -66,8 +69,11 @@ Runner RegisterBench(CLI::App& app) {
       const std::string refusal = nibble::OptInGroupSizeRefusal(a->int8, a->bf16, g);
       if (!refusal.empty()) return Fail(refusal);
     }
-    std::printf("%-11s %5s %4s %-26s %6s %9s %10s %9s %7s %9s %10s\n", "KxN", "g", "M", "path", "mats", "MB/mat",
-                "ms/call", "GB/s", "%bw", "GFLOP/s", "mean GB/s");
+    // Each case's % is against the bandwidth measured right before it (column bw): the machine's
+    // bandwidth can move by tens of percent between the first measurement and a case a minute later.
+    std::printf("%-11s %5s %4s %-26s %6s %9s %10s %9s %7s %7s %9s %10s\n", "KxN", "g", "M", "path", "mats", "MB/mat",
+                "ms/call", "GB/s", "bw", "%bw", "GFLOP/s", "mean GB/s");
+    double bw_min = 0, bw_max = 0;
     for (const std::string& sh : a->shapes) {
       nibble::GemmBenchCase c;
       if (std::sscanf(sh.c_str(), "%ldx%ld", &c.k, &c.n) != 2) return Fail("--shapes: expected KxN, got \"" + sh + "\"");
@@ -79,17 +85,28 @@ Runner RegisterBench(CLI::App& app) {
             if ((act == 1 && !a->int8) || (act == 2 && !a->bf16)) continue;
             c.int8_activations = act == 1;
             c.bf16_activations = act == 2;
+            const double bw = probe ? probe->Measure(a->passes).gb_per_s : 0.0;
+            if (bw > 0) {
+              bw_min = bw_min == 0 ? bw : std::min(bw_min, bw);
+              bw_max = std::max(bw_max, bw);
+            }
             auto r = nibble::BenchW4Gemm(c, static_cast<int64_t>(a->cycle_gib * (1 << 30)), a->seconds);
             if (!r.ok()) return Fail(r.error().message);
-            char pct[16] = "-";
-            if (bw > 0) std::snprintf(pct, sizeof pct, "%.1f", 100.0 * r->weight_gb_per_s / bw);
-            std::printf("%-11s %5ld %4ld %-26s %6ld %9.2f %10.3f %9.2f %7s %9.1f %10.2f\n", sh.c_str(), g, m,
+            char bws[16] = "-", pct[16] = "-";
+            if (bw > 0) {
+              std::snprintf(bws, sizeof bws, "%.1f", bw);
+              std::snprintf(pct, sizeof pct, "%.1f", 100.0 * r->weight_gb_per_s / bw);
+            }
+            std::printf("%-11s %5ld %4ld %-26s %6ld %9.2f %10.3f %9.2f %7s %7s %9.1f %10.2f\n", sh.c_str(), g, m,
                         r->path.c_str(), r->matrices, r->weight_bytes / 1e6, r->seconds_per_call * 1e3,
-                        r->weight_gb_per_s, pct, r->gflop_per_s, r->weight_bytes / r->mean_seconds_per_call / 1e9);
+                        r->weight_gb_per_s, bws, pct, r->gflop_per_s, r->weight_bytes / r->mean_seconds_per_call / 1e9);
             std::fflush(stdout);
           }
         }
     }
+    if (bw_max > 0)
+      std::printf("DRAM read bandwidth before the cases: %.2f - %.2f GB/s (best of %d passes each)\n", bw_min, bw_max,
+                  a->passes);
     return 0;
   };
 }

@@ -48,8 +48,29 @@ struct BandwidthResult {
   double gb_per_s = 0;     // bytes / seconds / 1e9
 };
 
-/// DRAM read bandwidth: allocates `bytes` (>= 1 GiB recommended so caches do not help), touches
-/// it, then reads it `passes` times with all threads (static split) and reports the best pass.
+/// DRAM read bandwidth probe that keeps its buffer, so the roofline can be measured again next to
+/// each benchmark case (on a shared or throttling machine it moves by tens of percent within a
+/// minute; `nibble bench` prints each case's % against the probe run right before it).
+class ReadBandwidthProbe {
+ public:
+  /// Allocates `bytes` (>= 1 GiB recommended so caches do not help; huge pages where granted, like
+  /// the packed weights) and touches it. Errors: bytes < 1 MiB or allocation failure.
+  static Result<ReadBandwidthProbe> Create(int64_t bytes);
+  /// Reads the whole buffer `passes` times (at least 1) with all threads (static split), widest
+  /// loads the CPU has; reports the best pass.
+  BandwidthResult Measure(int passes) const;
+
+  ReadBandwidthProbe(ReadBandwidthProbe&&) noexcept;
+  ReadBandwidthProbe& operator=(ReadBandwidthProbe&&) noexcept;
+  ~ReadBandwidthProbe();
+
+ private:
+  struct Impl;
+  explicit ReadBandwidthProbe(Impl* impl);
+  Impl* impl_ = nullptr;
+};
+
+/// DRAM read bandwidth once: ReadBandwidthProbe::Create(bytes) then Measure(passes).
 /// Errors: bytes < 1 MiB or allocation failure.
 Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes);
 

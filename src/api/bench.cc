@@ -66,22 +66,46 @@ KernelDispatchReport DescribeKernels() {
   return r;
 }
 
-Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes) {
+struct ReadBandwidthProbe::Impl {
+  PageBuffer buf;
+  int64_t words = 0;
+};
+
+ReadBandwidthProbe::ReadBandwidthProbe(Impl* impl) : impl_(impl) {}
+ReadBandwidthProbe::ReadBandwidthProbe(ReadBandwidthProbe&& o) noexcept : impl_(o.impl_) { o.impl_ = nullptr; }
+ReadBandwidthProbe& ReadBandwidthProbe::operator=(ReadBandwidthProbe&& o) noexcept {
+  if (this != &o) {
+    delete impl_;
+    impl_ = o.impl_;
+    o.impl_ = nullptr;
+  }
+  return *this;
+}
+ReadBandwidthProbe::~ReadBandwidthProbe() { delete impl_; }
+
+Result<ReadBandwidthProbe> ReadBandwidthProbe::Create(int64_t bytes) {
   if (bytes < (int64_t{1} << 20)) return MakeError("bandwidth buffer of ", bytes, " bytes is below 1 MiB");
-  if (passes < 1) passes = 1;
-  const int64_t words = bytes / 8;
+  auto impl = std::make_unique<Impl>();
+  impl->words = bytes / 8;
   // Same allocation as the packed weights (huge pages when the kernel grants them) and the widest
   // loads the CPU has, so the roofline is what a read-only stream can reach.
-  PageBuffer buf;
   try {
-    buf = PageBuffer(static_cast<size_t>(words) * 8);
+    impl->buf = PageBuffer(static_cast<size_t>(impl->words) * 8);
   } catch (const std::bad_alloc&) {
     return MakeError("cannot allocate ", bytes, " bytes for the bandwidth buffer");
   }
-  uint64_t* p = reinterpret_cast<uint64_t*>(buf.data());
-  const StreamReadKernel read = ActiveW4Dispatch().kernels.stream_read;
+  uint64_t* p = reinterpret_cast<uint64_t*>(impl->buf.data());
+  const int64_t words = impl->words;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < words; ++i) p[i] = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+  return ReadBandwidthProbe(impl.release());
+}
+
+BandwidthResult ReadBandwidthProbe::Measure(int passes) const {
+  if (passes < 1) passes = 1;
+  const int64_t words = impl_->words;
+  const uint64_t* p = reinterpret_cast<const uint64_t*>(impl_->buf.data());
+  const StreamReadKernel read = ActiveW4Dispatch().kernels.stream_read;
   BandwidthResult r;
   r.bytes = words * 8;
   r.passes = passes;
@@ -102,6 +126,12 @@ Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes) {
   if (sink == 42) std::fputc(' ', stderr);  // keeps the reads observable
   r.gb_per_s = static_cast<double>(r.bytes) / r.seconds / 1e9;
   return r;
+}
+
+Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes) {
+  auto probe = ReadBandwidthProbe::Create(bytes);
+  if (!probe.ok()) return probe.error();
+  return probe->Measure(passes);
 }
 
 std::string OptInGroupSizeRefusal(bool int8_activations, bool bf16_activations, int64_t group_size) {

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -86,6 +87,33 @@ TEST(Cli, GenerateStreamsAndReportsSpeed) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("prefill: 4 tokens"), std::string::npos) << r.out;  // BOS + 3 pieces
+}
+
+// Each bench case's % column is its GB/s against the bandwidth column measured right before it,
+// and the closing line gives the range of those measurements.
+TEST(Cli, BenchPercentIsAgainstTheBandwidthMeasuredBeforeEachCase) {
+  RunResult r = RunNibble(
+      "bench --threads 1 --shapes 1024x512 --group_size 128 --m 1 4 --bandwidth_gib 0.02 --passes 2 "
+      "--cycle_gib 0.02 --seconds 0.02");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::regex row(R"(1024x512 +128 +(\d+) +\S+ +\d+ +[0-9.]+ +[0-9.]+ +([0-9.]+) +([0-9.]+) +([0-9.]+) )");
+  int rows = 0;
+  double lo = 1e30, hi = 0;
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), row), end; it != end; ++it) {
+    const double gbs = std::stod((*it)[2]), bw = std::stod((*it)[3]), pct = std::stod((*it)[4]);
+    EXPECT_GT(bw, 0) << it->str();
+    // Printed rounding: % to 0.05, GB/s to 0.005, bw to 0.05.
+    EXPECT_NEAR(pct, 100.0 * gbs / bw, 0.05 + 0.5 / bw + 5.0 * gbs / (bw * bw) + 1e-9) << it->str();
+    lo = std::min(lo, bw);
+    hi = std::max(hi, bw);
+    ++rows;
+  }
+  EXPECT_EQ(rows, 2) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(DRAM read bandwidth before the cases: ([0-9.]+) - ([0-9.]+) GB/s)")))
+      << r.out;
+  EXPECT_NEAR(std::stod(m[1]), lo, 0.051) << r.out;
+  EXPECT_NEAR(std::stod(m[2]), hi, 0.051) << r.out;
 }
 
 TEST(Cli, SameSeedSameText) {
