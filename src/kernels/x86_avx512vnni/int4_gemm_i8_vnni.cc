@@ -98,6 +98,8 @@ void Tile(const W4PackedWeight& w, const W4Int8Acts* acts, const float* bias, fl
 // loop over the records. The general tile's nested record / superblock loops and activation-row
 // views cost about as many scalar instructions per superblock as the vector work: 4096x1024 g128
 // (weights in L3), 1 thread, 28 GB/s through Tile, 37 through this loop.
+constexpr int kRowPrefetchBytes = 4096;  // as the W4A32 row GEMV (x86_avx512/int4_gemm_avx512.cc)
+
 template <bool kSym>
 void RowG128(const W4PackedWeight& w, const W4Int8Acts& a, const float* bias, float* y, int64_t r) {
   const __m512i lo = _mm512_set1_epi8(0x0F);
@@ -109,12 +111,12 @@ void RowG128(const W4PackedWeight& w, const W4Int8Acts& a, const float* bias, fl
   __m512 acc = _mm512_setzero_ps();
   // Unrolled by four records: with the weights in L2 (4096x192) 5.8 cycles per record rolled, 4.7
   // unrolled by 2, 4 or 8. The non-temporal prefetch 4 KiB ahead along the row is the W4A32 row
-  // GEMV's (kRowPrefetchBytes there); from DRAM, 1 thread, three interleaved rounds, it took
+  // GEMV's; from DRAM, 1 thread, three interleaved rounds, it took
   // 11008x4096 from 21.9-25.2 to 32.6-36.1 GB/s and the other shapes of `nibble bench` from
   // 22.0-28.8 to 23.7-35.2.
 #pragma GCC unroll 4
   for (int64_t t = 0; t < blocks; ++t, rec += rec_bytes, x8 += 128) {
-    _mm_prefetch(reinterpret_cast<const char*>(rec + 4096), _MM_HINT_NTA);
+    _mm_prefetch(reinterpret_cast<const char*>(rec + kRowPrefetchBytes), _MM_HINT_NTA);
     const __m512i sb = _mm512_loadu_si512(rec + header);
     const __m512i A = _mm512_and_si512(sb, lo), B = _mm512_and_si512(_mm512_srli_epi16(sb, 4), lo);
     const int z = kSym ? 8 : rec[4];

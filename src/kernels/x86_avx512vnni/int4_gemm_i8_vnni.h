@@ -9,8 +9,10 @@ namespace nibble {
 
 /// W4GemmI8Kernel for AVX-512 VNNI: `vpdpbusd` (unsigned codes × signed int8 activations, 64
 /// products per instruction) on each superblock's low / high nibbles, one weight row at a time
-/// against up to 4 activation rows (each superblock is unpacked once for all of them); lane sums
-/// and fp32 accumulation exactly as GemmW4A8PackedScalar, so results are bit-identical to it.
+/// against up to 4 activation rows (each superblock is unpacked once for all of them; decode at
+/// g = 128 through one flat loop per row), or 16 weight rows in the lanes from 6 activation rows
+/// on (g a multiple of 128); lane sums and fp32 accumulation exactly as GemmW4A8PackedScalar, so
+/// results are bit-identical to it.
 void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y, int64_t n0,
                   int64_t n1);
 
