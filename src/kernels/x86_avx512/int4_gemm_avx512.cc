@@ -215,7 +215,11 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 // median GB/s, rows against tiles: 1 thread g128 14.0 / 13.8, g32 15.0 / 12.1; 2 threads g128
 // 25.0 / 24.2, g32 26.2 / 23.8 — even at g128, and the tiles are this shape's best case on the
 // Intel host (74-75 % of its bandwidth, docs/KERNELS.md), where rows were not measured. At
-// 14336x4096 (x 56 KiB) rows lost at g128 (10.3-10.5 against 12.7-13.8).
+// 14336x4096 (x 56 KiB) rows lost at g128 (10.3-10.5 against 12.7-13.8). Rows with the non-temporal
+// prefetch and K cut into 4096-weight chunks (16 KiB of x, each chunk over 16 rows, prefetching the
+// same place one row ahead) lost too: 1 thread, two rounds, 11008x4096 g128 13.0-13.6 against
+// 14.5 GB/s for the tiles, g32 9.1-12.1 against 15.9-16.5; 14336x4096 g128 11.9-14.0 against
+// 14.7-15.2.
 constexpr int64_t kGemvRowMaxK = 8192;
 constexpr int kRowPrefetchBytes = 4096;
 
