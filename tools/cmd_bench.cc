@@ -73,7 +73,7 @@ Runner RegisterBench(CLI::App& app) {
     // bandwidth can move by tens of percent between the first measurement and a case a minute later.
     std::printf("%-11s %5s %4s %-26s %6s %9s %10s %9s %7s %7s %9s %10s\n", "KxN", "g", "M", "path", "mats", "MB/mat",
                 "ms/call", "GB/s", "bw", "%bw", "GFLOP/s", "mean GB/s");
-    double bw_min = 0, bw_max = 0;
+    double bw_min = 1e300, bw_max = 0;
     for (const std::string& sh : a->shapes) {
       nibble::GemmBenchCase c;
       if (std::sscanf(sh.c_str(), "%ldx%ld", &c.k, &c.n) != 2) return Fail("--shapes: expected KxN, got \"" + sh + "\"");
@@ -86,10 +86,8 @@ Runner RegisterBench(CLI::App& app) {
             c.int8_activations = act == 1;
             c.bf16_activations = act == 2;
             const double bw = probe ? probe->Measure(a->passes).gb_per_s : 0.0;
-            if (bw > 0) {
-              bw_min = bw_min == 0 ? bw : std::min(bw_min, bw);
-              bw_max = std::max(bw_max, bw);
-            }
+            bw_min = std::min(bw_min, bw);
+            bw_max = std::max(bw_max, bw);
             auto r = nibble::BenchW4Gemm(c, static_cast<int64_t>(a->cycle_gib * (1 << 30)), a->seconds);
             if (!r.ok()) return Fail(r.error().message);
             char bws[16] = "-", pct[16] = "-";

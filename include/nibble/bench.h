@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,8 +67,8 @@ class ReadBandwidthProbe {
 
  private:
   struct Impl;
-  explicit ReadBandwidthProbe(Impl* impl);
-  Impl* impl_ = nullptr;
+  explicit ReadBandwidthProbe(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 /// DRAM read bandwidth once: ReadBandwidthProbe::Create(bytes) then Measure(passes).

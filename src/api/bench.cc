@@ -71,17 +71,10 @@ struct ReadBandwidthProbe::Impl {
   int64_t words = 0;
 };
 
-ReadBandwidthProbe::ReadBandwidthProbe(Impl* impl) : impl_(impl) {}
-ReadBandwidthProbe::ReadBandwidthProbe(ReadBandwidthProbe&& o) noexcept : impl_(o.impl_) { o.impl_ = nullptr; }
-ReadBandwidthProbe& ReadBandwidthProbe::operator=(ReadBandwidthProbe&& o) noexcept {
-  if (this != &o) {
-    delete impl_;
-    impl_ = o.impl_;
-    o.impl_ = nullptr;
-  }
-  return *this;
-}
-ReadBandwidthProbe::~ReadBandwidthProbe() { delete impl_; }
+ReadBandwidthProbe::ReadBandwidthProbe(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ReadBandwidthProbe::ReadBandwidthProbe(ReadBandwidthProbe&&) noexcept = default;
+ReadBandwidthProbe& ReadBandwidthProbe::operator=(ReadBandwidthProbe&&) noexcept = default;
+ReadBandwidthProbe::~ReadBandwidthProbe() = default;
 
 Result<ReadBandwidthProbe> ReadBandwidthProbe::Create(int64_t bytes) {
   if (bytes < (int64_t{1} << 20)) return MakeError("bandwidth buffer of ", bytes, " bytes is below 1 MiB");
@@ -98,7 +91,7 @@ Result<ReadBandwidthProbe> ReadBandwidthProbe::Create(int64_t bytes) {
   const int64_t words = impl->words;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < words; ++i) p[i] = static_cast<uint64_t>(i) * 0x9E3779B97F4A7C15ull;
-  return ReadBandwidthProbe(impl.release());
+  return ReadBandwidthProbe(std::move(impl));
 }
 
 BandwidthResult ReadBandwidthProbe::Measure(int passes) const {

@@ -93,39 +93,27 @@ void Tile(const W4PackedWeight& w, const W4Int8Acts* acts, const float* bias, fl
   }
 }
 
-// Decode (M = 1) when a record is one superblock (g = 128, or per-channel K = 128): the arithmetic
-// of Tile<1, 1, kSym> step for step (so bit-identical to it and to the scalar kernel) as one flat
-// loop over the records. The general tile's nested record / superblock loops and activation-row
-// views cost about as many scalar instructions per superblock as the vector work: 4096x1024 g128
-// (weights in L3), 1 thread, 28 GB/s through Tile, 37 through this loop.
+// Decode (M = 1) when a record is one superblock (g = 128, or per-channel K = 128): Tile<1, 1,
+// kSym>'s superblock step (so bit-identical to it and to the scalar kernel) in one flat loop over
+// the records. The general tile's nested record / superblock loops cost about as many scalar
+// instructions per superblock as the vector work: 4096x1024 g128 (weights in L3), 1 thread,
+// 28 GB/s through Tile, 37 through this loop.
 constexpr int kRowPrefetchBytes = 4096;  // as the W4A32 row GEMV (x86_avx512/int4_gemm_avx512.cc)
 
 template <bool kSym>
-void RowG128(const W4PackedWeight& w, const W4Int8Acts& a, const float* bias, float* y, int64_t r) {
-  const __m512i lo = _mm512_set1_epi8(0x0F);
+void RowG128(const W4PackedWeight& w, const W4Int8Acts& acts, const float* bias, float* y, int64_t r) {
+  const Act a = {acts.x8, acts.xs, acts.sx};
   const uint8_t* rec = w.data + r * w.row_bytes;
-  const int64_t rec_bytes = w.rec_bytes, header = w.rec_header, blocks = a.blocks;
-  const int8_t* x8 = a.x8;
-  const float* xs = a.xs;
-  const int32_t* sx = a.sx;
+  const int64_t rec_bytes = w.rec_bytes, header = w.rec_header, blocks = acts.blocks;
   __m512 acc = _mm512_setzero_ps();
   // Unrolled by four records: with the weights in L2 (4096x192) 5.8 cycles per record rolled, 4.7
   // unrolled by 2, 4 or 8. The non-temporal prefetch 4 KiB ahead along the row is the W4A32 row
-  // GEMV's; from DRAM, 1 thread, three interleaved rounds, it took
-  // 11008x4096 from 21.9-25.2 to 32.6-36.1 GB/s and the other shapes of `nibble bench` from
-  // 22.0-28.8 to 23.7-35.2.
+  // GEMV's; from DRAM, 1 thread, three interleaved rounds, it took 11008x4096 from 21.9-25.2 to
+  // 32.6-36.1 GB/s and the other shapes of `nibble bench` from 22.0-28.8 to 23.7-35.2.
 #pragma GCC unroll 4
-  for (int64_t t = 0; t < blocks; ++t, rec += rec_bytes, x8 += 128) {
+  for (int64_t t = 0; t < blocks; ++t, rec += rec_bytes) {
     _mm_prefetch(reinterpret_cast<const char*>(rec + kRowPrefetchBytes), _MM_HINT_NTA);
-    const __m512i sb = _mm512_loadu_si512(rec + header);
-    const __m512i A = _mm512_and_si512(sb, lo), B = _mm512_and_si512(_mm512_srli_epi16(sb, 4), lo);
-    const int z = kSym ? 8 : rec[4];
-    const __m512i v0 = _mm512_maskz_set1_epi32(1, -z * sx[t]);
-    const __m512i v = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(v0, A, _mm512_loadu_si512(x8)), B, _mm512_loadu_si512(x8 + 64));
-    float sc;
-    __builtin_memcpy(&sc, rec, 4);
-    const float fs = sc * xs[t];
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(fs), _mm512_cvtepi32_ps(v), acc);
+    Superblock<1, 1, kSym>(rec, rec + header, 1, t, 0, 1, &a, &acc);
   }
   const float v = ReduceTree(acc);
   y[r] = bias != nullptr ? v + bias[r] : v;
