@@ -1,14 +1,11 @@
 #include "model/llama.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "base/check.h"
 #include "base/half.h"
-#include "kernels/dense_gemm.h"
 #include "kernels/int4_dispatch.h"
 #include "model/ops.h"
 #include "model/weights.h"
@@ -19,6 +16,26 @@ const std::vector<std::string>& DecoderLinearNames() {
   static const std::vector<std::string> names = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                  "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
                                                  "mlp.down_proj"};
+  return names;
+}
+
+std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, const std::string& name) {
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  auto ends = [&](const char* s) { return name.size() >= std::strlen(s) && name.compare(name.size() - std::strlen(s), std::string::npos, s) == 0; };
+  if (name == "lm_head") return {c.vocab_size, h};
+  if (ends("q_proj")) return {q, h};
+  if (ends("k_proj") || ends("v_proj")) return {kv, h};
+  if (ends("o_proj")) return {h, q};
+  if (ends("gate_proj") || ends("up_proj")) return {c.intermediate_size, h};
+  if (ends("down_proj")) return {h, c.intermediate_size};
+  return {0, 0};
+}
+
+std::vector<std::string> LinearModuleNames(const ModelConfig& c, bool has_lm_head) {
+  std::vector<std::string> names;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    for (const auto& n : DecoderLinearNames()) names.push_back("model.layers." + std::to_string(l) + "." + n);
+  if (has_lm_head) names.push_back("lm_head");
   return names;
 }
 
@@ -69,7 +86,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
   NIBBLE_ASSIGN_OR_RETURN(m->norm_, LoadF32(store, "model.norm.weight", {h}));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    DecoderLayer layer;
+    DecoderLayerWeights layer;
     NIBBLE_ASSIGN_OR_RETURN(layer.input_layernorm, LoadF32(store, p + "input_layernorm.weight", {h}));
     NIBBLE_ASSIGN_OR_RETURN(layer.post_attention_layernorm, LoadF32(store, p + "post_attention_layernorm.weight", {h}));
     NIBBLE_ASSIGN_OR_RETURN(layer.q_proj, loader(store, p + "self_attn.q_proj", q_dim, h, c.qkv_bias));
@@ -89,143 +106,14 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
   }
   m->embed_tokens_ = embed_shared;  // shared, not copied (a tied lm_head holds the same table)
 
-  BuildRopeTables(c, c.max_position_embeddings, &m->rope_cos_, &m->rope_sin_);
+  m->rope_ = BuildRopeTables(c, c.max_position_embeddings);
   return m;
-}
-
-void BuildRopeTables(const ModelConfig& c, int64_t positions, std::vector<float>* cos, std::vector<float>* sin) {
-  const std::vector<float> inv = RopeInvFreq(c);
-  const int64_t half = c.head_dim / 2;
-  cos->resize(positions * half);
-  sin->resize(positions * half);
-  for (int64_t pos = 0; pos < positions; ++pos) {
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(pos) * inv[i];  // fp32 product, as HF
-      (*cos)[pos * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      (*sin)[pos * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-    }
-  }
-}
-
-namespace {
-
-// Causal softmax of one score row for AttentionBlockForward: scale, max-subtract, ExpF, normalise,
-// zero the masked tail. Reductions run over 16 independent lanes so GCC vectorises them without
-// -ffast-math (a different summation order from SoftmaxRow: same values up to rounding). Cloned
-// per ISA like ExpShiftedInPlace (ops.cc), with contraction off and the same 16 lanes in every
-// clone, so each clone gives the same bits: as SSE2 code its loops were 7.6 % of an AWQ run.
-__attribute__((optimize("no-trapping-math", "fp-contract=off"), target_clones("avx512f", "avx2", "default")))
-void ScaledSoftmaxRow(float* row, int64_t valid, int64_t len, float scale) {
-  // 16 lanes as one GCC vector (each clone splits it into its own registers): written as an
-  // array of 16 floats, GCC kept these reductions scalar.
-  typedef float Lanes __attribute__((vector_size(64)));
-  constexpr int kLanes = 16;
-  for (int64_t i = 0; i < valid; ++i) row[i] *= scale;
-  Lanes lane_max = Lanes{} - 3.0e38f;
-  int64_t j = 0;
-  for (; j + kLanes <= valid; j += kLanes) {
-    Lanes v;
-    __builtin_memcpy(&v, row + j, sizeof(v));
-    lane_max = v > lane_max ? v : lane_max;
-  }
-  float mx = -3.0e38f;
-  for (; j < valid; ++j) mx = row[j] > mx ? row[j] : mx;
-  for (int l = 0; l < kLanes; ++l) mx = lane_max[l] > mx ? lane_max[l] : mx;
-  ExpShiftedInPlace(row, valid, -mx);
-  Lanes lane_sum = Lanes{};
-  j = 0;
-  for (; j + kLanes <= valid; j += kLanes) {
-    Lanes v;
-    __builtin_memcpy(&v, row + j, sizeof(v));
-    lane_sum += v;
-  }
-  float sum = 0.0f;
-  for (; j < valid; ++j) sum += row[j];
-  for (int l = 0; l < kLanes; ++l) sum += lane_sum[l];
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < valid; ++i) row[i] *= inv;
-  for (int64_t i = valid; i < len; ++i) row[i] = 0.0f;
-}
-
-}  // namespace
-
-constexpr int64_t kAttnRowBlock = 128;
-
-void AttentionBlockForward(const ModelConfig& c, const Linear& q_proj, const Linear& k_proj, const Linear& v_proj,
-                           const Linear& o_proj, const float* rope_cos, const float* rope_sin, const float* xn,
-                           int64_t batch, int64_t t, float* out, float* attn_concat) {
-  const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
-  const int64_t q_dim = nh * hd, kv_dim = nkv * hd, half = hd / 2, rows = batch * t;
-  // Scratch reused across calls (the quantization pipeline calls this thousands of times; fresh
-  // multi-MB vectors would be mmap'd, page-faulted and zeroed each time).
-  thread_local std::vector<float> q, k, v, own_attn;
-  if (q.size() < static_cast<size_t>(rows * q_dim)) q.resize(rows * q_dim);
-  if (k.size() < static_cast<size_t>(rows * kv_dim)) k.resize(rows * kv_dim);
-  if (v.size() < static_cast<size_t>(rows * kv_dim)) v.resize(rows * kv_dim);
-  float* attn = attn_concat;
-  if (attn == nullptr) {
-    if (own_attn.size() < static_cast<size_t>(rows * q_dim)) own_attn.resize(rows * q_dim);
-    attn = own_attn.data();
-  }
-  // Plain pointers: inside the OpenMP regions below `q` would name each worker's own
-  // (empty) thread_local vector.
-  float* const qp = q.data();
-  float* const kp = k.data();
-  float* const vp = v.data();
-  q_proj.Forward(xn, rows, qp);
-  k_proj.Forward(xn, rows, kp);
-  v_proj.Forward(xn, rows, vp);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t pos = r % t;
-    ApplyRope(qp + r * q_dim, nh, hd, rope_cos + pos * half, rope_sin + pos * half);
-    ApplyRope(kp + r * kv_dim, nkv, hd, rope_cos + pos * half, rope_sin + pos * half);
-  }
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t group = nh / nkv;
-  // One (sequence, head) pair per iteration; the GEMMs inside run single-threaded (oneDNN does
-  // not nest inside an OpenMP parallel region), so the result is independent of the thread count.
-#pragma omp parallel
-  {
-    std::vector<float> scores(t * t);
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < batch * nh; ++bh) {
-      const int64_t b = bh / nh, head = bh % nh;
-      const float* qb = qp + b * t * q_dim + head * hd;
-      const float* kb = kp + b * t * kv_dim + (head / group) * hd;
-      const float* vb = vp + b * t * kv_dim + (head / group) * hd;
-      // Causal row blocks: rows [i0, i1) attend to keys [0, i1) only.
-      for (int64_t i0 = 0; i0 < t; i0 += kAttnRowBlock) {
-        const int64_t i1 = std::min(t, i0 + kAttnRowBlock);
-        SgemmXWt(i1 - i0, i1, hd, qb + i0 * q_dim, q_dim, kb, kv_dim, 0.0f, scores.data(), i1);
-        for (int64_t i = i0; i < i1; ++i) ScaledSoftmaxRow(scores.data() + (i - i0) * i1, i + 1, i1, scale);
-        SgemmXW(i1 - i0, hd, i1, scores.data(), i1, vb, kv_dim, 0.0f, attn + (b * t + i0) * q_dim + head * hd, q_dim);
-      }
-    }
-  }
-  o_proj.Forward(attn, rows, out);
-}
-
-void MlpBlockForward(const Linear& gate_proj, const Linear& up_proj, const Linear& down_proj, const float* xn,
-                     int64_t rows, float* out, float* act) {
-  const int64_t inter = gate_proj.out_features();
-  thread_local std::vector<float> g, u;  // scratch reused across calls (see AttentionBlockForward)
-  if (g.size() < static_cast<size_t>(rows * inter)) g.resize(rows * inter);
-  if (u.size() < static_cast<size_t>(rows * inter)) u.resize(rows * inter);
-  float* const gp = g.data();
-  float* const up = u.data();  // plain pointers for the OpenMP region (g, u are thread_local)
-  gate_proj.Forward(xn, rows, gp);
-  up_proj.Forward(xn, rows, up);
-  float* a = act != nullptr ? act : gp;
-#pragma omp parallel for schedule(static) if (rows > 1)
-  for (int64_t r = 0; r < rows; ++r) SiluMul(gp + r * inter, up + r * inter, inter, a + r * inter);
-  down_proj.Forward(a, rows, out);
 }
 
 template <class F>
 int64_t LlamaModel::CountLinears(F&& f) {
   int64_t n = 0;
-  for (DecoderLayer& l : layers_)
+  for (DecoderLayerWeights& l : layers_)
     for (Linear* p : {l.q_proj.get(), l.k_proj.get(), l.v_proj.get(), l.o_proj.get(), l.gate_proj.get(), l.up_proj.get(),
                       l.down_proj.get()})
       n += f(*p) ? 1 : 0;
@@ -258,17 +146,14 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
     return MakeError("sequence of ", p0 + t, " tokens exceeds the context limit of ", cache.capacity,
                      " positions (max_position_embeddings = ", c.max_position_embeddings, ")");
   if (c.sliding_window > 0 && p0 + t > c.sliding_window)
-    return MakeError("sequence of ", p0 + t, " tokens exceeds sliding_window = ", c.sliding_window,
+    return MakeErrorCode(ErrorCode::kUnsupported, "sequence of ", p0 + t, " tokens exceeds sliding_window = ", c.sliding_window,
                      " (sliding-window attention is not implemented)");
   for (int64_t i = 0; i < t; ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       return MakeError("token id ", tokens[i], " at position ", p0 + i, " is outside the vocabulary [0, ", c.vocab_size, ")");
 
-  const int64_t h = c.hidden_size, hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
-  const int64_t q_dim = nh * hd, kv_dim = nkv * hd, half = hd / 2;
-  const int64_t L = p0 + t;
-  std::vector<float> x(t * h), xn(t * h), q(t * q_dim), k(t * kv_dim), v(t * kv_dim), attn(t * q_dim),
-      tmp(t * h), scores(nh * t * L);
+  const int64_t h = c.hidden_size;
+  std::vector<float> x(t * h), xn(t * h);
   for (int64_t i = 0; i < t; ++i) {
     const int64_t row = static_cast<int64_t>(tokens[i]) * h;
     if (embed_tokens_ != nullptr) {
@@ -277,55 +162,14 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
       for (int64_t j = 0; j < h; ++j) x[static_cast<size_t>(i * h + j)] = Bf16ToF32(embed_bf16_[static_cast<size_t>(row + j)]);
     }
   }
-
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  LayerRun run;
+  run.t = t;
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const DecoderLayer& layer = layers_[l];
-    RmsNorm(x.data(), layer.input_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
-    layer.q_proj->Forward(xn.data(), t, q.data());
-    layer.k_proj->Forward(xn.data(), t, k.data());
-    layer.v_proj->Forward(xn.data(), t, v.data());
-#pragma omp parallel for schedule(static) if (t > 1)
-    for (int64_t i = 0; i < t; ++i) {
-      const float* cs = rope_cos_.data() + (p0 + i) * half;
-      const float* sn = rope_sin_.data() + (p0 + i) * half;
-      ApplyRope(q.data() + i * q_dim, nh, hd, cs, sn);
-      ApplyRope(k.data() + i * kv_dim, nkv, hd, cs, sn);
-    }
-    float* kc = cache.k[l].data();
-    float* vc = cache.v[l].data();
-    std::copy(k.begin(), k.end(), kc + p0 * kv_dim);
-    std::copy(v.begin(), v.end(), vc + p0 * kv_dim);
-
-    // Attention per head: scores by GEMM (threaded inside oneDNN), causal softmax rows in
-    // parallel, then P·V by GEMM. Rows past the causal limit are zeroed so the GEMM ignores them.
-    const int64_t group = nh / nkv;
-    for (int64_t head = 0; head < nh; ++head) {
-      // s[T, L] = q_h[T, hd] · K_h[L, hd]ᵀ
-      SgemmXWt(t, L, hd, q.data() + head * hd, q_dim, kc + (head / group) * hd, kv_dim, 0.0f,
-               scores.data() + head * t * L, L);
-    }
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < nh * t; ++r) {
-      float* row = scores.data() + r * L;
-      const int64_t valid = p0 + (r % t) + 1;
-      for (int64_t j = 0; j < valid; ++j) row[j] *= scale;
-      SoftmaxRow(row, valid);
-      for (int64_t j = valid; j < L; ++j) row[j] = 0.0f;
-    }
-    for (int64_t head = 0; head < nh; ++head) {
-      // attn_h[T, hd] = P[T, L] · V_h[L, hd]
-      SgemmXW(t, hd, L, scores.data() + head * t * L, L, vc + (head / group) * hd, kv_dim, 0.0f,
-              attn.data() + head * hd, q_dim);
-    }
-    layer.o_proj->Forward(attn.data(), t, tmp.data());
-    AddInPlace(x.data(), tmp.data(), t * h);
-
-    RmsNorm(x.data(), layer.post_attention_layernorm.data(), t, h, c.rms_norm_eps, xn.data());
-    MlpBlockForward(*layer.gate_proj, *layer.up_proj, *layer.down_proj, xn.data(), t, tmp.data(), nullptr);
-    AddInPlace(x.data(), tmp.data(), t * h);
+    const LayerKv kv{cache.k[l].data(), cache.v[l].data(), p0};
+    run.kv = &kv;
+    DecoderLayerForward(c, ViewOf(layers_[l]), rope_, x.data(), run, x.data());
   }
-  cache.length = L;
+  cache.length = p0 + t;
   if (all_logits) {
     RmsNorm(x.data(), norm_.data(), t, h, c.rms_norm_eps, xn.data());
     lm_head_->Forward(xn.data(), t, logits);

@@ -2,8 +2,9 @@
 // rotate_half convention, GQA attention with a KV cache, SwiGLU MLP, lm_head. fp32 compute.
 //
 // Design: every projection is a Linear (dense or int4), created by a LinearLoader so that
-// checkpoint formats plug in without touching the forward pass. Prefill runs a whole prompt as
-// one GEMM per projection; decode is the same code with T = 1.
+// checkpoint formats plug in without touching the forward pass; each decoder layer runs
+// model/decoder_layer.h. Prefill runs a whole prompt as one GEMM per projection; decode is the
+// same code with T = 1.
 // Non-goals: batching several sequences, sliding-window attention.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include "base/result.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/decoder_layer.h"
 #include "model/linear.h"
 
 namespace nibble {
@@ -32,42 +34,19 @@ Result<std::unique_ptr<Linear>> LoadDenseLinear(const TensorStore& store, const 
 /// Names of the seven projections of a decoder layer, HF module names relative to the layer.
 const std::vector<std::string>& DecoderLinearNames();
 
+/// Every linear module name of a model with this config, in execution order (decoder
+/// projections of each layer, then "lm_head" unless tied without an lm_head tensor).
+std::vector<std::string> LinearModuleNames(const ModelConfig& c, bool has_lm_head);
+
+/// {N = out_features, K = in_features} of a linear module named as LinearModuleNames does.
+std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, const std::string& name);
+
 /// Per-sequence key/value cache: per layer [capacity, num_key_value_heads * head_dim] for K and V.
 struct KvCache {
   int64_t capacity = 0;  // max positions
   int64_t length = 0;    // positions filled
   std::vector<std::vector<float>> k, v;
 };
-
-struct DecoderLayer {
-  std::vector<float> input_layernorm;           // [hidden_size]
-  std::vector<float> post_attention_layernorm;  // [hidden_size]
-  std::unique_ptr<Linear> q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
-};
-
-/// RoPE tables for positions 0..positions-1: cos/sin [positions, head_dim / 2] (fp32 angle
-/// pos·inv_freq as HF computes it, cos/sin evaluated in double and rounded to fp32).
-void BuildRopeTables(const ModelConfig& c, int64_t positions, std::vector<float>* cos, std::vector<float>* sin);
-
-/// The attention sub-block of a decoder layer (everything between input_layernorm and the
-/// residual add) for `batch` independent sequences of `t` tokens each, at positions 0..t-1, no
-/// KV cache: out = o_proj(Attention(RoPE(q_proj(xn)), RoPE(k_proj(xn)), v_proj(xn))).
-/// xn: [batch * t, hidden_size] (already normed); out: [batch * t, hidden_size];
-/// attn_concat: nullptr or [batch * t, num_attention_heads * head_dim], the o_proj input.
-/// rope_cos / rope_sin: tables of BuildRopeTables with at least t positions.
-/// Same arithmetic per sequence as LlamaModel::Forward with an empty cache except the softmax's
-/// summation order (vectorised lanes; equal up to fp32 rounding); sequences are
-/// processed in parallel (one thread per (sequence, head)), so results do not depend on the
-/// thread count except through the projections' GEMMs. Used by the quantization pipeline.
-void AttentionBlockForward(const ModelConfig& c, const Linear& q_proj, const Linear& k_proj, const Linear& v_proj,
-                           const Linear& o_proj, const float* rope_cos, const float* rope_sin, const float* xn,
-                           int64_t batch, int64_t t, float* out, float* attn_concat);
-
-/// The SwiGLU MLP sub-block: out = down_proj(silu(gate_proj(xn)) * up_proj(xn)).
-/// xn: [rows, hidden_size]; out: [rows, hidden_size]; act: nullptr or [rows, intermediate_size],
-/// the down_proj input.
-void MlpBlockForward(const Linear& gate_proj, const Linear& up_proj, const Linear& down_proj, const float* xn,
-                     int64_t rows, float* out, float* act);
 
 class LlamaModel {
  public:
@@ -79,7 +58,7 @@ class LlamaModel {
                                                        const LinearLoader& loader);
 
   const ModelConfig& config() const { return config_; }
-  const std::vector<DecoderLayer>& layers() const { return layers_; }
+  const std::vector<DecoderLayerWeights>& layers() const { return layers_; }
   const Linear& lm_head() const { return *lm_head_; }
   const std::vector<float>& final_norm() const { return norm_; }  // [hidden_size]
 
@@ -105,9 +84,9 @@ class LlamaModel {
   // widened exactly at lookup; embed_tokens_ is then null): half the bytes.
   std::vector<uint16_t> embed_bf16_;  // [vocab_size, hidden_size]
   std::vector<float> norm_;          // [hidden_size]
-  std::vector<DecoderLayer> layers_;
+  std::vector<DecoderLayerWeights> layers_;
   std::unique_ptr<Linear> lm_head_;
-  std::vector<float> rope_cos_, rope_sin_;  // [max_position_embeddings, head_dim / 2]
+  RopeTables rope_;  // max_position_embeddings positions
 
   // How many of the projections and lm_head `f(Linear&)` returns true for (applied to each once).
   template <class F>

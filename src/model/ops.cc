@@ -58,9 +58,9 @@ void ApplyRope(float* x, int64_t heads, int64_t head_dim, const float* cos, cons
   }
 }
 
-void AddInPlace(float* x, const float* y, int64_t n) {
+void Add(const float* a, const float* b, int64_t n, float* out) {
 #pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 void ExpInPlace(float* x, int64_t n) {

@@ -44,9 +44,9 @@ __attribute__((always_inline)) inline float ExpF(float x) {
   return p * scale;
 }
 
-/// x[i] += y[i] for i < n (threaded for large n; every element as alone, so any split gives the
-/// same sums).
-void AddInPlace(float* x, const float* y, int64_t n);
+/// out[i] = a[i] + b[i] for i < n; out may be a or b (threaded for large n; every element as
+/// alone, so any split gives the same sums).
+void Add(const float* a, const float* b, int64_t n, float* out);
 
 /// x[i] = ExpF(x[i]).
 void ExpInPlace(float* x, int64_t n);

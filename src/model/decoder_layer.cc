@@ -1,0 +1,200 @@
+#include "model/decoder_layer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/dense_gemm.h"
+#include "model/ops.h"
+
+namespace nibble {
+
+RopeTables BuildRopeTables(const ModelConfig& c, int64_t positions) {
+  const std::vector<float> inv = RopeInvFreq(c);
+  RopeTables r;
+  r.half = c.head_dim / 2;
+  r.cos.resize(static_cast<size_t>(positions * r.half));
+  r.sin.resize(r.cos.size());
+  for (int64_t pos = 0; pos < positions; ++pos) {
+    for (int64_t i = 0; i < r.half; ++i) {
+      const float angle = static_cast<float>(pos) * inv[i];  // fp32 product, as HF
+      r.cos[pos * r.half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+      r.sin[pos * r.half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+    }
+  }
+  return r;
+}
+
+DecoderLayerView ViewOf(const DecoderLayerWeights& w) {
+  DecoderLayerView v;
+  v.input_layernorm = w.input_layernorm.data();
+  v.post_attention_layernorm = w.post_attention_layernorm.data();
+  v.q_proj = w.q_proj.get();
+  v.k_proj = w.k_proj.get();
+  v.v_proj = w.v_proj.get();
+  v.o_proj = w.o_proj.get();
+  v.gate_proj = w.gate_proj.get();
+  v.up_proj = w.up_proj.get();
+  v.down_proj = w.down_proj.get();
+  return v;
+}
+
+namespace {
+
+// Scratch reused across calls by the calling thread: calibration runs layers thousands of times,
+// and fresh multi-MB vectors would be mmap'd, page-faulted and zeroed each time. Callers inside a
+// parallel region get their own thread's scratch.
+float* Scratch(std::vector<float>& v, int64_t n) {
+  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+// Causal softmax of one score row: scale, max-subtract, ExpF, normalise, zero the masked tail
+// [valid, len). Reductions run over 16 independent lanes so GCC vectorises them without
+// -ffast-math. Cloned per ISA like ExpShiftedInPlace (ops.cc), with contraction off and the same
+// 16 lanes in every clone, so each clone gives the same bits.
+__attribute__((optimize("no-trapping-math", "fp-contract=off"), target_clones("avx512f", "avx2", "default")))
+void ScaledSoftmaxRow(float* row, int64_t valid, int64_t len, float scale) {
+  // 16 lanes as one GCC vector (each clone splits it into its own registers): written as an
+  // array of 16 floats, GCC kept these reductions scalar.
+  typedef float Lanes __attribute__((vector_size(64)));
+  constexpr int kLanes = 16;
+  for (int64_t i = 0; i < valid; ++i) row[i] *= scale;
+  Lanes lane_max = Lanes{} - 3.0e38f;
+  int64_t j = 0;
+  for (; j + kLanes <= valid; j += kLanes) {
+    Lanes v;
+    __builtin_memcpy(&v, row + j, sizeof(v));
+    lane_max = v > lane_max ? v : lane_max;
+  }
+  float mx = -3.0e38f;
+  for (; j < valid; ++j) mx = row[j] > mx ? row[j] : mx;
+  for (int l = 0; l < kLanes; ++l) mx = lane_max[l] > mx ? lane_max[l] : mx;
+  ExpShiftedInPlace(row, valid, -mx);
+  Lanes lane_sum = Lanes{};
+  j = 0;
+  for (; j + kLanes <= valid; j += kLanes) {
+    Lanes v;
+    __builtin_memcpy(&v, row + j, sizeof(v));
+    lane_sum += v;
+  }
+  float sum = 0.0f;
+  for (; j < valid; ++j) sum += row[j];
+  for (int l = 0; l < kLanes; ++l) sum += lane_sum[l];
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < valid; ++i) row[i] *= inv;
+  for (int64_t i = valid; i < len; ++i) row[i] = 0.0f;
+}
+
+// Where sequence b's keys and values are read: its cache, or this call's projections k / v
+// [batch·t, kv_dim] (positions from 0).
+struct SeqKeys {
+  const float* k;
+  const float* v;
+  int64_t p0;
+};
+
+// Attention of every (sequence, head, block of query rows) on RoPE'd q [batch·t, q_dim]:
+// rows [i0, i1) of a sequence attend to keys [0, p0 + i1) (later ones are masked by the softmax
+// zeros). Writes attn [batch·t, q_dim].
+void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, int64_t batch, int64_t t, float* attn) {
+  const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t q_dim = nh * hd, kv_dim = nkv * hd, group = nh / nkv;
+  const int64_t blocks = (t + kAttnRowBlock - 1) / kAttnRowBlock, items = batch * nh * blocks;
+  int64_t max_keys = 0;
+  for (int64_t b = 0; b < batch; ++b) max_keys = std::max(max_keys, keys[b].p0 + t);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // The GEMMs inside run single-threaded (oneDNN does not nest inside an OpenMP parallel
+  // region): every item's arithmetic is the same for any thread count.
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(std::min(t, kAttnRowBlock) * max_keys));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t b = it / (nh * blocks), head = (it / blocks) % nh, blk = it % blocks;
+      const SeqKeys& s = keys[b];
+      const int64_t i0 = blk * kAttnRowBlock, i1 = std::min(t, i0 + kAttnRowBlock), n_keys = s.p0 + i1;
+      const float* qb = q + (b * t + i0) * q_dim + head * hd;
+      const float* kb = s.k + (head / group) * hd;
+      const float* vb = s.v + (head / group) * hd;
+      SgemmXWt(i1 - i0, n_keys, hd, qb, q_dim, kb, kv_dim, 0.0f, scores.data(), n_keys);
+      for (int64_t i = i0; i < i1; ++i)
+        ScaledSoftmaxRow(scores.data() + (i - i0) * n_keys, s.p0 + i + 1, n_keys, scale);
+      SgemmXW(i1 - i0, hd, n_keys, scores.data(), n_keys, vb, kv_dim, 0.0f, attn + (b * t + i0) * q_dim + head * hd,
+              q_dim);
+    }
+  }
+}
+
+}  // namespace
+
+void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, const RopeTables& rope, const float* xn,
+                           int64_t batch, int64_t t, const LayerKv* kv, float* out, float* attn_concat) {
+  const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t q_dim = nh * hd, kv_dim = nkv * hd, rows = batch * t;
+  thread_local std::vector<float> q_s, k_s, v_s, attn_s;
+  // Plain pointers: inside the OpenMP regions below a thread_local would name each worker's own.
+  float* const qp = Scratch(q_s, rows * q_dim);
+  float* const kp = Scratch(k_s, rows * kv_dim);
+  float* const vp = Scratch(v_s, rows * kv_dim);
+  float* const attn = attn_concat != nullptr ? attn_concat : Scratch(attn_s, rows * q_dim);
+  w.q_proj->Forward(xn, rows, qp);
+  w.k_proj->Forward(xn, rows, kp);
+  w.v_proj->Forward(xn, rows, vp);
+#pragma omp parallel for schedule(static) if (rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t pos = (kv != nullptr ? kv[r / t].p0 : 0) + r % t;
+    ApplyRope(qp + r * q_dim, nh, hd, rope.Cos(pos), rope.Sin(pos));
+    ApplyRope(kp + r * kv_dim, nkv, hd, rope.Cos(pos), rope.Sin(pos));
+  }
+  std::vector<SeqKeys> keys(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    if (kv == nullptr) {
+      keys[b] = {kp + b * t * kv_dim, vp + b * t * kv_dim, 0};
+      continue;
+    }
+    std::memcpy(kv[b].k + kv[b].p0 * kv_dim, kp + b * t * kv_dim, sizeof(float) * t * kv_dim);
+    std::memcpy(kv[b].v + kv[b].p0 * kv_dim, vp + b * t * kv_dim, sizeof(float) * t * kv_dim);
+    keys[b] = {kv[b].k, kv[b].v, kv[b].p0};
+  }
+  AttentionCore(c, qp, keys.data(), batch, t, attn);
+  w.o_proj->Forward(attn, rows, out);
+}
+
+void MlpBlockForward(const DecoderLayerView& w, const float* xn, int64_t rows, float* out, float* act) {
+  const int64_t inter = w.gate_proj->out_features();
+  thread_local std::vector<float> g_s, u_s;
+  float* const gp = Scratch(g_s, rows * inter);
+  float* const up = Scratch(u_s, rows * inter);
+  w.gate_proj->Forward(xn, rows, gp);
+  w.up_proj->Forward(xn, rows, up);
+  float* const a = act != nullptr ? act : gp;
+#pragma omp parallel for schedule(static) if (rows > 1)
+  for (int64_t r = 0; r < rows; ++r) SiluMul(gp + r * inter, up + r * inter, inter, a + r * inter);
+  w.down_proj->Forward(a, rows, out);
+}
+
+void DecoderLayerForward(const ModelConfig& c, const DecoderLayerView& w, const RopeTables& rope, const float* x,
+                         const LayerRun& run, float* out) {
+  const int64_t rows = run.batch * run.t, h = c.hidden_size;
+  const LayerCapture& cap = run.capture;
+  thread_local std::vector<float> xn_s, h_s, tmp_s;
+  float* const tmp = Scratch(tmp_s, rows * h);
+  // h lands in `out` unless it is captured; out may alias x (x is read once, by the add).
+  float* const hres = cap.attn_residual != nullptr ? cap.attn_residual : Scratch(h_s, rows * h);
+  if (run.start == LayerStart::kInput) {
+    float* const xn1 = cap.attn_in != nullptr ? cap.attn_in : Scratch(xn_s, rows * h);
+    RmsNorm(x, w.input_layernorm, rows, h, c.rms_norm_eps, xn1);
+    if (run.stop == LayerStop::kAttnIn) return;
+    AttentionBlockForward(c, w, rope, xn1, run.batch, run.t, run.kv, tmp, cap.attn_concat);
+    Add(x, tmp, rows * h, hres);
+    if (run.stop == LayerStop::kAttnResidual) return;
+  }
+  float* const xn2 = cap.mlp_in != nullptr ? cap.mlp_in : Scratch(xn_s, rows * h);
+  RmsNorm(hres, w.post_attention_layernorm, rows, h, c.rms_norm_eps, xn2);
+  if (run.stop == LayerStop::kMlpIn) return;
+  MlpBlockForward(w, xn2, rows, tmp, cap.mlp_act);
+  Add(hres, tmp, rows * h, out);
+}
+
+}  // namespace nibble
