@@ -18,9 +18,9 @@
 #include "formats/float_dtype.h"
 #include "formats/quark_pack.h"
 #include "io/safetensors.h"
-#include "model/checkpoint_format.h"
+#include "formats/checkpoint_format.h"
 #include "model/config.h"
-#include "quantize/awq.h"
+#include "quantize/awq/awq.h"
 #include "quantize/calibration.h"
 #include "test_paths.h"
 #include "test_util.h"
@@ -302,16 +302,18 @@ TEST(Awq, ZeroChannelAndZeroGroupAreFiniteAndExact) {
       EXPECT_TRUE(std::isfinite(m.loss_best) && std::isfinite(m.loss_rtn));
       EXPECT_TRUE(std::isfinite(m.scale_min) && m.scale_min > 0 && std::isfinite(m.scale_max));
     }
-  auto info = nibble::DetectCheckpointFormat(tmp.sub("q"));
-  ASSERT_TRUE(info.ok() && info->quark);
+  auto fmt = nibble::OpenCheckpointFormat(tmp.sub("q"));
+  ASSERT_TRUE(fmt.ok() && *fmt != nullptr && (*fmt)->name() == "quark");
   auto st = nibble::TensorStore::OpenDir(tmp.sub("q"));
   ASSERT_TRUE(st.ok());
   for (int l = 0; l < 2; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".mlp.gate_proj";
-    auto r = nibble::ResolveLayer(*info->quark, p);
+    auto r = (*fmt)->Resolve(p);
     ASSERT_TRUE(r.ok() && r->spec);
-    auto q = nibble::ImportQuarkLinear(*st, p, *r->spec, info->quark->export_config.pack_method, 128, 64);
-    ASSERT_TRUE(q.ok()) << q.error().message;
+    auto imported = (*fmt)->Import(*st, p, *r, 128, 64);
+    ASSERT_TRUE(imported.ok()) << imported.error().message;
+    ASSERT_TRUE(imported->has_value());
+    const auto& q = *imported;
     std::vector<float> w(128 * 64);
     nibble::DequantizeRef(*q, w.data());
     for (int c = 0; c < 32; ++c) EXPECT_EQ(w[c], 0.0f);
@@ -421,8 +423,8 @@ void RunOffOnSameTensors(const TinyAwqInputs& in, int64_t batch, int64_t seq,
     nibble::AwqSettings st;
     set(st, k == 1);
     std::map<std::string, std::vector<float>>* out = &tensors[k];
-    auto sink = [out](const std::string& name, std::vector<float> v) -> nibble::Status {
-      (*out)[name] = std::move(v);
+    auto sink = [out](nibble::LayerTensor t) -> nibble::Status {
+      (*out)[t.name] = std::move(t.values);
       return nibble::Status::Ok();
     };
     auto r = nibble::RunAwq(*in.mc, *in.store, in.cfg, tokens, batch, seq, st, sink, nullptr);
@@ -464,8 +466,8 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
     size_t size;
   };
   std::vector<Call> calls;
-  auto sink = [&](const std::string& name, std::vector<float> v) -> nibble::Status {
-    calls.push_back({name, step, v.size()});
+  auto sink = [&](nibble::LayerTensor t) -> nibble::Status {
+    calls.push_back({t.name, step, t.values.size()});
     return nibble::Status::Ok();
   };
   auto r = nibble::RunAwq(mc, store, cfg, tokens, batch, seq, st, sink, progress);
@@ -487,7 +489,8 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
 
   calls.clear();
   step = 0;
-  auto failing = [&](const std::string& name, std::vector<float>) -> nibble::Status {
+  auto failing = [&](nibble::LayerTensor t) -> nibble::Status {
+    const std::string& name = t.name;
     calls.push_back({name, step, 0});
     if (name == "model.layers.1.self_attn.q_proj.weight") return nibble::MakeError("cannot write ", name, ": disk full");
     return nibble::Status::Ok();
@@ -512,7 +515,7 @@ TEST(Awq, EarlyStopGivesTheFullSearchResult) {
   ASSERT_NO_FATAL_FAILURE(RunOffOnSameTensors(
       in, 256, 32,
       [](nibble::AwqSettings& st, bool on) {
-        st.duo_scaling = "both";
+        st.duo_scaling = nibble::DuoScaling::kBoth;
         st.early_stop = on;
       },
       "with the early stop", &full, &fast));
@@ -549,7 +552,7 @@ TEST(Awq, GramLossOfOneLinearEqualsTheDirectLoss) {
   ASSERT_NO_FATAL_FAILURE(RunOffOnSameTensors(
       in, 64, 32,
       [](nibble::AwqSettings& st, bool on) {
-        st.duo_scaling = "both";
+        st.duo_scaling = nibble::DuoScaling::kBoth;
         st.gram_linear_loss = on;
       },
       "with the Gram loss", &direct, &gram));

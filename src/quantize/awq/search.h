@@ -1,0 +1,44 @@
+// AWQ's grid search for one mapping (llm-compressor AWQModifier semantics, SPEC §2.1):
+// x_mean[c] = mean |x[:, c]| of the balance layers' input, w_mean[c] = the group-normalised weight
+// mean (duo scaling); for each grid candidate s = clamp_min(x^r / (w^(1-r) + 1e-4), 1e-4) (duo) or
+// clamp_min(x^r, 1e-4), s /= sqrt(max s · min s), inf/NaN → 1; every quantized balance layer
+// W → Q(W·s)/s (Quark RTN of its scheme, scales in the model dtype); the inspected module runs on
+// all calibration rows; loss = MSE against its output with the unquantized weights. The first
+// candidate with the strictly smallest finite loss wins and is applied: balance columns × s,
+// prev_op ÷ s (an RMSNorm weight rounded at once to its stored dtype, since that is what the
+// checkpoint holds; or the last len(s) output rows and bias of a prev_op Linear).
+// All arithmetic in fp32 with sums in double over fixed blocks: the result does not depend on the
+// thread count. A candidate whose RTN scale or a float-stored value would overflow its dtype is
+// rejected (never stored as inf); the identity candidate (ratio 0, no duo) is always first.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/result.h"
+#include "quantize/awq/mappings.h"
+#include "quantize/awq/settings.h"
+#include "quantize/pipeline.h"
+
+namespace nibble {
+
+/// Per-mapping outcome for the report.
+struct AwqMappingReport {
+  AwqMapping mapping;
+  bool skipped = false;
+  std::string skip_reason;
+  double ratio = 0;        // best grid ratio
+  bool duo = false;        // best candidate used duo scaling
+  double loss_rtn = 0;     // MSE of the inspected output with plain RTN (identity scales)
+  double loss_best = 0;    // MSE with the chosen scales
+  int64_t rejected = 0;    // candidates rejected (non-finite loss, overflow)
+  int64_t stopped_early = 0;  // candidates dropped once their partial loss exceeded the best so far
+  double scale_min = 0, scale_max = 0;  // of the chosen s
+};
+
+/// Searches the grid for mapping `r` on the activations `a` (the layer run to SearchStop(r)) and
+/// applies the best scales to L. Errors: no candidate with a finite loss (names the layer).
+Result<AwqMappingReport> SearchAndApply(const LayerRunner& runner, const ResolvedMapping& r, CalibLayer& L,
+                                        const LayerActs& a, const AwqSettings& st);
+
+}  // namespace nibble

@@ -1,0 +1,343 @@
+// The sequential layer pipeline (see pipeline.h for the order of steps).
+#include "quantize/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "formats/float_dtype.h"
+#include "formats/quark_format.h"
+#include "formats/rtn.h"
+#include "kernels/dense_gemm.h"
+#include "model/linear.h"
+#include "model/llama.h"
+#include "model/weights.h"
+
+namespace nibble {
+
+LayerInput InputOf(int slot) {
+  switch (slot) {
+    case kQ: case kK: case kV: return LayerInput::kAttnIn;
+    case kO: return LayerInput::kAttnConcat;
+    case kGate: case kUp: return LayerInput::kMlpIn;
+    default: return LayerInput::kMlpAct;
+  }
+}
+
+LayerStop StopFor(LayerInput in) {
+  switch (in) {
+    case LayerInput::kAttnIn: return LayerStop::kAttnIn;
+    case LayerInput::kAttnConcat: return LayerStop::kAttnResidual;
+    case LayerInput::kMlpIn: return LayerStop::kMlpIn;
+    default: return LayerStop::kFull;
+  }
+}
+
+CalibLayer CalibLayer::Clone() const {
+  CalibLayer c = *this;
+  for (auto& p : c.w) p = std::make_shared<std::vector<float>>(*p);
+  return c;
+}
+
+CalibLinears MakeLinears(const CalibLayer& L) {
+  CalibLinears out;
+  for (int i = 0; i < kNumLinears; ++i) out[i] = std::make_unique<DenseLinear>(L.n[i], L.k[i], L.w[i], L.bias[i]);
+  return out;
+}
+
+DecoderLayerView ViewOf(const CalibLayer& L, const CalibLinears& lin) {
+  DecoderLayerView v;
+  v.input_layernorm = L.ln1.data();
+  v.post_attention_layernorm = L.ln2.data();
+  v.q_proj = lin[kQ].get();
+  v.k_proj = lin[kK].get();
+  v.v_proj = lin[kV].get();
+  v.o_proj = lin[kO].get();
+  v.gate_proj = lin[kGate].get();
+  v.up_proj = lin[kUp].get();
+  v.down_proj = lin[kDown].get();
+  return v;
+}
+
+const float* LayerActs::Of(LayerInput in) const {
+  switch (in) {
+    case LayerInput::kAttnIn: return attn_in.data();
+    case LayerInput::kAttnConcat: return attn_concat.data();
+    case LayerInput::kMlpIn: return mlp_in.data();
+    default: return mlp_act.data();
+  }
+}
+
+namespace {
+
+// Runs L on x (`batch` sequences) up to `stop`, capturing into `a` (sized here); start = kMlp
+// resumes from a's attention stages.
+void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer& L, const float* x, int64_t batch,
+                 int64_t t, LayerStop stop, LayerStart start, LayerActs* a) {
+  const int64_t rows = batch * t, h = c.hidden_size;
+  LayerRun run;
+  run.batch = batch;
+  run.t = t;
+  run.stop = stop;
+  run.start = start;
+  a->attn_in.resize(rows * h);
+  run.capture.attn_in = a->attn_in.data();
+  if (stop >= LayerStop::kAttnResidual) {
+    a->attn_concat.resize(rows * c.num_attention_heads * c.head_dim);
+    a->attn_residual.resize(rows * h);
+    run.capture.attn_concat = a->attn_concat.data();
+    run.capture.attn_residual = a->attn_residual.data();
+  }
+  if (stop >= LayerStop::kMlpIn) {
+    a->mlp_in.resize(rows * h);
+    run.capture.mlp_in = a->mlp_in.data();
+  }
+  if (stop == LayerStop::kFull) {
+    a->mlp_act.resize(rows * c.intermediate_size);
+    a->out.resize(rows * h);
+    run.capture.mlp_act = a->mlp_act.data();
+  }
+  const CalibLinears lin = MakeLinears(L);
+  DecoderLayerForward(c, ViewOf(L, lin), rope, x, run, stop == LayerStop::kFull ? a->out.data() : nullptr);
+}
+
+}  // namespace
+
+LayerRunner::LayerRunner(const ModelConfig& c, int64_t batch, int64_t t, bool reuse_attention)
+    : c_(&c), rope_(BuildRopeTables(c, t)), batch_(batch), t_(t), reuse_(reuse_attention) {}
+
+void LayerRunner::SetInput(const float* x) {
+  x_ = x;
+  attn_valid_ = false;
+}
+
+const LayerActs& LayerRunner::Run(const CalibLayer& L, LayerStop stop) {
+  const bool resume = attn_valid_ && stop >= LayerStop::kMlpIn;
+  RunCaptured(*c_, rope_, L, x_, batch_, t_, stop, resume ? LayerStart::kMlp : LayerStart::kInput, &acts_);
+  if (stop >= LayerStop::kAttnResidual) attn_valid_ = reuse_;
+  return acts_;
+}
+
+void LayerRunner::RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const {
+  RunCaptured(*c_, rope_, L, x_, batch, t_, LayerStop::kFull, LayerStart::kInput, out);
+}
+
+namespace {
+
+// Σ (a − b)² over one block, in 8 double lanes (lane l takes the elements i ≡ l mod 8, in order)
+// added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then the tail. Cloned per ISA with
+// contraction off, so every clone gives the same bits.
+__attribute__((optimize("fp-contract=off"), target_clones("avx512f", "avx2", "default")))
+double SquaredErrorSum(const float* a, const float* b, int64_t n) {
+  typedef double Lanes __attribute__((vector_size(64)));
+  typedef float Floats __attribute__((vector_size(32)));
+  Lanes acc = Lanes{};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    Floats fa, fb;
+    __builtin_memcpy(&fa, a + i, sizeof(fa));
+    __builtin_memcpy(&fb, b + i, sizeof(fb));
+    const Lanes d = __builtin_convertvector(fa, Lanes) - __builtin_convertvector(fb, Lanes);
+    acc += d * d;
+  }
+  double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    s += d * d;
+  }
+  return s;
+}
+
+}  // namespace
+
+double Mse(const float* a, const float* b, int64_t n) {
+  const int64_t blocks = (n + 4095) / 4096;
+  std::vector<double> part(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static)
+  for (int64_t bl = 0; bl < blocks; ++bl) {
+    const int64_t e = std::min(n, (bl + 1) * 4096);
+    part[bl] = SquaredErrorSum(a + bl * 4096, b + bl * 4096, e - bl * 4096);
+  }
+  double s = 0;
+  for (double p : part) s += p;
+  return s / static_cast<double>(n);
+}
+
+Result<std::vector<float>> RtnDequant(const std::vector<float>& w, int64_t n, int64_t k, const QuantSpec& spec,
+                                      DType dt, std::optional<Int4Matrix>* codes) {
+  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix q, QuantizeRtnRef(w.data(), n, k, spec, dt));
+  std::vector<float> d(w.size());
+  DequantizeRef(q, d.data());
+  if (codes != nullptr) *codes = std::move(q);
+  return d;
+}
+
+namespace {
+
+constexpr int64_t kReportRows = 8192;  // calibration rows used for the per-linear error report
+
+// ||X·Wᵀ − X·Ŵᵀ||² / ||X·Wᵀ||² on rows of x.
+double RelOutputError(const float* x, int64_t rows, const std::vector<float>& w, const std::vector<float>& wq, int64_t n,
+                      int64_t k) {
+  std::vector<float> y(rows * n), yq(rows * n);
+  SgemmXWt(rows, n, k, x, k, w.data(), k, 0.0f, y.data(), n);
+  SgemmXWt(rows, n, k, x, k, wq.data(), k, 0.0f, yq.data(), n);
+  const std::vector<float> zero(y.size(), 0.0f);
+  const double den = Mse(y.data(), zero.data(), static_cast<int64_t>(y.size()));
+  return den > 0 ? Mse(y.data(), yq.data(), static_cast<int64_t>(y.size())) / den : 0.0;
+}
+
+// The fp32 weights, dtypes and resolved specs of decoder layer l.
+Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg, int64_t l) {
+  const int64_t h = mc.hidden_size, q_dim = mc.num_attention_heads * mc.head_dim;
+  const int64_t kv_dim = mc.num_key_value_heads * mc.head_dim, inter = mc.intermediate_size;
+  const std::array<std::pair<int64_t, int64_t>, kNumLinears> shapes = {
+      std::pair{q_dim, h}, {kv_dim, h}, {kv_dim, h}, {h, q_dim}, {inter, h}, {inter, h}, {h, inter}};
+  const std::array<bool, kNumLinears> has_bias = {mc.qkv_bias, mc.qkv_bias, mc.qkv_bias, mc.o_bias,
+                                                  mc.mlp_bias, mc.mlp_bias, mc.mlp_bias};
+  CalibLayer L;
+  L.index = l;
+  L.name = "model.layers." + std::to_string(l);
+  const std::string p = L.name + ".";
+  NIBBLE_ASSIGN_OR_RETURN(L.ln1, LoadF32(store, p + "input_layernorm.weight", {h}));
+  NIBBLE_ASSIGN_OR_RETURN(L.ln2, LoadF32(store, p + "post_attention_layernorm.weight", {h}));
+  L.ln1_dtype = store.Find(p + "input_layernorm.weight")->dtype;
+  L.ln2_dtype = store.Find(p + "post_attention_layernorm.weight")->dtype;
+  for (int i = 0; i < kNumLinears; ++i) {
+    const std::string name = p + DecoderLinearNames()[i];
+    L.n[i] = shapes[i].first;
+    L.k[i] = shapes[i].second;
+    NIBBLE_ASSIGN_OR_RETURN(std::vector<float> w, LoadF32(store, name + ".weight", {L.n[i], L.k[i]}));
+    L.w[i] = std::make_shared<std::vector<float>>(std::move(w));
+    L.dtype[i] = store.Find(name + ".weight")->dtype;
+    if (has_bias[i]) {
+      NIBBLE_ASSIGN_OR_RETURN(L.bias[i], LoadF32(store, name + ".bias", {L.n[i]}));
+    }
+    NIBBLE_ASSIGN_OR_RETURN(LinearPlan rc, ResolveQuarkLinear(cfg, name));
+    L.spec[i] = rc.spec;
+    if (rc.spec && L.k[i] % rc.spec->EffectiveGroupSize(L.k[i]) != 0)
+      return MakeError("layer ", name, ": in_features K = ", L.k[i], " is not divisible by group_size ",
+                       rc.spec->EffectiveGroupSize(L.k[i]), " (", rc.rule, ")");
+  }
+  return L;
+}
+
+// Embedding rows of the calibration tokens, gathered straight from the (mmap'd) tensor.
+Result<std::vector<float>> EmbedTokens(const ModelConfig& mc, const TensorStore& store, const std::vector<int32_t>& tokens) {
+  const int64_t h = mc.hidden_size, rows = static_cast<int64_t>(tokens.size());
+  NIBBLE_ASSIGN_OR_RETURN(const TensorView* emb, store.Get("model.embed_tokens.weight"));
+  if (emb->shape != std::vector<int64_t>{mc.vocab_size, h} || !IsFloatScaleDType(emb->dtype))
+    return MakeError(emb->file, ": tensor ", emb->name, " has shape ", emb->ShapeString(), " / dtype ", DTypeName(emb->dtype),
+                     ", expected float [", mc.vocab_size, ", ", h, "]");
+  std::vector<float> x(static_cast<size_t>(rows * h));
+  const size_t esz = DTypeSize(emb->dtype);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t id = tokens[r];
+    if (id < 0 || id >= mc.vocab_size) return MakeError("calibration token id ", id, " outside the vocabulary");
+    for (int64_t c = 0; c < h; ++c) x[r * h + c] = LoadFloatAs(emb->data + (static_cast<size_t>(id) * h + c) * esz, emb->dtype);
+  }
+  return x;
+}
+
+// The final codes (the algorithm's, else RTN) and the dequantized layer they give.
+Status QuantizeLayer(const CalibLayer& L, LayerCodes& codes, CalibLayer* deq) {
+  *deq = L.Clone();
+  for (int i = 0; i < kNumLinears; ++i) {
+    if (!L.spec[i]) continue;
+    const std::string name = L.name + "." + DecoderLinearNames()[i];
+    if (codes[i]) {
+      DequantizeRef(*codes[i], deq->w[i]->data());
+      continue;
+    }
+    auto d = RtnDequant(*L.w[i], L.n[i], L.k[i], *L.spec[i], L.dtype[i], &codes[i]);
+    if (!d.ok()) return d.error().WithContext("layer " + name);
+    *deq->w[i] = std::move(d).value();
+  }
+  return Status::Ok();
+}
+
+// Per-linear output errors: RTN of the original weights on the original layer's inputs, and the
+// final weights (deq) against the transformed ones on the transformed layer's inputs (fp).
+std::vector<LinearErrorReport> ErrorReport(const LayerRunner& runner, const CalibLayer& orig, const CalibLayer& L,
+                                           const CalibLayer& deq, const LayerActs& fp) {
+  const int64_t report_batch = std::min<int64_t>(runner.batch(), std::max<int64_t>(1, kReportRows / runner.t()));
+  const int64_t rr = report_batch * runner.t();
+  LayerActs oa;
+  runner.RunFresh(orig, report_batch, &oa);
+  std::vector<LinearErrorReport> out;
+  for (int i = 0; i < kNumLinears; ++i) {
+    LinearErrorReport lr;
+    lr.name = L.name + "." + DecoderLinearNames()[i];
+    lr.quantized = L.spec[i].has_value();
+    if (lr.quantized) {
+      auto rq = RtnDequant(*orig.w[i], L.n[i], L.k[i], *L.spec[i], L.dtype[i]);
+      if (rq.ok()) lr.rtn_error = RelOutputError(oa.Of(InputOf(i)), rr, *orig.w[i], *rq, L.n[i], L.k[i]);
+      // fp holds the transformed layer's activations; its first rr rows are the report rows.
+      lr.method_error = RelOutputError(fp.Of(InputOf(i)), rr, *L.w[i], *deq.w[i], L.n[i], L.k[i]);
+    }
+    out.push_back(lr);
+  }
+  return out;
+}
+
+Status SinkLayer(CalibLayer& L, LayerCodes& codes, const LayerTensorSink& sink) {
+  const std::string p = L.name + ".";
+  NIBBLE_RETURN_IF_ERROR(sink({p + "input_layernorm.weight", std::move(L.ln1), std::nullopt}));
+  NIBBLE_RETURN_IF_ERROR(sink({p + "post_attention_layernorm.weight", std::move(L.ln2), std::nullopt}));
+  for (int i = 0; i < kNumLinears; ++i) {
+    const std::string name = p + DecoderLinearNames()[i];
+    NIBBLE_RETURN_IF_ERROR(sink({name + ".weight", std::move(*L.w[i]), std::move(codes[i])}));
+    if (!L.bias[i].empty()) NIBBLE_RETURN_IF_ERROR(sink({name + ".bias", std::move(L.bias[i]), std::nullopt}));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+                                        const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len,
+                                        LayerAlgorithm& algo, const PipelineOptions& o, const LayerTensorSink& sink) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (batch < 1 || seq_len < 1 || static_cast<int64_t>(tokens.size()) != batch * seq_len)
+    return MakeError("calibration tokens (", tokens.size(), ") do not form ", batch, " x ", seq_len);
+  if (seq_len > mc.max_position_embeddings)
+    return MakeError("calibration seq_len ", seq_len, " exceeds max_position_embeddings ", mc.max_position_embeddings);
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<float> x, EmbedTokens(mc, store, tokens));
+  const int64_t total_steps = mc.num_hidden_layers * (algo.StepsPerLayer() + 1);
+  int64_t step = 0;
+  auto tick = [&] {
+    if (o.progress) o.progress(++step, total_steps);
+  };
+  LayerRunner runner(mc, batch, seq_len, o.reuse_attention);
+  PipelineResult res;
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
+    const auto tl = std::chrono::steady_clock::now();
+    NIBBLE_ASSIGN_OR_RETURN(CalibLayer L, LoadLayer(mc, store, cfg, l));
+    const CalibLayer orig = L.Clone();
+    runner.SetInput(x.data());
+    NIBBLE_RETURN_IF_ERROR(algo.Transform(runner, L, tick));
+    const LayerActs& fp = runner.Run(L, LayerStop::kFull);
+    std::vector<float> x_next;
+    if (o.propagation == Propagation::kFp) x_next = fp.out;
+    LayerCodes codes;
+    NIBBLE_RETURN_IF_ERROR(algo.Finish(runner, L, codes));
+    CalibLayer deq;
+    NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq));
+    if (o.propagation == Propagation::kQuantized) {
+      LayerActs qa;
+      runner.RunFresh(deq, batch, &qa);
+      x_next = std::move(qa.out);
+    }
+    LayerReport rep;
+    rep.layer = l;
+    rep.linears = ErrorReport(runner, orig, L, deq, runner.acts());
+    x = std::move(x_next);
+    NIBBLE_RETURN_IF_ERROR(SinkLayer(L, codes, sink));
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
+    res.layers.push_back(std::move(rep));
+    tick();
+  }
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+}  // namespace nibble

@@ -1,0 +1,184 @@
+// The sequential layer pipeline every calibrated quantization algorithm runs in (llm-compressor's
+// sequential pipeline; AutoAWQ / llm-awq run the same loop). Per decoder layer, in order:
+//   1. load the layer's weights in fp32 from the (mmap'd) checkpoint — one layer in memory;
+//   2. the algorithm's Transform: it may rescale the weights (AWQ smoothing), running the layer
+//      over the calibration activations through a LayerRunner as often as it needs;
+//   3. the fp pass: the transformed layer over all calibration rows (its activations are what
+//      the algorithm's Finish sees and what fp propagation feeds the next layer);
+//   4. the algorithm's Finish: it may adjust the weights again (AWQ clip) and may produce the
+//      codes of any quantized linear itself (GPTQ); every other quantized linear gets Quark RTN;
+//   5. per-linear output errors for the report (RTN of the original weights against the result);
+//   6. the layer's tensors go to the sink (the exporter) and are freed; the next layer's input is
+//      the fp pass's output, or (quantized propagation) the output of the dequantized layer.
+// Results do not depend on the thread count: every reduction runs in fixed blocks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "formats/int4_matrix.h"
+#include "formats/quant_spec.h"
+#include "formats/quark_config.h"
+#include "io/safetensors.h"
+#include "model/config.h"
+#include "model/decoder_layer.h"
+
+namespace nibble {
+
+/// A decoder projection, in DecoderLinearNames() order.
+enum LinearSlot : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown, kNumLinears };
+
+/// The capture point that feeds a projection.
+enum class LayerInput { kAttnIn, kAttnConcat, kMlpIn, kMlpAct };
+LayerInput InputOf(int slot);
+/// How far a layer must run to produce that input.
+LayerStop StopFor(LayerInput in);
+
+/// Where the next layer's calibration input comes from.
+enum class Propagation {
+  kFp,         // the transformed (e.g. smoothed) layer, unquantized (llm-awq, AutoAWQ)
+  kQuantized,  // the layer with its quantized weights dequantized (llm-compressor's sequential pipeline)
+};
+
+/// A decoder layer's weights in fp32, as the algorithms edit them.
+struct CalibLayer {
+  int64_t index = 0;
+  std::string name;  // "model.layers.3"
+  std::vector<float> ln1, ln2;  // input_layernorm / post_attention_layernorm [H]
+  DType ln1_dtype = DType::kF32, ln2_dtype = DType::kF32;
+  std::array<std::shared_ptr<std::vector<float>>, kNumLinears> w;  // [N, K]
+  std::array<std::vector<float>, kNumLinears> bias;                // empty or [N]
+  std::array<int64_t, kNumLinears> n{}, k{};
+  std::array<std::optional<QuantSpec>, kNumLinears> spec;          // nullopt: kept in float
+  std::array<DType, kNumLinears> dtype{};                          // stored dtype of each weight
+
+  /// A deep copy (the weight vectors are copied, not shared).
+  CalibLayer Clone() const;
+};
+
+/// Dense fp32 linears over a CalibLayer's weights (shared, not copied), and the layer view of them.
+using CalibLinears = std::array<std::unique_ptr<Linear>, kNumLinears>;
+CalibLinears MakeLinears(const CalibLayer& L);
+/// The view of `lin` with L's norms (the attention and MLP blocks alone do not read the norms).
+DecoderLayerView ViewOf(const CalibLayer& L, const CalibLinears& lin);
+
+/// A layer's activations on the calibration rows (model/decoder_layer.h capture points).
+struct LayerActs {
+  std::vector<float> attn_in, attn_concat, attn_residual, mlp_in, mlp_act, out;
+  const float* Of(LayerInput in) const;
+};
+
+/// Runs layers over the current layer's calibration input x [batch · t, H]. One LayerActs is
+/// reused by every Run (fresh multi-hundred-MB buffers per call were page-faulted and zeroed each
+/// time). While nothing has rescaled input_layernorm or q / k / v / o since the attention stages
+/// were computed, a Run that needs the MLP stages starts from them (the same values as a full run).
+class LayerRunner {
+ public:
+  LayerRunner(const ModelConfig& c, int64_t batch, int64_t t, bool reuse_attention);
+  const ModelConfig& config() const { return *c_; }
+  const RopeTables& rope() const { return rope_; }
+  int64_t batch() const { return batch_; }
+  int64_t t() const { return t_; }
+  int64_t rows() const { return batch_ * t_; }
+  /// The input of the layer now being processed; invalidates the attention stages.
+  void SetInput(const float* x);
+  const float* input() const { return x_; }
+  /// Runs `L` up to `stop` into acts().
+  const LayerActs& Run(const CalibLayer& L, LayerStop stop);
+  const LayerActs& acts() const { return acts_; }
+  /// The caller changed input_layernorm or a q / k / v / o weight: the attention stages are stale.
+  void InvalidateAttention() { attn_valid_ = false; }
+  /// Runs `L` fully on the first `batch` sequences into `out` (reports, quantized propagation).
+  void RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const;
+
+ private:
+  const ModelConfig* c_;
+  RopeTables rope_;
+  int64_t batch_, t_;
+  bool reuse_;
+  const float* x_ = nullptr;
+  LayerActs acts_;
+  bool attn_valid_ = false;
+};
+
+/// Relative output error of one linear on calibration inputs, for the report.
+struct LinearErrorReport {
+  std::string name;
+  bool quantized = false;
+  double rtn_error = 0;     // ||X·Wᵀ − X·RTN(W)ᵀ||² / ||X·Wᵀ||², original weights and inputs
+  double method_error = 0;  // the same for the algorithm's final weights on their own inputs
+};
+
+struct LayerReport {
+  int64_t layer = 0;
+  std::vector<LinearErrorReport> linears;
+  double seconds = 0;
+};
+
+/// The finished codes of a layer's quantized linears (nullopt: the pipeline applies RTN).
+using LayerCodes = std::array<std::optional<Int4Matrix>, kNumLinears>;
+
+/// A per-layer calibration algorithm (AWQ, GPTQ, ...). The defaults change nothing: a layer
+/// that only runs them is plain RTN.
+class LayerAlgorithm {
+ public:
+  virtual ~LayerAlgorithm() = default;
+  /// Progress steps the algorithm reports per layer through `step` in Transform.
+  virtual int64_t StepsPerLayer() const { return 0; }
+  /// Before the fp pass (algorithms keep their own per-layer report sections).
+  virtual Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<void()>& step) {
+    return Status::Ok();
+  }
+  /// After the fp pass: `runner.acts()` holds the transformed layer's activations.
+  virtual Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes) { return Status::Ok(); }
+  /// Notes collected over the run (each once), e.g. skipped mappings.
+  virtual std::vector<std::string> Messages() const { return {}; }
+};
+
+/// One finished tensor of a decoder layer: HF name, fp32 values row-major in the stored shape,
+/// and for a quantized linear's weight the codes the exporter writes (computed from `values`).
+struct LayerTensor {
+  std::string name;
+  std::vector<float> values;
+  std::optional<Int4Matrix> codes;
+};
+/// Receives every weight (and bias) of a layer, norms first then q/k/v/o/gate/up/down, as soon as
+/// the layer is done; a non-OK status stops the pipeline and is returned.
+using LayerTensorSink = std::function<Status(LayerTensor)>;
+
+struct PipelineOptions {
+  Propagation propagation = Propagation::kFp;
+  bool reuse_attention = true;  // LayerRunner's reuse (false recomputes, for tests)
+  std::function<void(int64_t done, int64_t total)> progress;  // (layer, step) units
+};
+
+struct PipelineResult {
+  std::vector<LayerReport> layers;
+  double seconds = 0;
+};
+
+/// Runs `algo` over every decoder layer of the dense checkpoint `store` (config `mc`) with
+/// calibration tokens [batch, seq_len] (each row an independent sequence from position 0); each
+/// projection's spec comes from the Quark config `cfg` (excluded ones stay in float).
+/// Errors: seq_len > max_position_embeddings, a projection whose K is not a multiple of its group
+/// size, missing / mis-shaped tensors, an algorithm's error (with the layer named), a sink error.
+Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+                                        const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len,
+                                        LayerAlgorithm& algo, const PipelineOptions& options,
+                                        const LayerTensorSink& sink);
+
+/// Q(W) dequantized for `spec` (Quark RTN with scales in `dt`), or an error (scale overflow,
+/// non-finite weight); `codes` (optional) receives the Int4Matrix.
+Result<std::vector<float>> RtnDequant(const std::vector<float>& w, int64_t n, int64_t k, const QuantSpec& spec,
+                                      DType dt, std::optional<Int4Matrix>* codes = nullptr);
+
+/// Σ (a − b)² / n over fixed blocks of 4096 (double partials summed in block order).
+double Mse(const float* a, const float* b, int64_t n);
+
+}  // namespace nibble
