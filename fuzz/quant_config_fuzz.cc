@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "formats/fnmatch.h"
-#include "formats/quant_config.h"
+#include "formats/quark_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

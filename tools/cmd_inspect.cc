@@ -69,7 +69,7 @@ Runner RegisterInspect(CLI::App& app) {
       j["dir"] = rep->dir;
       j["format"] = rep->format;
       j["torch_dtype"] = rep->torch_dtype;
-      if (!rep->pack_method.empty()) j["pack_method"] = rep->pack_method;
+      for (const auto& [key, value] : rep->format_properties) j[key] = value;
       j["total_tensor_bytes"] = rep->total_tensor_bytes;
       j["linear_stored_bytes"] = stored;
       j["linear_float_bytes"] = fp;
@@ -84,9 +84,10 @@ Runner RegisterInspect(CLI::App& app) {
       std::printf("%s\n", j.dump(2).c_str());
       return 0;
     }
-    std::printf("%s\nformat: %s%s%s | torch_dtype: %s | tensors on disk: %.2f MB\n", rep->dir.c_str(), rep->format.c_str(),
-                rep->pack_method.empty() ? "" : " | pack_method: ", rep->pack_method.c_str(), rep->torch_dtype.c_str(),
-                rep->total_tensor_bytes / 1e6);
+    std::string props;
+    for (const auto& [key, value] : rep->format_properties) props += " | " + key + ": " + value;
+    std::printf("%s\nformat: %s%s | torch_dtype: %s | tensors on disk: %.2f MB\n", rep->dir.c_str(), rep->format.c_str(),
+                props.c_str(), rep->torch_dtype.c_str(), rep->total_tensor_bytes / 1e6);
     std::printf("%-36s %-22s %6s %6s %10s %7s  %s\n", "layer", "scheme", "N", "K", "bytes", "ratio", "rule");
     for (const auto& l : rep->layers)
       std::printf("%-36s %-22s %6lld %6lld %10lld %6.2fx  %s\n", l.name.c_str(), l.scheme.c_str(), static_cast<long long>(l.n),

@@ -16,7 +16,6 @@ namespace {
 
 struct QuantizeArgs {
   nibble::QuantizeRequest req;
-  std::string model_export = "hf_format";
   std::string max_shard_size = "5GB";
   bool exclude_given = false;
   int threads = 0;
@@ -67,7 +66,7 @@ Runner RegisterQuantize(CLI::App& app) {
   cmd->add_option("--duo_scaling", r.duo_scaling, "AWQ grid: true | false | both (llm-compressor)")->capture_default_str();
   cmd->add_option("--n_grid", r.n_grid, "AWQ grid points")->capture_default_str();
   cmd->add_option("--report", a->report, "Write a JSON report (per layer AWQ ratios, losses, per-linear errors)");
-  cmd->add_option("--model_export", a->model_export, "Export format: hf_format")->capture_default_str();
+  cmd->add_option("--model_export", r.model_export, "Export format: hf_format")->capture_default_str();
   auto* pm = cmd->add_option("--pack_method", r.pack_method, "Nibble order: reorder (AWQ order) | order")->capture_default_str();
   auto* ex = cmd->add_option("--exclude_layers", r.exclude_layers,
                              "Layers kept in float: fnmatch patterns or re:REGEX (default: lm_head; give no value to exclude nothing)")
@@ -86,7 +85,6 @@ Runner RegisterQuantize(CLI::App& app) {
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
   return [a, cmd, scheme, gs, pm, ex, lqc]() {
     auto& r = a->req;
-    if (a->model_export != "hf_format") return Fail("--model_export \"" + a->model_export + "\" is not supported (supported: hf_format)");
     if (!ParseSize(a->max_shard_size, &r.max_shard_size)) return Fail("--max_shard_size \"" + a->max_shard_size + "\" is not a size like 5GB or 200MiB");
     if (!r.quant_config_file.empty()) {
       for (CLI::Option* o : {scheme, gs, pm, ex, lqc})

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <nibble/result.h>
+#include <nibble/error.h>
 
 namespace nibble {
 

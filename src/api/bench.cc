@@ -25,7 +25,7 @@
 #include "formats/int4_matrix.h"
 #include "io/file.h"
 #include "io/safetensors.h"
-#include "io/staging_dir.h"
+#include "io/checkpoint_writer.h"
 #include "base/check.h"
 #include "kernels/int4_dispatch.h"
 #include "kernels/int4_packed.h"
@@ -224,6 +224,59 @@ uint64_t SplitMix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// One tensor of a synthetic checkpoint: name, shape, and whether it holds ones (RMSNorm weights)
+// instead of random values; `index` seeds its values.
+struct SynthTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool ones;
+  uint64_t index;
+};
+
+std::vector<SynthTensor> SynthTensors(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
+                                      int64_t head_dim, int64_t vocab, bool tied) {
+  std::vector<SynthTensor> specs;
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool ones) {
+    specs.push_back({std::move(name), std::move(shape), ones, specs.size()});
+  };
+  add("model.embed_tokens.weight", {vocab, hidden}, false);
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {hidden}, true);
+    add(p + "self_attn.q_proj.weight", {heads * head_dim, hidden}, false);
+    add(p + "self_attn.k_proj.weight", {kv * head_dim, hidden}, false);
+    add(p + "self_attn.v_proj.weight", {kv * head_dim, hidden}, false);
+    add(p + "self_attn.o_proj.weight", {hidden, heads * head_dim}, false);
+    add(p + "post_attention_layernorm.weight", {hidden}, true);
+    add(p + "mlp.gate_proj.weight", {inter, hidden}, false);
+    add(p + "mlp.up_proj.weight", {inter, hidden}, false);
+    add(p + "mlp.down_proj.weight", {hidden, inter}, false);
+  }
+  add("model.norm.weight", {hidden}, true);
+  if (!tied) add("lm_head.weight", {vocab, hidden}, false);
+  return specs;
+}
+
+// bf16 values ~ U(-0.035, 0.035) (or ones), from a counter-based generator: the same bytes for
+// any thread count.
+TensorToWrite RandomBf16Tensor(const SynthTensor& sp, uint64_t seed) {
+  TensorToWrite tw;
+  tw.name = sp.name;
+  tw.dtype = DType::kBF16;
+  tw.shape = sp.shape;
+  int64_t count = 1;
+  for (int64_t d : sp.shape) count *= d;
+  tw.bytes.resize(static_cast<size_t>(count * 2));
+  uint16_t* v = reinterpret_cast<uint16_t*>(tw.bytes.data());
+  const uint64_t key = SplitMix(seed ^ SplitMix(sp.index + 1));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const float u = static_cast<float>(SplitMix(key + static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
+    v[i] = F32ToBf16(sp.ones ? 1.0f : (u - 0.5f) * 0.0693f);
+  }
+  return tw;
+}
+
 Result<int64_t> ConfigInt(const nlohmann::json& c, const char* key, const std::string& path) {
   if (!c.contains(key) || !c[key].is_number_integer())
     return MakeError(path, ": key \"", key, "\" missing or not an integer");
@@ -263,104 +316,29 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   if (q.out_dir.empty()) return MakeError("synth: --out is empty");
   if (fs::exists(fs::path(q.out_dir), ec) && !q.overwrite)
     return MakeError("synth: output ", q.out_dir, " exists (use --overwrite)");
-  // The dense checkpoint goes to a staging directory beside the output (io/staging_dir.h): renamed
-  // onto it for "dense", the quantizer's input for "quark" (which stages and commits its own
-  // output) and removed afterwards. A failed run leaves no partial output, and an existing output
-  // is replaced only once the new one is complete — and only if it is a model directory.
-  auto staged = StagingDir::Create(q.out_dir, q.format == "dense" ? "tmp" : "synth-dense");
-  if (!staged.ok()) return staged.error().WithContext("synth");
-  StagingDir staging = std::move(staged).value();
-  const fs::path dense(staging.path());
-
-  struct Spec {
-    std::string name;
-    std::vector<int64_t> shape;
-    bool ones;
-  };
-  std::vector<Spec> specs;
-  specs.push_back({"model.embed_tokens.weight", {vocab, hidden}, false});
-  for (int64_t l = 0; l < layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    specs.push_back({p + "input_layernorm.weight", {hidden}, true});
-    specs.push_back({p + "self_attn.q_proj.weight", {heads * head_dim, hidden}, false});
-    specs.push_back({p + "self_attn.k_proj.weight", {kv * head_dim, hidden}, false});
-    specs.push_back({p + "self_attn.v_proj.weight", {kv * head_dim, hidden}, false});
-    specs.push_back({p + "self_attn.o_proj.weight", {hidden, heads * head_dim}, false});
-    specs.push_back({p + "post_attention_layernorm.weight", {hidden}, true});
-    specs.push_back({p + "mlp.gate_proj.weight", {inter, hidden}, false});
-    specs.push_back({p + "mlp.up_proj.weight", {inter, hidden}, false});
-    specs.push_back({p + "mlp.down_proj.weight", {hidden, inter}, false});
+  // The dense checkpoint goes to a staging directory beside the output (io/checkpoint_writer.h):
+  // renamed onto it for "dense", the quantizer's input for "quark" (which stages and commits its
+  // own output) and removed afterwards. A failed run leaves no partial output, and an existing
+  // output is replaced only once the new one is complete — and only if it is a model directory.
+  auto created = CheckpointWriter::Create(q.out_dir, q.max_shard_bytes, q.format == "dense" ? "tmp" : "synth-dense");
+  if (!created.ok()) return created.error().WithContext("synth");
+  CheckpointWriter out = std::move(created).value();
+  for (const SynthTensor& sp : SynthTensors(hidden, inter, layers, heads, kv, head_dim, vocab, tied)) {
+    NIBBLE_RETURN_IF_ERROR(out.Add(RandomBf16Tensor(sp, q.seed)));
   }
-  specs.push_back({"model.norm.weight", {hidden}, true});
-  if (!tied) specs.push_back({"lm_head.weight", {vocab, hidden}, false});
-
-  // Shards of at most max_shard_bytes, generated one at a time.
-  std::vector<std::vector<size_t>> shards(1);
-  int64_t cur = 0, total = 0;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    int64_t b = 2;
-    for (int64_t d : specs[i].shape) b *= d;
-    if (cur > 0 && cur + b > q.max_shard_bytes) {
-      shards.emplace_back();
-      cur = 0;
-    }
-    shards.back().push_back(i);
-    cur += b;
-    total += b;
-  }
-  nlohmann::ordered_json index;
-  index["metadata"]["total_size"] = total;
-  for (size_t s = 0; s < shards.size(); ++s) {
-    char fname[64];
-    if (shards.size() == 1)
-      std::snprintf(fname, sizeof fname, "model.safetensors");
-    else
-      std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
-    std::vector<TensorToWrite> ts(shards[s].size());
-    std::vector<const TensorToWrite*> ptrs;
-    for (size_t t = 0; t < shards[s].size(); ++t) {
-      const Spec& sp = specs[shards[s][t]];
-      TensorToWrite& tw = ts[t];
-      tw.name = sp.name;
-      tw.dtype = DType::kBF16;
-      tw.shape = sp.shape;
-      int64_t count = 1;
-      for (int64_t d : sp.shape) count *= d;
-      tw.bytes.resize(static_cast<size_t>(count * 2));
-      uint16_t* v = reinterpret_cast<uint16_t*>(tw.bytes.data());
-      const uint64_t key = SplitMix(q.seed ^ SplitMix(shards[s][t] + 1));
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < count; ++i) {
-        const float u = static_cast<float>(SplitMix(key + static_cast<uint64_t>(i)) >> 40) * (1.0f / 16777216.0f);
-        v[i] = F32ToBf16(sp.ones ? 1.0f : (u - 0.5f) * 0.0693f);
-      }
-      ptrs.push_back(&tw);
-      index["weight_map"][sp.name] = fname;
-    }
-    NIBBLE_RETURN_IF_ERROR(WriteSafetensors((dense / fname).string(), ptrs, {{"format", "pt"}}));
-  }
-  if (shards.size() > 1) {
-    const std::string idx = index.dump(2);
-    NIBBLE_RETURN_IF_ERROR(WriteFileAtomic((dense / "model.safetensors.index.json").string(), idx.data(), idx.size()));
-  }
+  NIBBLE_RETURN_IF_ERROR(out.Finish());
   c["torch_dtype"] = "bfloat16";
-  const std::string cfg = c.dump(2);
-  NIBBLE_RETURN_IF_ERROR(WriteFileAtomic((dense / "config.json").string(), cfg.data(), cfg.size()));
-  if (!q.tokenizer_dir.empty())
-    for (const char* f : {"tokenizer.model", "tokenizer_config.json"}) {
-      const fs::path src = fs::path(q.tokenizer_dir) / f;
-      if (fs::exists(src)) {
-        fs::copy_file(src, dense / f, fs::copy_options::overwrite_existing, ec);
-        if (ec) return MakeError("synth: copying ", src.string(), ": ", ec.message());
-      }
-    }
+  NIBBLE_RETURN_IF_ERROR(out.WriteFile("config.json", c.dump(2)));
+  if (!q.tokenizer_dir.empty()) {
+    NIBBLE_RETURN_IF_ERROR(out.CopyFiles(q.tokenizer_dir, {"tokenizer.model", "tokenizer_config.json"}));
+  }
   if (q.format == "dense") {
-    const Status committed = staging.Commit(q.overwrite);
+    const Status committed = out.Commit(q.overwrite);
     if (!committed.ok()) return committed.error().WithContext("synth");
     return Status::Ok();
   }
   QuantizeRequest qr;
-  qr.model_dir = dense.string();
+  qr.model_dir = out.path();
   qr.output_dir = q.out_dir;
   qr.group_size = q.group_size;
   qr.overwrite = q.overwrite;

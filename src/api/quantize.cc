@@ -2,13 +2,16 @@
 #include <cstdlib>
 #include <tuple>
 
+#include <nibble/quantize.h>
+
 #include "api/model_impl.h"
-#include "formats/quant_config.h"
+#include "formats/checkpoint_format.h"
+#include "formats/quark_config.h"
 #include "io/file.h"
 #include "io/json.h"
 #include "io/safetensors.h"
-#include "model/checkpoint_format.h"
 #include "model/config.h"
+#include "model/llama.h"
 #include "quantize/quantize.h"
 
 namespace nibble {
@@ -24,7 +27,7 @@ Result<WeightQuantSpec> SpecForScheme(const std::string& scheme, int64_t group_s
     s.dtype = QuantDType::kInt4;
     s.symmetric = true;
   } else {
-    return MakeError("--quant_scheme \"", scheme,
+    return MakeErrorCode(ErrorCode::kUnsupported, "--quant_scheme \"", scheme,
                      "\" is not supported (supported: w_uint4_per_group_asym, w_int4_per_group_sym, "
                      "w_uint4_per_channel_asym, w_int4_per_channel_sym)");
   }
@@ -94,7 +97,7 @@ Result<QuarkQuantConfig> ConfigFromRequest(const QuantizeRequest& r) {
   c.exclude = r.exclude_layers;
   if (r.pack_method == "reorder") c.export_config.pack_method = PackMethod::kReorder;
   else if (r.pack_method == "order") c.export_config.pack_method = PackMethod::kOrder;
-  else return MakeError("--pack_method \"", r.pack_method, "\" is not supported (supported: reorder, order)");
+  else return MakeErrorCode(ErrorCode::kUnsupported, "--pack_method \"", r.pack_method, "\" is not supported (supported: reorder, order)");
   c.algo_config = nullptr;
   c.quant_mode = "eager_mode";
   // Validate through the same parser a loader uses (exclude regexes, spec invariants).
@@ -166,15 +169,17 @@ static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSu
 }
 
 Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
+  ScopedThreads threads(r.threads);
   QuantizeOptions o;
   o.model_dir = r.model_dir;
   o.output_dir = r.output_dir;
   NIBBLE_ASSIGN_OR_RETURN(o.config, ConfigFromRequest(r));
   o.quant_algo = r.quant_algo;
+  o.model_export = r.model_export;
   if (r.misaligned == "error") o.misaligned = MisalignedPolicy::kError;
   else if (r.misaligned == "exclude") o.misaligned = MisalignedPolicy::kExclude;
   else if (r.misaligned == "per_channel") o.misaligned = MisalignedPolicy::kPerChannel;
-  else return MakeError("--misaligned \"", r.misaligned, "\" is not supported (supported: error, exclude, per_channel)");
+  else return MakeErrorCode(ErrorCode::kUnsupported, "--misaligned \"", r.misaligned, "\" is not supported (supported: error, exclude, per_channel)");
   if (r.max_shard_size <= 0) return MakeError("--max_shard_size must be positive");
   o.max_shard_size = r.max_shard_size;
   o.overwrite = r.overwrite;
@@ -189,22 +194,20 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   o.calib_seq_len = r.seq_len;
   o.seed = r.seed;
   o.awq.clip = r.awq_clip;
-  if (r.propagate == "fp") o.awq.propagation = AwqPropagation::kFp;
-  else if (r.propagate == "quantized") o.awq.propagation = AwqPropagation::kQuantized;
-  else return MakeError("--propagate \"", r.propagate, "\" is not supported (supported: fp, quantized)");
-  if (r.duo_scaling != "true" && r.duo_scaling != "false" && r.duo_scaling != "both")
-    return MakeError("--duo_scaling \"", r.duo_scaling, "\" is not supported (supported: true, false, both)");
-  o.awq.duo_scaling = r.duo_scaling;
-  if (r.n_grid < 2 || (r.duo_scaling == "both" && r.n_grid < 4))
+  if (r.propagate == "fp") o.awq.propagation = Propagation::kFp;
+  else if (r.propagate == "quantized") o.awq.propagation = Propagation::kQuantized;
+  else return MakeErrorCode(ErrorCode::kUnsupported, "--propagate \"", r.propagate, "\" is not supported (supported: fp, quantized)");
+  NIBBLE_ASSIGN_OR_RETURN(o.awq.duo_scaling, ParseDuoScaling(r.duo_scaling, "--duo_scaling"));
+  if (r.n_grid < 2 || (o.awq.duo_scaling == DuoScaling::kBoth && r.n_grid < 4))
     return MakeError("--n_grid ", r.n_grid, " is too small (at least 2; 4 with --duo_scaling both)");
   o.awq.n_grid = r.n_grid;
-  NIBBLE_ASSIGN_OR_RETURN(QuantizeReport rep, QuantizeToQuark(o));
+  NIBBLE_ASSIGN_OR_RETURN(QuantizeReport rep, QuantizeCheckpoint(o));
   QuantizeSummary s;
   s.quant_algo = r.quant_algo;
   s.messages = rep.messages;
   if (rep.awq) {
     s.awq_seconds = rep.awq->seconds;
-    s.propagate = rep.awq_settings.propagation == AwqPropagation::kFp ? "fp" : "quantized";
+    s.propagate = rep.awq_settings.propagation == Propagation::kFp ? "fp" : "quantized";
     s.calib_chunks = rep.calib_chunks;
     s.calib_seq_len = rep.calib_seq_len;
     s.calib_available_chunks = rep.calib_available_chunks;
@@ -216,7 +219,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
       for (const auto& m : l.mappings)
         ls.mappings.push_back({m.mapping.prev_op, m.mapping.layers, m.skipped, m.skip_reason, m.ratio, m.duo, m.loss_rtn,
                                m.loss_best, m.rejected, m.stopped_early, m.scale_min, m.scale_max});
-      for (const auto& e : l.linears) ls.linears.push_back({e.name, e.quantized, e.rtn_error, e.awq_error});
+      for (const auto& e : l.linears) ls.linears.push_back({e.name, e.quantized, e.rtn_error, e.method_error});
       s.awq_layers.push_back(std::move(ls));
     }
   }
@@ -225,35 +228,36 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   s.shards = rep.shards;
   s.total_bytes = rep.total_bytes;
   s.seconds = rep.seconds;
-  s.quantization_config_json = ToJson(rep.written_config).dump(2);
+  s.quantization_config_json = rep.quantization_config.dump(2);
   s.report_json = QuantizeReportJson(r, s);
   return s;
 }
 
 Result<InspectReport> Inspect(const std::string& dir) {
-  NIBBLE_ASSIGN_OR_RETURN(CheckpointInfo fmt, DetectCheckpointFormat(dir));
+  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> fmt, OpenCheckpointFormat(dir));
   NIBBLE_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(dir));
   NIBBLE_ASSIGN_OR_RETURN(TensorStore store, TensorStore::OpenDir(dir));
   InspectReport rep;
   rep.dir = dir;
-  rep.format = fmt.format == CheckpointFormat::kQuark ? "quark" : "dense";
+  rep.format = fmt ? fmt->name() : "dense";
   rep.torch_dtype = mc.torch_dtype;
-  if (fmt.quark) {
-    rep.pack_method = PackMethodName(fmt.quark->export_config.pack_method);
-    rep.quantization_config_json = ToJson(*fmt.quark).dump(2);
+  if (fmt) {
+    rep.format_properties = fmt->Properties();
+    rep.quantization_config_json = fmt->ConfigJson().dump(2);
   }
   const int64_t elem = mc.torch_dtype == "float32" ? 4 : 2;
   for (const auto& name : store.Names()) rep.total_tensor_bytes += static_cast<int64_t>(store.Find(name)->nbytes);
   const bool has_lm_head = store.Find("lm_head.weight") != nullptr;
+  const std::vector<std::string> suffixes = fmt ? fmt->TensorSuffixes() : std::vector<std::string>{"weight"};
   for (const std::string& name : LinearModuleNames(mc, has_lm_head)) {
     InspectReport::Layer l;
     l.name = name;
     std::tie(l.n, l.k) = LinearShape(mc, name);
     NIBBLE_ASSIGN_OR_RETURN(const TensorView* w, store.Get(name + ".weight"));
-    for (const char* suffix : {".weight", ".weight_scale", ".weight_zero_point"})
-      if (const TensorView* t = store.Find(name + suffix)) l.stored_bytes += static_cast<int64_t>(t->nbytes);
-    if (fmt.quark) {
-      NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(*fmt.quark, name));
+    for (const std::string& suffix : suffixes)
+      if (const TensorView* t = store.Find(name + "." + suffix)) l.stored_bytes += static_cast<int64_t>(t->nbytes);
+    if (fmt) {
+      NIBBLE_ASSIGN_OR_RETURN(LinearPlan r, fmt->Resolve(name));
       l.rule = r.rule;
       if (r.spec) {
         l.quantized = true;
@@ -262,9 +266,7 @@ Result<InspectReport> Inspect(const std::string& dir) {
     } else {
       l.rule = "not quantized (dense checkpoint)";
     }
-    if (!l.quantized) {
-      l.scheme = std::string("float (") + DTypeName(w->dtype) + ")";
-    }
+    if (!l.quantized) l.scheme = std::string("float (") + DTypeName(w->dtype) + ")";
     l.float_bytes = l.n * l.k * elem;
     rep.layers.push_back(l);
   }

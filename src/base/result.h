@@ -2,7 +2,7 @@
 // macros used throughout the layers.
 #pragma once
 
-#include <nibble/result.h>
+#include <nibble/error.h>
 
 /// Returns early from the enclosing function with the error of a Status/Result expression.
 #define NIBBLE_RETURN_IF_ERROR(expr)              \

@@ -102,7 +102,7 @@ std::string TensorLabel(const TensorView& t) {
 // Spec-only checks shared by shapes, export and import.
 Status CheckSpec(const WeightQuantSpec& spec, const std::string& what) {
   if ((spec.dtype == QuantDType::kInt4) != spec.symmetric)
-    return MakeError(what, ": dtype ", QuantDTypeName(spec.dtype), " with symmetric ", spec.symmetric ? "true" : "false",
+    return MakeErrorCode(ErrorCode::kUnsupported, what, ": dtype ", QuantDTypeName(spec.dtype), " with symmetric ", spec.symmetric ? "true" : "false",
                      " is not supported (expected int4 symmetric or uint4 asymmetric)");
   if (spec.group_size == 0 || spec.group_size < -1)
     return MakeError(what, ": invalid group_size ", spec.group_size, " (expected a positive integer or -1)");
@@ -151,7 +151,7 @@ Result<QuarkLinearTensors> ExportQuarkLinear(const std::string& prefix, const In
   NIBBLE_RETURN_IF_ERROR(ValidateInt4Matrix(m, prefix));
   NIBBLE_RETURN_IF_ERROR(CheckSpec(spec, prefix));
   if (!IsFloatScaleDType(scale_dtype))
-    return MakeError(prefix, ": scale dtype ", DTypeName(scale_dtype), " is not supported (expected F32, F16 or BF16)");
+    return MakeErrorCode(ErrorCode::kUnsupported, prefix, ": scale dtype ", DTypeName(scale_dtype), " is not supported (expected F32, F16 or BF16)");
   if (m.symmetric != spec.symmetric)
     return MakeError(prefix, ": matrix is ", m.symmetric ? "symmetric" : "asymmetric", " but the spec says ",
                      QuantDTypeName(spec.dtype), " symmetric=", spec.symmetric ? "true" : "false");
@@ -218,17 +218,17 @@ Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::s
   for (const Expect& e : expects) {
     const std::string want_dtype = e.is_float ? "F32, F16 or BF16" : "I32";
     if (e.view == nullptr)
-      return MakeError("tensor ", prefix, e.suffix, ": missing; expected ", want_dtype, " ", ShapeToString(*e.shape), " (",
+      return MakeErrorCode(ErrorCode::kCorruptInput, "tensor ", prefix, e.suffix, ": missing; expected ", want_dtype, " ", ShapeToString(*e.shape), " (",
                        layout, ")");
     const TensorView& v = *e.view;
     const bool dtype_ok = e.is_float ? IsFloatScaleDType(v.dtype) : v.dtype == DType::kI32;
     if (!dtype_ok)
-      return MakeError(TensorLabel(v), ": dtype ", DTypeName(v.dtype), ", expected ", want_dtype, " (", layout, ")",
+      return MakeErrorCode(ErrorCode::kCorruptInput, TensorLabel(v), ": dtype ", DTypeName(v.dtype), ", expected ", want_dtype, " (", layout, ")",
                        e.is_float ? "" : "; a float weight means weight_format fake_quantized or an unquantized layer");
     if (v.shape != *e.shape)
-      return MakeError(TensorLabel(v), ": shape ", v.ShapeString(), ", expected ", ShapeToString(*e.shape), " (", layout, ")");
+      return MakeErrorCode(ErrorCode::kCorruptInput, TensorLabel(v), ": shape ", v.ShapeString(), ", expected ", ShapeToString(*e.shape), " (", layout, ")");
     if (v.nbytes != static_cast<size_t>(v.numel()) * DTypeSize(v.dtype) || (v.data == nullptr && v.nbytes != 0))
-      return MakeError(TensorLabel(v), ": holds ", v.nbytes, " bytes, expected ", static_cast<size_t>(v.numel()) * DTypeSize(v.dtype));
+      return MakeErrorCode(ErrorCode::kCorruptInput, TensorLabel(v), ": holds ", v.nbytes, " bytes, expected ", static_cast<size_t>(v.numel()) * DTypeSize(v.dtype));
   }
 
   const bool int4 = spec.dtype == QuantDType::kInt4;
@@ -265,7 +265,7 @@ Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::s
     UnpackGrid(zt.data, 1, n, pack, [&](int64_t, int64_t nn, uint8_t nib) { set_zero(nn, 0, nib); });
   }
   if (bad_group >= 0)
-    return MakeError(TensorLabel(zt), ": zero point nibble ", bad_nib, " out of range for symmetric int4 (group ", bad_group,
+    return MakeErrorCode(ErrorCode::kCorruptInput, TensorLabel(zt), ": zero point nibble ", bad_nib, " out of range for symmetric int4 (group ", bad_group,
                      ", output ", bad_out, "; expected 0: Quark int4 zero points are all 0)");
 
   const size_t es = DTypeSize(st.dtype);
@@ -273,7 +273,7 @@ Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::s
     for (int64_t gi = 0; gi < G; ++gi) {
       const float s = LoadFloatAs(st.data + static_cast<size_t>(gi * n + r) * es, st.dtype);
       if (!std::isfinite(s))
-        return MakeError(TensorLabel(st), ": scale for group ", gi, ", output ", r, " is ", s, " (expected a finite value)");
+        return MakeErrorCode(ErrorCode::kCorruptInput, TensorLabel(st), ": scale for group ", gi, ", output ", r, " is ", s, " (expected a finite value)");
       m.scales[static_cast<size_t>(r * G + gi)] = s;
     }
   }

@@ -29,7 +29,7 @@
 
 #include "base/result.h"
 #include "formats/int4_matrix.h"
-#include "formats/quant_config.h"
+#include "formats/quark_config.h"
 #include "io/safetensors.h"
 
 namespace nibble {

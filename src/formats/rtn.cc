@@ -25,17 +25,15 @@ inline float RoundHalfEven(float v) { return std::nearbyint(v); }
 
 }  // namespace
 
-Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const WeightQuantSpec& spec, DType scale_dtype) {
+Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const QuantSpec& spec, DType scale_dtype) {
   if (n < 1 || k < 1) return MakeError("QuantizeRtnRef: weight shape [", n, ", ", k, "] must have N >= 1 and K >= 1");
   if (!IsFloatScaleDType(scale_dtype))
-    return MakeError("QuantizeRtnRef: scale dtype ", DTypeName(scale_dtype), " is not supported (expected F32, F16 or BF16)");
-  if (spec.round_method != "half_even")
-    return MakeError("QuantizeRtnRef: round_method \"", spec.round_method, "\" is not implemented (expected \"half_even\")");
-  const bool sym = spec.dtype == QuantDType::kInt4;
-  if (sym != spec.symmetric)
-    return MakeError("QuantizeRtnRef: dtype ", QuantDTypeName(spec.dtype), " with symmetric ", spec.symmetric ? "true" : "false",
-                     " is not supported (expected int4 symmetric or uint4 asymmetric)");
-  if (spec.qscheme == QScheme::kPerChannel && spec.group_size != -1)
+    return MakeErrorCode(ErrorCode::kUnsupported, "QuantizeRtnRef: scale dtype ", DTypeName(scale_dtype), " is not supported (expected F32, F16 or BF16)");
+  if (spec.rounding != Rounding::kHalfEven)
+    return MakeErrorCode(ErrorCode::kUnsupported, "QuantizeRtnRef: round_method \"", RoundingName(spec.rounding), "\" is not implemented (expected \"half_even\")");
+  if (spec.bits != 4) return MakeErrorCode(ErrorCode::kUnsupported, "QuantizeRtnRef: ", spec.bits, "-bit weights are not supported (expected 4)");
+  const bool sym = spec.symmetric;
+  if (spec.granularity == Granularity::kPerChannel && spec.group_size != -1)
     return MakeError("QuantizeRtnRef: per_channel spec has group_size ", spec.group_size, ", expected -1");
   if (spec.group_size == 0 || spec.group_size < -1)
     return MakeError("QuantizeRtnRef: invalid group_size ", spec.group_size, " (expected a positive integer or -1)");

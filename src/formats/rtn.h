@@ -26,7 +26,7 @@
 
 #include "base/result.h"
 #include "formats/int4_matrix.h"
-#include "formats/quant_config.h"
+#include "formats/quant_spec.h"
 #include "io/safetensors.h"
 
 namespace nibble {
@@ -38,9 +38,9 @@ namespace nibble {
 /// An all-zero group gets s = 2^-23, z = 0 (uint4) and dequantizes to exact zeros.
 /// Errors: n < 1 or k < 1; K not a multiple of g ("input size K = 100 is not aligned with
 /// group_size 32 (N = 8, K = 100, g = 32)", cf. vLLM's "input size is not aligned with the
-/// quantized weight shape"); scale_dtype not F32/F16/BF16; spec.round_method != "half_even";
-/// (dtype, symmetric) not (int4, true) / (uint4, false); a non-finite weight (names row and
+/// quantized weight shape"); scale_dtype not F32/F16/BF16; spec.rounding not half-even; bits
+/// other than 4; a non-finite weight (names row and
 /// column); a scale that overflows scale_dtype (F16 above 65504).
-Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const WeightQuantSpec& spec, DType scale_dtype);
+Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const QuantSpec& spec, DType scale_dtype);
 
 }  // namespace nibble

@@ -12,6 +12,8 @@ namespace nibble {
 
 namespace {
 std::string Errno() { return std::strerror(errno); }
+// A failed open: the path is missing (kNotFound) or the OS refused it (kIo).
+ErrorCode OpenErrorCode() { return errno == ENOENT || errno == ENOTDIR ? ErrorCode::kNotFound : ErrorCode::kIo; }
 }  // namespace
 
 bool PathExists(const std::string& path) {
@@ -32,12 +34,12 @@ std::string JoinPath(const std::string& a, const std::string& b) {
 
 Result<std::string> ReadFileToString(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return MakeError("cannot open ", path, ": ", Errno());
+  if (fd < 0) return MakeErrorCode(OpenErrorCode(), "cannot open ", path, ": ", Errno());
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     std::string e = Errno();
     ::close(fd);
-    return MakeError("cannot stat ", path, ": ", e);
+    return MakeErrorCode(ErrorCode::kIo, "cannot stat ", path, ": ", e);
   }
   if (S_ISDIR(st.st_mode)) {
     ::close(fd);
@@ -51,7 +53,7 @@ Result<std::string> ReadFileToString(const std::string& path) {
       if (errno == EINTR) continue;
       std::string e = Errno();
       ::close(fd);
-      return MakeError("cannot read ", path, ": ", e);
+      return MakeErrorCode(ErrorCode::kIo, "cannot read ", path, ": ", e);
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
@@ -62,12 +64,12 @@ Result<std::string> ReadFileToString(const std::string& path) {
 
 Result<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return MakeError("cannot open ", path, ": ", Errno());
+  if (fd < 0) return MakeErrorCode(OpenErrorCode(), "cannot open ", path, ": ", Errno());
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     std::string e = Errno();
     ::close(fd);
-    return MakeError("cannot stat ", path, ": ", e);
+    return MakeErrorCode(ErrorCode::kIo, "cannot stat ", path, ": ", e);
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -81,7 +83,7 @@ Result<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
     if (p == MAP_FAILED) {
       std::string e = Errno();
       ::close(fd);
-      return MakeError("cannot mmap ", path, ": ", e);
+      return MakeErrorCode(ErrorCode::kIo, "cannot mmap ", path, ": ", e);
     }
     f->data_ = static_cast<const uint8_t*>(p);
   }
@@ -120,25 +122,33 @@ Status WriteFileAtomic(const std::string& path, const void* bytes, size_t size) 
 Status WriteFileAtomicParts(const std::string& path, const std::vector<std::span<const uint8_t>>& parts) {
   std::string tmp = path + ".tmp-" + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return MakeError("cannot create ", tmp, ": ", Errno());
+  if (fd < 0) return MakeErrorCode(ErrorCode::kIo, "cannot create ", tmp, ": ", Errno());
   for (const auto& part : parts) {
     if (!WriteAll(fd, part)) {
       std::string e = Errno();
       ::close(fd);
       ::unlink(tmp.c_str());
-      return MakeError("cannot write ", tmp, ": ", e);
+      return MakeErrorCode(ErrorCode::kIo, "cannot write ", tmp, ": ", e);
     }
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     std::string e = Errno();
     ::unlink(tmp.c_str());
-    return MakeError("cannot flush ", tmp, ": ", e);
+    return MakeErrorCode(ErrorCode::kIo, "cannot flush ", tmp, ": ", e);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     std::string e = Errno();
     ::unlink(tmp.c_str());
-    return MakeError("cannot rename ", tmp, " to ", path, ": ", e);
+    return MakeErrorCode(ErrorCode::kIo, "cannot rename ", tmp, " to ", path, ": ", e);
   }
+  return Status::Ok();
+}
+
+Status CheckModelDir(const std::string& dir) {
+  if (!PathExists(dir)) return MakeErrorCode(ErrorCode::kNotFound, dir, ": model directory does not exist");
+  if (!IsDirectory(dir)) return MakeErrorCode(ErrorCode::kNotFound, dir, ": is not a directory (expected a Hugging Face model directory)");
+  if (!PathExists(JoinPath(dir, "config.json")))
+    return MakeErrorCode(ErrorCode::kNotFound, dir, ": no config.json (expected a Hugging Face model directory)");
   return Status::Ok();
 }
 

@@ -55,4 +55,8 @@ Status WriteFileAtomic(const std::string& path, const void* bytes, size_t size);
 /// memory). Same guarantees and errors.
 Status WriteFileAtomicParts(const std::string& path, const std::vector<std::span<const uint8_t>>& parts);
 
+/// Checks that `dir` is a model directory holding a config.json. Errors name the path: "does not
+/// exist", "is not a directory", "no config.json (expected a Hugging Face model directory)".
+Status CheckModelDir(const std::string& dir);
+
 }  // namespace nibble

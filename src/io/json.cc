@@ -36,11 +36,11 @@ Result<json> ParseJsonText(const std::string& text, const std::string& what) {
   try {
     j = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
   } catch (const json::exception& e) {
-    return MakeError(what, ": not valid JSON (", e.what(), ")");
+    return MakeErrorCode(ErrorCode::kCorruptInput, what, ": not valid JSON (", e.what(), ")");
   } catch (const JsonTooDeep&) {
-    return MakeError(what, ": JSON nested deeper than ", kMaxJsonDepth, " levels");
+    return MakeErrorCode(ErrorCode::kCorruptInput, what, ": JSON nested deeper than ", kMaxJsonDepth, " levels");
   }
-  if (!duplicate.empty()) return MakeError(what, ": duplicate key \"", duplicate, "\"");
+  if (!duplicate.empty()) return MakeErrorCode(ErrorCode::kCorruptInput, what, ": duplicate key \"", duplicate, "\"");
   return j;
 }
 

@@ -48,7 +48,7 @@ size_t DTypeSize(DType t) {
 Result<DType> ParseDType(const std::string& name) {
   for (const auto& d : kDTypes)
     if (name == d.name) return d.type;
-  return MakeError("unknown dtype \"", name,
+  return MakeErrorCode(ErrorCode::kCorruptInput, "unknown dtype \"", name,
                    "\" (expected one of F32, F16, BF16, F64, I64, I32, I16, I8, U8, BOOL)");
 }
 
@@ -70,15 +70,15 @@ std::string ShapeToString(const std::vector<int64_t>& shape) {
 std::string TensorView::ShapeString() const { return ShapeToString(shape); }
 
 Result<SafetensorsHeader> ParseSafetensors(const uint8_t* data, size_t size, const std::string& file) {
-  if (size < 8) return MakeError(file, ": file is ", size, " bytes, too short for a safetensors header length (8 bytes)");
+  if (size < 8) return MakeErrorCode(ErrorCode::kCorruptInput, file, ": file is ", size, " bytes, too short for a safetensors header length (8 bytes)");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];
-  if (n == 0) return MakeError(file, ": safetensors header length is 0, expected a JSON header");
-  if (n > kMaxHeaderBytes) return MakeError(file, ": safetensors header length ", n, " bytes is larger than the limit of ", kMaxHeaderBytes, " bytes");
-  if (n > size - 8) return MakeError(file, ": safetensors header length ", n, " runs past the end of the file (", size, " bytes)");
+  if (n == 0) return MakeErrorCode(ErrorCode::kCorruptInput, file, ": safetensors header length is 0, expected a JSON header");
+  if (n > kMaxHeaderBytes) return MakeErrorCode(ErrorCode::kCorruptInput, file, ": safetensors header length ", n, " bytes is larger than the limit of ", kMaxHeaderBytes, " bytes");
+  if (n > size - 8) return MakeErrorCode(ErrorCode::kCorruptInput, file, ": safetensors header length ", n, " runs past the end of the file (", size, " bytes)");
   const char* hb = reinterpret_cast<const char*>(data + 8);
   NIBBLE_ASSIGN_OR_RETURN(json header, ParseJsonText(std::string(hb, n), file + ": safetensors header"));
-  if (!header.is_object()) return MakeError(file, ": safetensors header is ", header.type_name(), ", expected a JSON object");
+  if (!header.is_object()) return MakeErrorCode(ErrorCode::kCorruptInput, file, ": safetensors header is ", header.type_name(), ", expected a JSON object");
 
   const uint64_t data_start = 8 + n;
   const uint64_t data_size = size - data_start;
@@ -90,21 +90,21 @@ Result<SafetensorsHeader> ParseSafetensors(const uint8_t* data, size_t size, con
     const json& v = it.value();
     if (name == "__metadata__") {
       if (v.is_null()) continue;
-      if (!v.is_object()) return MakeError(file, ": __metadata__ is ", v.type_name(), ", expected an object of strings");
+      if (!v.is_object()) return MakeErrorCode(ErrorCode::kCorruptInput, file, ": __metadata__ is ", v.type_name(), ", expected an object of strings");
       for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) return MakeError(file, ": __metadata__[\"", m.key(), "\"] is ", m.value().type_name(), ", expected a string");
+        if (!m.value().is_string()) return MakeErrorCode(ErrorCode::kCorruptInput, file, ": __metadata__[\"", m.key(), "\"] is ", m.value().type_name(), ", expected a string");
         out.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
     std::string where = file + ": tensor \"" + name + "\"";
-    if (!v.is_object()) return MakeError(where, ": entry is ", v.type_name(), ", expected an object");
+    if (!v.is_object()) return MakeErrorCode(ErrorCode::kCorruptInput, where, ": entry is ", v.type_name(), ", expected an object");
     auto dt = v.find("dtype");
     auto sh = v.find("shape");
     auto off = v.find("data_offsets");
-    if (dt == v.end() || !dt->is_string()) return MakeError(where, ": missing or non-string \"dtype\"");
-    if (sh == v.end() || !sh->is_array()) return MakeError(where, ": missing or non-array \"shape\"");
-    if (off == v.end() || !off->is_array() || off->size() != 2) return MakeError(where, ": \"data_offsets\" must be an array of 2 integers");
+    if (dt == v.end() || !dt->is_string()) return MakeErrorCode(ErrorCode::kCorruptInput, where, ": missing or non-string \"dtype\"");
+    if (sh == v.end() || !sh->is_array()) return MakeErrorCode(ErrorCode::kCorruptInput, where, ": missing or non-array \"shape\"");
+    if (off == v.end() || !off->is_array() || off->size() != 2) return MakeErrorCode(ErrorCode::kCorruptInput, where, ": \"data_offsets\" must be an array of 2 integers");
     auto dtype = ParseDType(dt->get<std::string>());
     if (!dtype.ok()) return dtype.error().WithContext(where);
     TensorView t;
@@ -113,25 +113,25 @@ Result<SafetensorsHeader> ParseSafetensors(const uint8_t* data, size_t size, con
     t.file = file;
     uint64_t numel = 1;
     for (const json& d : *sh) {
-      if (!d.is_number_integer()) return MakeError(where, ": shape ", sh->dump(), " has a non-integer dimension");
+      if (!d.is_number_integer()) return MakeErrorCode(ErrorCode::kCorruptInput, where, ": shape ", sh->dump(), " has a non-integer dimension");
       if (d.is_number_unsigned() ? d.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) : d.get<int64_t>() < 0)
-        return MakeError(where, ": shape ", sh->dump(), " has a negative or out-of-range dimension");
+        return MakeErrorCode(ErrorCode::kCorruptInput, where, ": shape ", sh->dump(), " has a negative or out-of-range dimension");
       int64_t dim = d.get<int64_t>();
       if (MulOverflow(numel, static_cast<uint64_t>(dim), &numel) || numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        return MakeError(where, ": shape ", sh->dump(), " overflows 64-bit element count");
+        return MakeErrorCode(ErrorCode::kCorruptInput, where, ": shape ", sh->dump(), " overflows 64-bit element count");
       t.shape.push_back(dim);
     }
     uint64_t nbytes;
-    if (MulOverflow(numel, DTypeSize(t.dtype), &nbytes)) return MakeError(where, ": shape ", sh->dump(), " x ", DTypeName(t.dtype), " overflows 64-bit byte count");
+    if (MulOverflow(numel, DTypeSize(t.dtype), &nbytes)) return MakeErrorCode(ErrorCode::kCorruptInput, where, ": shape ", sh->dump(), " x ", DTypeName(t.dtype), " overflows 64-bit byte count");
     const json& b = (*off)[0];
     const json& e = (*off)[1];
     if (!b.is_number_unsigned() || !e.is_number_unsigned())
-      return MakeError(where, ": data_offsets ", off->dump(), " must be non-negative integers");
+      return MakeErrorCode(ErrorCode::kCorruptInput, where, ": data_offsets ", off->dump(), " must be non-negative integers");
     uint64_t begin = b.get<uint64_t>(), end = e.get<uint64_t>();
-    if (end < begin) return MakeError(where, ": data_offsets ", off->dump(), " are reversed (end < begin)");
-    if (end > data_size) return MakeError(where, ": data_offsets end ", end, " is past the end of the data region (", data_size, " bytes)");
+    if (end < begin) return MakeErrorCode(ErrorCode::kCorruptInput, where, ": data_offsets ", off->dump(), " are reversed (end < begin)");
+    if (end > data_size) return MakeErrorCode(ErrorCode::kCorruptInput, where, ": data_offsets end ", end, " is past the end of the data region (", data_size, " bytes)");
     if (end - begin != nbytes)
-      return MakeError(where, ": data_offsets span ", end - begin, " bytes but shape ", ShapeToString(t.shape), " x ", DTypeName(t.dtype), " needs ", nbytes, " bytes");
+      return MakeErrorCode(ErrorCode::kCorruptInput, where, ": data_offsets span ", end - begin, " bytes but shape ", ShapeToString(t.shape), " x ", DTypeName(t.dtype), " needs ", nbytes, " bytes");
     t.data = data + data_start + begin;
     t.nbytes = static_cast<size_t>(nbytes);
     spans.push_back({begin, end, name});
@@ -140,7 +140,7 @@ Result<SafetensorsHeader> ParseSafetensors(const uint8_t* data, size_t size, con
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.b < b.b || (a.b == b.b && a.e < b.e); });
   for (size_t i = 1; i < spans.size(); ++i) {
     if (spans[i].b < spans[i - 1].e)
-      return MakeError(file, ": tensors \"", spans[i - 1].name, "\" [", spans[i - 1].b, ", ", spans[i - 1].e, ") and \"", spans[i].name, "\" [", spans[i].b, ", ", spans[i].e, ") overlap");
+      return MakeErrorCode(ErrorCode::kCorruptInput, file, ": tensors \"", spans[i - 1].name, "\" [", spans[i - 1].b, ", ", spans[i - 1].e, ") and \"", spans[i].name, "\" [", spans[i].b, ", ", spans[i].e, ") overlap");
   }
   return out;
 }
@@ -161,7 +161,7 @@ const TensorView* TensorStore::Find(const std::string& name) const {
 
 Result<const TensorView*> TensorStore::Get(const std::string& name) const {
   const TensorView* t = Find(name);
-  if (t == nullptr) return MakeError(description_, ": missing tensor \"", name, "\"");
+  if (t == nullptr) return MakeErrorCode(ErrorCode::kNotFound, description_, ": missing tensor \"", name, "\"");
   return t;
 }
 
@@ -178,7 +178,7 @@ Result<TensorStore> TensorStore::OpenFiles(const std::vector<std::string>& paths
     NIBBLE_ASSIGN_OR_RETURN(auto f, SafetensorsFile::Open(p));
     for (const auto& t : f->tensors()) {
       auto [it, inserted] = store.by_name_.emplace(t.name, &t);
-      if (!inserted) return MakeError("tensor \"", t.name, "\" is present in two shards: ", it->second->file, " and ", p);
+      if (!inserted) return MakeErrorCode(ErrorCode::kCorruptInput, "tensor \"", t.name, "\" is present in two shards: ", it->second->file, " and ", p);
     }
     store.files_.push_back(std::move(f));
   }
@@ -186,36 +186,36 @@ Result<TensorStore> TensorStore::OpenFiles(const std::vector<std::string>& paths
 }
 
 Result<TensorStore> TensorStore::OpenDir(const std::string& dir) {
-  if (!IsDirectory(dir)) return MakeError("model directory ", dir, ": not found or not a directory");
+  if (!IsDirectory(dir)) return MakeErrorCode(ErrorCode::kNotFound, "model directory ", dir, ": not found or not a directory");
   const std::string single = JoinPath(dir, "model.safetensors");
   const std::string index = JoinPath(dir, "model.safetensors.index.json");
   if (PathExists(index)) {
     NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(index));
     NIBBLE_ASSIGN_OR_RETURN(json j, ParseJsonText(text, index));
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      return MakeError(index, ": expected an object with a \"weight_map\" object");
+      return MakeErrorCode(ErrorCode::kCorruptInput, index, ": expected an object with a \"weight_map\" object");
     std::vector<std::string> shards;
     std::map<std::string, std::string> expected;  // tensor -> shard
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) return MakeError(index, ": weight_map[\"", it.key(), "\"] is ", it.value().type_name(), ", expected a shard file name");
+      if (!it.value().is_string()) return MakeErrorCode(ErrorCode::kCorruptInput, index, ": weight_map[\"", it.key(), "\"] is ", it.value().type_name(), ", expected a shard file name");
       std::string shard = it.value().get<std::string>();
       if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
-        return MakeError(index, ": weight_map[\"", it.key(), "\"] = \"", shard, "\" is not a plain file name in the model directory");
+        return MakeErrorCode(ErrorCode::kCorruptInput, index, ": weight_map[\"", it.key(), "\"] = \"", shard, "\" is not a plain file name in the model directory");
       expected[it.key()] = shard;
       if (std::find(shards.begin(), shards.end(), shard) == shards.end()) shards.push_back(shard);
     }
     std::vector<std::string> paths;
     for (const auto& s : shards) {
       std::string p = JoinPath(dir, s);
-      if (!PathExists(p)) return MakeError(index, ": names shard \"", s, "\" which does not exist in ", dir);
+      if (!PathExists(p)) return MakeErrorCode(ErrorCode::kCorruptInput, index, ": names shard \"", s, "\" which does not exist in ", dir);
       paths.push_back(p);
     }
     NIBBLE_ASSIGN_OR_RETURN(TensorStore store, OpenFiles(paths));
     store.description_ = dir;
     for (const auto& [name, shard] : expected) {
       const TensorView* t = store.Find(name);
-      if (t == nullptr) return MakeError(index, ": tensor \"", name, "\" is listed in shard \"", shard, "\" but not found there");
-      if (t->file != JoinPath(dir, shard)) return MakeError(index, ": tensor \"", name, "\" is listed in shard \"", shard, "\" but stored in ", t->file);
+      if (t == nullptr) return MakeErrorCode(ErrorCode::kCorruptInput, index, ": tensor \"", name, "\" is listed in shard \"", shard, "\" but not found there");
+      if (t->file != JoinPath(dir, shard)) return MakeErrorCode(ErrorCode::kCorruptInput, index, ": tensor \"", name, "\" is listed in shard \"", shard, "\" but stored in ", t->file);
     }
     return store;
   }
@@ -226,9 +226,9 @@ Result<TensorStore> TensorStore::OpenDir(const std::string& dir) {
   }
   for (const char* pickle : {"pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth"}) {
     if (PathExists(JoinPath(dir, pickle)))
-      return MakeError(dir, ": found ", pickle, " but no model.safetensors; PyTorch pickle files are refused because loading them can execute arbitrary code. Convert the checkpoint to safetensors (e.g. save_pretrained(..., safe_serialization=True)).");
+      return MakeErrorCode(ErrorCode::kUnsupported, dir, ": found ", pickle, " but no model.safetensors; PyTorch pickle files are refused because loading them can execute arbitrary code. Convert the checkpoint to safetensors (e.g. save_pretrained(..., safe_serialization=True)).");
   }
-  return MakeError(dir, ": no model.safetensors or model.safetensors.index.json found");
+  return MakeErrorCode(ErrorCode::kNotFound, dir, ": no model.safetensors or model.safetensors.index.json found");
 }
 
 namespace {
@@ -246,17 +246,17 @@ Result<std::pair<std::string, uint64_t>> BuildHeader(const std::vector<const Ten
   for (const TensorToWrite* t : tensors) {
     // "__metadata__" is the header's metadata slot: a tensor of that name would make the file
     // unreadable.
-    if (t->name == "__metadata__") return MakeError("writing safetensors: \"__metadata__\" is reserved and cannot name a tensor");
-    if (!seen.insert(t->name).second) return MakeError("writing safetensors: duplicate tensor name \"", t->name, "\"");
+    if (t->name == "__metadata__") return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: \"__metadata__\" is reserved and cannot name a tensor");
+    if (!seen.insert(t->name).second) return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: duplicate tensor name \"", t->name, "\"");
     uint64_t nbytes = DTypeSize(t->dtype);
     for (int64_t d : t->shape) {
-      if (d < 0) return MakeError("writing safetensors: tensor \"", t->name, "\" has negative dimension in shape ", ShapeToString(t->shape));
+      if (d < 0) return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: tensor \"", t->name, "\" has negative dimension in shape ", ShapeToString(t->shape));
       if (MulOverflow(nbytes, static_cast<uint64_t>(d), &nbytes) || nbytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        return MakeError("writing safetensors: tensor \"", t->name, "\" shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " overflows 64-bit byte count");
+        return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: tensor \"", t->name, "\" shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " overflows 64-bit byte count");
     }
     const size_t have = t->data().size();
     if (nbytes != have)
-      return MakeError("writing safetensors: tensor \"", t->name, "\" has ", have, " bytes but shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " needs ", nbytes);
+      return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: tensor \"", t->name, "\" has ", have, " bytes but shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " needs ", nbytes);
     header[t->name] = {{"dtype", DTypeName(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + have}}};
     offset += have;
   }
@@ -264,7 +264,7 @@ Result<std::pair<std::string, uint64_t>> BuildHeader(const std::vector<const Ten
   try {
     h = header.dump();  // throws type_error 316 on a name or metadata string that is not UTF-8
   } catch (const json::exception& e) {
-    return MakeError("writing safetensors: a tensor name or metadata string is not valid UTF-8 (", e.what(), ")");
+    return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: a tensor name or metadata string is not valid UTF-8 (", e.what(), ")");
   }
   while (h.size() % 8 != 0) h.push_back(' ');
   return std::pair<std::string, uint64_t>(std::move(h), offset);

@@ -25,13 +25,13 @@ void FsyncDir(const fs::path& p) {
 }  // namespace
 
 Result<StagingDir> StagingDir::Create(const std::string& target, const std::string& kind) {
-  if (target.empty()) return MakeError("output directory is empty");
+  if (target.empty()) return MakeErrorCode(ErrorCode::kIo, "output directory is empty");
   std::error_code ec;
   fs::path t = fs::absolute(fs::path(target), ec).lexically_normal();
-  if (ec) return MakeError("output directory \"", target, "\": ", ec.message());
+  if (ec) return MakeErrorCode(ErrorCode::kIo, "output directory \"", target, "\": ", ec.message());
   if (t.filename().empty()) t = t.parent_path();
   const fs::path parent = t.parent_path();
-  if (!fs::is_directory(parent, ec)) return MakeError("output directory's parent ", parent.string(), " does not exist");
+  if (!fs::is_directory(parent, ec)) return MakeErrorCode(ErrorCode::kIo, "output directory's parent ", parent.string(), " does not exist");
   const std::string prefix = "." + t.filename().string() + ".nibble-" + kind + "-";
   for (const auto& e : fs::directory_iterator(parent, ec)) {
     const std::string name = e.path().filename().string();
@@ -46,7 +46,7 @@ Result<StagingDir> StagingDir::Create(const std::string& target, const std::stri
   s.path_ = parent / (prefix + std::to_string(::getpid()));
   fs::remove_all(s.path_, ec);
   if (!fs::create_directory(s.path_, ec))
-    return MakeError("cannot create staging directory ", s.path_.string(), ": ", ec.message());
+    return MakeErrorCode(ErrorCode::kIo, "cannot create staging directory ", s.path_.string(), ": ", ec.message());
   return s;
 }
 
@@ -71,27 +71,27 @@ StagingDir::~StagingDir() {
 }
 
 Status StagingDir::Commit(bool overwrite) {
-  if (path_.empty()) return MakeError("staging directory for ", target_.string(), " was already committed");
+  if (path_.empty()) return MakeErrorCode(ErrorCode::kIo, "staging directory for ", target_.string(), " was already committed");
   std::error_code ec;
   const bool exists = fs::exists(target_, ec);
   if (exists && !fs::is_directory(target_, ec))
-    return MakeError("output path ", target_.string(), " exists and is not a directory; refusing to replace it");
+    return MakeErrorCode(ErrorCode::kIo, "output path ", target_.string(), " exists and is not a directory; refusing to replace it");
   if (exists && !fs::is_empty(target_, ec) && !fs::exists(target_ / "config.json", ec))
-    return MakeError("output directory ", target_.string(),
+    return MakeErrorCode(ErrorCode::kIo, "output directory ", target_.string(),
                      " is not empty and holds no config.json (not a model directory); refusing to replace it");
-  if (exists && !overwrite) return MakeError("output directory ", target_.string(), " exists; pass --overwrite to replace it");
+  if (exists && !overwrite) return MakeErrorCode(ErrorCode::kIo, "output directory ", target_.string(), " exists; pass --overwrite to replace it");
   FsyncDir(path_);  // the staging directory's entries are durable before the rename
   fs::path old;
   if (exists) {
     old = target_.parent_path() / ("." + target_.filename().string() + ".nibble-old-" + std::to_string(::getpid()));
     fs::rename(target_, old, ec);
-    if (ec) return MakeError("cannot move existing ", target_.string(), " aside: ", ec.message());
+    if (ec) return MakeErrorCode(ErrorCode::kIo, "cannot move existing ", target_.string(), " aside: ", ec.message());
   }
   fs::rename(path_, target_, ec);
   if (ec) {
     std::error_code back;
     if (!old.empty()) fs::rename(old, target_, back);  // put the previous output back
-    return MakeError("cannot rename ", path_.string(), " to ", target_.string(), ": ", ec.message());
+    return MakeErrorCode(ErrorCode::kIo, "cannot rename ", path_.string(), " to ", target_.string(), ": ", ec.message());
   }
   path_.clear();
   if (!old.empty()) fs::remove_all(old, ec);

@@ -69,7 +69,7 @@ Result<RopeScaling> ParseRopeScaling(const json& j, const std::string& path) {
       return MakeError(path, ": rope_scaling: high_freq_factor (", rs.high_freq_factor, ") must be larger than low_freq_factor (", rs.low_freq_factor, ")");
     return rs;
   }
-  return MakeError(path, ": key \"rope_scaling\": unsupported rope type \"", type, "\" (supported: none, linear, llama3)");
+  return MakeErrorCode(ErrorCode::kUnsupported, path, ": key \"rope_scaling\": unsupported rope type \"", type, "\" (supported: none, linear, llama3)");
 }
 
 }  // namespace
@@ -88,10 +88,10 @@ Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
   if (mt == j.end() || !mt->is_string()) return MakeError(path, ": missing or non-string key \"model_type\"");
   c.model_type = mt->get<std::string>();
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2")
-    return MakeError(path, ": model_type \"", c.model_type, "\" is not supported (supported: llama, mistral, qwen2)");
+    return MakeErrorCode(ErrorCode::kUnsupported, path, ": model_type \"", c.model_type, "\" is not supported (supported: llama, mistral, qwen2)");
   if (!c.architecture.empty() && c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM" &&
       c.architecture != "Qwen2ForCausalLM")
-    return MakeError(path, ": architecture \"", c.architecture, "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+    return MakeErrorCode(ErrorCode::kUnsupported, path, ": architecture \"", c.architecture, "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
 
   NIBBLE_ASSIGN_OR_RETURN(c.hidden_size, r.PosInt("hidden_size"));
   NIBBLE_ASSIGN_OR_RETURN(c.intermediate_size, r.PosInt("intermediate_size"));
@@ -147,14 +147,6 @@ Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
   auto dt = j.find("torch_dtype");
   if (dt != j.end() && dt->is_string()) c.torch_dtype = dt->get<std::string>();
   return c;
-}
-
-Status CheckModelDir(const std::string& dir) {
-  if (!PathExists(dir)) return MakeError(dir, ": model directory does not exist");
-  if (!IsDirectory(dir)) return MakeError(dir, ": is not a directory (expected a Hugging Face model directory)");
-  if (!PathExists(JoinPath(dir, "config.json")))
-    return MakeError(dir, ": no config.json (expected a Hugging Face model directory)");
-  return Status::Ok();
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& dir) {

@@ -57,11 +57,7 @@ struct ModelConfig {
 /// head_dim is absent, unsupported rope_scaling, hidden_act other than silu.
 Result<ModelConfig> ParseModelConfig(const nlohmann::json& j, const std::string& path);
 
-/// Reads and parses `dir/config.json`.
-/// Checks that `dir` is a model directory holding a config.json. Errors name the path: "does not
-/// exist", "is not a directory", "no config.json (expected a Hugging Face model directory)".
-Status CheckModelDir(const std::string& dir);
-
+/// Reads and parses `dir/config.json` (after io/file.h CheckModelDir).
 Result<ModelConfig> LoadModelConfig(const std::string& dir);
 
 }  // namespace nibble

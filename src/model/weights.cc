@@ -30,7 +30,7 @@ Result<std::vector<float>> TensorToF32(const TensorView& t) {
       }
       break;
     default:
-      return MakeError(t.file, ": tensor \"", t.name, "\" has dtype ", DTypeName(t.dtype),
+      return MakeErrorCode(ErrorCode::kCorruptInput, t.file, ": tensor \"", t.name, "\" has dtype ", DTypeName(t.dtype),
                        ", expected a floating-point dtype (F32, F16 or BF16)");
   }
   return out;
@@ -40,7 +40,7 @@ Result<const TensorView*> GetShaped(const TensorStore& store, const std::string&
                                     const std::vector<int64_t>& expected_shape) {
   NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(name));
   if (t->shape != expected_shape)
-    return MakeError(t->file, ": tensor \"", name, "\" has shape ", t->ShapeString(), ", expected ",
+    return MakeErrorCode(ErrorCode::kCorruptInput, t->file, ": tensor \"", name, "\" has shape ", t->ShapeString(), ", expected ",
                      ShapeToString(expected_shape), " from config.json");
   return t;
 }

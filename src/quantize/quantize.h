@@ -1,7 +1,9 @@
-// Weight-only 4-bit quantization of a dense HF checkpoint into an AMD Quark hf_format checkpoint
-// (SPEC §1): resolve each linear's spec with Quark semantics, quantize (RTN, SPEC §4.1), pack,
-// copy every other tensor unchanged in its dtype, write config.json with the full
-// quantization_config, copy the tokenizer, and commit the output directory atomically.
+// Weight-only 4-bit quantization of a dense HF checkpoint: resolve each linear's spec from the
+// request (Quark semantics, SPEC §1.3) into the neutral QuantSpec, choose the values (RTN, or a
+// calibrated algorithm on the sequential pipeline: quantize/pipeline.h), hand the codes to the
+// export format's writer (formats/checkpoint_format.h), copy every other tensor unchanged in its
+// dtype, write config.json with the format's quantization_config and the side files, and commit
+// the output directory atomically (io/checkpoint_writer.h).
 #pragma once
 
 #include <cstdint>
@@ -10,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/result.h"
-#include "formats/quant_config.h"
-#include "quantize/awq.h"
+#include "formats/quark_config.h"
+#include "quantize/awq/awq.h"
 
 namespace nibble {
 
@@ -28,6 +32,7 @@ struct QuantizeOptions {
   std::string output_dir;
   QuarkQuantConfig config;          // as the user asked; policy additions are made on a copy
   std::string quant_algo = "rtn";   // "rtn" | "awq"
+  std::string model_export = "hf_format";  // FormatEntry::export_name
   // AWQ (quant_algo "awq"): calibration data (quantize/calibration.h) and settings. An "awq"
   // entry in config.algo_config (e.g. from --quant_config) overrides `awq` key by key, notably
   // its scaling_layers.
@@ -61,7 +66,7 @@ struct QuantizeReport {
   AwqSettings awq_settings;         // as run (awq only)
   int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
   std::vector<std::string> messages;  // warnings and notes (calibration, skipped mappings)
-  QuarkQuantConfig written_config;  // the quantization_config written to config.json
+  nlohmann::ordered_json quantization_config;  // as written to config.json
   int64_t shards = 0;
   int64_t total_bytes = 0;          // all tensor bytes written
   double seconds = 0;
@@ -70,6 +75,6 @@ struct QuantizeReport {
 /// Runs the whole export. Errors: input errors (config, tensors), a misaligned layer under
 /// kError, an existing output_dir without overwrite, unwritable output (names the path).
 /// The output directory is either absent / unchanged or complete (atomic rename).
-Result<QuantizeReport> QuantizeToQuark(const QuantizeOptions& options);
+Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options);
 
 }  // namespace nibble

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "formats/int4_matrix.h"
-#include "formats/quant_config.h"
+#include "formats/quark_config.h"
 #include "formats/quark_pack.h"
 #include "io/safetensors.h"
 

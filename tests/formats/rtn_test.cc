@@ -11,13 +11,13 @@
 
 #include "formats/float_dtype.h"
 #include "formats/int4_matrix.h"
+#include "formats/quark_format.h"
 
 namespace nibble {
 namespace {
 
-WeightQuantSpec Spec(bool sym, int64_t g) {
-  WeightQuantSpec s;
-  s.dtype = sym ? QuantDType::kInt4 : QuantDType::kUint4;
+QuantSpec Spec(bool sym, int64_t g) {
+  QuantSpec s;
   s.symmetric = sym;
   s.group_size = g;
   return s;
@@ -145,9 +145,8 @@ TEST(RtnTest, AllZeroGroupHasFiniteScaleAndExactZeros) {
 }
 
 TEST(RtnTest, PerChannelIsOneGroupPerRow) {
-  WeightQuantSpec spec = Spec(false, -1);
-  spec.qscheme = QScheme::kPerChannel;
-  spec.ch_axis = 0;
+  QuantSpec spec = Spec(false, -1);
+  spec.granularity = Granularity::kPerChannel;
   auto r = QuantizeRtnRef(kTv1W, 2, 16, spec, DType::kF32);
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->group_size, 16);
@@ -187,12 +186,19 @@ TEST(RtnTest, Errors) {
   ExpectRtnError(QuantizeRtnRef(w.data(), 8, 100, Spec(false, 0), DType::kBF16), {"invalid group_size 0"});
   ExpectRtnError(QuantizeRtnRef(w.data(), 8, 96, Spec(false, 32), DType::kI32), {"scale dtype I32"});
   ExpectRtnError(QuantizeRtnRef(w.data(), 0, 96, Spec(false, 32), DType::kF32), {"N >= 1"});
-  WeightQuantSpec mismatched = Spec(false, 32);
+  // A Quark spec whose dtype contradicts `symmetric` has no neutral spec (the parser refuses it
+  // too); the same words as before.
+  WeightQuantSpec mismatched;
+  mismatched.dtype = QuantDType::kUint4;
   mismatched.symmetric = true;
-  ExpectRtnError(QuantizeRtnRef(w.data(), 8, 96, mismatched, DType::kF32), {"uint4 with symmetric true"});
-  WeightQuantSpec floor_round = Spec(false, 32);
+  auto neutral = QuantSpecFromQuark(mismatched);
+  ASSERT_FALSE(neutral.ok());
+  EXPECT_NE(neutral.error().message.find("uint4 with symmetric true"), std::string::npos) << neutral.error().message;
+  WeightQuantSpec floor_round;
   floor_round.round_method = "floor";
-  ExpectRtnError(QuantizeRtnRef(w.data(), 8, 96, floor_round, DType::kF32), {"round_method \"floor\""});
+  auto floor_spec = QuantSpecFromQuark(floor_round);
+  ASSERT_TRUE(floor_spec.ok());
+  ExpectRtnError(QuantizeRtnRef(w.data(), 8, 96, *floor_spec, DType::kF32), {"round_method \"floor\""});
   w[3 * 96 + 40] = std::nanf("");
   ExpectRtnError(QuantizeRtnRef(w.data(), 8, 96, Spec(false, 32), DType::kF32), {"weight[3][40]", "not finite"});
   std::vector<float> big(32, 0.0f);

@@ -18,7 +18,9 @@
 #include "formats/rtn.h"
 #include "io/json.h"
 #include "io/safetensors.h"
-#include "model/checkpoint_format.h"
+#include "formats/checkpoint_format.h"
+#include "formats/quark_format.h"
+#include "model/model_loader.h"
 #include "model/int4_linear.h"
 #include "model/weights.h"
 #include "test_paths.h"
@@ -49,10 +51,12 @@ void CheckRoundTrip(const std::string& model_dir, nibble::QuantizeRequest req, i
   auto summary = nibble::Quantize(req);
   ASSERT_TRUE(summary.ok()) << summary.error().message;
 
-  nibble::CheckpointInfo info;
-  auto loaded = nibble::LoadAnyModel(req.output_dir, &info);
+  std::string format;
+  auto loaded = nibble::LoadAnyModel(req.output_dir, &format);
   ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-  ASSERT_EQ(info.format, nibble::CheckpointFormat::kQuark);
+  ASSERT_EQ(format, "quark");
+  auto fmt = nibble::OpenCheckpointFormat(req.output_dir);
+  ASSERT_TRUE(fmt.ok() && *fmt != nullptr);
   auto src = nibble::TensorStore::OpenDir(model_dir);
   ASSERT_TRUE(src.ok());
   auto mc = nibble::LoadModelConfig(model_dir);
@@ -62,7 +66,7 @@ void CheckRoundTrip(const std::string& model_dir, nibble::QuantizeRequest req, i
   int quantized = 0;
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string& name = names[i];
-    auto r = nibble::ResolveLayer(*info.quark, name);
+    auto r = (*fmt)->Resolve(name);
     ASSERT_TRUE(r.ok());
     const nibble::TensorView* w = src->Find(name + ".weight");
     ASSERT_NE(w, nullptr) << name;
@@ -260,7 +264,7 @@ TEST(QuarkExport, QuantConfigFileIsAppliedAsWritten) {
   ASSERT_TRUE(s.ok()) << s.error().message;
   auto rep = nibble::Inspect(r.output_dir);
   ASSERT_TRUE(rep.ok()) << rep.error().message;
-  EXPECT_EQ(rep->pack_method, "order");
+  EXPECT_EQ(rep->format_properties, (std::vector<std::pair<std::string, std::string>>{{"pack_method", "order"}}));
   for (const auto& l : rep->layers) {
     if (l.name == "lm_head" || l.name.rfind("model.layers.5.", 0) == 0) {
       EXPECT_FALSE(l.quantized) << l.name;
@@ -363,7 +367,7 @@ TEST(QuarkImport, LayerQuantConfigGivesLmHeadGroup32) {
   fclose(f);
   auto store = nibble::TensorStore::OpenFiles({file});
   ASSERT_TRUE(store.ok());
-  auto lin = nibble::MakeQuarkLinearLoader(cfg)(*store, "lm_head", n, k, false);
+  auto lin = nibble::MakeLinearLoader(nibble::MakeQuarkFormat(cfg))(*store, "lm_head", n, k, false);
   ASSERT_TRUE(lin.ok()) << lin.error().message;
   const auto* q = dynamic_cast<const nibble::Int4Linear*>(lin->get());
   ASSERT_NE(q, nullptr);
@@ -373,7 +377,7 @@ TEST(QuarkImport, LayerQuantConfigGivesLmHeadGroup32) {
   // Under the global g128 spec the same tensors are rejected with a shape error.
   nibble::QuarkQuantConfig global_only = cfg;
   global_only.layer_quant_config.clear();
-  auto bad = nibble::MakeQuarkLinearLoader(global_only)(*store, "lm_head", n, k, false);
+  auto bad = nibble::MakeLinearLoader(nibble::MakeQuarkFormat(global_only))(*store, "lm_head", n, k, false);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("lm_head.weight_scale"), std::string::npos) << bad.error().message;
 }

@@ -1,6 +1,6 @@
 // Quark quantization_config: parsing (current and legacy forms), errors naming keys, ToJson key
 // set and round trip, and layer resolution (SPEC §1.2, §1.3, TV-6).
-#include "formats/quant_config.h"
+#include "formats/quark_config.h"
 
 #include <string>
 #include <utility>

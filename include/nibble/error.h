@@ -2,9 +2,11 @@
 // Error values for everything caused by input (files, JSON, flags, shapes read from disk).
 //
 // Design: a small expected-like type so that C++20 code can return either a value or an Error
-// whose message says what, where (file / tensor / key / layer), expected and found. Context is
-// prepended as the error moves up a layer ("loading model dir X: tensor Y: ..."). Broken internal
-// contracts are not errors: they abort through NIBBLE_CHECK (check.h).
+// whose message says what, where (file / tensor / key / layer), expected and found, and whose
+// code says which kind of failure it is (a server answers 400 / 404 / 500 from it, a binding
+// raises the matching exception). Context is prepended as the error moves up a layer ("loading
+// model dir X: tensor Y: ..."); the code stays. Broken internal contracts are not errors: they
+// abort through NIBBLE_CHECK (check.h).
 #pragma once
 
 #include <cstdio>
@@ -18,12 +20,37 @@
 
 namespace nibble {
 
+/// What kind of failure an Error is.
+enum class ErrorCode {
+  kInvalidArgument,  // a request, flag or value the caller can correct (HTTP 400)
+  kNotFound,         // a file, directory or tensor that does not exist (404)
+  kUnsupported,      // valid input nibble does not handle: a format, dtype, architecture (400)
+  kCorruptInput,     // a file whose bytes or structure are malformed or contradict each other (400)
+  kIo,               // the OS failed a read, write, map or rename (500)
+  kInternal,         // a bug or an impossible state (500)
+};
+
+/// "invalid_argument", "not_found", "unsupported", "corrupt_input", "io", "internal".
+inline const char* ErrorCodeName(ErrorCode c) {
+  switch (c) {
+    case ErrorCode::kInvalidArgument: return "invalid_argument";
+    case ErrorCode::kNotFound: return "not_found";
+    case ErrorCode::kUnsupported: return "unsupported";
+    case ErrorCode::kCorruptInput: return "corrupt_input";
+    case ErrorCode::kIo: return "io";
+    default: return "internal";
+  }
+}
+
 /// An input error: a human-readable message naming what, where, expected and found.
 struct Error {
   std::string message;
+  ErrorCode code = ErrorCode::kInvalidArgument;
 
-  /// Returns a copy with `context + ": "` prepended (e.g. the file being loaded).
-  Error WithContext(const std::string& context) const { return Error{context + ": " + message}; }
+  /// Returns a copy with `context + ": "` prepended (e.g. the file being loaded), same code.
+  Error WithContext(const std::string& context) const { return Error{context + ": " + message, code}; }
+  /// Returns a copy with another code.
+  Error WithCode(ErrorCode c) const { return Error{message, c}; }
 };
 
 /// Either a T or an Error. Access the value only after checking ok(); value() on an error aborts.
@@ -80,11 +107,19 @@ template <typename N>
 inline void AppendPiece(std::string& s, N v) { s += std::to_string(v); }
 
 /// Builds an Error from string pieces: MakeError("file ", path, ": expected ", a, ", found ", b).
+/// The code is kInvalidArgument; MakeErrorCode names another.
 template <typename... Args>
 Error MakeError(Args&&... args) {
   std::string s;
   (AppendPiece(s, std::forward<Args>(args)), ...);
   return Error{std::move(s)};
+}
+
+template <typename... Args>
+Error MakeErrorCode(ErrorCode code, Args&&... args) {
+  Error e = MakeError(std::forward<Args>(args)...);
+  e.code = code;
+  return e;
 }
 
 

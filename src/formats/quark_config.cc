@@ -1,5 +1,5 @@
 // Quark quantization_config parsing, writing and per-layer resolution (SPEC §1.2, §1.3).
-#include "formats/quant_config.h"
+#include "formats/quark_config.h"
 
 #include <set>
 

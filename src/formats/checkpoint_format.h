@@ -1,0 +1,91 @@
+// The registry of quantized checkpoint formats. Each format (formats/quark_format.cc, ...) is one
+// entry: how to recognise its config.json `quantization_config`, how to resolve a linear module
+// to the neutral QuantSpec, how to decode its tensors into the native Int4Matrix, and how to
+// write them back. Loading, inspect and export find a format here instead of testing names.
+//
+// Adding a format: one file pair formats/<name>_format.{h,cc} implementing QuantizedFormat (and
+// FormatWriter to export it), and one line in Formats() (checkpoint_format.cc).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/result.h"
+#include "formats/int4_matrix.h"
+#include "formats/quant_spec.h"
+#include "formats/quark_config.h"
+#include "io/safetensors.h"
+
+namespace nibble {
+
+/// What a checkpoint says about one linear module.
+struct LinearPlan {
+  std::optional<QuantSpec> spec;  // nullopt: stored in float
+  std::string rule;               // the config rule that decided, for inspect and messages
+};
+
+/// A quantized checkpoint's parsed config, in one format.
+class QuantizedFormat {
+ public:
+  virtual ~QuantizedFormat() = default;
+  /// The format's name as `inspect` shows it ("quark").
+  virtual std::string name() const = 0;
+  /// Resolves module `name` (e.g. "model.layers.0.mlp.down_proj") with the format's rules.
+  virtual Result<LinearPlan> Resolve(const std::string& module) const = 0;
+  /// Decodes a module the plan quantizes into the native layout [n = out_features, k = in_features],
+  /// checking its stored tensors against the plan (names, dtypes, shapes, values); nullopt when
+  /// the format stores this quantized module as a float weight (e.g. Quark fake_quantized). For a
+  /// module the plan keeps in float, checks that no quantized tensors are stored and returns nullopt.
+  virtual Result<std::optional<Int4Matrix>> Import(const TensorStore& store, const std::string& module,
+                                                   const LinearPlan& plan, int64_t n, int64_t k) const = 0;
+  /// Suffixes of the tensors a module stores ("weight", "weight_scale", ...), for byte counts.
+  virtual std::vector<std::string> TensorSuffixes() const = 0;
+  /// The quantization_config as inspect prints it, and the format's own properties for its
+  /// summary line (e.g. {"pack_method", "reorder"}).
+  virtual nlohmann::ordered_json ConfigJson() const = 0;
+  virtual std::vector<std::pair<std::string, std::string>> Properties() const = 0;
+};
+
+/// What an export is asked for: the request in Quark's vocabulary (the flags and --quant_config,
+/// after policy additions), which every writer translates into its own config.
+struct ExportRequest {
+  QuarkQuantConfig config;
+};
+
+/// Writes one format from the native layout.
+class FormatWriter {
+ public:
+  virtual ~FormatWriter() = default;
+  /// The tensors of a quantized module (scales rounded to `scale_dtype`, the model's dtype unless
+  /// the spec says otherwise). Errors name the module and what the format cannot hold.
+  virtual Result<std::vector<TensorToWrite>> WriteLinear(const std::string& module, const Int4Matrix& m,
+                                                         const QuantSpec& spec, DType scale_dtype) const = 0;
+  /// The `quantization_config` object written into config.json for the final request (an
+  /// algorithm may have added its algo_config since the writer was made).
+  virtual nlohmann::ordered_json QuantizationConfig(const ExportRequest& request) const = 0;
+};
+
+struct FormatEntry {
+  const char* quant_method;  // config.json quantization_config.quant_method
+  const char* export_name;   // `quantize --model_export` value
+  const char* description;
+  /// Parses config.json's text (`path` names it) into the format's config.
+  Result<std::unique_ptr<QuantizedFormat>> (*open)(const std::string& config_text, const std::string& path);
+  Result<std::unique_ptr<FormatWriter>> (*writer)(const ExportRequest& request);
+};
+
+/// Every format, in the order they are tried.
+const std::vector<FormatEntry>& Formats();
+/// The entry for `--model_export NAME`, or an error listing the supported names.
+Result<const FormatEntry*> FindExportFormat(const std::string& export_name);
+
+/// Reads dir/config.json: nullptr for a dense checkpoint (no quantization_config), else the
+/// format's parsed config. Errors: unreadable / malformed config.json, a quant_method no entry
+/// claims (listing the supported ones), the format's own parse errors.
+Result<std::unique_ptr<QuantizedFormat>> OpenCheckpointFormat(const std::string& dir);
+
+}  // namespace nibble
