@@ -3,49 +3,15 @@
 
 #include "api/model_impl.h"
 #include "model/sampler.h"
+#include "tokenizer/stream_decoder.h"
 
 namespace nibble {
 
 namespace {
 
-constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
-
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-
-// Streams text incrementally: the whole sequence is re-decoded each step (SentencePiece joins
-// byte-fallback pieces and strips the dummy-prefix space only at the start), and the new suffix
-// is emitted unless it ends in an incomplete UTF-8 sequence (decoded as U+FFFD), held back until
-// the next piece completes it.
-class TextStreamer {
- public:
-  TextStreamer(const Tokenizer& tok, std::vector<int32_t> prompt, const std::function<void(std::string_view)>& out)
-      : tok_(tok), ids_(std::move(prompt)), out_(out) {
-    emitted_ = tok_.Decode(ids_).size();
-  }
-  void Push(int32_t id) {
-    ids_.push_back(id);
-    Emit(false);
-  }
-  void Flush() { Emit(true); }
-
- private:
-  void Emit(bool final) {
-    std::string text = tok_.Decode(ids_);
-    if (!final && text.size() >= kReplacementChar.size() &&
-        text.compare(text.size() - kReplacementChar.size(), kReplacementChar.size(), kReplacementChar) == 0)
-      return;
-    if (text.size() > emitted_) {
-      out_(std::string_view(text).substr(emitted_));
-      emitted_ = text.size();
-    }
-  }
-  const Tokenizer& tok_;
-  std::vector<int32_t> ids_;
-  const std::function<void(std::string_view)>& out_;
-  size_t emitted_ = 0;
-};
 
 }  // namespace
 
@@ -72,7 +38,10 @@ Result<GenerateStats> Generate(const Model& model, const GenerateOptions& option
   KvCache cache = llama.NewCache(capacity);
   std::vector<float> logits(static_cast<size_t>(c.vocab_size));
   Sampler sampler(SamplerOptions{options.temperature, options.top_k, options.top_p, options.seed});
-  TextStreamer streamer(tok, prompt, on_text);
+  StreamDecoder stream(tok, prompt);
+  auto emit = [&](const std::string& text) {
+    if (!text.empty()) on_text(text);
+  };
 
   for (int64_t i = 0; i < options.warmup; ++i) {  // first calls pay one-time GEMM kernel generation
     cache.length = 0;
@@ -89,7 +58,7 @@ Result<GenerateStats> Generate(const Model& model, const GenerateOptions& option
       stats.stop_reason = "eos";
       break;
     }
-    streamer.Push(next);
+    emit(stream.Push(next));
     ++stats.generated_tokens;
     if (i + 1 == options.max_new_tokens) break;
     if (cache.length >= cache.capacity) {
@@ -98,7 +67,7 @@ Result<GenerateStats> Generate(const Model& model, const GenerateOptions& option
     }
     NIBBLE_RETURN_IF_ERROR(llama.Forward(&next, 1, cache, logits.data(), false));
   }
-  streamer.Flush();
+  emit(stream.Flush());
   stats.decode_seconds = Seconds(t1, std::chrono::steady_clock::now());
   return stats;
 }

@@ -1,16 +1,12 @@
 #include "tokenizer/tokenizer.h"
 
-#include <sentencepiece_processor.h>
-
 #include "io/file.h"
 #include "io/json.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
 
 namespace nibble {
 
 using nlohmann::json;
-
-Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
-Tokenizer::~Tokenizer() = default;
 
 int64_t FirstInvalidUtf8(const std::string& s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
@@ -38,75 +34,73 @@ int64_t FirstInvalidUtf8(const std::string& s) {
 }
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir) {
-  const std::string path = JoinPath(dir, "tokenizer.model");
-  if (!PathExists(path)) {
-    if (PathExists(JoinPath(dir, "tokenizer.json")))
-      return MakeError(dir, ": only tokenizer.json found; this version reads SentencePiece tokenizer.model files");
-    return MakeError(dir, ": no tokenizer.model found");
+  if (PathExists(JoinPath(dir, "tokenizer.model"))) {
+    NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<SentencePieceTokenizer> sp, SentencePieceTokenizer::Load(dir));
+    return std::unique_ptr<Tokenizer>(std::move(sp));
   }
-  NIBBLE_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
-  std::unique_ptr<Tokenizer> tok(new Tokenizer());
-  auto st = tok->sp_->LoadFromSerializedProto(bytes);
-  if (!st.ok()) return MakeError(path, ": not a SentencePiece model (", st.ToString(), ")");
-  if (tok->sp_->GetPieceSize() <= 0) return MakeError(path, ": SentencePiece model has no pieces");
-  tok->bos_id_ = tok->sp_->bos_id();
-  if (tok->sp_->eos_id() >= 0) tok->eos_ids_ = {tok->sp_->eos_id()};
-
-  const std::string tc_path = JoinPath(dir, "tokenizer_config.json");
-  if (PathExists(tc_path)) {
-    NIBBLE_ASSIGN_OR_RETURN(json tc, ReadJsonFile(tc_path));
-    if (!tc.is_object()) return MakeError(tc_path, ": expected a JSON object");
-    for (auto [key, field] : {std::pair{"add_bos_token", &tok->add_bos_}, std::pair{"add_eos_token", &tok->add_eos_}}) {
-      auto it = tc.find(key);
-      if (it == tc.end() || it->is_null()) continue;
-      if (!it->is_boolean()) return MakeError(tc_path, ": key \"", key, "\": expected true or false, found ", it->dump());
-      *field = it->get<bool>();
-    }
-  }
-  const std::string cfg_path = JoinPath(dir, "config.json");
-  if (PathExists(cfg_path)) {
-    NIBBLE_ASSIGN_OR_RETURN(json cfg, ReadJsonFile(cfg_path));
-    const int32_t n = tok->sp_->GetPieceSize();
-    auto valid = [&](const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < n; };
-    if (cfg.is_object() && cfg.contains("bos_token_id") && !cfg["bos_token_id"].is_null()) {
-      if (!valid(cfg["bos_token_id"])) return MakeError(cfg_path, ": key \"bos_token_id\": expected a token id in [0, ", n, "), found ", cfg["bos_token_id"].dump());
-      tok->bos_id_ = cfg["bos_token_id"].get<int32_t>();
-    }
-    if (cfg.is_object() && cfg.contains("eos_token_id") && !cfg["eos_token_id"].is_null()) {
-      const json& e = cfg["eos_token_id"];
-      std::vector<json> ids = e.is_array() ? e.get<std::vector<json>>() : std::vector<json>{e};
-      tok->eos_ids_.clear();
-      for (const json& v : ids) {
-        if (!valid(v)) return MakeError(cfg_path, ": key \"eos_token_id\": expected token id(s) in [0, ", n, "), found ", e.dump());
-        tok->eos_ids_.push_back(v.get<int32_t>());
-      }
-    }
-  }
-  if (tok->add_bos_ && tok->bos_id_ < 0) return MakeError(dir, ": add_bos_token is true but the tokenizer has no BOS id");
-  return tok;
+  const std::string json_path = JoinPath(dir, "tokenizer.json");
+  if (PathExists(json_path))  // the HF tokenizer.json implementation plugs in here
+    return MakeError(json_path, ": tokenizer.json is not supported yet (only tokenizer.json found; this version "
+                     "reads SentencePiece tokenizer.model files)");
+  return MakeError(dir, ": no tokenizer.model found (and no tokenizer.json)");
 }
 
-Result<std::vector<int32_t>> Tokenizer::Encode(const std::string& text) const {
+Result<std::vector<int32_t>> Tokenizer::Encode(const std::string& text, bool add_special_tokens) const {
   int64_t bad = FirstInvalidUtf8(text);
   if (bad >= 0) return MakeError("input text is not valid UTF-8 (first invalid byte at offset ", bad, ")");
-  std::vector<int> ids;
-  auto st = sp_->Encode(text, &ids);
-  if (!st.ok()) return MakeError("tokenizer: ", st.ToString());
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, EncodeText(text));
+  if (!add_special_tokens) return ids;
   std::vector<int32_t> out;
   out.reserve(ids.size() + 2);
-  if (add_bos_) out.push_back(bos_id_);
+  if (special_.add_bos) out.push_back(special_.bos_id);
   out.insert(out.end(), ids.begin(), ids.end());
-  if (add_eos_ && !eos_ids_.empty()) out.push_back(eos_ids_[0]);
+  if (special_.add_eos && !special_.eos_ids.empty()) out.push_back(special_.eos_ids[0]);
   return out;
 }
 
-std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
-  std::vector<int> v(ids.begin(), ids.end());
-  std::string out;
-  sp_->Decode(v, &out);  // control ids (BOS/EOS) decode to nothing
-  return out;
+namespace {
+
+Status ReadTokenizerConfig(const std::string& path, SpecialTokens& st) {
+  NIBBLE_ASSIGN_OR_RETURN(json tc, ReadJsonFile(path));
+  if (!tc.is_object()) return MakeError(path, ": expected a JSON object");
+  for (auto [key, field] : {std::pair{"add_bos_token", &st.add_bos}, std::pair{"add_eos_token", &st.add_eos}}) {
+    auto it = tc.find(key);
+    if (it == tc.end() || it->is_null()) continue;
+    if (!it->is_boolean()) return MakeError(path, ": key \"", key, "\": expected true or false, found ", it->dump());
+    *field = it->get<bool>();
+  }
+  return Status::Ok();
 }
 
-int32_t Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+Status ReadModelConfigIds(const std::string& path, int32_t n, SpecialTokens& st) {
+  NIBBLE_ASSIGN_OR_RETURN(json cfg, ReadJsonFile(path));
+  auto valid = [&](const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < n; };
+  if (cfg.is_object() && cfg.contains("bos_token_id") && !cfg["bos_token_id"].is_null()) {
+    if (!valid(cfg["bos_token_id"])) return MakeError(path, ": key \"bos_token_id\": expected a token id in [0, ", n, "), found ", cfg["bos_token_id"].dump());
+    st.bos_id = cfg["bos_token_id"].get<int32_t>();
+  }
+  if (cfg.is_object() && cfg.contains("eos_token_id") && !cfg["eos_token_id"].is_null()) {
+    const json& e = cfg["eos_token_id"];
+    std::vector<json> ids = e.is_array() ? e.get<std::vector<json>>() : std::vector<json>{e};
+    st.eos_ids.clear();
+    for (const json& v : ids) {
+      if (!valid(v)) return MakeError(path, ": key \"eos_token_id\": expected token id(s) in [0, ", n, "), found ", e.dump());
+      st.eos_ids.push_back(v.get<int32_t>());
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<SpecialTokens> ReadSpecialTokens(const std::string& dir, int32_t vocab_size, SpecialTokens defaults) {
+  SpecialTokens st = std::move(defaults);
+  const std::string tc_path = JoinPath(dir, "tokenizer_config.json");
+  if (PathExists(tc_path)) NIBBLE_RETURN_IF_ERROR(ReadTokenizerConfig(tc_path, st));
+  const std::string cfg_path = JoinPath(dir, "config.json");
+  if (PathExists(cfg_path)) NIBBLE_RETURN_IF_ERROR(ReadModelConfigIds(cfg_path, vocab_size, st));
+  if (st.add_bos && st.bos_id < 0) return MakeError(dir, ": add_bos_token is true but the tokenizer has no BOS id");
+  return st;
+}
 
 }  // namespace nibble

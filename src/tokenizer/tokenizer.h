@@ -1,49 +1,73 @@
-// SentencePiece tokenizer (tokenizer.model through libsentencepiece) with the BOS/EOS rules of
-// the HF Llama tokenizer: tokenizer_config.json `add_bos_token` / `add_eos_token`, ids from
-// config.json (`bos_token_id`, `eos_token_id`) falling back to the SentencePiece model's own.
-// Non-goal (for now): HF tokenizer.json BPE.
+// The tokenizer interface every layer above uses. Tokenizer::Load picks the implementation from
+// the files of a model directory (tokenizer.model: SentencePiece, sentencepiece_tokenizer.h).
+// The HF special-token rules are shared by all implementations and live here: BOS/EOS settings
+// from tokenizer_config.json (`add_bos_token`, `add_eos_token`) and ids from config.json
+// (`bos_token_id`, `eos_token_id`), falling back to the tokenizer's own.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/result.h"
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
-
 namespace nibble {
+
+/// Special-token ids and the rules of the HF default call (add_special_tokens=True).
+struct SpecialTokens {
+  int32_t bos_id = -1;           // -1: none
+  std::vector<int32_t> eos_ids;  // empty: none; the first is the one Encode appends
+  bool add_bos = true;
+  bool add_eos = false;
+};
 
 class Tokenizer {
  public:
-  /// Loads `dir/tokenizer.model` and BOS/EOS settings from `dir/tokenizer_config.json` and
-  /// `dir/config.json` (both optional). Errors: missing tokenizer.model, a file that is not a
-  /// SentencePiece model, malformed JSON (each names the file).
+  /// Loads the tokenizer of model directory `dir`: `dir/tokenizer.model` (SentencePiece) when
+  /// present. Errors: neither tokenizer.model nor tokenizer.json (names both); tokenizer.json
+  /// only (not supported yet, names the file); plus the implementation's load errors and
+  /// ReadSpecialTokens'.
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
-  ~Tokenizer();
+  virtual ~Tokenizer() = default;
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
 
-  /// Encodes UTF-8 text; prepends BOS when add_bos_token (HF default call, add_special_tokens).
-  /// Errors: text that is not valid UTF-8 (names the byte offset).
-  Result<std::vector<int32_t>> Encode(const std::string& text) const;
-  /// Decodes ids to text (special tokens dropped, byte-fallback pieces joined into UTF-8).
-  std::string Decode(const std::vector<int32_t>& ids) const;
+  /// Encodes UTF-8 text. With add_special_tokens (the HF default call) BOS is prepended when
+  /// add_bos() and EOS appended when add_eos(). Errors: text that is not valid UTF-8 (names the
+  /// byte offset).
+  Result<std::vector<int32_t>> Encode(const std::string& text, bool add_special_tokens = true) const;
 
-  int32_t bos_id() const { return bos_id_; }
-  const std::vector<int32_t>& eos_ids() const { return eos_ids_; }
-  bool add_bos() const { return add_bos_; }
-  int32_t vocab_size() const;
+  /// Decodes ids to UTF-8 text: special tokens render as nothing, byte-fallback pieces are joined
+  /// into characters, each byte of an invalid or incomplete sequence becomes U+FFFD. StreamDecoder
+  /// relies on decoding being local: context matters only through leading-space handling at the
+  /// start of the text and through byte pieces that form one character.
+  virtual std::string Decode(const std::vector<int32_t>& ids) const = 0;
+  virtual int32_t vocab_size() const = 0;
+  /// True for special (control) tokens such as BOS / EOS / padding, which Decode skips.
+  virtual bool IsSpecial(int32_t id) const = 0;
+
+  const SpecialTokens& special_tokens() const { return special_; }
+  int32_t bos_id() const { return special_.bos_id; }
+  const std::vector<int32_t>& eos_ids() const { return special_.eos_ids; }
+  bool add_bos() const { return special_.add_bos; }
+  bool add_eos() const { return special_.add_eos; }
+
+ protected:
+  explicit Tokenizer(SpecialTokens special) : special_(std::move(special)) {}
+  /// Encodes valid UTF-8 text without special tokens.
+  virtual Result<std::vector<int32_t>> EncodeText(const std::string& text) const = 0;
 
  private:
-  Tokenizer();
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
-  int32_t bos_id_ = -1;
-  std::vector<int32_t> eos_ids_;
-  bool add_bos_ = true;
-  bool add_eos_ = false;
+  SpecialTokens special_;
 };
+
+/// Applies `dir/tokenizer_config.json` and `dir/config.json` (both optional) to `defaults` (the
+/// tokenizer's own ids, add_bos true, add_eos false); ids must lie in [0, vocab_size). Errors
+/// (each names the file and key): malformed JSON, a non-boolean add_*_token, an id out of range,
+/// add_bos_token true without a BOS id.
+Result<SpecialTokens> ReadSpecialTokens(const std::string& dir, int32_t vocab_size, SpecialTokens defaults);
 
 /// Byte offset of the first invalid UTF-8 sequence in `s`, or -1 when valid.
 int64_t FirstInvalidUtf8(const std::string& s);

@@ -1,7 +1,8 @@
-// SentencePiece tokenizer wrapper (tokenizer/tokenizer.h): the shipped tokenizers against the
-// goldens' prompt_ids, decode(encode(x)) == x round trips, the BOS/EOS rules of
-// tokenizer_config.json, refused files (each error names the file / key), refused invalid UTF-8
-// input (error names the byte offset), and FirstInvalidUtf8 itself.
+// Tokenizer interface (tokenizer/tokenizer.h) with its SentencePiece implementation: the shipped
+// tokenizers against the goldens' prompt_ids, decode(encode(x)) == x round trips, the BOS/EOS
+// rules of tokenizer_config.json, the factory's choice by model-dir files, refused files (each
+// error names the file / key), refused invalid UTF-8 input (error names the byte offset), and
+// FirstInvalidUtf8 itself.
 #include "tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 
 #include "io/json.h"
 #include "test_paths.h"
+#include "tokenizer/sentencepiece_tokenizer.h"
 #include "test_util.h"
 
 namespace nibble {
@@ -167,6 +169,70 @@ TEST(TokenizerSpecial, ConfigJsonOverridesEosIds) {
   auto tok = LoadOrDie(dir.path());
   ASSERT_NE(tok, nullptr);
   EXPECT_EQ(tok->eos_ids(), (std::vector<int32_t>{2, 5}));
+}
+
+TEST(TokenizerSpecial, EncodeWithoutSpecialTokens) {
+  TempDir dir;
+  MakeDir(dir, R"({"add_bos_token": true, "add_eos_token": true})");
+  auto tok = LoadOrDie(dir.path());
+  ASSERT_NE(tok, nullptr);
+  auto with = tok->Encode("Once upon a time");
+  auto without = tok->Encode("Once upon a time", /*add_special_tokens=*/false);
+  ASSERT_TRUE(with.ok() && without.ok());
+  ASSERT_EQ(with->size(), without->size() + 2);
+  EXPECT_EQ(std::vector<int32_t>(with->begin() + 1, with->end() - 1), *without);
+  for (int32_t id : *without) EXPECT_FALSE(tok->IsSpecial(id)) << id;
+}
+
+TEST(TokenizerSpecial, IsSpecial) {
+  auto tok = LoadOrDie(nibble_test::EmbeddedModel());
+  ASSERT_NE(tok, nullptr);
+  EXPECT_TRUE(tok->IsSpecial(tok->bos_id()));
+  EXPECT_TRUE(tok->IsSpecial(tok->eos_ids()[0]));
+  auto ids = tok->Encode("Once", false);
+  ASSERT_TRUE(ids.ok() && !ids->empty());
+  EXPECT_FALSE(tok->IsSpecial((*ids)[0]));
+  EXPECT_FALSE(tok->IsSpecial(-1));
+  EXPECT_FALSE(tok->IsSpecial(tok->vocab_size()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The factory picks the implementation from the files of the model directory.
+
+bool IsSentencePiece(const Tokenizer* tok) { return dynamic_cast<const SentencePieceTokenizer*>(tok) != nullptr; }
+
+TEST(TokenizerFactory, TokenizerModelGivesSentencePiece) {
+  auto tok = LoadOrDie(nibble_test::EmbeddedModel());
+  EXPECT_TRUE(IsSentencePiece(tok.get()));
+}
+
+TEST(TokenizerFactory, TokenizerModelWinsOverTokenizerJson) {
+  TempDir dir;
+  MakeDir(dir, "");
+  WriteFile(dir.path() + "/tokenizer.json", "not json at all");
+  auto tok = LoadOrDie(dir.path());
+  ASSERT_NE(tok, nullptr);
+  EXPECT_TRUE(IsSentencePiece(tok.get()));
+  auto ids = tok->Encode("Once upon a time");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(tok->Decode(*ids), "Once upon a time");
+}
+
+TEST(TokenizerFactory, OnlyTokenizerJsonIsNotSupportedYet) {
+  TempDir dir;
+  WriteFile(dir.path() + "/tokenizer.json", "{}");
+  WriteFile(dir.path() + "/tokenizer_config.json", "{}");
+  ExpectLoadError(dir.path(), {dir.path() + "/tokenizer.json", "tokenizer.json is not supported yet"});
+}
+
+TEST(TokenizerFactory, NeitherFileNamesBoth) {
+  TempDir dir;
+  WriteFile(dir.path() + "/tokenizer_config.json", "{}");
+  ExpectLoadError(dir.path(), {dir.path(), "no tokenizer.model", "tokenizer.json"});
+}
+
+TEST(TokenizerFactory, MissingDirectory) {
+  ExpectLoadError("/nonexistent/model", {"/nonexistent/model", "no tokenizer.model", "tokenizer.json"});
 }
 
 // ---------------------------------------------------------------------------------------------
