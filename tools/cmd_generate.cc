@@ -26,10 +26,10 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_option("--model,-m", args->model, "Model directory (HF layout: config.json, safetensors, tokenizer.model)")->required();
   cmd->add_option("--prompt,-p", args->opt.prompt, "Prompt text (empty: start from BOS alone)");
   cmd->add_option("-n,--max_new_tokens", args->opt.max_new_tokens, "Tokens to generate")->capture_default_str();
-  cmd->add_option("--temperature", args->opt.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
-  cmd->add_option("--top_k", args->opt.top_k, "Keep the k most likely tokens; 0 = all")->capture_default_str();
-  cmd->add_option("--top_p", args->opt.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
-  cmd->add_option("--seed", args->opt.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--temperature", args->opt.sampling.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top_k", args->opt.sampling.top_k, "Keep the k most likely tokens; 0 = all")->capture_default_str();
+  cmd->add_option("--top_p", args->opt.sampling.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
+  cmd->add_option("--seed", args->opt.sampling.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
   cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 1024));
   cmd->add_flag("--int8_activations", args->int8,
@@ -42,17 +42,19 @@ Runner RegisterGenerate(CLI::App& app) {
       ->excludes("--int8_activations");
   return [args]() {
     nibble::SetNumThreads(args->threads);
-    auto model = nibble::Model::Load(args->model);
+    nibble::LoadOptions lo;
+    if (args->int8) lo.activations = nibble::ActivationType::kInt8;
+    if (args->bf16) lo.activations = nibble::ActivationType::kBf16;
+    auto model = nibble::Model::Load(args->model, lo);
     if (!model.ok()) return Fail(model.error().message);
+    const int64_t n = (*model)->info().activation_linears;
     if (args->int8) {
-      const int64_t n = (*model)->SetInt8Activations(true);
       if (n == 0) return Fail(Int8NotServed(args->model));
       std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears\n", static_cast<long long>(n));
       const std::string kept = KeptFp32Note(true, (*model)->info().int4_linears, n);
       if (!kept.empty()) std::fprintf(stderr, "activations: %s\n", kept.c_str());
     }
     if (args->bf16) {
-      const int64_t n = (*model)->SetBf16Activations(true);
       if (n == 0) return Fail(Bf16NotServed(args->model));
       std::fprintf(stderr, "activations: bf16 in %lld int4 linears (kernel: %s)\n", static_cast<long long>(n),
                    nibble::DescribeKernels().bf16_act_kernel.c_str());
@@ -63,6 +65,7 @@ Runner RegisterGenerate(CLI::App& app) {
     auto stats = nibble::Generate(**model, args->opt, [](std::string_view piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
+      return true;
     });
     if (!stats.ok()) return Fail(stats.error().message);
     std::fputc('\n', stdout);

@@ -27,7 +27,7 @@ struct OptInActs {
   bool on = false;
   const char* label = "";      // printed before the figures
   const char* short_name = ""; // "int8" / "bf16"
-  int64_t (nibble::Model::*set)(bool) = nullptr;
+  nibble::ActivationType type = nibble::ActivationType::kFp32;
 };
 }  // namespace
 
@@ -55,13 +55,19 @@ Runner RegisterPerplexity(CLI::App& app) {
     auto model = nibble::Model::Load(a->model);
     if (!model.ok()) return Fail(model.error().message);
     OptInActs opt_in;
-    if (a->int8) opt_in = {true, "int8 activations (W4A8", "int8", &nibble::Model::SetInt8Activations};
-    if (a->bf16) opt_in = {true, "bf16 activations (W4A16 bf16", "bf16", &nibble::Model::SetBf16Activations};
-    // An opt-in path: refuse a model it cannot serve before evaluating anything.
+    if (a->int8) opt_in = {true, "int8 activations (W4A8", "int8", nibble::ActivationType::kInt8};
+    if (a->bf16) opt_in = {true, "bf16 activations (W4A16 bf16", "bf16", nibble::ActivationType::kBf16};
+    // An opt-in path: a second instance of the model with those activations runs the same
+    // windows; a model it cannot serve is refused before evaluating anything.
     int64_t opt_linears = 0;
+    std::unique_ptr<nibble::Model> model2;
     if (opt_in.on) {
-      opt_linears = ((**model).*opt_in.set)(true);
-      ((**model).*opt_in.set)(false);
+      nibble::LoadOptions lo;
+      lo.activations = opt_in.type;
+      auto m2 = nibble::Model::Load(a->model, lo);
+      if (!m2.ok()) return Fail(m2.error().message);
+      model2 = std::move(*m2);
+      opt_linears = model2->info().activation_linears;
       if (opt_linears == 0) return Fail(a->int8 ? Int8NotServed(a->model) : Bf16NotServed(a->model));
       const std::string kept = KeptFp32Note(a->int8, (*model)->info().int4_linears, opt_linears);
       if (!kept.empty())
@@ -83,17 +89,9 @@ Runner RegisterPerplexity(CLI::App& app) {
       co.seq_len = a->seq_len;
       co.max_windows = a->max_windows;
       co.progress = opt.progress;
-      // An opt-in path: a second instance of the model with those activations goes through the
-      // same comparison, so the base model runs once for both.
+      // The opt-in instance goes through the same comparison, so the base model runs once for both.
       std::vector<const nibble::Model*> models = {model->get()};
-      std::unique_ptr<nibble::Model> model2;
-      if (opt_in.on) {
-        auto m2 = nibble::Model::Load(a->model);
-        if (!m2.ok()) return Fail(m2.error().message);
-        model2 = std::move(*m2);
-        ((*model2).*opt_in.set)(true);
-        models.push_back(model2.get());
-      }
+      if (opt_in.on) models.push_back(model2.get());
       auto c = nibble::CompareModels(**base, models, text, co);
       bar.reset();
       if (!c.ok()) return Fail(a->text + ": " + c.error().message);
@@ -131,8 +129,7 @@ Runner RegisterPerplexity(CLI::App& app) {
     std::fprintf(stderr, "throughput: %.1f tokens/s (%.2f s, %d threads)\n", r->tokens_per_second, r->seconds,
                  nibble::NumThreads());
     if (opt_in.on) {
-      ((**model).*opt_in.set)(true);
-      auto r2 = nibble::EvaluatePerplexity(**model, text, opt);
+      auto r2 = nibble::EvaluatePerplexity(*model2, text, opt);
       bar.reset();
       if (!r2.ok()) return Fail(a->text + ": " + r2.error().message);
       std::printf("%s, %lld int4 linears): mean NLL %.6f, perplexity %.4f (%+.2f %% vs fp32 activations %.4f)\n",

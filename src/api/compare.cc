@@ -1,6 +1,8 @@
 // Public API: FP vs quantized comparison (perplexity, mean KLD, top-1 agreement; eval/kl_divergence.h).
 #include <chrono>
 
+#include <nibble/eval.h>
+
 #include "api/model_impl.h"
 #include "eval/kl_divergence.h"
 
@@ -25,17 +27,18 @@ PerplexityReport ToReport(const PerplexityResult& r, int64_t seq_len, bool bos) 
 Result<ComparisonReport> CompareModels(const Model& base, const std::vector<const Model*>& models, const std::string& text,
                                        const CompareOptions& options) {
   if (models.empty()) return MakeError("compare: no quantized models given");
+  ScopedThreads threads(options.threads);
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, base.Tokenize(text));
   std::vector<const LlamaModel*> llamas;
-  for (const Model* m : models) llamas.push_back(m->impl().llama.get());
+  for (const Model* m : models) llamas.push_back(&ModelAccess::llama(*m));
   PerplexityProtocol protocol;
   protocol.seq_len = options.seq_len;
   protocol.max_windows = options.max_windows;
   protocol.progress = options.progress;
   const auto t0 = std::chrono::steady_clock::now();
-  NIBBLE_ASSIGN_OR_RETURN(ComparisonResult r, ComparePerplexityTokens(*base.impl().llama, llamas, tokens, protocol));
+  NIBBLE_ASSIGN_OR_RETURN(ComparisonResult r, ComparePerplexityTokens(ModelAccess::llama(base), llamas, tokens, protocol));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const bool bos = base.impl().tokenizer->add_bos();
+  const bool bos = ModelAccess::tokenizer(base).add_bos();
   ComparisonReport rep;
   rep.base = ToReport(r.base, options.seq_len, bos);
   rep.base.seconds = seconds;

@@ -1,35 +1,39 @@
 #include <omp.h>
 
 #include "api/model_impl.h"
-#include "model/checkpoint_format.h"
 #include "model/int4_linear.h"
+#include "model/model_loader.h"
 
 namespace nibble {
 
 void SetNumThreads(int n) { omp_set_num_threads(n > 0 ? n : omp_get_num_procs()); }
 int NumThreads() { return omp_get_max_threads(); }
 
+ScopedThreads::ScopedThreads(int n) : saved_(n > 0 ? omp_get_max_threads() : 0) {
+  if (n > 0) omp_set_num_threads(n);
+}
+ScopedThreads::~ScopedThreads() {
+  if (saved_ > 0) omp_set_num_threads(saved_);
+}
+
+const char* ActivationTypeName(ActivationType a) {
+  switch (a) {
+    case ActivationType::kFp32: return "fp32";
+    case ActivationType::kBf16: return "bf16";
+    default: return "int8";
+  }
+}
+
 Model::Model() : impl_(std::make_unique<Impl>()) {}
 Model::~Model() = default;
 const ModelInfo& Model::info() const { return impl_->info; }
 
-int64_t Model::SetInt8Activations(bool on) { return impl_->llama->SetInt8Activations(on); }
-int64_t Model::SetBf16Activations(bool on) { return impl_->llama->SetBf16Activations(on); }
+namespace {
 
-Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
-  std::unique_ptr<Model> m(new Model());
-  CheckpointInfo format;
-  auto llama = LoadAnyModel(dir, &format);
-  if (!llama.ok()) return llama.error().WithContext("loading model " + dir);
-  auto tok = Tokenizer::Load(dir);
-  if (!tok.ok()) return tok.error().WithContext("loading tokenizer of " + dir);
-  m->impl_->llama = std::move(llama).value();
-  m->impl_->tokenizer = std::move(tok).value();
-  const ModelConfig& c = m->impl_->llama->config();
-  if (m->impl_->tokenizer->vocab_size() > c.vocab_size)
-    return MakeError(dir, ": tokenizer.model has ", m->impl_->tokenizer->vocab_size(),
-                     " pieces but config.json vocab_size is ", c.vocab_size);
-  ModelInfo& i = m->impl_->info;
+// config.json numbers, the stored format and the parameter / int4 linear counts.
+ModelInfo DescribeModel(const std::string& dir, const LlamaModel& llama, const std::string& format) {
+  const ModelConfig& c = llama.config();
+  ModelInfo i;
   i.dir = dir;
   i.architecture = c.architecture;
   i.model_type = c.model_type;
@@ -43,9 +47,9 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   i.vocab_size = c.vocab_size;
   i.max_position_embeddings = c.max_position_embeddings;
   i.tie_word_embeddings = c.tie_word_embeddings;
-  i.weight_format = format.format == CheckpointFormat::kQuark ? "quark" : "dense";
+  i.weight_format = format;
   int64_t params = c.vocab_size * c.hidden_size + c.hidden_size;
-  for (const auto& layer : m->impl_->llama->layers()) {
+  for (const auto& layer : llama.layers()) {
     params += 2 * c.hidden_size;
     for (const Linear* l : {layer.q_proj.get(), layer.k_proj.get(), layer.v_proj.get(), layer.o_proj.get(),
                             layer.gate_proj.get(), layer.up_proj.get(), layer.down_proj.get()}) {
@@ -53,9 +57,36 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
       i.int4_linears += dynamic_cast<const Int4Linear*>(l) != nullptr ? 1 : 0;
     }
   }
-  i.int4_linears += dynamic_cast<const Int4Linear*>(&m->impl_->llama->lm_head()) != nullptr ? 1 : 0;
+  i.int4_linears += dynamic_cast<const Int4Linear*>(&llama.lm_head()) != nullptr ? 1 : 0;
   if (!c.tie_word_embeddings) params += c.vocab_size * c.hidden_size;
   i.num_parameters = params;
+  return i;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOptions& options) {
+  ScopedThreads threads(options.threads);
+  std::unique_ptr<Model> m(new Model());
+  std::string format;
+  auto llama = LoadAnyModel(dir, &format);
+  if (!llama.ok()) return llama.error().WithContext("loading model " + dir);
+  auto tok = Tokenizer::Load(dir);
+  if (!tok.ok()) return tok.error().WithContext("loading tokenizer of " + dir);
+  m->impl_->llama = std::move(llama).value();
+  m->impl_->tokenizer = std::move(tok).value();
+  const ModelConfig& c = m->impl_->llama->config();
+  if (m->impl_->tokenizer->vocab_size() > c.vocab_size)
+    return MakeErrorCode(ErrorCode::kCorruptInput, dir, ": tokenizer.model has ", m->impl_->tokenizer->vocab_size(),
+                         " pieces but config.json vocab_size is ", c.vocab_size);
+  ModelInfo& i = m->impl_->info;
+  i = DescribeModel(dir, *m->impl_->llama, format);
+  i.activations = options.activations;
+  switch (options.activations) {
+    case ActivationType::kFp32: i.activation_linears = i.int4_linears; break;
+    case ActivationType::kBf16: i.activation_linears = m->impl_->llama->SetBf16Activations(true); break;
+    case ActivationType::kInt8: i.activation_linears = m->impl_->llama->SetInt8Activations(true); break;
+  }
   return m;
 }
 

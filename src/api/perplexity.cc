@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include <nibble/eval.h>
+
 #include "api/model_impl.h"
 #include "eval/perplexity.h"
 
@@ -8,16 +10,17 @@ namespace nibble {
 
 Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::string& text,
                                             const PerplexityOptions& options) {
+  ScopedThreads threads(options.threads);
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, model.Tokenize(text));
   PerplexityProtocol protocol;
   // seq_len 0: the protocol's 2048, capped at the model's context.
   const int64_t seq_len = options.seq_len > 0 ? options.seq_len
-                          : std::min<int64_t>(2048, model.impl().llama->config().max_position_embeddings);
+                          : std::min<int64_t>(2048, ModelAccess::llama(model).config().max_position_embeddings);
   protocol.seq_len = seq_len;
   protocol.max_windows = options.max_windows;
   protocol.progress = options.progress;
   auto t0 = std::chrono::steady_clock::now();
-  NIBBLE_ASSIGN_OR_RETURN(PerplexityResult r, EvaluatePerplexityTokens(*model.impl().llama, tokens, protocol));
+  NIBBLE_ASSIGN_OR_RETURN(PerplexityResult r, EvaluatePerplexityTokens(ModelAccess::llama(model), tokens, protocol));
   PerplexityReport rep;
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rep.ppl = r.ppl;
@@ -28,7 +31,7 @@ Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::strin
   rep.n_windows_available = r.n_windows_available;
   rep.scored_tokens = r.scored_tokens;
   rep.dropped_tokens = r.dropped_tokens;
-  rep.bos_prepended = model.impl().tokenizer->add_bos();
+  rep.bos_prepended = ModelAccess::tokenizer(model).add_bos();
   rep.tokens_per_second = rep.seconds > 0 ? static_cast<double>(r.n_windows * seq_len) / rep.seconds : 0;
   return rep;
 }

@@ -1,0 +1,78 @@
+// A loaded model: a Hugging Face Llama-family checkpoint (dense or quantized, any supported
+// checkpoint format) with its tokenizer. A Model is immutable after Load: several Sessions
+// (<nibble/session.h>) and evaluations may use one Model at the same time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nibble/error.h>
+
+namespace nibble {
+
+/// Sets the number of worker threads of the calling thread's compute (0 = all cores); calls and
+/// sessions that name their own thread count use theirs. Default: all cores.
+void SetNumThreads(int n);
+/// Threads compute on the calling thread currently uses.
+int NumThreads();
+
+/// The activations the int4 linears compute with (weights stay int4; dense linears stay fp32).
+enum class ActivationType {
+  kFp32,  // W4A32: fp32 activations (default)
+  kBf16,  // activations rounded to bf16 — W4A16 as a bf16 engine runs it; AVX-512 BF16 kernels
+          // where the CPU has avx512_bf16 and avx512_vbmi; group sizes that are multiples of 32
+  kInt8,  // W4A8: activations quantized to int8 per block of 128 (llama.cpp's Q8 dot products);
+          // group sizes 32, 64 or multiples of 128; costs perplexity
+};
+/// "fp32" | "bf16" | "int8".
+const char* ActivationTypeName(ActivationType a);
+
+struct LoadOptions {
+  ActivationType activations = ActivationType::kFp32;
+  int threads = 0;  // threads used while loading (0 = the calling thread's setting)
+};
+
+/// What was loaded (config.json numbers and how the weights are stored).
+struct ModelInfo {
+  std::string dir;
+  std::string architecture;  // "LlamaForCausalLM", ...
+  std::string model_type;
+  std::string torch_dtype;
+  int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0, num_attention_heads = 0,
+          num_key_value_heads = 0, head_dim = 0, vocab_size = 0, max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  int64_t num_parameters = 0;  // logical weight count (embeddings, norms, linears, lm_head if untied)
+  std::string weight_format;   // "dense" | a checkpoint format's name ("quark")
+  int64_t int4_linears = 0;    // linears (projections and lm_head) stored as int4
+  ActivationType activations = ActivationType::kFp32;  // as requested in LoadOptions
+  /// int4 linears that run the requested activations (the others, whose group size that path
+  /// does not serve, keep fp32 activations); equals int4_linears for kFp32.
+  int64_t activation_linears = 0;
+};
+
+class Model {
+ public:
+  /// Loads `dir` (config.json, model.safetensors or a sharded index, tokenizer.model).
+  /// Errors: missing / malformed files, unsupported architecture or checkpoint format, tensors
+  /// whose shape or dtype disagree with config.json, PyTorch pickles (refused).
+  static Result<std::unique_ptr<Model>> Load(const std::string& dir, const LoadOptions& options = LoadOptions());
+  ~Model();
+  const ModelInfo& info() const;
+
+  /// Tokenizes like the HF tokenizer's default call (BOS prepended when add_bos_token).
+  Result<std::vector<int32_t>> Tokenize(const std::string& text) const;
+  std::string Detokenize(const std::vector<int32_t>& ids) const;
+
+  /// fp32 logits for every position of `ids` run as one sequence from position 0: [T, vocab].
+  Result<std::vector<float>> Logits(const std::vector<int32_t>& ids) const;
+
+ private:
+  friend struct ModelAccess;  // the library's own access to the runtime behind the handle
+  struct Impl;
+  Model();
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nibble

@@ -1,0 +1,139 @@
+// Quantizing a float checkpoint (RTN, AWQ) into a quantized checkpoint, inspecting a checkpoint
+// without running it, and summarising quantization reports. Requests use AMD Quark's vocabulary
+// (quantize_quark.py flags and its quantization_config).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nibble/error.h>
+
+namespace nibble {
+
+/// `nibble quantize` request, in AMD Quark's vocabulary (quantize_quark.py flags).
+struct QuantizeRequest {
+  std::string model_dir;
+  std::string output_dir;
+  /// w_uint4_per_group_asym | w_int4_per_group_sym | w_uint4_per_channel_asym | w_int4_per_channel_sym
+  std::string quant_scheme = "w_uint4_per_group_asym";
+  int64_t group_size = 128;           // per_group schemes
+  std::string quant_algo = "rtn";
+  std::string model_export = "hf_format";  // the checkpoint format written (hf_format: AMD Quark)
+  std::string pack_method = "reorder";  // reorder | order
+  std::vector<std::string> exclude_layers = {"lm_head"};  // fnmatch patterns or "re:<regex>"
+  /// Per-layer overrides "PATTERN:key=value[,key=value]", keys: group_size, quant_scheme.
+  std::vector<std::string> layer_quant_config;
+  /// A Quark `quantization_config` JSON file applied as written (replaces the flags above).
+  std::string quant_config_file;
+  std::string misaligned = "error";   // error | exclude | per_channel
+  int64_t max_shard_size = 5000000000;
+  bool overwrite = false;
+  int threads = 0;  // 0 = the calling thread's setting
+  /// Progress in steps; `total` changes between phases (AWQ layer×mapping steps, then export).
+  std::function<void(int64_t done, int64_t total)> progress;
+
+  // AWQ (quant_algo "awq", SPEC §2.1). Calibration: `dataset` is a plain-text file (one text) or
+  // JSONL with a "text" field; texts are encoded (BOS per text), concatenated and cut into
+  // `num_calib_data` chunks of `seq_len` tokens — the first chunks when seed is 0, a seeded
+  // shuffle otherwise. Fewer tokens than asked is a warning (on_message) with the real count.
+  std::string dataset;
+  int64_t num_calib_data = 128;
+  int64_t seq_len = 512;
+  uint64_t seed = 0;
+  bool awq_clip = false;            // AutoAWQ clip search (SPEC §2.3)
+  std::string propagate = "fp";     // fp | quantized: the next layer's calibration input
+  std::string duo_scaling = "true"; // true | false | both (llm-compressor)
+  int64_t n_grid = 20;
+  /// Warnings and notes (calibration shortfall, skipped GQA mappings) as they happen.
+  std::function<void(const std::string&)> on_message;
+};
+
+/// AWQ outcome of one scaling_layers mapping in one decoder layer.
+struct AwqMappingSummary {
+  std::string prev_op;
+  std::vector<std::string> layers;
+  bool skipped = false;
+  std::string skip_reason;
+  double ratio = 0;      // chosen grid ratio
+  bool duo = false;      // chosen candidate used duo scaling
+  double loss_rtn = 0;   // MSE of the inspected module's output with plain RTN (identity scales)
+  double loss_best = 0;  // MSE with the chosen scales
+  int64_t rejected = 0;  // grid candidates rejected (overflow / non-finite)
+  int64_t stopped_early = 0;  // grid candidates dropped once their partial loss exceeded the best so far
+  double scale_min = 0, scale_max = 0;
+};
+
+/// AWQ outcome of one decoder layer.
+struct AwqLayerSummary {
+  struct Linear {
+    std::string name;
+    bool quantized = false;
+    double rtn_error = 0;  // relative output error of plain RTN on calibration inputs
+    double awq_error = 0;  // same for the AWQ weights on their (smoothed) inputs
+  };
+  int64_t layer = 0;
+  std::vector<AwqMappingSummary> mappings;
+  std::vector<Linear> linears;
+  double seconds = 0;
+};
+
+struct QuantizeSummary {
+  struct Layer {
+    std::string name, rule, scheme;  // scheme empty when kept in float
+    bool quantized = false;
+    int64_t n = 0, k = 0, bytes_in = 0, bytes_out = 0;
+    double rel_error = 0;  // ||W - dequant||_F / ||W||_F
+  };
+  std::vector<Layer> layers;
+  int64_t shards = 0, total_bytes = 0;
+  double seconds = 0;
+  std::string quantization_config_json;  // as written into config.json
+  std::string quant_algo;
+  // AWQ only:
+  std::vector<AwqLayerSummary> awq_layers;
+  double awq_seconds = 0;
+  std::string propagate;
+  int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
+  std::vector<std::string> messages;
+  /// The machine-readable report (`nibble quantize --report`): settings, calibration, per layer
+  /// mappings and per-linear errors, per-linear export summary. JSON text.
+  std::string report_json;
+};
+
+/// Quantizes a float checkpoint into an AMD Quark hf_format checkpoint (atomically written).
+/// Errors: bad flags (unknown scheme / pack method, malformed overrides), conflicting flags with
+/// --quant_config, every config / tensor / output error of the pipeline.
+Result<QuantizeSummary> Quantize(const QuantizeRequest& request);
+
+/// What `nibble inspect` shows for a model directory.
+struct InspectReport {
+  struct Layer {
+    std::string name;
+    bool quantized = false;
+    std::string scheme;  // "uint4 per_group g128" or "float (BF16)"
+    std::string rule;    // why: layer_quant_config["…"] / layer_type_quant_config / global / excluded by "…" / not quantized
+    int64_t n = 0, k = 0;
+    int64_t stored_bytes = 0;  // bytes of this module's weight tensors on disk
+    int64_t float_bytes = 0;   // bytes the same weight takes in the model dtype
+  };
+  std::string dir;
+  std::string format;  // "dense" | a checkpoint format's name ("quark")
+  std::string torch_dtype;
+  /// The format's own properties, in order (Quark: {"pack_method", "reorder"}); empty for dense.
+  std::vector<std::pair<std::string, std::string>> format_properties;
+  std::string quantization_config_json;  // quantized checkpoints only
+  std::vector<Layer> layers;
+  int64_t total_tensor_bytes = 0;  // all tensors on disk
+};
+
+/// Inspects a model directory without running it. Errors: unreadable / malformed files.
+Result<InspectReport> Inspect(const std::string& dir);
+
+/// Human summary of a `nibble quantize --report` JSON file (per layer: chosen ratio, loss
+/// before / after, per-linear errors). Errors: unreadable file, not a nibble report.
+Result<std::string> SummarizeQuantizeReport(const std::string& report_path);
+
+}  // namespace nibble

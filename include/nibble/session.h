@@ -1,0 +1,88 @@
+// Generation state over a loaded Model: a Session owns a KV cache, the logits of its last
+// position and a sampler, and offers prefill / step / sample plus a streaming Generate whose
+// callback can stop it. Several Sessions may use one Model at once (each from its own thread);
+// one Session is used by one thread at a time. The Model must outlive its Sessions.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nibble/error.h>
+#include <nibble/model.h>
+
+namespace nibble {
+
+struct SamplingOptions {
+  float temperature = 0.8f;  // 0 = greedy
+  int64_t top_k = 40;        // 0 = no top-k
+  float top_p = 0.95f;       // 1 = no nucleus cut
+  uint64_t seed = 0;
+};
+
+struct SessionOptions {
+  int64_t context = 0;  // KV cache positions; 0 = max_position_embeddings
+  int threads = 0;      // threads of this session's compute; 0 = the calling thread's setting
+};
+
+struct GenerateOptions {
+  std::string prompt;  // may be empty: generation starts from BOS alone (on an empty session)
+  int64_t max_new_tokens = 128;
+  SamplingOptions sampling;
+  int64_t warmup = 0;  // untimed prompt prefills before the timed run (benchmarks)
+};
+
+struct GenerateStats {
+  int64_t prompt_tokens = 0;     // incl. BOS
+  int64_t generated_tokens = 0;
+  double prefill_seconds = 0;    // prompt forward pass up to the first sampled token
+  double decode_seconds = 0;     // all later tokens
+  std::string stop_reason;       // "max_new_tokens" | "eos" | "context_full" | "callback"
+};
+
+/// Called with each new piece of UTF-8 text as soon as it is complete; returning false stops
+/// generation after that piece (stop_reason "callback").
+using TextCallback = std::function<bool(std::string_view)>;
+
+class Session {
+ public:
+  /// Errors: context < 0 or above max_position_embeddings.
+  static Result<std::unique_ptr<Session>> Create(const Model& model, const SessionOptions& options = SessionOptions());
+  ~Session();
+
+  /// Appends `tokens` at the current position and computes the logits of the last one.
+  /// Errors: no tokens, a token id outside the vocabulary, the context full (names the limit).
+  Status Prefill(const std::vector<int32_t>& tokens);
+  /// Appends one token (a decode step); same errors.
+  Status Step(int32_t token);
+  /// Samples the next token from the current logits (greedy when temperature is 0). The sampler
+  /// is seeded with options.seed at the first call and again whenever the seed changes.
+  /// Errors: no logits yet (nothing prefilled), invalid options (names the field).
+  Result<int32_t> Sample(const SamplingOptions& options);
+  /// Logits of the last position, [vocab_size] (empty before the first Prefill).
+  const std::vector<float>& logits() const;
+  /// Positions filled, and the cache's capacity.
+  int64_t position() const;
+  int64_t capacity() const;
+  /// Drops every position from `position` on (0 empties the context; the logits are cleared).
+  void Truncate(int64_t position);
+  const Model& model() const;
+
+ private:
+  friend Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text);
+  struct Impl;
+  explicit Session(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Tokenizes `options.prompt` (BOS only on an empty session), appends it to the session, then
+/// samples up to max_new_tokens, streaming the text (the prompt is not echoed). Errors: prompt
+/// not UTF-8, prompt longer than the remaining context, empty prompt without a BOS token.
+Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text);
+/// The same on a fresh session over `model` sized for the prompt and max_new_tokens.
+Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TextCallback& on_text);
+
+}  // namespace nibble

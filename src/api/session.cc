@@ -1,0 +1,169 @@
+// Public API: Session (KV cache, logits, sampler) and the streaming Generate over it.
+#include <nibble/session.h>
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
+#include "api/model_impl.h"
+#include "model/sampler.h"
+#include "tokenizer/stream_decoder.h"
+
+namespace nibble {
+
+struct Session::Impl {
+  const Model* model = nullptr;
+  int threads = 0;
+  KvCache cache;
+  std::vector<float> logits;  // [vocab] of the last position, empty before the first Prefill
+  std::optional<Sampler> sampler;
+  SamplingOptions sampler_options;
+  // A token Generate sampled last and streamed but did not run (the next call runs it first, so
+  // the context holds every token shown).
+  std::vector<int32_t> unfed;
+};
+
+Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Session::~Session() = default;
+
+Result<std::unique_ptr<Session>> Session::Create(const Model& model, const SessionOptions& options) {
+  const int64_t max_pos = model.info().max_position_embeddings;
+  if (options.context < 0 || options.context > max_pos)
+    return MakeError("session context ", options.context, " is outside [0, max_position_embeddings = ", max_pos, "]");
+  auto impl = std::make_unique<Impl>();
+  impl->model = &model;
+  impl->threads = options.threads;
+  impl->cache = ModelAccess::llama(model).NewCache(options.context > 0 ? options.context : max_pos);
+  return std::unique_ptr<Session>(new Session(std::move(impl)));
+}
+
+Status Session::Prefill(const std::vector<int32_t>& tokens) {
+  if (tokens.empty()) return MakeError("Prefill: no tokens");
+  ScopedThreads threads(impl_->threads);
+  const LlamaModel& llama = ModelAccess::llama(*impl_->model);
+  impl_->logits.resize(static_cast<size_t>(llama.config().vocab_size));
+  const Status s = llama.Forward(tokens.data(), static_cast<int64_t>(tokens.size()), impl_->cache, impl_->logits.data(), false);
+  if (!s.ok()) impl_->logits.clear();
+  return s;
+}
+
+Status Session::Step(int32_t token) { return Prefill({token}); }
+
+Result<int32_t> Session::Sample(const SamplingOptions& o) {
+  if (impl_->logits.empty()) return MakeError("Sample: no logits yet (prefill a prompt first)");
+  if (o.temperature < 0) return MakeError("temperature ", o.temperature, " must be >= 0");
+  if (o.top_p <= 0 || o.top_p > 1) return MakeError("top_p ", o.top_p, " must be in (0, 1]");
+  if (o.top_k < 0) return MakeError("top_k ", o.top_k, " must be >= 0");
+  const SamplingOptions& cur = impl_->sampler_options;
+  if (!impl_->sampler || o.temperature != cur.temperature || o.top_k != cur.top_k || o.top_p != cur.top_p ||
+      o.seed != cur.seed) {
+    impl_->sampler.emplace(SamplerOptions{o.temperature, o.top_k, o.top_p, o.seed});
+    impl_->sampler_options = o;
+  }
+  return impl_->sampler->Sample(impl_->logits.data(), static_cast<int64_t>(impl_->logits.size()));
+}
+
+const std::vector<float>& Session::logits() const { return impl_->logits; }
+int64_t Session::position() const { return impl_->cache.length; }
+int64_t Session::capacity() const { return impl_->cache.capacity; }
+const Model& Session::model() const { return *impl_->model; }
+
+void Session::Truncate(int64_t position) {
+  impl_->cache.length = std::clamp<int64_t>(position, 0, impl_->cache.length);
+  impl_->logits.clear();
+  impl_->unfed.clear();
+}
+
+namespace {
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+Status CheckGenerateOptions(const GenerateOptions& o) {
+  if (o.max_new_tokens < 0) return MakeError("-n ", o.max_new_tokens, " must be >= 0");
+  if (o.sampling.temperature < 0) return MakeError("--temperature ", o.sampling.temperature, " must be >= 0");
+  if (o.sampling.top_p <= 0 || o.sampling.top_p > 1) return MakeError("--top_p ", o.sampling.top_p, " must be in (0, 1]");
+  if (o.sampling.top_k < 0) return MakeError("--top_k ", o.sampling.top_k, " must be >= 0");
+  return Status::Ok();
+}
+
+// The prompt's ids for `session`: BOS (the tokenizer's special tokens) only at position 0.
+Result<std::vector<int32_t>> PromptIds(const Session& session, const std::string& prompt) {
+  const Tokenizer& tok = ModelAccess::tokenizer(session.model());
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(prompt, session.position() == 0));
+  if (ids.empty() && session.position() == 0)
+    return MakeError("empty prompt and the tokenizer adds no BOS token: nothing to start from");
+  return ids;
+}
+
+// Samples and streams until max_new_tokens, EOS, a full context or the callback says stop.
+Status DecodeLoop(Session& s, const GenerateOptions& o, const std::vector<int32_t>& context, const TextCallback& on_text,
+                  GenerateStats& stats, std::vector<int32_t>& unfed) {
+  const Tokenizer& tok = ModelAccess::tokenizer(s.model());
+  StreamDecoder stream(tok, context);
+  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    NIBBLE_ASSIGN_OR_RETURN(const int32_t next, s.Sample(o.sampling));
+    if (std::find(tok.eos_ids().begin(), tok.eos_ids().end(), next) != tok.eos_ids().end()) {
+      stats.stop_reason = "eos";
+      if (const std::string rest = stream.Flush(); !rest.empty()) on_text(rest);
+      return Status::Ok();
+    }
+    ++stats.generated_tokens;
+    const std::string text = stream.Push(next);
+    const bool go_on = text.empty() || on_text(text);
+    if (!go_on || i + 1 == o.max_new_tokens || s.position() >= s.capacity()) {
+      if (!go_on) stats.stop_reason = "callback";
+      else if (i + 1 < o.max_new_tokens) stats.stop_reason = "context_full";
+      unfed = {next};
+      if (const std::string rest = stream.Flush(); go_on && !rest.empty()) on_text(rest);
+      return Status::Ok();
+    }
+    NIBBLE_RETURN_IF_ERROR(s.Step(next));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text) {
+  NIBBLE_RETURN_IF_ERROR(CheckGenerateOptions(options));
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(session, options.prompt));
+  Session::Impl& impl = *session.impl_;
+  GenerateStats stats;
+  stats.prompt_tokens = static_cast<int64_t>(prompt.size());
+  stats.stop_reason = "max_new_tokens";
+  prompt.insert(prompt.begin(), impl.unfed.begin(), impl.unfed.end());
+  if (session.position() + static_cast<int64_t>(prompt.size()) > session.capacity())
+    return MakeError("prompt is ", stats.prompt_tokens, " tokens, longer than the remaining context (",
+                     session.capacity() - session.position(), " of ", session.capacity(), " positions; max_position_embeddings ",
+                     session.model().info().max_position_embeddings, ")");
+  if (options.max_new_tokens == 0) return stats;
+  const int64_t p0 = session.position();
+  for (int64_t i = 0; i < options.warmup; ++i) {  // first calls pay one-time GEMM kernel generation
+    NIBBLE_RETURN_IF_ERROR(session.Prefill(prompt));
+    impl.cache.length = p0;
+  }
+  impl.unfed.clear();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!prompt.empty()) NIBBLE_RETURN_IF_ERROR(session.Prefill(prompt));
+  const auto t1 = std::chrono::steady_clock::now();
+  stats.prefill_seconds = Seconds(t0, t1);
+  NIBBLE_RETURN_IF_ERROR(DecodeLoop(session, options, prompt, on_text, stats, impl.unfed));
+  stats.decode_seconds = Seconds(t1, std::chrono::steady_clock::now());
+  return stats;
+}
+
+Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TextCallback& on_text) {
+  NIBBLE_RETURN_IF_ERROR(CheckGenerateOptions(options));
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ModelAccess::tokenizer(model).Encode(options.prompt));
+  const int64_t max_pos = model.info().max_position_embeddings;
+  if (static_cast<int64_t>(prompt.size()) > max_pos)
+    return MakeError("prompt is ", prompt.size(), " tokens, longer than max_position_embeddings (", max_pos, ")");
+  SessionOptions so;
+  so.context = std::max<int64_t>(1, std::min<int64_t>(max_pos, static_cast<int64_t>(prompt.size()) + options.max_new_tokens));
+  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Create(model, so));
+  return Generate(*session, options, on_text);
+}
+
+}  // namespace nibble
