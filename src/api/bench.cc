@@ -63,6 +63,7 @@ KernelDispatchReport DescribeKernels() {
   r.bf16_dense = d.kernels.gemv_bf16 != nullptr ? "kept bf16, " + std::string(IsaName(d.kernels.isa)) + " bf16 GEMV at M = 1"
                                                 : "widened to fp32 at load (no bf16 GEMV for " +
                                                       std::string(IsaName(d.kernels.isa)) + ")";
+  r.vec_ops = d.kernels.vec.name;
   return r;
 }
 
