@@ -6,7 +6,9 @@
 #                  include anything under src/. Every layer may include public <nibble/...>
 #                  headers and system / third-party headers.
 #   include/nibble/ and tools/ may include only <nibble/...> and system / third-party headers:
-#                  no "base/...", "model/...", ... (src/ is not on their include path).
+#                  no "base/...", "model/...", ... (src/ is not on their include path); tools/
+#                  may also include its own helpers "support/...".
+#   tools/support/ (the CLI's helpers, not public API) may include any layer.
 # Everywhere: no include path with a ".." component (it would step around the rule).
 #
 # Usage: scripts/check_includes.sh [repo_root]   (default: the repository holding this script)
@@ -84,8 +86,13 @@ for dir in "$root/include" "$root/tools"; do
   [[ -d "$dir" ]] || continue
   while IFS= read -r -d '' file; do
     is_source "$file" && who[$file]=public
-  done < <(find "$dir" -type f -print0)
+  done < <(find "$dir" -type f -not -path "$root/tools/support/*" -print0)
 done
+if [[ -d "$root/tools/support" ]]; then
+  while IFS= read -r -d '' file; do
+    is_source "$file" && who[$file]=api
+  done < <(find "$root/tools/support" -type f -print0)
+fi
 
 directive='^[[:space:]]*#[[:space:]]*include[[:space:]]*([<"][^>"]*[>"])'
 checked=0

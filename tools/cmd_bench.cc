@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include <nibble/bench.h>
 #include <nibble/nibble.h>
 
 #include "commands.h"
+#include "support/bench.h"
 
 namespace nibble_cli {
 

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include <nibble/nibble.h>
-#include <nibble/progress.h>
 
 #include "commands.h"
+#include "support/progress.h"
 
 namespace nibble_cli {
 

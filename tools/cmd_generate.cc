@@ -3,10 +3,10 @@
 #include <memory>
 #include <string>
 
-#include <nibble/bench.h>
 #include <nibble/nibble.h>
 
 #include "commands.h"
+#include "support/bench.h"
 
 namespace nibble_cli {
 

@@ -6,10 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include <nibble/bench.h>
 #include <nibble/nibble.h>
 
 #include "commands.h"
+#include "support/bench.h"
 
 namespace nibble_cli {
 
@@ -41,6 +41,7 @@ Runner RegisterInspect(CLI::App& app) {
         j["bf16_activations_kernel"] = k.bf16_act_kernel;
         j["bf16_activations_reason"] = k.bf16_act_reason;
         j["bf16_dense_linears"] = k.bf16_dense;
+        j["vec_ops"] = k.vec_ops;
         std::printf("%s\n", j.dump(2).c_str());
       } else {
         std::printf("int4 kernels: %s\ncpu: %s | %s\nNIBBLE_ISA: %s%s%s\n", k.chosen.c_str(), k.cpu_vendor.c_str(),
@@ -53,6 +54,7 @@ Runner RegisterInspect(CLI::App& app) {
         std::printf("bf16 activations (opt-in --bf16_activations): %s (%s)\n", k.bf16_act_kernel.c_str(),
                     k.bf16_act_reason.c_str());
         std::printf("bf16 dense linears: %s\n", k.bf16_dense.c_str());
+        std::printf("row ops (softmax, SiLU, AWQ loss): %s\n", k.vec_ops.c_str());
       }
       if (dir->empty()) return 0;
     }

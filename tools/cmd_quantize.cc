@@ -6,9 +6,10 @@
 #include <string>
 
 #include <nibble/nibble.h>
-#include <nibble/progress.h>
 
 #include "commands.h"
+#include "support/progress.h"
+#include "support/report.h"
 
 namespace nibble_cli {
 

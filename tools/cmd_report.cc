@@ -7,6 +7,7 @@
 #include <nibble/nibble.h>
 
 #include "commands.h"
+#include "support/report.h"
 
 namespace nibble_cli {
 

@@ -1,6 +1,4 @@
 // nibble — quantize LLMs to 4-bit weights and run them on the CPU.
-#include <malloc.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -100,12 +98,6 @@ std::string UnknownFlags(const CLI::App& sub) {
 }  // namespace nibble_cli
 
 int main(int argc, char** argv) {
-  // Keep freed blocks up to 32 MiB in the heap instead of returning them to the kernel: AWQ's grid
-  // search and the chunked forwards allocate and free the same activation buffers thousands of
-  // times, and a fresh mmap each time costs page faults plus zeroing (measured: ~19 % of an AWQ
-  // run in the kernel and memset before this).
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   CLI::App app{"nibble: quantize LLMs to 4-bit weights (Quark hf_format) and run them on the CPU"};
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, nibble_cli::Runner>> commands;

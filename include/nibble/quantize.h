@@ -132,8 +132,4 @@ struct InspectReport {
 /// Inspects a model directory without running it. Errors: unreadable / malformed files.
 Result<InspectReport> Inspect(const std::string& dir);
 
-/// Human summary of a `nibble quantize --report` JSON file (per layer: chosen ratio, loss
-/// before / after, per-linear errors). Errors: unreadable file, not a nibble report.
-Result<std::string> SummarizeQuantizeReport(const std::string& report_path);
-
 }  // namespace nibble

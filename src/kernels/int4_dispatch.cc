@@ -9,7 +9,9 @@
 #include <cpuid.h>
 
 #include "kernels/x86_avx2/int4_gemm_avx2.h"
+#include "kernels/x86_avx2/vec_ops_avx2.h"
 #include "kernels/x86_avx512/int4_gemm_avx512.h"
+#include "kernels/x86_avx512/vec_ops_avx512.h"
 #include "kernels/x86_avx512bf16/int4_gemm_bf16.h"
 #include "kernels/x86_avx512vnni/int4_gemm_i8_vnni.h"
 #endif
@@ -90,16 +92,19 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
   k.gemm_i8 = GemmW4A8PackedScalar;
   k.gemm_i8_name = "scalar";
   k.gemv_bf16 = nullptr;  // scalar / avx2: bf16 linears are widened to fp32 at load (sgemm)
+  k.vec = VecKernelsScalar();
 #if defined(__x86_64__)
   if (isa == Isa::kAvx2) {
     k.gemm = GemmW4A32Avx2;
     k.dequant = DequantW4Avx2;
     k.stream_read = StreamReadAvx2;
+    k.vec = VecKernelsAvx2();
   } else if (isa == Isa::kAvx512) {
     k.gemm = GemmW4A32Avx512;
     k.dequant = DequantW4Avx512;
     k.stream_read = StreamReadAvx512;
     k.gemv_bf16 = GemvBf16Avx512;
+    k.vec = VecKernelsAvx512();
     if (cpu.avx512bf16 && cpu.avx512vbmi) {
       k.gemm_bf16 = GemmW4Bf16Avx512;
       k.gemm_bf16_name = "avx512_bf16";

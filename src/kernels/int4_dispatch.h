@@ -1,6 +1,7 @@
-// Runtime ISA dispatch for the W4A32 kernels: one table chosen once per process from CPUID and
-// XCR0 (the OS must save YMM / ZMM state, checked with xgetbv), overridable with the environment
-// variable NIBBLE_ISA=scalar|avx2|avx512. `nibble inspect --kernels` prints the decision.
+// Runtime ISA dispatch for the W4A32 kernels and the vectorised row ops (kernels/vec_ops.h): one
+// table chosen once per process from CPUID and XCR0 (the OS must save YMM / ZMM state, checked
+// with xgetbv), overridable with the environment variable NIBBLE_ISA=scalar|avx2|avx512.
+// `nibble inspect --kernels` prints the decision.
 //
 // Policy: the best ISA that is compiled in and supported wins. NIBBLE_ISA naming an ISA that is
 // compiled and supported forces it; an unknown value, or an ISA this build or CPU cannot run,
@@ -12,6 +13,7 @@
 
 #include "kernels/bf16_gemv.h"
 #include "kernels/int4_packed.h"
+#include "kernels/vec_ops.h"
 
 namespace nibble {
 
@@ -55,6 +57,8 @@ struct W4Kernels {
   /// oracle). nullptr for scalar / avx2: bf16 linears are then widened to fp32 at load and run
   /// through the dense sgemm (model/linear.h).
   Bf16GemvKernel gemv_bf16 = nullptr;
+  /// The row ops of kernels/vec_ops.h built for the same ISA (bit-identical on every ISA).
+  VecKernels vec;
 };
 
 /// How one candidate ISA fared.

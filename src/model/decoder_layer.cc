@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/dense_gemm.h"
+#include "kernels/vec_ops.h"
 #include "model/ops.h"
 
 namespace nibble {
@@ -47,43 +48,6 @@ namespace {
 float* Scratch(std::vector<float>& v, int64_t n) {
   if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
   return v.data();
-}
-
-// Causal softmax of one score row: scale, max-subtract, ExpF, normalise, zero the masked tail
-// [valid, len). Reductions run over 16 independent lanes so GCC vectorises them without
-// -ffast-math. Cloned per ISA like ExpShiftedInPlace (ops.cc), with contraction off and the same
-// 16 lanes in every clone, so each clone gives the same bits.
-__attribute__((optimize("no-trapping-math", "fp-contract=off"), target_clones("avx512f", "avx2", "default")))
-void ScaledSoftmaxRow(float* row, int64_t valid, int64_t len, float scale) {
-  // 16 lanes as one GCC vector (each clone splits it into its own registers): written as an
-  // array of 16 floats, GCC kept these reductions scalar.
-  typedef float Lanes __attribute__((vector_size(64)));
-  constexpr int kLanes = 16;
-  for (int64_t i = 0; i < valid; ++i) row[i] *= scale;
-  Lanes lane_max = Lanes{} - 3.0e38f;
-  int64_t j = 0;
-  for (; j + kLanes <= valid; j += kLanes) {
-    Lanes v;
-    __builtin_memcpy(&v, row + j, sizeof(v));
-    lane_max = v > lane_max ? v : lane_max;
-  }
-  float mx = -3.0e38f;
-  for (; j < valid; ++j) mx = row[j] > mx ? row[j] : mx;
-  for (int l = 0; l < kLanes; ++l) mx = lane_max[l] > mx ? lane_max[l] : mx;
-  ExpShiftedInPlace(row, valid, -mx);
-  Lanes lane_sum = Lanes{};
-  j = 0;
-  for (; j + kLanes <= valid; j += kLanes) {
-    Lanes v;
-    __builtin_memcpy(&v, row + j, sizeof(v));
-    lane_sum += v;
-  }
-  float sum = 0.0f;
-  for (; j < valid; ++j) sum += row[j];
-  for (int l = 0; l < kLanes; ++l) sum += lane_sum[l];
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < valid; ++i) row[i] *= inv;
-  for (int64_t i = valid; i < len; ++i) row[i] = 0.0f;
 }
 
 // Where sequence b's keys and values are read: its cache, or this call's projections k / v

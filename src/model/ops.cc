@@ -67,17 +67,6 @@ void ExpInPlace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = ExpF(x[i]);
 }
 
-// x[i] = ExpF(x[i] + shift). ExpF is always_inline: GCC would not otherwise inline it into a
-// function with other optimize / target attributes, and a call per value does not vectorise. The
-// clamps if-convert only without trapping math, hence the attribute. Cloned per ISA (GCC
-// target_clones, chosen at load time by CPUID): 16 / 8 lanes instead of SSE2's 4; contraction
-// into FMA is off so every clone rounds exactly like ExpF (measured: this loop was 13 % of an AWQ
-// run as SSE2 code).
-__attribute__((optimize("no-trapping-math", "fp-contract=off"), target_clones("avx512f", "avx2", "default")))
-void ExpShiftedInPlace(float* row, int64_t n, float shift) {
-  for (int64_t i = 0; i < n; ++i) row[i] = ExpF(row[i] + shift);
-}
-
 void SoftmaxRow(float* row, int64_t n) {
   float mx = row[0];
   for (int64_t i = 1; i < n; ++i) mx = row[i] > mx ? row[i] : mx;

@@ -8,6 +8,7 @@
 #include "formats/quark_format.h"
 #include "formats/rtn.h"
 #include "kernels/dense_gemm.h"
+#include "kernels/vec_ops.h"
 #include "model/linear.h"
 #include "model/llama.h"
 #include "model/weights.h"
@@ -120,34 +121,6 @@ const LayerActs& LayerRunner::Run(const CalibLayer& L, LayerStop stop) {
 void LayerRunner::RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const {
   RunCaptured(*c_, rope_, L, x_, batch, t_, LayerStop::kFull, LayerStart::kInput, out);
 }
-
-namespace {
-
-// Σ (a − b)² over one block, in 8 double lanes (lane l takes the elements i ≡ l mod 8, in order)
-// added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then the tail. Cloned per ISA with
-// contraction off, so every clone gives the same bits.
-__attribute__((optimize("fp-contract=off"), target_clones("avx512f", "avx2", "default")))
-double SquaredErrorSum(const float* a, const float* b, int64_t n) {
-  typedef double Lanes __attribute__((vector_size(64)));
-  typedef float Floats __attribute__((vector_size(32)));
-  Lanes acc = Lanes{};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    Floats fa, fb;
-    __builtin_memcpy(&fa, a + i, sizeof(fa));
-    __builtin_memcpy(&fb, b + i, sizeof(fb));
-    const Lanes d = __builtin_convertvector(fa, Lanes) - __builtin_convertvector(fb, Lanes);
-    acc += d * d;
-  }
-  double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) {
-    const double d = static_cast<double>(a[i]) - b[i];
-    s += d * d;
-  }
-  return s;
-}
-
-}  // namespace
 
 double Mse(const float* a, const float* b, int64_t n) {
   const int64_t blocks = (n + 4095) / 4096;

@@ -116,6 +116,25 @@ TEST(Cli, BenchPercentIsAgainstTheBandwidthMeasuredBeforeEachCase) {
   EXPECT_NEAR(std::stod(m[2]), hi, 0.051) << r.out;
 }
 
+// NIBBLE_ISA forces the vectorised row ops with the int4 kernels, and inspect --kernels says so.
+TEST(Cli, NibbleIsaScalarForcesTheRowOps) {
+  const char* prev = std::getenv("NIBBLE_ISA");
+  const std::string saved = prev != nullptr ? prev : "";
+  setenv("NIBBLE_ISA", "scalar", 1);
+  RunResult r = RunNibble("inspect --kernels");
+  if (prev != nullptr) {
+    setenv("NIBBLE_ISA", saved.c_str(), 1);
+  } else {
+    unsetenv("NIBBLE_ISA");
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("int4 kernels: scalar\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("row ops (softmax, SiLU, AWQ loss): scalar\n"), std::string::npos) << r.out;
+  RunResult j = RunNibble("inspect --kernels --json");
+  ASSERT_EQ(j.exit_code, 0) << j.out;
+  EXPECT_NE(j.out.find("\"vec_ops\": \""), std::string::npos) << j.out;
+}
+
 TEST(Cli, SameSeedSameText) {
   const std::string args = "generate --model " + Quote(nibble_test::EmbeddedModel()) +
                            " --prompt 'The list' -n 12 --temperature 1.0 --top_k 20 --top_p 0.9 --seed 7";

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <nibble/bench.h>
+#include "support/bench.h"
 
 #include "test_paths.h"
 #include "test_util.h"

@@ -1,5 +1,7 @@
 // AVX-512 BF16 W4A16 GEMM with bf16 activations (see int4_gemm_bf16.h). Compiled with
 // -mavx512bf16 -mavx512vbmi; called only after the dispatcher has checked CPUID and XCR0.
+#if defined(__x86_64__)
+
 #include "kernels/x86_avx512bf16/int4_gemm_bf16.h"
 
 // GCC 12's avx512fintrin.h builds _mm512_castps512_ps256 and friends from deliberately undefined
@@ -239,3 +241,5 @@ void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
 }
 
 }  // namespace nibble
+
+#endif  // __x86_64__

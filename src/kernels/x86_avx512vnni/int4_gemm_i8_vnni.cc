@@ -1,5 +1,7 @@
 // AVX-512 VNNI W4A8 GEMM (see int4_gemm_i8_vnni.h). Compiled with -mavx512vnni; called only after
 // the dispatcher has checked CPUID (avx512_vnni) and XCR0.
+#if defined(__x86_64__)
+
 #include "kernels/x86_avx512vnni/int4_gemm_i8_vnni.h"
 
 // GCC 12's avx512fintrin.h builds _mm512_castps512_ps256 and friends from deliberately undefined
@@ -308,3 +310,5 @@ void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const
 }
 
 }  // namespace nibble
+
+#endif  // __x86_64__

@@ -1,7 +1,7 @@
 // `nibble bench` / `inspect --kernels` / `nibble synth` back end (include/nibble/bench.h): DRAM
 // read bandwidth, W4A32 GEMV/GEMM timings through Int4Linear (the model's path), the dispatch
 // report, and random-weight checkpoints with real shapes for end-to-end tokens/s.
-#include <nibble/bench.h>
+#include "support/bench.h"
 
 #include <omp.h>
 
@@ -63,6 +63,7 @@ KernelDispatchReport DescribeKernels() {
   r.bf16_dense = d.kernels.gemv_bf16 != nullptr ? "kept bf16, " + std::string(IsaName(d.kernels.isa)) + " bf16 GEMV at M = 1"
                                                 : "widened to fp32 at load (no bf16 GEMV for " +
                                                       std::string(IsaName(d.kernels.isa)) + ")";
+  r.vec_ops = d.kernels.vec.name;
   return r;
 }
 

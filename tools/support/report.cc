@@ -1,4 +1,4 @@
-// Public API: reading back a `nibble quantize --report` JSON file — a human summary and a PNG
+// `nibble quantize --report` files: written atomically, read back as a human summary and as a PNG
 // plot (cairo) of per-linear relative output error, RTN vs AWQ, on a log scale.
 #include <cairo.h>
 
@@ -8,9 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include <nibble/nibble.h>
-
 #include "io/file.h"
+#include "support/report.h"
 
 namespace nibble {
 

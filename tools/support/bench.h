@@ -13,8 +13,8 @@
 
 namespace nibble {
 
-/// The W4A32 kernel dispatch decision of this process (chosen once from CPUID + XCR0 and the
-/// NIBBLE_ISA environment variable).
+/// The kernel dispatch decision of this process (W4A32 kernels and vectorised row ops, chosen once
+/// from CPUID + XCR0 and the NIBBLE_ISA environment variable).
 struct KernelDispatchReport {
   struct Candidate {
     std::string isa;     // "avx512", "avx2", "scalar"
@@ -36,6 +36,10 @@ struct KernelDispatchReport {
   /// Dense linears stored as bf16: "avx512" (kept bf16, bf16 GEMV at M = 1) or "widened to fp32
   /// at load" where the chosen ISA has no bf16 GEMV.
   std::string bf16_dense;
+  /// The vectorised row ops (attention and MLP softmax / SiLU exponentials, AWQ's squared error):
+  /// "avx512" | "avx2" | "scalar", the same ISA decision as the int4 kernels (every one gives the
+  /// same bits).
+  std::string vec_ops;
 };
 
 /// Reports the dispatch decision (no errors: detection cannot fail; non-x86 gives scalar).

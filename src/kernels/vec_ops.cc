@@ -1,0 +1,22 @@
+// The vectorised row ops' entry points (through the dispatch decision) and their baseline build
+// (compiled with the default flags: SSE2 on x86-64). See kernels/vec_ops.h.
+#include "kernels/vec_ops.h"
+
+#include "kernels/int4_dispatch.h"
+#include "kernels/vec_ops_impl.h"
+
+namespace nibble {
+
+VecKernels VecKernelsScalar() { return VecKernelsOfThisUnit("scalar"); }
+
+void ExpShiftedInPlace(float* row, int64_t n, float shift) { ActiveW4Dispatch().kernels.vec.exp_shifted(row, n, shift); }
+
+void ScaledSoftmaxRow(float* row, int64_t valid, int64_t len, float scale) {
+  ActiveW4Dispatch().kernels.vec.scaled_softmax_row(row, valid, len, scale);
+}
+
+double SquaredErrorSum(const float* a, const float* b, int64_t n) {
+  return ActiveW4Dispatch().kernels.vec.squared_error_sum(a, b, n);
+}
+
+}  // namespace nibble

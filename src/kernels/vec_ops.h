@@ -1,0 +1,40 @@
+// Vectorised row operations of the forward pass and of AWQ's loss: exp of a shifted row (softmax,
+// SiLU), the attention softmax row, and a squared-error sum. One source of the arithmetic
+// (kernels/vec_ops_impl.h) is compiled once per ISA — baseline x86-64 / scalar, AVX2, AVX-512 —
+// and the table is chosen by the W4A32 dispatch decision (kernels/int4_dispatch.h), so
+// NIBBLE_ISA forces it and `nibble inspect --kernels` reports it. Every ISA gives the same bits:
+// contraction into FMA is off and every reduction's lane structure is fixed in the source, not
+// by the vector width.
+#pragma once
+
+#include <cstdint>
+
+namespace nibble {
+
+/// row[i] = ExpF(row[i] + shift) for i < n (kernels/exp_f.h), bit for bit.
+void ExpShiftedInPlace(float* row, int64_t n, float shift);
+
+/// Causal softmax of one attention score row, in place: row[i] *= scale for i < valid, then
+/// ExpF(row[i] − max), then times 1 / sum; row[i] = 0 for valid <= i < len. Max and sum run over
+/// 16 lanes (lane l takes the elements i ≡ l mod 16 of the leading multiple of 16, in order), then
+/// the tail in order, then the lanes 0..15 in order — a different summation order from
+/// model/ops.h SoftmaxRow, so the same values up to rounding.
+void ScaledSoftmaxRow(float* row, int64_t valid, int64_t len, float scale);
+
+/// Σ (a[i] − b[i])² in double: 8 lanes (lane l takes the elements i ≡ l mod 8 of the leading
+/// multiple of 8, in order) added as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then the
+/// tail in order.
+double SquaredErrorSum(const float* a, const float* b, int64_t n);
+
+/// One ISA's implementations of the three (W4Kernels::vec holds the chosen one).
+struct VecKernels {
+  const char* name = "scalar";  // "scalar" | "avx2" | "avx512": the translation unit's ISA
+  void (*exp_shifted)(float* row, int64_t n, float shift) = nullptr;
+  void (*scaled_softmax_row)(float* row, int64_t valid, int64_t len, float scale) = nullptr;
+  double (*squared_error_sum)(const float* a, const float* b, int64_t n) = nullptr;
+};
+
+/// The baseline build's implementations (SSE2 on x86-64): the fallback and the tests' oracle.
+VecKernels VecKernelsScalar();
+
+}  // namespace nibble

@@ -1,0 +1,184 @@
+// The public Session API over the embedded default model: prefill / step / sample against
+// Generate, several sessions over one model at once, a callback that stops generation, a session
+// continued over two calls, per-session thread counts, and error codes.
+#include <nibble/nibble.h>
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "test_paths.h"
+#include "test_util.h"
+
+namespace {
+
+const nibble::Model& EmbeddedModel() {
+  static std::unique_ptr<nibble::Model> model = [] {
+    auto m = nibble::Model::Load(nibble_test::EmbeddedModel());
+    if (!m.ok()) {
+      ADD_FAILURE() << m.error().message;
+      return std::unique_ptr<nibble::Model>();
+    }
+    return std::move(m).value();
+  }();
+  return *model;
+}
+
+nibble::GenerateOptions Greedy(const std::string& prompt, int64_t n) {
+  nibble::GenerateOptions o;
+  o.prompt = prompt;
+  o.max_new_tokens = n;
+  o.sampling.temperature = 0;
+  return o;
+}
+
+std::string GenerateText(const nibble::Model& m, const nibble::GenerateOptions& o, nibble::GenerateStats* stats = nullptr) {
+  std::string text;
+  auto s = nibble::Generate(m, o, [&](std::string_view piece) {
+    text += piece;
+    return true;
+  });
+  EXPECT_TRUE(s.ok()) << s.error().message;
+  if (stats != nullptr && s.ok()) *stats = *s;
+  return text;
+}
+
+TEST(Session, PrefillStepSampleGiveGeneratesTokens) {
+  const nibble::Model& m = EmbeddedModel();
+  const auto o = Greedy("And God said", 12);
+  const std::string want = GenerateText(m, o);
+  auto session = nibble::Session::Create(m);
+  ASSERT_TRUE(session.ok()) << session.error().message;
+  auto prompt = m.Tokenize(o.prompt);
+  ASSERT_TRUE(prompt.ok());
+  ASSERT_TRUE((*session)->Prefill(*prompt).ok());
+  std::vector<int32_t> out;
+  for (int i = 0; i < 12; ++i) {
+    auto next = (*session)->Sample(o.sampling);
+    ASSERT_TRUE(next.ok()) << next.error().message;
+    out.push_back(*next);
+    ASSERT_TRUE((*session)->Step(*next).ok());
+  }
+  EXPECT_EQ((*session)->position(), static_cast<int64_t>(prompt->size()) + 12);
+  std::vector<int32_t> all = *prompt;
+  all.insert(all.end(), out.begin(), out.end());
+  EXPECT_EQ(m.Detokenize(all), m.Detokenize(*prompt) + want);
+}
+
+TEST(Session, SessionsOverOneModelRunAtOnceWithTheSameResults) {
+  const nibble::Model& m = EmbeddedModel();
+  const auto a = Greedy("In the beginning", 24), b = Greedy("The king", 24);
+  const std::string want_a = GenerateText(m, a), want_b = GenerateText(m, b);
+  std::string got_a, got_b;
+  std::thread ta([&] { got_a = GenerateText(m, a); });
+  std::thread tb([&] { got_b = GenerateText(m, b); });
+  ta.join();
+  tb.join();
+  EXPECT_EQ(got_a, want_a);
+  EXPECT_EQ(got_b, want_b);
+}
+
+TEST(Session, CallbackReturningFalseStopsGeneration) {
+  const nibble::Model& m = EmbeddedModel();
+  int calls = 0;
+  auto s = nibble::Generate(m, Greedy("And God said", 40), [&](std::string_view) { return ++calls < 3; });
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(s->stop_reason, "callback");
+  EXPECT_LT(s->generated_tokens, 40);
+}
+
+TEST(Session, AContinuedSessionKeepsItsContextAndAddsNoSecondBos) {
+  const nibble::Model& m = EmbeddedModel();
+  auto session = nibble::Session::Create(m);
+  ASSERT_TRUE(session.ok());
+  std::string first, second;
+  auto collect = [](std::string* out) {
+    return [out](std::string_view p) {
+      *out += p;
+      return true;
+    };
+  };
+  auto s1 = nibble::Generate(**session, Greedy("And God said", 8), collect(&first));
+  ASSERT_TRUE(s1.ok()) << s1.error().message;
+  const int64_t after_first = (*session)->position();
+  auto s2 = nibble::Generate(**session, Greedy(" and", 8), collect(&second));
+  ASSERT_TRUE(s2.ok()) << s2.error().message;
+  auto cont = m.Tokenize(" and");
+  ASSERT_TRUE(cont.ok());
+  // The second prompt adds no BOS; the last token of the first call is run before it.
+  EXPECT_EQ(s2->prompt_tokens, static_cast<int64_t>(cont->size()) - 1);
+  EXPECT_GT((*session)->position(), after_first + s2->prompt_tokens);
+  EXPECT_FALSE(second.empty());
+  (*session)->Truncate(0);
+  EXPECT_EQ((*session)->position(), 0);
+  EXPECT_TRUE((*session)->logits().empty());
+}
+
+TEST(Session, PerSessionThreadsLeaveTheCallersSetting) {
+  const nibble::Model& m = EmbeddedModel();
+  nibble::SetNumThreads(2);
+  const auto o = Greedy("The king", 16);
+  const std::string want = GenerateText(m, o);
+  nibble::SessionOptions so;
+  so.threads = 1;
+  auto session = nibble::Session::Create(m, so);
+  ASSERT_TRUE(session.ok());
+  std::string got;
+  auto s = nibble::Generate(**session, o, [&](std::string_view p) {
+    got += p;
+    return true;
+  });
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(got, want);  // results do not depend on the thread count
+  EXPECT_EQ(nibble::NumThreads(), 2);
+}
+
+TEST(Session, ErrorsCarryCodes) {
+  const nibble::Model& m = EmbeddedModel();
+  nibble::SessionOptions so;
+  so.context = -1;
+  auto bad = nibble::Session::Create(m, so);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, nibble::ErrorCode::kInvalidArgument);
+  auto session = nibble::Session::Create(m);
+  ASSERT_TRUE(session.ok());
+  auto early = (*session)->Sample(nibble::SamplingOptions());
+  ASSERT_FALSE(early.ok());
+  EXPECT_NE(early.error().message.find("prefill"), std::string::npos) << early.error().message;
+  so.context = 4;
+  auto small = nibble::Session::Create(m, so);
+  ASSERT_TRUE(small.ok());
+  auto full = nibble::Generate(**small, Greedy("And God said unto Moses and Aaron", 4), [](std::string_view) { return true; });
+  ASSERT_FALSE(full.ok());
+  EXPECT_NE(full.error().message.find("remaining context"), std::string::npos) << full.error().message;
+}
+
+TEST(ErrorCodes, LoadErrorsSayWhatKindOfFailure) {
+  nibble_test::TempDir tmp;
+  auto missing = nibble::Model::Load(tmp.sub("nope"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, nibble::ErrorCode::kNotFound) << missing.error().message;
+  std::filesystem::create_directories(tmp.sub("gptq"));
+  tmp.Write("gptq/config.json", R"({"architectures": ["LlamaForCausalLM"], "quantization_config": {"quant_method": "gptq"}})");
+  auto gptq = nibble::Model::Load(tmp.sub("gptq"));
+  ASSERT_FALSE(gptq.ok());
+  EXPECT_EQ(gptq.error().code, nibble::ErrorCode::kUnsupported) << gptq.error().message;
+  std::filesystem::create_directories(tmp.sub("bad"));
+  tmp.Write("bad/config.json", "{\"architectures\": [");
+  auto bad = nibble::Model::Load(tmp.sub("bad"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, nibble::ErrorCode::kCorruptInput) << bad.error().message;
+  nibble::QuantizeRequest r;
+  r.model_dir = nibble_test::EmbeddedModel();
+  r.output_dir = tmp.sub("out");
+  r.model_export = "onnx";
+  auto q = nibble::Quantize(r);
+  ASSERT_FALSE(q.ok());
+  EXPECT_EQ(q.error().code, nibble::ErrorCode::kUnsupported) << q.error().message;
+  EXPECT_STREQ(nibble::ErrorCodeName(q.error().code), "unsupported");
+}
+
+}  // namespace

@@ -1,0 +1,125 @@
+// The vectorised row ops (kernels/vec_ops.h): every ISA build that the CPU supports against the
+// scalar build, bit for bit, on lengths around the 8- and 16-lane structure and at unaligned
+// starts; and the dispatch decision (fake CPUs, NIBBLE_ISA) choosing each ISA's table.
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/int4_dispatch.h"
+#include "kernels/vec_ops.h"
+
+namespace nibble {
+namespace {
+
+constexpr int64_t kLengths[] = {0, 1, 15, 16, 17, 1000};
+
+template <class T>
+::testing::AssertionResult SameBits(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << want.size();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0)
+      return ::testing::AssertionFailure() << "element " << i << ": " << got[i] << " vs " << want[i];
+  return ::testing::AssertionSuccess();
+}
+
+// n + 1 values with ~N(0, sd²); callers use [1, n + 1) to start off the vector alignment.
+std::vector<float> RandomRow(std::mt19937& rng, int64_t n, float sd) {
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> v(static_cast<size_t>(n + 1));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<const W4Kernels*> SupportedIsas() {
+  std::vector<const W4Kernels*> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (const W4Kernels* k = W4KernelsFor(isa)) out.push_back(k);
+  return out;
+}
+
+TEST(VecOpsTest, EveryIsaGivesTheScalarBits) {
+  const VecKernels scalar = VecKernelsScalar();
+  std::mt19937 rng(11);
+  for (const W4Kernels* k : SupportedIsas()) {
+    const VecKernels& v = k->vec;
+    ASSERT_STREQ(v.name, IsaName(k->isa));
+    for (int64_t n : kLengths) {
+      const std::string at = std::string(v.name) + " n=" + std::to_string(n);
+      for (float shift : {0.f, -3.25f, 17.f}) {
+        const std::vector<float> x = RandomRow(rng, n, 30.f);  // reaches ExpF's clamps
+        std::vector<float> got = x, want = x;
+        v.exp_shifted(got.data() + 1, n, shift);
+        scalar.exp_shifted(want.data() + 1, n, shift);
+        EXPECT_TRUE(SameBits(got, want)) << "ExpShiftedInPlace " << at << " shift=" << shift;
+      }
+      for (int64_t tail : {0, 3, 17}) {
+        const std::vector<float> x = RandomRow(rng, n + tail, 4.f);
+        std::vector<float> got = x, want = x;
+        v.scaled_softmax_row(got.data() + 1, n, n + tail, 0.125f);
+        scalar.scaled_softmax_row(want.data() + 1, n, n + tail, 0.125f);
+        EXPECT_TRUE(SameBits(got, want)) << "ScaledSoftmaxRow " << at << " tail=" << tail;
+      }
+      const std::vector<float> a = RandomRow(rng, n, 1.f), b = RandomRow(rng, n, 1.f);
+      const std::vector<double> got = {v.squared_error_sum(a.data() + 1, b.data() + 1, n)};
+      const std::vector<double> want = {scalar.squared_error_sum(a.data() + 1, b.data() + 1, n)};
+      EXPECT_TRUE(SameBits(got, want)) << "SquaredErrorSum " << at;
+    }
+  }
+}
+
+TEST(VecOpsTest, EntryPointsRunTheActiveTable) {
+  const VecKernels& active = ActiveW4Dispatch().kernels.vec;
+  std::mt19937 rng(12);
+  const std::vector<float> x = RandomRow(rng, 1000, 4.f), y = RandomRow(rng, 1000, 4.f);
+  std::vector<float> got = x, want = x;
+  ExpShiftedInPlace(got.data(), 1000, -1.5f);
+  active.exp_shifted(want.data(), 1000, -1.5f);
+  EXPECT_TRUE(SameBits(got, want));
+  got = x, want = x;
+  ScaledSoftmaxRow(got.data(), 900, 1000, 0.5f);
+  active.scaled_softmax_row(want.data(), 900, 1000, 0.5f);
+  EXPECT_TRUE(SameBits(got, want));
+  EXPECT_EQ(SquaredErrorSum(x.data(), y.data(), 1000), active.squared_error_sum(x.data(), y.data(), 1000));
+}
+
+// The table a decision holds is exactly the named ISA's build.
+void ExpectTable(const W4Dispatch& d, const char* name) {
+  const VecKernels& v = d.kernels.vec;
+  EXPECT_STREQ(v.name, name);
+  EXPECT_STREQ(v.name, IsaName(d.kernels.isa));
+  ASSERT_NE(v.exp_shifted, nullptr);
+  ASSERT_NE(v.scaled_softmax_row, nullptr);
+  ASSERT_NE(v.squared_error_sum, nullptr);
+  const bool is_scalar = std::string(name) == "scalar";
+  const VecKernels scalar = VecKernelsScalar();
+  EXPECT_EQ(v.exp_shifted == scalar.exp_shifted, is_scalar) << name;
+  EXPECT_EQ(v.scaled_softmax_row == scalar.scaled_softmax_row, is_scalar) << name;
+  EXPECT_EQ(v.squared_error_sum == scalar.squared_error_sum, is_scalar) << name;
+}
+
+TEST(VecOpsDispatchTest, NibbleIsaForcesTheRowOps) {
+  // NIBBLE_ISA=scalar gives the scalar build on the real CPU, whatever it supports.
+  ExpectTable(ResolveW4Dispatch(DetectCpuFeatures(), "scalar"), "scalar");
+#if defined(__x86_64__)
+  CpuFeatures full;
+  full.vendor = "FakeCPU";
+  full.osxsave = full.os_ymm = full.os_zmm = true;
+  full.avx = full.fma = full.f16c = full.avx2 = true;
+  full.avx512f = full.avx512bw = full.avx512vl = full.avx512dq = true;
+  ExpectTable(ResolveW4Dispatch(full, nullptr), "avx512");
+  ExpectTable(ResolveW4Dispatch(full, "avx2"), "avx2");
+  ExpectTable(ResolveW4Dispatch(full, "scalar"), "scalar");
+  CpuFeatures avx2_only = full;
+  avx2_only.avx512f = avx2_only.avx512bw = avx2_only.avx512vl = avx2_only.avx512dq = avx2_only.os_zmm = false;
+  ExpectTable(ResolveW4Dispatch(avx2_only, nullptr), "avx2");
+  ExpectTable(ResolveW4Dispatch(avx2_only, "avx512"), "avx2");  // refused: falls back
+  ExpectTable(ResolveW4Dispatch(avx2_only, "scalar"), "scalar");
+  ExpectTable(ResolveW4Dispatch(CpuFeatures{}, nullptr), "scalar");
+#endif
+}
+
+}  // namespace
+}  // namespace nibble
