@@ -29,6 +29,44 @@ struct OptInActs {
   const char* short_name = ""; // "int8" / "bf16"
   nibble::ActivationType type = nibble::ActivationType::kFp32;
 };
+
+// --kl_divergence_base: the model (and its opt-in activation instance, when given) against the
+// float base on the same windows.
+int RunAgainstBase(const PerplexityArgs& args, const std::string& text, const nibble::Model& model,
+                   const nibble::Model* model2, const OptInActs& opt_in, int64_t opt_linears,
+                   const nibble::PerplexityOptions& opt, std::unique_ptr<nibble::ProgressBar>& bar) {
+  const PerplexityArgs* a = &args;
+  auto base = nibble::Model::Load(a->kl_base);
+  if (!base.ok()) return Fail(base.error().message);
+  nibble::CompareOptions co;
+  co.seq_len = a->seq_len;
+  co.max_windows = a->max_windows;
+  co.progress = opt.progress;
+  // The opt-in instance goes through the same comparison, so the base model runs once for both.
+  std::vector<const nibble::Model*> models = {&model};
+  if (opt_in.on) models.push_back(model2);
+  auto c = nibble::CompareModels(**base, models, text, co);
+  bar.reset();
+  if (!c.ok()) return Fail(a->text + ": " + c.error().message);
+  const auto& row = c->rows[0];
+  std::printf("model: %s\nbase: %s\ntext: %s\n", a->model.c_str(), a->kl_base.c_str(), a->text.c_str());
+  std::printf("protocol: GPTQ/AWQ (SPEC 6.1), windows of %lld tokens, %lld of %lld windows, %lld scored positions "
+              "(tokenized with the base model's tokenizer)\n",
+              static_cast<long long>(a->seq_len), static_cast<long long>(c->base.n_windows),
+              static_cast<long long>(c->base.n_windows_available), static_cast<long long>(c->base.scored_tokens));
+  std::printf("perplexity: %.4f (base %.4f)\nmean KLD: %.6f nats (max %.4f)\ntop-1 agreement: %.2f %%\n",
+              row.perplexity.ppl, c->base.ppl, row.mean_kld, row.max_kld, 100.0 * row.top1_agreement);
+  if (opt_in.on) {
+    const auto& r2 = c->rows[1];
+    std::printf("%s, %lld int4 linears): perplexity %.4f (%+.2f %% vs fp32 activations), mean KLD %.6f nats "
+                "(%+.6f), top-1 agreement %.2f %%\n",
+                opt_in.label, static_cast<long long>(opt_linears), r2.perplexity.ppl,
+                100.0 * (r2.perplexity.ppl / row.perplexity.ppl - 1.0), r2.mean_kld, r2.mean_kld - row.mean_kld,
+                100.0 * r2.top1_agreement);
+  }
+  return 0;
+}
+
 }  // namespace
 
 Runner RegisterPerplexity(CLI::App& app) {
@@ -82,37 +120,7 @@ Runner RegisterPerplexity(CLI::App& app) {
       if (!bar) bar = std::make_unique<nibble::ProgressBar>("perplexity", total);
       bar->Update(done);
     };
-    if (!a->kl_base.empty()) {
-      auto base = nibble::Model::Load(a->kl_base);
-      if (!base.ok()) return Fail(base.error().message);
-      nibble::CompareOptions co;
-      co.seq_len = a->seq_len;
-      co.max_windows = a->max_windows;
-      co.progress = opt.progress;
-      // The opt-in instance goes through the same comparison, so the base model runs once for both.
-      std::vector<const nibble::Model*> models = {model->get()};
-      if (opt_in.on) models.push_back(model2.get());
-      auto c = nibble::CompareModels(**base, models, text, co);
-      bar.reset();
-      if (!c.ok()) return Fail(a->text + ": " + c.error().message);
-      const auto& row = c->rows[0];
-      std::printf("model: %s\nbase: %s\ntext: %s\n", a->model.c_str(), a->kl_base.c_str(), a->text.c_str());
-      std::printf("protocol: GPTQ/AWQ (SPEC 6.1), windows of %lld tokens, %lld of %lld windows, %lld scored positions "
-                  "(tokenized with the base model's tokenizer)\n",
-                  static_cast<long long>(a->seq_len), static_cast<long long>(c->base.n_windows),
-                  static_cast<long long>(c->base.n_windows_available), static_cast<long long>(c->base.scored_tokens));
-      std::printf("perplexity: %.4f (base %.4f)\nmean KLD: %.6f nats (max %.4f)\ntop-1 agreement: %.2f %%\n",
-                  row.perplexity.ppl, c->base.ppl, row.mean_kld, row.max_kld, 100.0 * row.top1_agreement);
-      if (opt_in.on) {
-        const auto& r2 = c->rows[1];
-        std::printf("%s, %lld int4 linears): perplexity %.4f (%+.2f %% vs fp32 activations), mean KLD %.6f nats "
-                    "(%+.6f), top-1 agreement %.2f %%\n",
-                    opt_in.label, static_cast<long long>(opt_linears), r2.perplexity.ppl,
-                    100.0 * (r2.perplexity.ppl / row.perplexity.ppl - 1.0), r2.mean_kld, r2.mean_kld - row.mean_kld,
-                    100.0 * r2.top1_agreement);
-      }
-      return 0;
-    }
+    if (!a->kl_base.empty()) return RunAgainstBase(*a, text, **model, model2.get(), opt_in, opt_linears, opt, bar);
     auto r = nibble::EvaluatePerplexity(**model, text, opt);
     bar.reset();
     if (!r.ok()) return Fail(a->text + ": " + r.error().message);

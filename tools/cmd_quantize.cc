@@ -44,6 +44,54 @@ bool ParseSize(const std::string& text, int64_t* out) {
   return *out > 0;
 }
 
+// Per layer: the chosen ratio and loss of each mapping, and the RTN -> AWQ output errors.
+void PrintAwqSummary(const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
+  std::printf("AWQ: %lld calibration chunks x %lld tokens (%s), propagation %s%s, %.1f s\n",
+              static_cast<long long>(s.calib_chunks), static_cast<long long>(s.calib_seq_len), r.dataset.c_str(),
+              s.propagate.c_str(), r.awq_clip ? ", clip" : "", s.awq_seconds);
+  for (const auto& l : s.awq_layers) {
+    std::printf("  layer %lld (%.1f s):", static_cast<long long>(l.layer), l.seconds);
+    for (const auto& m : l.mappings) {
+      if (m.skipped) continue;
+      std::string dst = m.layers.size() == 1 ? m.layers[0].substr(m.layers[0].rfind('.') + 1) : m.prev_op;
+      std::printf(" [%s r=%.2f%s loss %.3g->%.3g]", dst.c_str(), m.ratio, m.duo ? "d" : "", m.loss_rtn, m.loss_best);
+    }
+    std::printf("\n    output error RTN->AWQ:");
+    for (const auto& e : l.linears)
+      if (e.quantized)
+        std::printf(" %s %.2e->%.2e", e.name.substr(e.name.rfind('.') + 1).c_str(), e.rtn_error, e.awq_error);
+    std::printf("\n");
+  }
+}
+
+// Layers quantized and kept, sizes, the worst weight error, shards and time.
+void PrintExportSummary(const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
+  int64_t in_q = 0, out_q = 0, nq = 0;
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& l : s.layers) {
+    if (!l.quantized) continue;
+    ++nq;
+    in_q += l.bytes_in;
+    out_q += l.bytes_out;
+    if (l.rel_error > worst) { worst = l.rel_error; worst_name = l.name; }
+  }
+  std::printf("quantized %lld of %zu linear layers (%s, algo %s) into %s\n", static_cast<long long>(nq), s.layers.size(),
+              r.quant_config_file.empty() ? r.quant_scheme.c_str() : r.quant_config_file.c_str(), r.quant_algo.c_str(),
+              r.output_dir.c_str());
+  for (const auto& l : s.layers)
+    if (!l.quantized) std::printf("  kept in float: %s (%s)\n", l.name.c_str(), l.rule.c_str());
+  if (nq > 0)
+    std::printf("quantized linears: %.2f MB -> %.2f MB (%.3fx); worst relative weight error %.4f (%s)\n", in_q / 1e6,
+                out_q / 1e6, static_cast<double>(out_q) / static_cast<double>(in_q), worst, worst_name.c_str());
+  if (s.awq_seconds > 0)
+    std::printf("wrote %lld shard(s), %.2f MB of tensors; %.2f s in all (AWQ %.2f s)\n", static_cast<long long>(s.shards),
+                s.total_bytes / 1e6, s.seconds, s.awq_seconds);
+  else
+    std::printf("wrote %lld shard(s), %.2f MB of tensors in %.2f s\n", static_cast<long long>(s.shards), s.total_bytes / 1e6,
+                s.seconds);
+}
+
 }  // namespace
 
 Runner RegisterQuantize(CLI::App& app) {
@@ -132,48 +180,8 @@ Runner RegisterQuantize(CLI::App& app) {
       const nibble::Status w = nibble::WriteFileAtomically(a->report, s->report_json);
       if (!w.ok()) return Fail("cannot write report: " + w.error().message);
     }
-    if (r.quant_algo == "awq") {
-      std::printf("AWQ: %lld calibration chunks x %lld tokens (%s), propagation %s%s, %.1f s\n",
-                  static_cast<long long>(s->calib_chunks), static_cast<long long>(s->calib_seq_len), r.dataset.c_str(),
-                  s->propagate.c_str(), r.awq_clip ? ", clip" : "", s->awq_seconds);
-      for (const auto& l : s->awq_layers) {
-        std::printf("  layer %lld (%.1f s):", static_cast<long long>(l.layer), l.seconds);
-        for (const auto& m : l.mappings) {
-          if (m.skipped) continue;
-          std::string dst = m.layers.size() == 1 ? m.layers[0].substr(m.layers[0].rfind('.') + 1) : m.prev_op;
-          std::printf(" [%s r=%.2f%s loss %.3g->%.3g]", dst.c_str(), m.ratio, m.duo ? "d" : "", m.loss_rtn, m.loss_best);
-        }
-        std::printf("\n    output error RTN->AWQ:");
-        for (const auto& e : l.linears)
-          if (e.quantized)
-            std::printf(" %s %.2e->%.2e", e.name.substr(e.name.rfind('.') + 1).c_str(), e.rtn_error, e.awq_error);
-        std::printf("\n");
-      }
-    }
-    int64_t in_q = 0, out_q = 0, nq = 0;
-    double worst = 0;
-    std::string worst_name;
-    for (const auto& l : s->layers) {
-      if (!l.quantized) continue;
-      ++nq;
-      in_q += l.bytes_in;
-      out_q += l.bytes_out;
-      if (l.rel_error > worst) { worst = l.rel_error; worst_name = l.name; }
-    }
-    std::printf("quantized %lld of %zu linear layers (%s, algo %s) into %s\n", static_cast<long long>(nq), s->layers.size(),
-                r.quant_config_file.empty() ? r.quant_scheme.c_str() : r.quant_config_file.c_str(), r.quant_algo.c_str(),
-                r.output_dir.c_str());
-    for (const auto& l : s->layers)
-      if (!l.quantized) std::printf("  kept in float: %s (%s)\n", l.name.c_str(), l.rule.c_str());
-    if (nq > 0)
-      std::printf("quantized linears: %.2f MB -> %.2f MB (%.3fx); worst relative weight error %.4f (%s)\n", in_q / 1e6,
-                  out_q / 1e6, static_cast<double>(out_q) / static_cast<double>(in_q), worst, worst_name.c_str());
-    if (s->awq_seconds > 0)
-      std::printf("wrote %lld shard(s), %.2f MB of tensors; %.2f s in all (AWQ %.2f s)\n", static_cast<long long>(s->shards),
-                  s->total_bytes / 1e6, s->seconds, s->awq_seconds);
-    else
-      std::printf("wrote %lld shard(s), %.2f MB of tensors in %.2f s\n", static_cast<long long>(s->shards), s->total_bytes / 1e6,
-                  s->seconds);
+    if (r.quant_algo == "awq") PrintAwqSummary(r, *s);
+    PrintExportSummary(r, *s);
     return 0;
   };
 }
