@@ -2,6 +2,7 @@
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -79,11 +80,26 @@ void PrintExportSummary(const nibble::QuantizeRequest& r, const nibble::Quantize
   std::printf("quantized %lld of %zu linear layers (%s, algo %s) into %s\n", static_cast<long long>(nq), s.layers.size(),
               r.quant_config_file.empty() ? r.quant_scheme.c_str() : r.quant_config_file.c_str(), r.quant_algo.c_str(),
               r.output_dir.c_str());
-  for (const auto& l : s.layers)
-    if (!l.quantized) std::printf("  kept in float: %s (%s)\n", l.name.c_str(), l.rule.c_str());
+  // One line per rule that decided: quantized layers counted, float ones named (a few of them).
+  std::map<std::string, std::vector<std::string>> quantized_by, kept_by;
+  for (const auto& l : s.layers) (l.quantized ? quantized_by : kept_by)[l.rule].push_back(l.name);
+  if (quantized_by.size() > 1)
+    for (const auto& [rule, names] : quantized_by) std::printf("  quantized by %s: %zu layers\n", rule.c_str(), names.size());
+  for (const auto& [rule, names] : kept_by) {
+    std::string list;
+    for (size_t i = 0; i < names.size() && i < 3; ++i) list += (i ? ", " : "") + names[i];
+    if (names.size() > 3) list += ", ...";
+    std::printf("  kept in float (%s): %zu layer%s: %s\n", rule.c_str(), names.size(), names.size() == 1 ? "" : "s",
+                list.c_str());
+  }
   if (nq > 0)
     std::printf("quantized linears: %.2f MB -> %.2f MB (%.3fx); worst relative weight error %.4f (%s)\n", in_q / 1e6,
                 out_q / 1e6, static_cast<double>(out_q) / static_cast<double>(in_q), worst, worst_name.c_str());
+  if (!s.copied_files.empty()) {
+    std::string files;
+    for (const std::string& f : s.copied_files) files += (files.empty() ? "" : ", ") + f;
+    std::printf("copied from the input: %s\n", files.c_str());
+  }
   if (s.awq_seconds > 0)
     std::printf("wrote %lld shard(s), %.2f MB of tensors; %.2f s in all (AWQ %.2f s)\n", static_cast<long long>(s.shards),
                 s.total_bytes / 1e6, s.seconds, s.awq_seconds);

@@ -89,6 +89,7 @@ struct QuantizeSummary {
   };
   std::vector<Layer> layers;
   int64_t shards = 0, total_bytes = 0;
+  std::vector<std::string> copied_files;  // files copied from the input (tokenizer, generation config, ...)
   double seconds = 0;
   std::string quantization_config_json;  // as written into config.json
   std::string quant_algo;

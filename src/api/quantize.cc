@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/llama.h"
+#include "model/model_loader.h"
 #include "quantize/quantize.h"
 
 namespace nibble {
@@ -226,6 +227,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   for (const auto& l : rep.layers)
     s.layers.push_back({l.name, l.rule, l.scheme, l.quantized, l.n, l.k, l.bytes_in, l.bytes_out, l.rel_error});
   s.shards = rep.shards;
+  s.copied_files = rep.copied_files;
   s.total_bytes = rep.total_bytes;
   s.seconds = rep.seconds;
   s.quantization_config_json = rep.quantization_config.dump(2);
@@ -241,6 +243,7 @@ Result<InspectReport> Inspect(const std::string& dir) {
   rep.dir = dir;
   rep.format = fmt ? fmt->name() : "dense";
   rep.torch_dtype = mc.torch_dtype;
+  NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, fmt.get()));
   if (fmt) {
     rep.format_properties = fmt->Properties();
     rep.quantization_config_json = fmt->ConfigJson().dump(2);

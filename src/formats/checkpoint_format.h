@@ -42,6 +42,9 @@ class QuantizedFormat {
   /// module the plan keeps in float, checks that no quantized tensors are stored and returns nullopt.
   virtual Result<std::optional<Int4Matrix>> Import(const TensorStore& store, const std::string& module,
                                                    const LinearPlan& plan, int64_t n, int64_t k) const = 0;
+  /// Import's checks of the stored tensors' names, dtypes and shapes, without decoding them.
+  virtual Status CheckLinear(const TensorStore& store, const std::string& module, const LinearPlan& plan, int64_t n,
+                             int64_t k) const = 0;
   /// Suffixes of the tensors a module stores ("weight", "weight_scale", ...), for byte counts.
   virtual std::vector<std::string> TensorSuffixes() const = 0;
   /// The quantization_config as inspect prints it, and the format's own properties for its

@@ -50,6 +50,8 @@ class QuarkFormat final : public QuantizedFormat {
   Result<LinearPlan> Resolve(const std::string& module) const override { return ResolveQuarkLinear(c_, module); }
   Result<std::optional<Int4Matrix>> Import(const TensorStore& store, const std::string& module, const LinearPlan& plan,
                                            int64_t n, int64_t k) const override;
+  Status CheckLinear(const TensorStore& store, const std::string& module, const LinearPlan& plan, int64_t n,
+                     int64_t k) const override;
   std::vector<std::string> TensorSuffixes() const override { return {"weight", "weight_scale", "weight_zero_point"}; }
   nlohmann::ordered_json ConfigJson() const override { return ToJson(c_); }
   std::vector<std::pair<std::string, std::string>> Properties() const override {
@@ -85,6 +87,27 @@ Result<std::optional<Int4Matrix>> QuarkFormat::Import(const TensorStore& store, 
   NIBBLE_ASSIGN_OR_RETURN(Int4Matrix m,
                           ImportQuarkLinear(store, module, QuarkSpecFor(*plan.spec), c_.export_config.pack_method, n, k));
   return std::optional<Int4Matrix>(std::move(m));
+}
+
+Status QuarkFormat::CheckLinear(const TensorStore& store, const std::string& module, const LinearPlan& plan, int64_t n,
+                                int64_t k) const {
+  if (!plan.spec || c_.export_config.weight_format == WeightFormat::kFakeQuantized) {
+    // A float weight (or none): Import's consistency checks, and the loader's float shape.
+    if (plan.spec == std::nullopt) {
+      auto none = Import(store, module, plan, n, k);
+      if (!none.ok()) return none.error();
+    }
+    NIBBLE_ASSIGN_OR_RETURN(const TensorView* w, store.Get(module + ".weight"));
+    if (w->shape != std::vector<int64_t>{n, k} || !IsFloatScaleDType(w->dtype))
+      return MakeErrorCode(ErrorCode::kCorruptInput, w->file, ": tensor \"", w->name, "\" has shape ", w->ShapeString(), " / dtype ",
+                           DTypeName(w->dtype), ", expected float [", n, ", ", k, "] from config.json");
+    return Status::Ok();
+  }
+  const QuarkLinearViews views{store.Find(module + ".weight"), store.Find(module + ".weight_scale"),
+                               store.Find(module + ".weight_zero_point")};
+  const Status s = CheckQuarkLinearTensors(views, module, QuarkSpecFor(*plan.spec), n, k);
+  if (!s.ok() && !store.description().empty()) return s.error().WithContext(store.description());
+  return s;
 }
 
 class QuarkWriter final : public FormatWriter {

@@ -198,8 +198,8 @@ Result<QuarkLinearTensors> ExportQuarkLinear(const std::string& prefix, const In
   return t;
 }
 
-Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
-                                     PackMethod pack, int64_t expected_n, int64_t expected_k) {
+Status CheckQuarkLinearTensors(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
+                               int64_t expected_n, int64_t expected_k) {
   NIBBLE_RETURN_IF_ERROR(CheckSpec(spec, prefix));
   auto shapes_or = QuarkLinearShapes(spec, expected_n, expected_k);
   if (!shapes_or.ok()) return shapes_or.error().WithContext(prefix);
@@ -230,7 +230,12 @@ Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::s
     if (v.nbytes != static_cast<size_t>(v.numel()) * DTypeSize(v.dtype) || (v.data == nullptr && v.nbytes != 0))
       return MakeErrorCode(ErrorCode::kCorruptInput, TensorLabel(v), ": holds ", v.nbytes, " bytes, expected ", static_cast<size_t>(v.numel()) * DTypeSize(v.dtype));
   }
+  return Status::Ok();
+}
 
+Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
+                                     PackMethod pack, int64_t expected_n, int64_t expected_k) {
+  NIBBLE_RETURN_IF_ERROR(CheckQuarkLinearTensors(views, prefix, spec, expected_n, expected_k));
   const bool int4 = spec.dtype == QuantDType::kInt4;
   const int64_t n = expected_n, k = expected_k, g = spec.EffectiveGroupSize(k), G = k / g;
   Int4Matrix m;

@@ -75,6 +75,10 @@ struct QuarkLinearViews {
   const TensorView* weight_zero_point = nullptr;
 };
 
+/// The names, dtypes, shapes and byte counts of ImportQuarkLinear's checks, without decoding.
+Status CheckQuarkLinearTensors(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
+                               int64_t expected_n, int64_t expected_k);
+
 /// Decodes one layer into the native layout, checking everything against the resolved `spec`
 /// and the model's expected N (out_features) and K (in_features): every tensor present; weight
 /// and zero point I32, scale F32/F16/BF16; exact shapes per QuarkLinearShapes; scales finite;

@@ -1,5 +1,6 @@
 #include "quantize/quantize.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/llama.h"
+#include "model/model_loader.h"
 #include "model/weights.h"
 #include "quantize/calibration.h"
 #include "tokenizer/tokenizer.h"
@@ -26,9 +28,43 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Files of a HF model directory that are not weights and travel with the checkpoint.
-const std::vector<std::string> kSideFiles = {"tokenizer.model", "tokenizer_config.json", "tokenizer.json",
-                                             "special_tokens_map.json", "generation_config.json"};
+// The files of the input directory that travel with the checkpoint: every regular file but the
+// weights (safetensors shards and their index, PyTorch pickles) and config.json, which is
+// written anew (tokenizer files, chat templates, generation config, model card, ...).
+std::vector<std::string> SideFiles(const std::string& model_dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(model_dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    const std::string name = e.path().filename().string(), ext = e.path().extension().string();
+    if (name == "config.json" || name == "model.safetensors.index.json" || name == "pytorch_model.bin.index.json" ||
+        ext == ".safetensors" || ext == ".bin" || ext == ".pt" || ext == ".pth" || name.front() == '.')
+      continue;
+    names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Refuses an export in which no linear is quantized (it would be a float model labelled as a
+// quantized format), naming the reasons every linear was kept in float.
+Status CheckSomethingQuantized(const QuarkQuantConfig& cfg, const std::vector<std::string>& modules) {
+  std::map<std::string, int64_t> reasons;
+  for (const std::string& m : modules) {
+    NIBBLE_ASSIGN_OR_RETURN(LinearPlan p, ResolveQuarkLinear(cfg, m));
+    if (p.spec) return Status::Ok();
+    ++reasons[p.rule];
+  }
+  std::vector<std::pair<int64_t, std::string>> by_count;
+  for (const auto& [rule, count] : reasons) by_count.emplace_back(-count, rule);
+  std::sort(by_count.begin(), by_count.end());
+  std::string why;
+  for (size_t i = 0; i < by_count.size() && i < 3; ++i)
+    why += (i ? ", " : "") + std::to_string(-by_count[i].first) + " " + by_count[i].second;
+  if (by_count.size() > 3) why += ", and " + std::to_string(by_count.size() - 3) + " more rules";
+  return MakeError("no linear layer would be quantized (", modules.size(), " kept in float: ", why,
+                   "); nothing to export as a quantized checkpoint");
+}
 
 // An input tensor written unchanged: borrowed from the memory-mapped input, never copied.
 TensorToWrite BorrowTensor(const TensorView& t) {
@@ -266,8 +302,10 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
 
   QuantizeReport report;
   ExportRequest request{o.config};
+  NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, nullptr));
   const std::vector<std::string> modules = LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr);
   NIBBLE_RETURN_IF_ERROR(ApplyMisalignedPolicy(o.misaligned, store, modules, request.config));
+  NIBBLE_RETURN_IF_ERROR(CheckSomethingQuantized(request.config, modules));
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<FormatWriter> writer, format->writer(request));
   ExportContext ex{&request.config, writer.get(), {}};
   for (const auto& m : modules) ex.module_of_weight[m + ".weight"] = m;
@@ -275,6 +313,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
     report.messages.push_back(m);
     if (o.message) o.message(m);
   };
+  if (o.quant_algo == "rtn" && !o.dataset.empty()) note("warning: --dataset " + o.dataset + " is not used by --quant_algo rtn");
   std::map<std::string, Produced> produced;
   if (o.quant_algo == "awq") {
     NIBBLE_ASSIGN_OR_RETURN(produced, RunAwqExport(o, mc, store, ex, request.config, report, note));
@@ -288,7 +327,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   report.quantization_config = writer->QuantizationConfig(request);
   config_json["quantization_config"] = report.quantization_config;
   NIBBLE_RETURN_IF_ERROR(out.WriteFile("config.json", config_json.dump(2) + "\n"));
-  NIBBLE_RETURN_IF_ERROR(out.CopyFiles(o.model_dir, kSideFiles));
+  NIBBLE_ASSIGN_OR_RETURN(report.copied_files, out.CopyFiles(o.model_dir, SideFiles(o.model_dir)));
   NIBBLE_RETURN_IF_ERROR(out.Commit(o.overwrite));
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;

@@ -67,6 +67,7 @@ struct QuantizeReport {
   int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
   std::vector<std::string> messages;  // warnings and notes (calibration, skipped mappings)
   nlohmann::ordered_json quantization_config;  // as written to config.json
+  std::vector<std::string> copied_files;  // side files copied from the input (tokenizer, ...)
   int64_t shards = 0;
   int64_t total_bytes = 0;          // all tensor bytes written
   double seconds = 0;
