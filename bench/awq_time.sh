@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# AWQ wall time vs the fp forward pass over the same calibration tokens (issue 4 acceptance:
+# AWQ wall time vs the fp forward pass over the same calibration tokens (acceptance target:
 # AWQ of prose-llama-7m with 128 x 512 calibration tokens in < 2 minutes on 2 cores).
 #
 # The fp forward is `nibble perplexity` over the first N windows of 512 tokens of

@@ -13,9 +13,8 @@ inline constexpr int64_t kActsAlignment = 64;
 /// scratch buffer of the calling thread, aligned to kActsAlignment (valid until that thread's
 /// next call; other threads may read it meanwhile, e.g. inside the caller's parallel region).
 /// The values are copied exactly, so results do not change — only the speed: with x misaligned
-/// every 64-byte load of x splits over two cache lines, which made the M = 1 GEMV from DRAM 1.45x
-/// slower (4096x11008 uint4 g128, 1 thread: 12.5-13 GB/s against 18.3-19.0 aligned; x from
-/// std::vector / malloc is only 16-byte aligned). Allocates only when the thread's scratch grows.
+/// (std::vector / malloc give 16 bytes) every 64-byte load of x splits over two cache lines
+/// (docs/PERFORMANCE.md "Aligned x"). Allocates only when the thread's scratch grows.
 /// Preconditions (abort): count >= 0; x non-null when count > 0.
 const float* AlignedActs(const float* x, int64_t count);
 

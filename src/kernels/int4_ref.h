@@ -2,7 +2,7 @@
 // definition every ISA kernel (kernels/x86_avx2/, kernels/x86_avx512/, ...) is tested against.
 //
 // Weight layout: the native unpacked layout of formats/int4_matrix.h, passed as raw pointers —
-// kernels never include formats/ (DESIGN.md layers). Dequantization happens on the fly:
+// kernels never include formats/ (docs/ARCHITECTURE.md "Layers"). Dequantization happens on the fly:
 //   y[m][n] = bias[n] + Σ_k x[m][k] · ((codes[n][k] − zero_points[n][k/g]) · scales[n][k/g])
 // accumulated in fp32 in increasing k. No allocation, no threads, no error values: argument
 // problems are broken internal contracts and abort (check.h).

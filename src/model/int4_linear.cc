@@ -81,8 +81,7 @@ bool Int4Linear::SetInt8Activations(bool on) {
 
 bool Int4Linear::Bf16KernelServes(int64_t m) const {
   // g = 32 / 64 / 96 at prefill-sized M: the kernel's blocks need g % 128 == 0, and its row tiles
-  // lose to dequantize + the dense sgemm there (4096x4096 M = 512, 1 thread, 99 against 156
-  // GFLOP/s).
+  // lose to dequantize + the dense sgemm there (docs/PERFORMANCE.md "Prefill blocks").
   return ActiveW4Dispatch().kernels.gemm_bf16 != nullptr && (m < kDequantGemmMinRows || pw_.group_size % 128 == 0);
 }
 

@@ -17,10 +17,8 @@ namespace {
 inline __m512 Widen16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
 // Software prefetch into L2, 2 KiB ahead along the row (the row's end runs on into the next
-// row). Measured against 1 KiB, bf16 weights cycling past L3, three rounds: K = 2048 (TinyLlama's
-// lm_head) 1 thread 19.9-23.7 -> 23.1-25.0 GB/s, 2 threads 40.7-41.2 -> 48.0-48.2; K = 4096
-// 17.2-17.4 -> 19.4-19.5 and 34.3-35.0 -> 37.7-40.7. 4 KiB helped K = 2048 more (31 GB/s) but not
-// K = 4096 or 5632; 8 KiB was slower than none.
+// row): the best of the distances measured over K = 2048 / 4096 / 5632 (docs/PERFORMANCE.md
+// "Dense linears").
 constexpr int64_t kPrefetchWeights = 1024;
 
 }  // namespace

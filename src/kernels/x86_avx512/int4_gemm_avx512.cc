@@ -132,13 +132,9 @@ void Tile(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 // The common case R = 128 (g = 16, 32, 64, 128) with K a multiple of 128: every record is one
 // superblock, so the loop over records is the only loop and the 8 runs are fully unrolled. Same
 // accumulation order as Tile (runs in k order, even / odd accumulators for M = 1).
-// Software prefetch along each row stream: the hardware prefetchers lose track of 4-8
-// interleaved row streams of 68-byte records (measured: GEMV 4096x11008 g128 from DRAM 6.8 ->
-// 9.5 GB/s on one core with 256 bytes ahead into L1; 512-2048 into L1 were slower). Non-temporal
-// (prefetchnta) 1 KiB ahead since: GEMV from DRAM, five interleaved rounds, median GB/s against
-// 256 bytes into L1 (T0): 11008x4096 g128 1 thread 14.1 / 14.3, 2 threads 26.3 / 24.1; g32 15.3 /
-// 13.2 and 27.6 / 24.7; 14336x4096 g128 14.6 / 14.3 and 27.4 / 27.9; g32 15.7 / 13.3 and 28.7 /
-// 21.9 (non-temporal 256 bytes ahead: 13.2-14.5 and 23.1-26.7). M = 16 unchanged.
+// Software prefetch along each row stream, since the hardware prefetchers lose track of 4-8
+// interleaved row streams of 68-byte records: non-temporal, 1 KiB ahead, the best of the hints and
+// distances measured (docs/PERFORMANCE.md "Row tiles prefetch").
 constexpr int kPrefetchBytes = 1024;
 
 template <int MR, int NR, int RPG>
@@ -184,42 +180,21 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 
 // GEMV (M = 1) on records of one 128-weight superblock (g = 16/32/64/128, K % 128 == 0), used
 // while x fits L1 (K <= kGemvRowMaxK). One weight row at a time, so the weights stream as one
-// sequential run; tiles of 2, 4 or 8 interleaved rows measured 1.6-2.4x slower here (4096x11008
-// g128, 1 thread: 1 row 16.2 GB/s, 2 rows 7.4, 8 rows 10.9; again with x aligned: 2 rows sharing
-// the x loads 6.8-7.0 GB/s from DRAM against 19.5-20.3 for 1 row, and equal with the weights in
-// L3).
+// sequential run (interleaved row tiles are slower here; docs/PERFORMANCE.md "Row GEMV against
+// row tiles").
 //
 // Software prefetch: non-temporal (prefetchnta), kRowPrefetchBytes ahead along the row (the end
-// of a row runs on into the next row, which this thread streams next). Measured, uint4 g128,
-// weights cycling past L3, the two settings interleaved over six rounds, median GB/s: 1 thread
-// 4096x4096 / 4096x11008 / 4096x14336 20.6 / 18.4 / 20.0 without, 21.6 / 22.2 / 22.1 with;
-// 2 threads 31.3 / 32.1 / 32.0 against 34.8 / 36.4 / 35.7. A later five-round run (g128 and g32,
-// docs/KERNELS.md) found 1 thread unchanged and the 2-thread medians 0-20 % higher, best runs
-// equal. 2 and 8 KiB ahead measured alike (1 thread 20.9 and 21.7, 2 threads 35.7 and 37.5 for
-// 4096x11008). A prefetch into L1 or L2 (T0 or T1) at 0.25-32 KiB gained nothing (21.0-22.1 GB/s
-// against 21.3-21.7 without); why only the non-temporal hint helps was not measured (perhaps its
-// fill displaces less of x and of the hardware prefetchers' lines).
+// of a row runs on into the next row, which this thread streams next): the best of the hints and
+// distances measured (docs/PERFORMANCE.md "Row GEMV prefetch").
 //
 // Eight accumulators (run j into acc[j]) keep eight FMA chains in flight, one per run, so the
 // 4-cycle FMA latency does not bound the record (with four: 2 FMAs per chain per record, 8
 // cycles); reduced as ((acc0 + acc4) + (acc1 + acc5)) + ((acc2 + acc6) + (acc3 + acc7)) at the
 // end of the row — fixed, so the result depends on neither the thread count nor the row range.
-// With the weights in cache (4096x1024, 5 MB cycled, 1 thread) eight accumulators read 25.3 GB/s
-// against 24.0 for four at g128 (24.4 against 23.7 at g32).
 //
-// kGemvRowMaxK = 8192: x up to 32 KiB. Above it, without the non-temporal prefetch, the row GEMV
-// lost to the 8-row tiles (11008x4096 g128, 1 thread, 8.2-8.7 GB/s against 13.1-13.5), and cutting
-// K into two L1-sized chunks, each run over 16 rows before the next, read 5.9 GB/s (half rows
-// strided 5.9 KB apart defeat the hardware prefetchers as the 2-row tiles do). With the prefetch
-// and the limit raised to 11264 (an experiment, not kept), 11008x4096 on the AMD host, four rounds,
-// median GB/s, rows against tiles: 1 thread g128 14.0 / 13.8, g32 15.0 / 12.1; 2 threads g128
-// 25.0 / 24.2, g32 26.2 / 23.8 — even at g128, and the tiles are this shape's best case on the
-// Intel host (74-75 % of its bandwidth, docs/KERNELS.md), where rows were not measured. At
-// 14336x4096 (x 56 KiB) rows lost at g128 (10.3-10.5 against 12.7-13.8). Rows with the non-temporal
-// prefetch and K cut into 4096-weight chunks (16 KiB of x, each chunk over 16 rows, prefetching the
-// same place one row ahead) lost too: 1 thread, two rounds, 11008x4096 g128 13.0-13.6 against
-// 14.5 GB/s for the tiles, g32 9.1-12.1 against 15.9-16.5; 14336x4096 g128 11.9-14.0 against
-// 14.7-15.2.
+// kGemvRowMaxK = 8192: x up to 32 KiB. Above it the 8-row tiles run: the row GEMV there lost
+// without the prefetch and with it won only at g32 (even or lost at g128; the tiles are the Intel
+// host's best case); K cut into L1-sized chunks lost (docs/PERFORMANCE.md "Row GEMV above K = 8192").
 constexpr int64_t kGemvRowMaxK = 8192;
 constexpr int kRowPrefetchBytes = 4096;
 
@@ -238,8 +213,7 @@ void GemvRow128(const W4PackedGemmArgs& a, int64_t r) {
     for (int gi = 0; gi < G; ++gi) tbl[gi] = TableFor(sym ? 8 : (rec[4 * G + gi] & 15), w4p::Scale(rec, gi));
     __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(rec + w.rec_header));
     // Keep the superblock in a register: GCC otherwise folds the load into each of the 7 shifts,
-    // 8 loads that mostly straddle two cache lines (68-byte records) — measured 2.4x slower
-    // (4096x11008 g128, 1 thread, 16.2 -> 6.7 GB/s).
+    // 8 loads that mostly straddle two cache lines (68-byte records; docs/PERFORMANCE.md).
     asm("" : "+v"(v));
     const float* xk = a.x + ri * 128;
     acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(xk), _mm512_permutexvar_ps(v, tbl[0]), acc[0]);

@@ -19,11 +19,8 @@
 namespace nibble {
 namespace {
 
-// No software prefetch: the hardware prefetchers follow the row stream. Measured against a
-// non-temporal prefetch 2 / 4 / 8 KiB ahead (as the W4A32 row GEMV has), three interleaved
-// rounds, 4096x14336 and 4096x4096 g128 from DRAM, GB/s: 1 thread 28.1-29.1 / 27.7-28.7 without,
-// 28.1-29.2 / 27.7-29.3 at 4 KiB, lower at 2 and 8 KiB; 2 threads 37.8-39.9 / 35.5-37.0
-// without, 35.4-37.3 / 32.9-35.3 at 4 KiB.
+// No software prefetch: the hardware prefetchers follow the row stream; a non-temporal prefetch
+// as in the W4A32 row GEMV was no faster (docs/PERFORMANCE.md "bf16 activations").
 
 // Activation rows per pass over a weight row in the row tiles (accumulators: MR × (2 + 4) zmm).
 constexpr int64_t kMaxRows = 3;

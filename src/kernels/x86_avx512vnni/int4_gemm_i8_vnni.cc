@@ -98,8 +98,7 @@ void Tile(const W4PackedWeight& w, const W4Int8Acts* acts, const float* bias, fl
 // Decode (M = 1) when a record is one superblock (g = 128, or per-channel K = 128): Tile<1, 1,
 // kSym>'s superblock step (so bit-identical to it and to the scalar kernel) in one flat loop over
 // the records. The general tile's nested record / superblock loops cost about as many scalar
-// instructions per superblock as the vector work: 4096x1024 g128 (weights in L3), 1 thread,
-// 28 GB/s through Tile, 37 through this loop.
+// instructions per superblock as the vector work (docs/PERFORMANCE.md "Decode loop at g = 128").
 constexpr int kRowPrefetchBytes = 4096;  // as the W4A32 row GEMV (x86_avx512/int4_gemm_avx512.cc)
 
 template <bool kSym>
@@ -108,10 +107,9 @@ void RowG128(const W4PackedWeight& w, const W4Int8Acts& acts, const float* bias,
   const uint8_t* rec = w.data + r * w.row_bytes;
   const int64_t rec_bytes = w.rec_bytes, header = w.rec_header, blocks = acts.blocks;
   __m512 acc = _mm512_setzero_ps();
-  // Unrolled by four records: with the weights in L2 (4096x192) 5.8 cycles per record rolled, 4.7
-  // unrolled by 2, 4 or 8. The non-temporal prefetch 4 KiB ahead along the row is the W4A32 row
-  // GEMV's; from DRAM, 1 thread, three interleaved rounds, it took 11008x4096 from 21.9-25.2 to
-  // 32.6-36.1 GB/s and the other shapes of `nibble bench` from 22.0-28.8 to 23.7-35.2.
+  // Unrolled by four records (fewer cycles per record than rolled; 2 and 8 measured alike) with
+  // the W4A32 row GEMV's non-temporal prefetch 4 KiB ahead (docs/PERFORMANCE.md "Decode loop at
+  // g = 128").
 #pragma GCC unroll 4
   for (int64_t t = 0; t < blocks; ++t, rec += rec_bytes) {
     _mm_prefetch(reinterpret_cast<const char*>(rec + kRowPrefetchBytes), _MM_HINT_NTA);
@@ -154,7 +152,8 @@ TileFn Select(int64_t parts, bool sym, int64_t mr) {
 // transpose of the 16 superblocks) once per chunk of kChunkBlocks blocks (16 KB, L1) and reused by
 // every activation row; each row's 16 accumulators wait in a per-thread buffer between chunks and
 // lane halves.
-constexpr int64_t kLanesMinRows = 6;  // measured, 4096x11008 g128, 1 thread: M = 4 per-row 2.5 ms, lanes 3.8; M = 6 4.4 vs 4.0
+// From 6 rows on the lanes beat the per-row tiles (docs/PERFORMANCE.md "Lanes GEMM for many rows").
+constexpr int64_t kLanesMinRows = 6;
 constexpr int64_t kChunkBlocks = 8;
 
 struct LaneChunk {
@@ -294,9 +293,8 @@ void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const
     for (; n0 + 16 <= n1; n0 += 16) LaneRows(w, a, m, bias, y, n0);
   if (n0 == n1) return;
   // One weight row at a time streams W strictly sequentially (rows are contiguous), which the
-  // hardware prefetchers follow best: measured 4096x11008 g128 M=1, 1 thread, weights past L3,
-  // 1 row 16.7 GB/s, 2 rows 15.8, 4 rows 11.8, 8 rows 11.4. Up to 4 activation rows share each
-  // unpacked superblock.
+  // hardware prefetchers follow best (docs/PERFORMANCE.md "W4A8"). Up to 4 activation rows share
+  // each unpacked superblock.
   if (m == 1 && a[0].parts == 1 && w.rec_weights == 128) {
     for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true> : RowG128<false>)(w, a[0], bias, y, r);
     return;
