@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "support/text.h"
 
 namespace nibble_cli {
 int Fail(const std::string& message) {
@@ -46,22 +47,6 @@ std::string Int8NotServed(const std::string& dir) {
 }
 namespace {
 
-// Levenshtein distance, for "did you mean" on a misspelt flag.
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 // CLI11 checks required options before unexpected ones, so "--model-dir X" for a required
 // "--model_dir" would be reported as "--model_dir is required". When the parsed command was also
 // given flags it does not know, name those first, with the closest known flag. Empty when none.
@@ -73,14 +58,9 @@ std::string UnknownFlags(const CLI::App& sub) {
   for (const std::string& arg : sub.remaining()) {
     if (arg.size() < 2 || arg[0] != '-') continue;
     const std::string flag = arg.substr(0, arg.find('='));
-    std::string best;
-    size_t best_d = std::string::npos;
-    for (const std::string& k : known) {
-      const size_t d = EditDistance(flag, k);
-      if (d < best_d) best_d = d, best = k;
-    }
+    const std::string best = ClosestOf(flag, known);
     msg += (msg.empty() ? "" : "; ") + std::string("unknown option ") + flag;
-    if (!best.empty() && best_d <= std::max<size_t>(2, flag.size() / 3)) {
+    if (!best.empty()) {
       msg += " (did you mean " + best + "?)";
     } else {
       // A known flag the typed one starts with ("--model-dir" for "--model").

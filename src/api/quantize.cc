@@ -87,6 +87,7 @@ Result<QuarkQuantConfig> ConfigFromRequest(const QuantizeRequest& r) {
     NIBBLE_RETURN_IF_ERROR(ParseJsonText(text, r.quant_config_file));  // duplicate keys, syntax
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
     if (j.is_object() && j.contains("quantization_config")) j = j["quantization_config"];
+    NIBBLE_RETURN_IF_ERROR(CheckQuarkConfigKeys(j, r.quant_config_file));
     return ParseQuarkQuantConfig(j, r.quant_config_file);
   }
   QuarkQuantConfig c;

@@ -1,8 +1,10 @@
 // Quark quantization_config parsing, writing and per-layer resolution (SPEC §1.2, §1.3).
 #include "formats/quark_config.h"
 
+#include <algorithm>
 #include <set>
 
+#include "base/strings.h"
 #include "formats/fnmatch.h"
 
 namespace nibble {
@@ -320,6 +322,52 @@ Result<QuarkQuantConfig> ParseQuarkQuantConfig(const nlohmann::ordered_json& j, 
   c.quant_mode = mode.value_or("eager_mode");
   NIBBLE_ASSIGN_OR_RETURN(c.version, p.OptString(j, "", "version"));
   return c;
+}
+
+namespace {
+
+// Every key of object `j` (at `path`) must be in `known`.
+Status CheckKeys(const OJ& j, const std::string& where, const std::string& path, const std::vector<std::string>& known) {
+  if (!j.is_object()) return Status::Ok();  // the parser reports the type
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (std::find(known.begin(), known.end(), it.key()) != known.end()) continue;
+    const std::string near = ClosestOf(it.key(), known);
+    return MakeError(where, ": ", Join(path, it.key().c_str()), ": unknown key",
+                     near.empty() ? std::string() : " (did you mean \"" + near + "\"?)");
+  }
+  return Status::Ok();
+}
+
+Status CheckQuantizationConfigKeys(const OJ& j, const std::string& where, const std::string& path) {
+  static const std::vector<std::string> config = {"input_tensors", "output_tensors", "weight", "bias", "target_device"};
+  static const std::vector<std::string> spec = {"dtype", "is_dynamic", "qscheme", "ch_axis", "group_size", "symmetric",
+                                                "round_method", "scale_type", "scale_format", "scale_calculation_mode",
+                                                "mx_element_dtype", "observer_cls", "is_scale_quant"};
+  NIBBLE_RETURN_IF_ERROR(CheckKeys(j, where, path, config));
+  if (j.is_object() && j.contains("weight")) NIBBLE_RETURN_IF_ERROR(CheckKeys(j["weight"], where, path + ".weight", spec));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckQuarkConfigKeys(const OJ& j, const std::string& where) {
+  static const std::vector<std::string> top = {
+      "quant_method", "export", "global_quant_config", "layer_quant_config", "layer_type_quant_config",
+      "kv_cache_quant_config", "exclude", "algo_config", "softmax_quant_spec", "quant_mode", "version",
+      "pre_quant_opt_config", "log_severity_level", "custom_mode"};
+  static const std::vector<std::string> exp = {"pack_method", "weight_format", "kv_cache_group", "min_kv_scale",
+                                               "weight_merge_groups"};
+  NIBBLE_RETURN_IF_ERROR(CheckKeys(j, where, "", top));
+  if (!j.is_object()) return Status::Ok();
+  if (j.contains("export")) NIBBLE_RETURN_IF_ERROR(CheckKeys(j["export"], where, "export", exp));
+  if (j.contains("global_quant_config"))
+    NIBBLE_RETURN_IF_ERROR(CheckQuantizationConfigKeys(j["global_quant_config"], where, "global_quant_config"));
+  for (const char* map : {"layer_quant_config", "layer_type_quant_config"}) {
+    if (!j.contains(map) || !j[map].is_object()) continue;
+    for (auto it = j[map].begin(); it != j[map].end(); ++it)
+      NIBBLE_RETURN_IF_ERROR(CheckQuantizationConfigKeys(it.value(), where, std::string(map) + "[" + Quoted(it.key()) + "]"));
+  }
+  return Status::Ok();
 }
 
 Result<QuarkQuantConfig> ParseQuarkQuantConfigFromConfigJson(const std::string& text, const std::string& where) {

@@ -120,6 +120,13 @@ Result<QuarkQuantConfig> ParseQuarkQuantConfig(const nlohmann::ordered_json& j, 
 /// text with ParseQuarkQuantConfigFromConfigJson (or nlohmann::ordered_json) instead.
 Result<QuarkQuantConfig> ParseQuarkQuantConfig(const nlohmann::json& j, const std::string& where) = delete;
 
+/// For a config written by hand (`quantize --quant_config`): every key of the top level, `export`,
+/// the QuantizationConfig objects and their weight specs must be one Quark writes (SPEC §1.2;
+/// Quark's optional pre_quant_opt_config, log_severity_level and custom_mode are accepted too), so
+/// a misspelt key is not silently ignored. Errors name the key path and the closest known key.
+/// algo_config entries are checked by their algorithm.
+Status CheckQuarkConfigKeys(const nlohmann::ordered_json& j, const std::string& where);
+
 /// Parses a whole HF config.json text (`where` = its path) preserving key order, and parses its
 /// "quantization_config" object. Errors: invalid JSON, duplicate keys, no quantization_config,
 /// plus every ParseQuarkQuantConfig error (prefixed "<where>: quantization_config").

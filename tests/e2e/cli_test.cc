@@ -188,6 +188,9 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
        "excludes"},
       {"report into a missing directory", "quantize --model_dir " + model + " --output_dir /tmp/nibble-unused-out"
            " --report /nonexistent/dir/r.json", "directory /nonexistent/dir does not exist"},
+      {"misspelt --quant_config key", "quantize --model_dir " + model + " --output_dir /tmp/nibble-unused-out --quant_config " +
+           Quote(nibble_test::SourceDir() + "/tests/e2e/data/misspelt_quant_config.json"),
+       "exlcude: unknown key (did you mean \"exclude\"?)"},
       {"report path is a directory", "quantize --model_dir " + model + " --output_dir /tmp/nibble-unused-out --report /tmp",
        "--report /tmp is a directory"},
   };

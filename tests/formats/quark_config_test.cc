@@ -2,6 +2,7 @@
 // set and round trip, and layer resolution (SPEC §1.2, §1.3, TV-6).
 #include "formats/quark_config.h"
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -188,6 +189,34 @@ TEST(QuantConfigTest, ErrorsNameTheKey) {
   j = Example();
   j["export"]["min_kv_scale"] = "0";
   ExpectError(j, {"export.min_kv_scale", "expected a number"});
+}
+
+// A hand-written --quant_config: a misspelt key is an error naming its path and the closest key.
+TEST(QuantConfigTest, UnknownKeysNameTheClosest) {
+  EXPECT_TRUE(CheckQuarkConfigKeys(Example(), "q.json").ok());
+  struct Case {
+    std::function<void(OJ&)> edit;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<Case> cases = {
+      {[](OJ& j) { j["exlcude"] = j["exclude"]; }, {"q.json: exlcude: unknown key", "did you mean \"exclude\""}},
+      {[](OJ& j) { j["export"]["pack_metod"] = "order"; }, {"export.pack_metod", "\"pack_method\""}},
+      {[](OJ& j) { j["global_quant_config"]["weight"]["groupsize"] = 32; },
+       {"global_quant_config.weight.groupsize", "\"group_size\""}},
+      {[](OJ& j) { j["layer_quant_config"]["*.down_proj"] = {{"wieght", nullptr}}; },
+       {"layer_quant_config[\"*.down_proj\"].wieght", "\"weight\""}},
+      {[](OJ& j) { j["zzzzzzzzzz"] = 1; }, {"zzzzzzzzzz: unknown key"}},
+  };
+  for (const Case& c : cases) {
+    OJ j = Example();
+    c.edit(j);
+    const Status s = CheckQuarkConfigKeys(j, "q.json");
+    ASSERT_FALSE(s.ok()) << c.fragments[0];
+    for (const auto& f : c.fragments) EXPECT_NE(s.error().message.find(f), std::string::npos) << s.error().message;
+  }
+  OJ j = Example();
+  j["zzzzzzzzzz"] = 1;
+  EXPECT_EQ(CheckQuarkConfigKeys(j, "q.json").error().message.find("did you mean"), std::string::npos);
 }
 
 TEST(QuantConfigTest, NotAnObject) {
