@@ -353,10 +353,9 @@ double LogitScale(const std::vector<double>& ref) {
 
 // S·K_max·u relative to the logit scale (see the file comment).
 double RelTolerance(const Spec& s) {
-  const double u = std::ldexp(1.0, -24);
   const double stages = 8.0 * s.layers + 3;
   const double k_max = std::max({s.hidden, s.heads * s.head_dim, s.inter, static_cast<int64_t>(kTokens.size())});
-  return stages * k_max * u;
+  return stages * k_max * nibble_test::kFp32UnitRoundoff;
 }
 
 struct Diff {
