@@ -24,6 +24,7 @@
 #include "quantize/calibration.h"
 #include "test_paths.h"
 #include "test_util.h"
+#include "tiny_llama.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -44,62 +45,26 @@ void WriteText(const std::string& p, const std::string& s) {
   out << s;
 }
 
-// A tiny random Llama (GQA: 8 heads, 2 kv heads, head_dim 8 → v_proj out 16, o_proj in 64) with
-// stories260K's tokenizer (vocab 512). `edit(name, values)` may change a tensor before writing.
-struct TinySpec {
-  nibble::DType dtype = nibble::DType::kF16;
-  int64_t layers = 2, hidden = 64, inter = 128, heads = 8, kv_heads = 2;
-};
+// A tiny random Llama (GQA: 8 heads, 2 kv heads, head_dim 8 → v_proj out 16, o_proj in 64),
+// f16 unless set, with stories260K's tokenizer (vocab 512) unless `tokenizer` is false.
+// `edit(name, values)` may change a tensor before writing.
+using TinySpec = nibble_test::TinyLlamaSpec;
 
 void WriteTinyModel(const std::string& dir, const TinySpec& s,
-                    const std::function<void(const std::string&, std::vector<float>&)>& edit = nullptr) {
-  fs::create_directories(dir);
-  const int64_t hd = s.hidden / s.heads, vocab = 512;
-  nlohmann::ordered_json c = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                              {"hidden_size", s.hidden}, {"intermediate_size", s.inter},
-                              {"num_hidden_layers", s.layers}, {"num_attention_heads", s.heads},
-                              {"num_key_value_heads", s.kv_heads}, {"vocab_size", vocab},
-                              {"max_position_embeddings", 256}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
-                              {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2},
-                              {"torch_dtype", s.dtype == nibble::DType::kF16 ? "float16" : (s.dtype == nibble::DType::kBF16 ? "bfloat16" : "float32")}};
-  WriteText(dir + "/config.json", c.dump(2));
-  fs::copy_file(nibble_test::SharedModel("stories260K") + "/tokenizer.model", dir + "/tokenizer.model");
+                    const std::function<void(const std::string&, std::vector<float>&)>& edit = nullptr,
+                    bool tokenizer = true) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<nibble::TensorToWrite> ts;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float stddev, float mean) {
-    int64_t n = 1;
-    for (auto d : shape) n *= d;
-    std::vector<float> v(static_cast<size_t>(n));
+  auto fill = [&](const nibble_test::TinyTensor& t, std::vector<float>& v) {
+    using R = nibble_test::TinyRole;
+    const float stddev = t.role == R::kEmbedding ? 1.0f : t.role == R::kNorm ? 0.05f : 0.1f;
+    const float mean = t.role == R::kNorm ? 1.0f : 0.0f;
     for (auto& x : v) x = mean + stddev * nd(rng);
-    if (edit) edit(name, v);
-    nibble::TensorToWrite t;
-    t.name = name;
-    t.dtype = s.dtype;
-    t.shape = shape;
-    const size_t es = nibble::DTypeSize(s.dtype);
-    t.bytes.resize(v.size() * es);
-    for (size_t i = 0; i < v.size(); ++i) nibble::StoreFloatAs(v[i], s.dtype, t.bytes.data() + i * es);
-    ts.push_back(std::move(t));
+    if (edit) edit(t.name, v);
   };
-  add("model.embed_tokens.weight", {vocab, s.hidden}, 1.0f, 0.0f);
-  add("model.norm.weight", {s.hidden}, 0.05f, 1.0f);
-  add("lm_head.weight", {vocab, s.hidden}, 0.1f, 0.0f);
-  for (int64_t l = 0; l < s.layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {s.hidden}, 0.05f, 1.0f);
-    add(p + "post_attention_layernorm.weight", {s.hidden}, 0.05f, 1.0f);
-    add(p + "self_attn.q_proj.weight", {s.heads * hd, s.hidden}, 0.1f, 0.0f);
-    add(p + "self_attn.k_proj.weight", {s.kv_heads * hd, s.hidden}, 0.1f, 0.0f);
-    add(p + "self_attn.v_proj.weight", {s.kv_heads * hd, s.hidden}, 0.1f, 0.0f);
-    add(p + "self_attn.o_proj.weight", {s.hidden, s.heads * hd}, 0.1f, 0.0f);
-    add(p + "mlp.gate_proj.weight", {s.inter, s.hidden}, 0.1f, 0.0f);
-    add(p + "mlp.up_proj.weight", {s.inter, s.hidden}, 0.1f, 0.0f);
-    add(p + "mlp.down_proj.weight", {s.hidden, s.inter}, 0.1f, 0.0f);
-  }
-  std::vector<const nibble::TensorToWrite*> ptrs;
-  for (const auto& t : ts) ptrs.push_back(&t);
-  ASSERT_TRUE(nibble::WriteSafetensors(dir + "/model.safetensors", ptrs, {}).ok());
+  nibble_test::WriteTinyLlama(dir, nibble_test::TinyLlamaConfig(s),
+                              nibble_test::TinyLlamaTensors(s, nibble_test::TinyOrder::kNormsFirst, fill),
+                              tokenizer ? nibble_test::SharedModel("stories260K") : "");
 }
 
 // Calibration text: a slice of tinyshakespeare (a few thousand tokens).
@@ -391,7 +356,7 @@ struct TinyAwqInputs {
 };
 
 void OpenTinyAwqInputs(const std::string& dir, const TinySpec& spec, TinyAwqInputs* in) {
-  WriteTinyModel(dir, spec);
+  WriteTinyModel(dir, spec, nullptr, /*tokenizer=*/false);  // RunAwq reads no tokenizer
   auto mc = nibble::LoadModelConfig(dir);
   ASSERT_TRUE(mc.ok()) << mc.error().message;
   auto store = nibble::TensorStore::OpenDir(dir);
