@@ -117,6 +117,7 @@ std::vector<float> TensorValues(const nibble::TensorStore& st, const std::string
 // Calibration data
 
 TEST(AwqCalibration, FirstChunksShortfallWarningAndSeededShuffle) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   auto tok = nibble::Tokenizer::Load(nibble_test::SharedModel("stories260K"));
   ASSERT_TRUE(tok.ok());
   const std::string text = ReadAll(nibble_test::SharedData("tinyshakespeare.txt")).substr(0, 20000);
@@ -148,6 +149,7 @@ TEST(AwqCalibration, FirstChunksShortfallWarningAndSeededShuffle) {
 }
 
 TEST(AwqCalibration, JsonlTextsAreConcatenatedAndLongDocumentsChunked) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
   TempDir tmp;
   const std::string p = tmp.sub("c.jsonl");
   WriteText(p, "{\"text\": \"Once upon a time there was a little dog.\"}\n\n{\"text\": \"It was happy.\", \"id\": 3}\n");
@@ -176,6 +178,7 @@ TEST(AwqCalibration, JsonlTextsAreConcatenatedAndLongDocumentsChunked) {
 // AWQ numerical safety and GQA
 
 TEST(Awq, GqaSkipsVToOWithMessageAndStillQuantizesAndRuns) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   WriteTinyModel(tmp.sub("m"), TinySpec{});
   auto req = AwqReq(tmp.sub("m"), tmp.sub("q"), CalibFile(tmp));
@@ -213,6 +216,7 @@ TEST(Awq, GqaSkipsVToOWithMessageAndStillQuantizesAndRuns) {
 }
 
 TEST(Awq, Fp16OverflowAfterScalingNeverBecomesInf) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   TinySpec spec;
   spec.kv_heads = 8;  // MHA: v_proj -> o_proj runs too
@@ -246,6 +250,7 @@ TEST(Awq, Fp16OverflowAfterScalingNeverBecomesInf) {
 }
 
 TEST(Awq, ZeroChannelAndZeroGroupAreFiniteAndExact) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   TinySpec spec;
   spec.dtype = nibble::DType::kBF16;
@@ -290,6 +295,7 @@ TEST(Awq, ZeroChannelAndZeroGroupAreFiniteAndExact) {
 // Config: custom scaling_layers from --quant_config; named errors.
 
 TEST(Awq, QuantConfigScalingLayersAreUsedAndRecorded) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   WriteTinyModel(tmp.sub("m"), TinySpec{});
   nlohmann::ordered_json qc = {
@@ -331,6 +337,7 @@ TEST(Awq, QuantConfigScalingLayersAreUsedAndRecorded) {
 }
 
 TEST(Awq, BadRequestsAreNamedErrors) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   WriteTinyModel(tmp.sub("m"), TinySpec{});
   auto req = AwqReq(tmp.sub("m"), tmp.sub("q"), "");
@@ -570,6 +577,7 @@ std::map<std::string, std::string> DirBytes(const std::string& dir) {
 }
 
 TEST(Awq, SameSeedGivesByteIdenticalFilesWithOneAndTwoThreads) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   WriteTinyModel(tmp.sub("m"), TinySpec{});
   const std::string calib = CalibFile(tmp);
@@ -634,17 +642,21 @@ Kld RtnVsAwq(const std::string& model, const std::string& scheme) {
 }
 
 TEST(AwqAcceptance, OutliersAsymKldAtMost30PercentOfRtn) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m-outliers", "data/prose-calib.txt", "data/prose-val.txt");
   const Kld k = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m-outliers"), "w_uint4_per_group_asym");
   EXPECT_NEAR(k.rtn, 0.0200, 0.0200 * 0.05);  // README band for RTN
   EXPECT_LE(k.awq, 0.30 * k.rtn);
 }
 
 TEST(AwqAcceptance, PlainModelAsymNotWorseThanRtn) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m", "data/prose-calib.txt", "data/prose-val.txt");
   const Kld k = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m"), "w_uint4_per_group_asym");
   EXPECT_LE(k.awq, 1.05 * k.rtn);
 }
 
 TEST(AwqAcceptance, OutliersSymAndPlainSym) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m-outliers", "models/prose-llama-7m", "data/prose-calib.txt",
+                      "data/prose-val.txt");
   const Kld a = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m-outliers"), "w_int4_per_group_sym");
   EXPECT_LE(a.awq, 0.30 * a.rtn);
   const Kld b = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m"), "w_int4_per_group_sym");
@@ -685,6 +697,7 @@ double Stories260KPerplexity(const std::string& scheme, int64_t group_size, cons
 }
 
 TEST(AwqAcceptance, Stories260KAgreesWithTheReferenceImplementation) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt", "data/wikitext-2-raw-test.txt");
   EXPECT_NEAR(Stories260KPerplexity("w_uint4_per_channel_asym", -1, "rtn"), 138.02, 138.02 * 0.01);
   EXPECT_NEAR(Stories260KPerplexity("w_uint4_per_channel_asym", -1, "awq"), 143.30, 143.30 * 0.01);
   EXPECT_NEAR(Stories260KPerplexity("w_uint4_per_group_asym", 32, "rtn"), 144.86, 144.86 * 0.01);
