@@ -278,7 +278,8 @@ Result<ComparisonReport> CompareModels(const Model& base, const std::vector<cons
 Result<std::string> SummarizeQuantizeReport(const std::string& report_path);
 
 /// Draws per-linear relative output error (RTN vs AWQ, log scale) of a report into a PNG
-/// (cairo). Errors: unreadable / malformed report, a report without AWQ layers, unwritable PNG.
+/// (cairo). Errors: unreadable / malformed report, a report without AWQ layers, unwritable PNG,
+/// a build without cairo ("built without cairo: PNG plots are unavailable").
 Status PlotQuantizeReport(const std::string& report_path, const std::string& png_path);
 
 /// Writes `bytes` to `path` atomically (a temporary file beside it, fsync, rename): a reader never

@@ -217,6 +217,15 @@ TEST(Cli, AwqReportAndPlotAreWrittenWhole) {
   ASSERT_FALSE(rep.empty());
   EXPECT_EQ(rep.front(), '{');
   EXPECT_EQ(rep.find_last_not_of(" \n"), rep.rfind('}'));
+#ifndef NIBBLE_HAVE_CAIRO
+  // A build without cairo refuses the plot, saying why, and writes nothing.
+  RunResult off = RunNibble("report " + dir + "/r.json --plot " + dir + "/plot.png");
+  EXPECT_GT(off.exit_code, 0) << off.out;
+  EXPECT_NE(off.out.find("built without cairo: PNG plots are unavailable"), std::string::npos) << off.out;
+  EXPECT_FALSE(std::ifstream(dir + "/plot.png").good());
+  std::system(("rm -rf " + dir).c_str());
+  GTEST_SKIP() << "built without cairo: the PNG checks need it";
+#endif
   RunResult p = RunNibble("report " + dir + "/r.json --plot " + dir + "/plot.png");
   ASSERT_EQ(p.exit_code, 0) << p.out;
   const std::string png = ReadFile(dir + "/plot.png");
