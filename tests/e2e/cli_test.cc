@@ -13,7 +13,10 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "support/openmp_wait.h"
 #include "test_paths.h"
 
 namespace {
@@ -117,6 +120,31 @@ TEST(Cli, BenchPercentIsAgainstTheBandwidthMeasuredBeforeEachCase) {
       << r.out;
   EXPECT_NEAR(std::stod(m[1]), lo, 0.051) << r.out;
   EXPECT_NEAR(std::stod(m[2]), hi, 0.051) << r.out;
+}
+
+// Without OMP_WAIT_POLICY / GOMP_SPINCOUNT in its environment the CLI runs with its own short
+// spin count (support/openmp_wait.h); either variable set by the user is kept as it is.
+TEST(Cli, OpenMpSpinCountIsShortUnlessTheUserSetsOne) {
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* v : {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "NIBBLE_DEFAULT_GOMP_SPINCOUNT"}) {
+    if (const char* x = std::getenv(v)) saved.emplace_back(v, x);
+    unsetenv(v);
+  }
+  const RunResult ours = RunNibble("inspect --kernels");
+  setenv("GOMP_SPINCOUNT", "7", 1);
+  const RunResult users = RunNibble("inspect --kernels");
+  unsetenv("GOMP_SPINCOUNT");
+  setenv("OMP_WAIT_POLICY", "active", 1);
+  const RunResult policy = RunNibble("inspect --kernels");
+  unsetenv("OMP_WAIT_POLICY");
+  for (const auto& [k, v] : saved) setenv(k.c_str(), v.c_str(), 1);
+  EXPECT_NE(ours.out.find(std::string("openmp wait: GOMP_SPINCOUNT=") + nibble_cli::kDefaultSpinCount +
+                          " (nibble's default)\n"),
+            std::string::npos)
+      << ours.out;
+  EXPECT_NE(users.out.find("openmp wait: GOMP_SPINCOUNT=7 (from the environment)\n"), std::string::npos) << users.out;
+  EXPECT_NE(policy.out.find("openmp wait: OMP_WAIT_POLICY=active (from the environment)\n"), std::string::npos)
+      << policy.out;
 }
 
 // NIBBLE_ISA forces the vectorised row ops with the int4 kernels, and inspect --kernels says so.
