@@ -4,7 +4,7 @@ set -euo pipefail
 # ocl-icd-opencl-dev: Debian's libdnnl-dev is built with the OpenCL GPU runtime, so its CMake
 # package looks for OpenCL and fails without it; apt only recommends it, and recommends are off.
 pkgs=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libsentencepiece-dev
-      libcli11-dev libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev libbenchmark-dev libssl-dev
+      libcli11-dev libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev libssl-dev
       clang libclang-rt-14-dev libcairo2-dev libre2-dev)
 missing=()
 for p in "${pkgs[@]}"; do

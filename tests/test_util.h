@@ -14,6 +14,16 @@
 
 namespace nibble_test {
 
+/// Unit roundoff of fp32 (round to nearest): u = 2^-24.
+inline constexpr double kFp32UnitRoundoff = 0x1p-24;
+
+/// γ_n = n·u / (1 − n·u), u = 2^-24: the bound on the relative error of n chained fp32 roundings
+/// (Higham), e.g. |fl(Σ_k x_k w_k) − Σ_k x_k w_k| <= γ_K · Σ_k |x_k w_k| in any summation order.
+inline double Fp32Gamma(int64_t n) {
+  const double nu = static_cast<double>(n) * kFp32UnitRoundoff;
+  return nu / (1.0 - nu);
+}
+
 /// A random native int4 matrix [n, k] with group size g: codes uniform in 0..15, zero points
 /// uniform in 0..15 (8 when `sym`), scales uniform in [scale_lo, scale_hi). Draws codes, then zero
 /// points, then scales from `rng`, in row-major order.

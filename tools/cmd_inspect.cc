@@ -10,8 +10,51 @@
 
 #include "commands.h"
 #include "support/bench.h"
+#include "support/openmp_wait.h"
 
 namespace nibble_cli {
+
+namespace {
+// `inspect --kernels`: what the dispatch chose on this CPU and why, as text or JSON.
+void ShowKernels(bool as_json) {
+  const nibble::KernelDispatchReport k = nibble::DescribeKernels();
+  if (as_json) {
+    nlohmann::ordered_json j;
+    j["chosen"] = k.chosen;
+    j["cpu_vendor"] = k.cpu_vendor;
+    j["cpu_flags"] = k.cpu_flags;
+    j["NIBBLE_ISA"] = k.override_value;
+    if (!k.override_message.empty()) j["override_message"] = k.override_message;
+    nlohmann::ordered_json c = nlohmann::ordered_json::array();
+    for (const auto& x : k.candidates)
+      c.push_back({{"isa", x.isa}, {"compiled", x.compiled}, {"supported", x.supported}, {"chosen", x.chosen},
+                   {"reason", x.reason}});
+    j["candidates"] = c;
+    j["int8_activations_kernel"] = k.int8_kernel;
+    j["int8_activations_reason"] = k.int8_reason;
+    j["bf16_activations_kernel"] = k.bf16_act_kernel;
+    j["bf16_activations_reason"] = k.bf16_act_reason;
+    j["bf16_dense_linears"] = k.bf16_dense;
+    j["vec_ops"] = k.vec_ops;
+    j["openmp_wait"] = DescribeOpenMpWait();
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("int4 kernels: %s\ncpu: %s | %s\nNIBBLE_ISA: %s%s%s\n", k.chosen.c_str(), k.cpu_vendor.c_str(),
+                k.cpu_flags.c_str(), k.override_value.empty() ? "(unset)" : k.override_value.c_str(),
+                k.override_message.empty() ? "" : " -> ", k.override_message.c_str());
+    for (const auto& x : k.candidates)
+      std::printf("  %-7s %-8s %s\n", x.isa.c_str(), x.chosen ? "chosen" : (x.supported ? "skipped" : "rejected"),
+                  x.reason.c_str());
+    std::printf("int8 activations (opt-in --int8_activations): %s (%s)\n", k.int8_kernel.c_str(), k.int8_reason.c_str());
+    std::printf("bf16 activations (opt-in --bf16_activations): %s (%s)\n", k.bf16_act_kernel.c_str(),
+                k.bf16_act_reason.c_str());
+    std::printf("bf16 dense linears: %s\n", k.bf16_dense.c_str());
+    std::printf("row ops (softmax, SiLU, AWQ loss): %s\n", k.vec_ops.c_str());
+    std::printf("openmp wait: %s\n", DescribeOpenMpWait().c_str());
+  }
+}
+
+}  // namespace
 
 Runner RegisterInspect(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
@@ -23,39 +66,7 @@ Runner RegisterInspect(CLI::App& app) {
   cmd->add_flag("--kernels", *kernels, "Show the int4 kernel ISA chosen (CPUID + XCR0, NIBBLE_ISA) and why");
   return [dir, as_json, kernels]() {
     if (*kernels) {
-      const nibble::KernelDispatchReport k = nibble::DescribeKernels();
-      if (*as_json) {
-        nlohmann::ordered_json j;
-        j["chosen"] = k.chosen;
-        j["cpu_vendor"] = k.cpu_vendor;
-        j["cpu_flags"] = k.cpu_flags;
-        j["NIBBLE_ISA"] = k.override_value;
-        if (!k.override_message.empty()) j["override_message"] = k.override_message;
-        nlohmann::ordered_json c = nlohmann::ordered_json::array();
-        for (const auto& x : k.candidates)
-          c.push_back({{"isa", x.isa}, {"compiled", x.compiled}, {"supported", x.supported}, {"chosen", x.chosen},
-                       {"reason", x.reason}});
-        j["candidates"] = c;
-        j["int8_activations_kernel"] = k.int8_kernel;
-        j["int8_activations_reason"] = k.int8_reason;
-        j["bf16_activations_kernel"] = k.bf16_act_kernel;
-        j["bf16_activations_reason"] = k.bf16_act_reason;
-        j["bf16_dense_linears"] = k.bf16_dense;
-        j["vec_ops"] = k.vec_ops;
-        std::printf("%s\n", j.dump(2).c_str());
-      } else {
-        std::printf("int4 kernels: %s\ncpu: %s | %s\nNIBBLE_ISA: %s%s%s\n", k.chosen.c_str(), k.cpu_vendor.c_str(),
-                    k.cpu_flags.c_str(), k.override_value.empty() ? "(unset)" : k.override_value.c_str(),
-                    k.override_message.empty() ? "" : " -> ", k.override_message.c_str());
-        for (const auto& x : k.candidates)
-          std::printf("  %-7s %-8s %s\n", x.isa.c_str(), x.chosen ? "chosen" : (x.supported ? "skipped" : "rejected"),
-                      x.reason.c_str());
-        std::printf("int8 activations (opt-in --int8_activations): %s (%s)\n", k.int8_kernel.c_str(), k.int8_reason.c_str());
-        std::printf("bf16 activations (opt-in --bf16_activations): %s (%s)\n", k.bf16_act_kernel.c_str(),
-                    k.bf16_act_reason.c_str());
-        std::printf("bf16 dense linears: %s\n", k.bf16_dense.c_str());
-        std::printf("row ops (softmax, SiLU, AWQ loss): %s\n", k.vec_ops.c_str());
-      }
+      ShowKernels(*as_json);
       if (dir->empty()) return 0;
     }
     if (dir->empty()) return Fail("inspect: a model directory is required (or --kernels)");

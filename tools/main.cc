@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "support/openmp_wait.h"
 #include "support/text.h"
 
 namespace nibble_cli {
@@ -78,6 +79,7 @@ std::string UnknownFlags(const CLI::App& sub) {
 }  // namespace nibble_cli
 
 int main(int argc, char** argv) {
+  nibble_cli::UseShortOpenMpSpin(argv);
   CLI::App app{"nibble: quantize LLMs to 4-bit weights (Quark hf_format) and run them on the CPU"};
   app.require_subcommand(1);
   app.set_version_flag("--version", [] { return nibble_cli::VersionText(); });

@@ -13,10 +13,12 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "support/openmp_wait.h"
 #include "test_paths.h"
 
 namespace {
@@ -60,6 +62,7 @@ double ParsePerplexity(const std::string& out) {
 }
 
 TEST(Cli, Stories260KGreedyMatchesPublishedText) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
   RunResult r = RunNibble("generate --model " + Quote(nibble_test::SharedModel("stories260K")) +
                         " --temperature 0 -n 255 --prompt ''",
                     /*merge_stderr=*/false);
@@ -68,6 +71,7 @@ TEST(Cli, Stories260KGreedyMatchesPublishedText) {
 }
 
 TEST(Cli, Stories260KWikiTextPerplexity40Windows) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/wikitext-2-raw-test.txt");
   RunResult r = RunNibble("perplexity --model " + Quote(nibble_test::SharedModel("stories260K")) + " --text " +
                     Quote(nibble_test::SharedData("wikitext-2-raw-test.txt")) + " --seq_len 512 --max_windows 40");
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -78,6 +82,7 @@ TEST(Cli, Stories260KWikiTextPerplexity40Windows) {
 }
 
 TEST(Cli, EmbeddedModelProseValPerplexity60Windows) {
+  NIBBLE_NEEDS_SHARED("data/prose-val.txt");
   RunResult r = RunNibble("perplexity --model " + Quote(nibble_test::EmbeddedModel()) + " --text " +
                     Quote(nibble_test::SharedData("prose-val.txt")) + " --seq_len 512 --max_windows 60");
   ASSERT_EQ(r.exit_code, 0) << r.out;
@@ -117,6 +122,31 @@ TEST(Cli, BenchPercentIsAgainstTheBandwidthMeasuredBeforeEachCase) {
       << r.out;
   EXPECT_NEAR(std::stod(m[1]), lo, 0.051) << r.out;
   EXPECT_NEAR(std::stod(m[2]), hi, 0.051) << r.out;
+}
+
+// Without OMP_WAIT_POLICY / GOMP_SPINCOUNT in its environment the CLI runs with its own short
+// spin count (support/openmp_wait.h); either variable set by the user is kept as it is.
+TEST(Cli, OpenMpSpinCountIsShortUnlessTheUserSetsOne) {
+  std::vector<std::pair<std::string, std::string>> saved;
+  for (const char* v : {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "NIBBLE_DEFAULT_GOMP_SPINCOUNT"}) {
+    if (const char* x = std::getenv(v)) saved.emplace_back(v, x);
+    unsetenv(v);
+  }
+  const RunResult ours = RunNibble("inspect --kernels");
+  setenv("GOMP_SPINCOUNT", "7", 1);
+  const RunResult users = RunNibble("inspect --kernels");
+  unsetenv("GOMP_SPINCOUNT");
+  setenv("OMP_WAIT_POLICY", "active", 1);
+  const RunResult policy = RunNibble("inspect --kernels");
+  unsetenv("OMP_WAIT_POLICY");
+  for (const auto& [k, v] : saved) setenv(k.c_str(), v.c_str(), 1);
+  EXPECT_NE(ours.out.find(std::string("openmp wait: GOMP_SPINCOUNT=") + nibble_cli::kDefaultSpinCount +
+                          " (nibble's default)\n"),
+            std::string::npos)
+      << ours.out;
+  EXPECT_NE(users.out.find("openmp wait: GOMP_SPINCOUNT=7 (from the environment)\n"), std::string::npos) << users.out;
+  EXPECT_NE(policy.out.find("openmp wait: OMP_WAIT_POLICY=active (from the environment)\n"), std::string::npos)
+      << policy.out;
 }
 
 // NIBBLE_ISA forces the vectorised row ops with the int4 kernels, and inspect --kernels says so.
@@ -253,6 +283,7 @@ struct BadCase {
 };
 
 TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
+  NIBBLE_NEEDS_SHARED("data/prose-val.txt");
   const std::string model = Quote(nibble_test::EmbeddedModel());
   const std::string long_prompt(6000, 'x');
   const BadCase cases[] = {
@@ -333,6 +364,7 @@ TEST(Cli, UnusedLayerOverrideIsWarnedAbout) {
 // quantize --report and report --plot as a user runs them: the JSON and the PNG are written whole
 // (atomically), an unwritable plot path is a named error and leaves no file behind.
 TEST(Cli, AwqReportAndPlotAreWrittenWhole) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/prose-calib.txt");
   const std::string dir = "/tmp/nibble-cli-report-" + std::to_string(getpid());
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   RunResult q = RunNibble("quantize --model_dir " + Quote(nibble_test::SharedModel("stories260K")) + " --output_dir " + dir +
@@ -343,6 +375,15 @@ TEST(Cli, AwqReportAndPlotAreWrittenWhole) {
   ASSERT_FALSE(rep.empty());
   EXPECT_EQ(rep.front(), '{');
   EXPECT_EQ(rep.find_last_not_of(" \n"), rep.rfind('}'));
+#ifndef NIBBLE_HAVE_CAIRO
+  // A build without cairo refuses the plot, saying why, and writes nothing.
+  RunResult off = RunNibble("report " + dir + "/r.json --plot " + dir + "/plot.png");
+  EXPECT_GT(off.exit_code, 0) << off.out;
+  EXPECT_NE(off.out.find("built without cairo: PNG plots are unavailable"), std::string::npos) << off.out;
+  EXPECT_FALSE(std::ifstream(dir + "/plot.png").good());
+  std::system(("rm -rf " + dir).c_str());
+  GTEST_SKIP() << "built without cairo: the PNG checks need it";
+#endif
   RunResult p = RunNibble("report " + dir + "/r.json --plot " + dir + "/plot.png");
   ASSERT_EQ(p.exit_code, 0) << p.out;
   const std::string png = ReadFile(dir + "/plot.png");
@@ -359,6 +400,7 @@ TEST(Cli, AwqReportAndPlotAreWrittenWhole) {
 }
 
 TEST(Cli, PerplexityDefaultSeqLenFitsTheModel) {
+  NIBBLE_NEEDS_SHARED("data/prose-val.txt");
   // Default seq_len = min(2048, max_position_embeddings) = 512 for the embedded model.
   RunResult r = RunNibble("perplexity --model " + Quote(nibble_test::EmbeddedModel()) + " --text " +
                           Quote(nibble_test::SharedData("prose-val.txt")) + " --max_windows 2");
@@ -370,6 +412,7 @@ TEST(Cli, PerplexityDefaultSeqLenFitsTheModel) {
 // the embedded model (no activation outliers) int8 activations cost well under 1 % perplexity
 // (measured +0.03 % at 20 windows); generate runs with it.
 TEST(Cli, Int8ActivationsPerplexityCostIsPrintedAndSmall) {
+  NIBBLE_NEEDS_SHARED("data/prose-val.txt");
   const std::string out = "/tmp/nibble-cli-w4a8-" + std::to_string(getpid());
   RunResult q = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + out + " --overwrite");
   ASSERT_EQ(q.exit_code, 0) << q.out;
@@ -415,6 +458,7 @@ TEST(Cli, Int8ActivationsPerplexityCostIsPrintedAndSmall) {
 // +0.000002 nats); generate runs with it (the AVX-512 BF16 kernel
 // where the CPU has one, else the W4A32 kernels on rounded inputs).
 TEST(Cli, Bf16ActivationsPerplexityCostIsPrintedAndSmall) {
+  NIBBLE_NEEDS_SHARED("data/prose-val.txt");
   const std::string out = "/tmp/nibble-cli-bf16-" + std::to_string(getpid());
   RunResult q = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + out + " --overwrite");
   ASSERT_EQ(q.exit_code, 0) << q.out;

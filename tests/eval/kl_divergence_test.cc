@@ -42,6 +42,7 @@ TEST(KlDivergence, ArgMaxFirstOnTies) {
 }
 
 TEST(ComparePerplexity, ModelAgainstItselfHasZeroKldAndFullAgreement) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/wikitext-2-raw-test.txt");
   const std::string dir = nibble_test::SharedModel("stories260K");
   auto m = nibble::LlamaModel::Load(dir);
   ASSERT_TRUE(m.ok()) << m.error().message;

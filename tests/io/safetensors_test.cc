@@ -633,12 +633,16 @@ void CheckProseLlama7m(const std::string& dir) {
 }
 
 // shared/ must sit beside the repository (as in CI).
-TEST(SharedModels, ProseLlama7mBf16) { CheckProseLlama7m(nibble_test::SharedModel("prose-llama-7m")); }
+TEST(SharedModels, ProseLlama7mBf16) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m");
+  CheckProseLlama7m(nibble_test::SharedModel("prose-llama-7m"));
+}
 
 // The copy embedded in the repository is the same model.
 TEST(SharedModels, EmbeddedProseLlama7mBf16) { CheckProseLlama7m(nibble_test::EmbeddedModel()); }
 
 TEST(SharedModels, Stories260KF32) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
   const std::string dir = nibble_test::SharedModel("stories260K");
   ASSERT_TRUE(IsDirectory(dir)) << dir << " missing: shared/ must sit beside the repository";
   auto s = TensorStore::OpenDir(dir);

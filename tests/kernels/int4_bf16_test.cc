@@ -46,7 +46,7 @@ struct Ref {
 Ref Oracle(const Int4Matrix& m, const float* x, const float* bias) {
   std::vector<float> wd(static_cast<size_t>(m.n * m.k));
   DequantizeRef(m, wd.data());
-  const double u = std::ldexp(1.0, -24), nu = static_cast<double>(m.k / 16 + 16) * u, gamma = nu / (1.0 - nu);
+  const double gamma = nibble_test::Fp32Gamma(m.k / 16 + 16);
   Ref r;
   for (int64_t n = 0; n < m.n; ++n) {
     double acc = 0, mag = 0;

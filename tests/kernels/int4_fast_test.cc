@@ -54,9 +54,7 @@ std::vector<const W4Kernels*> SupportedKernels() {
 // Max over outputs of |y − ref| / tol (<= 1 passes); on failure the message names the worst one.
 ::testing::AssertionResult WithinTolerance(const Int4Matrix& w, const std::vector<float>& wd, int64_t m,
                                            const std::vector<float>& x, const float* bias, const std::vector<float>& y) {
-  const double u = std::ldexp(1.0, -24);
-  const double nu = static_cast<double>(w.k + 2) * u;
-  const double gamma = nu / (1.0 - nu);
+  const double gamma = nibble_test::Fp32Gamma(w.k + 2);
   double worst = 0, worst_ref = 0, worst_tol = 0;
   int64_t wi = 0, wj = 0;
   for (int64_t i = 0; i < m; ++i)
@@ -461,7 +459,7 @@ W4A8Ref W4A8Oracle(const Int4Matrix& m, const std::vector<float>& x, const float
   }
   std::vector<float> wd(static_cast<size_t>(m.n * m.k));
   DequantizeRef(m, wd.data());
-  const double u = std::ldexp(1.0, -24), nu = static_cast<double>(m.k / 16 + 8) * u, gamma = nu / (1.0 - nu);
+  const double gamma = nibble_test::Fp32Gamma(m.k / 16 + 8);
   W4A8Ref r;
   for (int64_t n = 0; n < m.n; ++n) {
     double acc = 0, mag = 0;

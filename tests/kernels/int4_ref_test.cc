@@ -43,9 +43,7 @@ void CheckAgainstDense(const Int4Matrix& w, int64_t m, const std::vector<float>&
                        const std::vector<float>& y, const std::string& label) {
   std::vector<float> wd(static_cast<size_t>(w.n * w.k));
   DequantizeRef(w, wd.data());
-  const double u = std::ldexp(1.0, -24);
-  const double nu = static_cast<double>(w.k + 2) * u;
-  const double gamma = nu / (1.0 - nu);
+  const double gamma = nibble_test::Fp32Gamma(w.k + 2);
   double worst_ratio = 0;
   int64_t worst_i = -1, worst_j = -1;
   double worst_ref = 0, worst_tol = 0;

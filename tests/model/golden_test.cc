@@ -55,12 +55,20 @@ void CheckGolden(const std::string& model_dir) {
   }
 }
 
-TEST(Golden, Stories260KLogits) { CheckGolden(nibble_test::SharedModel("stories260K")); }
-TEST(Golden, ProseLlama7mLogits) { CheckGolden(nibble_test::SharedModel("prose-llama-7m")); }
+TEST(Golden, Stories260KLogits) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
+  CheckGolden(nibble_test::SharedModel("stories260K"));
+}
+
+TEST(Golden, ProseLlama7mLogits) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m");
+  CheckGolden(nibble_test::SharedModel("prose-llama-7m"));
+}
 
 // The reparametrised outlier model must produce the same function (its README: bit-identical FP
 // outputs); we check the same golden within the same tolerance.
 TEST(Golden, ProseLlama7mOutliersMatchesPlainGolden) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m", "models/prose-llama-7m-outliers");
   auto golden = nibble::ReadJsonFile(nibble_test::SharedModel("prose-llama-7m") + "/goldens/logits_once_upon_a_time.json");
   ASSERT_TRUE(golden.ok());
   auto plain = nibble::Model::Load(nibble_test::SharedModel("prose-llama-7m"));

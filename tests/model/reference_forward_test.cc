@@ -48,6 +48,7 @@
 #include "model/llama.h"
 #include "model/ops.h"
 #include "test_util.h"
+#include "tiny_llama.h"
 
 namespace {
 
@@ -79,48 +80,26 @@ class Rng {
   uint64_t s_;
 };
 
-// Everything a case varies, in HF config.json terms, plus the oracle's reading of it.
-struct Spec {
-  std::string model_type = "llama";
-  std::string architecture = "LlamaForCausalLM";
-  int64_t hidden = 64, inter = 96, layers = 2, heads = 8, kv_heads = 2;
-  int64_t head_dim = 8;
-  bool write_head_dim = false;  // config "head_dim" present (else hidden / heads)
-  int64_t vocab = 97, max_pos = 64;
-  double eps = 1e-5, theta = 10000.0;
+// Everything a case varies, in HF config.json terms (the checkpoint's shape and config), plus the
+// oracle's reading of it. Oracle semantics (HF): Llama's attention_bias adds q/k/v/o biases; Qwen2
+// always has q/k/v biases and never an o bias; mlp_bias adds gate/up/down biases.
+struct Spec : nibble_test::TinyLlamaSpec {
+  Spec() {
+    inter = 96;
+    vocab = 97;
+    max_pos = 64;
+    dtype = DType::kF32;
+  }
   enum class Rope { kNone, kLinear, kLlama3 } rope = Rope::kNone;
   std::string rope_type_key = "rope_type";  // "type" in older configs
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t old_ctx = 8192;
-  // Oracle semantics (HF): Llama's attention_bias adds q/k/v/o biases; Qwen2 always has q/k/v
-  // biases and never an o bias; mlp_bias adds gate/up/down biases.
-  bool qkv_bias = false, o_bias = false, mlp_bias = false;
-  bool tie = false;  // tie_word_embeddings, and no lm_head.weight written
   bool kv_interleave = false;  // oracle-only mutant: head h reads kv head h % n_kv (wrong for GQA)
-  DType dtype = DType::kF32;
-  json extra = json::object();  // merged into config.json
 };
 
+// The cases' `extra` never holds rope_scaling, so adding it after the merge is the same config.
 json ConfigJson(const Spec& s) {
-  json j = {{"architectures", {s.architecture}},
-            {"model_type", s.model_type},
-            {"hidden_size", s.hidden},
-            {"intermediate_size", s.inter},
-            {"num_hidden_layers", s.layers},
-            {"num_attention_heads", s.heads},
-            {"num_key_value_heads", s.kv_heads},
-            {"vocab_size", s.vocab},
-            {"max_position_embeddings", s.max_pos},
-            {"rms_norm_eps", s.eps},
-            {"rope_theta", s.theta},
-            {"hidden_act", "silu"},
-            {"tie_word_embeddings", s.tie},
-            {"bos_token_id", 1},
-            {"eos_token_id", 2},
-            {"torch_dtype", s.dtype == DType::kF32 ? "float32" : s.dtype == DType::kBF16 ? "bfloat16" : "float16"}};
-  if (s.write_head_dim) j["head_dim"] = s.head_dim;
-  if (s.model_type != "qwen2") j["attention_bias"] = s.qkv_bias;
-  if (s.mlp_bias) j["mlp_bias"] = true;
+  json j = nibble_test::TinyLlamaConfig(s);
   if (s.rope == Spec::Rope::kLinear) j["rope_scaling"] = {{s.rope_type_key, "linear"}, {"factor", s.factor}};
   if (s.rope == Spec::Rope::kLlama3)
     j["rope_scaling"] = {{s.rope_type_key, "llama3"},
@@ -128,7 +107,6 @@ json ConfigJson(const Spec& s) {
                          {"low_freq_factor", s.low_freq_factor},
                          {"high_freq_factor", s.high_freq_factor},
                          {"original_max_position_embeddings", s.old_ctx}};
-  j.merge_patch(s.extra);
   return j;
 }
 
@@ -150,69 +128,28 @@ double RoundTo(DType dt, double x) {
   return f;
 }
 
-std::vector<uint8_t> Encode(DType dt, const std::vector<double>& v) {
-  std::vector<uint8_t> out(v.size() * nibble::DTypeSize(dt));
-  for (size_t i = 0; i < v.size(); ++i) {
-    const float f = static_cast<float>(v[i]);
-    if (dt == DType::kF32) {
-      std::memcpy(out.data() + 4 * i, &f, 4);
-    } else {
-      const uint16_t h = dt == DType::kBF16 ? nibble::F32ToBf16(f) : nibble::F32ToF16(f);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
-  return out;
-}
-
 // Random weights: linears N(0, 0.1) (q/k N(0, 0.15) so attention is far from uniform), biases
 // N(0, 0.1), embeddings N(0, 0.5), norm weights 1 + N(0, 0.1).
 Checkpoint MakeCheckpoint(const Spec& s, uint64_t seed) {
+  using R = nibble_test::TinyRole;
   Rng rng(seed);
   Checkpoint ck;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, double mean, double sd) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    Weight w{shape, std::vector<double>(n)};
-    for (auto& x : w.v) x = RoundTo(s.dtype, mean + sd * rng.Normal());
-    ck.tensors.push_back({name, s.dtype, shape, Encode(s.dtype, w.v)});
-    ck.w[name] = std::move(w);
+  auto fill = [&](const nibble_test::TinyTensor& t, std::vector<float>& v) {
+    const double mean = t.role == R::kNorm ? 1 : 0;
+    const double sd = t.role == R::kEmbedding ? 0.5 : t.role == R::kQueryKey ? 0.15 : 0.1;
+    Weight w{t.shape, std::vector<double>(v.size())};
+    for (size_t i = 0; i < v.size(); ++i) {
+      w.v[i] = RoundTo(s.dtype, mean + sd * rng.Normal());
+      v[i] = static_cast<float>(w.v[i]);  // exact: w.v[i] is an fp32 value
+    }
+    ck.w[t.name] = std::move(w);
   };
-  const int64_t q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-  add("model.embed_tokens.weight", {s.vocab, s.hidden}, 0, 0.5);
-  for (int64_t l = 0; l < s.layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {s.hidden}, 1, 0.1);
-    add(p + "self_attn.q_proj.weight", {q_dim, s.hidden}, 0, 0.15);
-    add(p + "self_attn.k_proj.weight", {kv_dim, s.hidden}, 0, 0.15);
-    add(p + "self_attn.v_proj.weight", {kv_dim, s.hidden}, 0, 0.1);
-    add(p + "self_attn.o_proj.weight", {s.hidden, q_dim}, 0, 0.1);
-    if (s.qkv_bias) {
-      add(p + "self_attn.q_proj.bias", {q_dim}, 0, 0.1);
-      add(p + "self_attn.k_proj.bias", {kv_dim}, 0, 0.1);
-      add(p + "self_attn.v_proj.bias", {kv_dim}, 0, 0.1);
-    }
-    if (s.o_bias) add(p + "self_attn.o_proj.bias", {s.hidden}, 0, 0.1);
-    add(p + "post_attention_layernorm.weight", {s.hidden}, 1, 0.1);
-    add(p + "mlp.gate_proj.weight", {s.inter, s.hidden}, 0, 0.1);
-    add(p + "mlp.up_proj.weight", {s.inter, s.hidden}, 0, 0.1);
-    add(p + "mlp.down_proj.weight", {s.hidden, s.inter}, 0, 0.1);
-    if (s.mlp_bias) {
-      add(p + "mlp.gate_proj.bias", {s.inter}, 0, 0.1);
-      add(p + "mlp.up_proj.bias", {s.inter}, 0, 0.1);
-      add(p + "mlp.down_proj.bias", {s.hidden}, 0, 0.1);
-    }
-  }
-  add("model.norm.weight", {s.hidden}, 1, 0.1);
-  if (!s.tie) add("lm_head.weight", {s.vocab, s.hidden}, 0, 0.1);
+  ck.tensors = nibble_test::TinyLlamaTensors(s, nibble_test::TinyOrder::kHf, fill);
   return ck;
 }
 
 void WriteCheckpoint(const std::string& dir, const Spec& s, const std::vector<nibble::TensorToWrite>& tensors) {
-  std::ofstream(dir + "/config.json") << ConfigJson(s).dump(2);
-  std::vector<const nibble::TensorToWrite*> ptrs;
-  for (const auto& t : tensors) ptrs.push_back(&t);
-  auto st = nibble::WriteSafetensors(dir + "/model.safetensors", ptrs, {{"format", "pt"}});
-  ASSERT_TRUE(st.ok()) << st.error().message;
+  nibble_test::WriteTinyLlama(dir, ConfigJson(s), tensors);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,10 +290,9 @@ double LogitScale(const std::vector<double>& ref) {
 
 // S·K_max·u relative to the logit scale (see the file comment).
 double RelTolerance(const Spec& s) {
-  const double u = std::ldexp(1.0, -24);
   const double stages = 8.0 * s.layers + 3;
   const double k_max = std::max({s.hidden, s.heads * s.head_dim, s.inter, static_cast<int64_t>(kTokens.size())});
-  return stages * k_max * u;
+  return stages * k_max * nibble_test::kFp32UnitRoundoff;
 }
 
 struct Diff {

@@ -24,6 +24,7 @@
 #include "quantize/calibration.h"
 #include "test_paths.h"
 #include "test_util.h"
+#include "tiny_llama.h"
 #include "tokenizer/tokenizer.h"
 
 namespace fs = std::filesystem;
@@ -44,62 +45,26 @@ void WriteText(const std::string& p, const std::string& s) {
   out << s;
 }
 
-// A tiny random Llama (GQA: 8 heads, 2 kv heads, head_dim 8 → v_proj out 16, o_proj in 64) with
-// stories260K's tokenizer (vocab 512). `edit(name, values)` may change a tensor before writing.
-struct TinySpec {
-  nibble::DType dtype = nibble::DType::kF16;
-  int64_t layers = 2, hidden = 64, inter = 128, heads = 8, kv_heads = 2;
-};
+// A tiny random Llama (GQA: 8 heads, 2 kv heads, head_dim 8 → v_proj out 16, o_proj in 64),
+// f16 unless set, with stories260K's tokenizer (vocab 512) unless `tokenizer` is false.
+// `edit(name, values)` may change a tensor before writing.
+using TinySpec = nibble_test::TinyLlamaSpec;
 
 void WriteTinyModel(const std::string& dir, const TinySpec& s,
-                    const std::function<void(const std::string&, std::vector<float>&)>& edit = nullptr) {
-  fs::create_directories(dir);
-  const int64_t hd = s.hidden / s.heads, vocab = 512;
-  nlohmann::ordered_json c = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
-                              {"hidden_size", s.hidden}, {"intermediate_size", s.inter},
-                              {"num_hidden_layers", s.layers}, {"num_attention_heads", s.heads},
-                              {"num_key_value_heads", s.kv_heads}, {"vocab_size", vocab},
-                              {"max_position_embeddings", 256}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
-                              {"tie_word_embeddings", false}, {"bos_token_id", 1}, {"eos_token_id", 2},
-                              {"torch_dtype", s.dtype == nibble::DType::kF16 ? "float16" : (s.dtype == nibble::DType::kBF16 ? "bfloat16" : "float32")}};
-  WriteText(dir + "/config.json", c.dump(2));
-  fs::copy_file(nibble_test::SharedModel("stories260K") + "/tokenizer.model", dir + "/tokenizer.model");
+                    const std::function<void(const std::string&, std::vector<float>&)>& edit = nullptr,
+                    bool tokenizer = true) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<nibble::TensorToWrite> ts;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float stddev, float mean) {
-    int64_t n = 1;
-    for (auto d : shape) n *= d;
-    std::vector<float> v(static_cast<size_t>(n));
+  auto fill = [&](const nibble_test::TinyTensor& t, std::vector<float>& v) {
+    using R = nibble_test::TinyRole;
+    const float stddev = t.role == R::kEmbedding ? 1.0f : t.role == R::kNorm ? 0.05f : 0.1f;
+    const float mean = t.role == R::kNorm ? 1.0f : 0.0f;
     for (auto& x : v) x = mean + stddev * nd(rng);
-    if (edit) edit(name, v);
-    nibble::TensorToWrite t;
-    t.name = name;
-    t.dtype = s.dtype;
-    t.shape = shape;
-    const size_t es = nibble::DTypeSize(s.dtype);
-    t.bytes.resize(v.size() * es);
-    for (size_t i = 0; i < v.size(); ++i) nibble::StoreFloatAs(v[i], s.dtype, t.bytes.data() + i * es);
-    ts.push_back(std::move(t));
+    if (edit) edit(t.name, v);
   };
-  add("model.embed_tokens.weight", {vocab, s.hidden}, 1.0f, 0.0f);
-  add("model.norm.weight", {s.hidden}, 0.05f, 1.0f);
-  add("lm_head.weight", {vocab, s.hidden}, 0.1f, 0.0f);
-  for (int64_t l = 0; l < s.layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {s.hidden}, 0.05f, 1.0f);
-    add(p + "post_attention_layernorm.weight", {s.hidden}, 0.05f, 1.0f);
-    add(p + "self_attn.q_proj.weight", {s.heads * hd, s.hidden}, 0.1f, 0.0f);
-    add(p + "self_attn.k_proj.weight", {s.kv_heads * hd, s.hidden}, 0.1f, 0.0f);
-    add(p + "self_attn.v_proj.weight", {s.kv_heads * hd, s.hidden}, 0.1f, 0.0f);
-    add(p + "self_attn.o_proj.weight", {s.hidden, s.heads * hd}, 0.1f, 0.0f);
-    add(p + "mlp.gate_proj.weight", {s.inter, s.hidden}, 0.1f, 0.0f);
-    add(p + "mlp.up_proj.weight", {s.inter, s.hidden}, 0.1f, 0.0f);
-    add(p + "mlp.down_proj.weight", {s.hidden, s.inter}, 0.1f, 0.0f);
-  }
-  std::vector<const nibble::TensorToWrite*> ptrs;
-  for (const auto& t : ts) ptrs.push_back(&t);
-  ASSERT_TRUE(nibble::WriteSafetensors(dir + "/model.safetensors", ptrs, {}).ok());
+  nibble_test::WriteTinyLlama(dir, nibble_test::TinyLlamaConfig(s),
+                              nibble_test::TinyLlamaTensors(s, nibble_test::TinyOrder::kNormsFirst, fill),
+                              tokenizer ? nibble_test::SharedModel("stories260K") : "");
 }
 
 // Calibration text: a slice of tinyshakespeare (a few thousand tokens).
@@ -152,6 +117,7 @@ std::vector<float> TensorValues(const nibble::TensorStore& st, const std::string
 // Calibration data
 
 TEST(AwqCalibration, FirstChunksShortfallWarningAndSeededShuffle) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   auto tok = nibble::Tokenizer::Load(nibble_test::SharedModel("stories260K"));
   ASSERT_TRUE(tok.ok());
   const std::string text = ReadAll(nibble_test::SharedData("tinyshakespeare.txt")).substr(0, 20000);
@@ -183,6 +149,7 @@ TEST(AwqCalibration, FirstChunksShortfallWarningAndSeededShuffle) {
 }
 
 TEST(AwqCalibration, JsonlTextsAreConcatenatedAndLongDocumentsChunked) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
   TempDir tmp;
   const std::string p = tmp.sub("c.jsonl");
   WriteText(p, "{\"text\": \"Once upon a time there was a little dog.\"}\n\n{\"text\": \"It was happy.\", \"id\": 3}\n");
@@ -211,6 +178,7 @@ TEST(AwqCalibration, JsonlTextsAreConcatenatedAndLongDocumentsChunked) {
 // AWQ numerical safety and GQA
 
 TEST(Awq, GqaSkipsVToOWithMessageAndStillQuantizesAndRuns) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   WriteTinyModel(tmp.sub("m"), TinySpec{});
   auto req = AwqReq(tmp.sub("m"), tmp.sub("q"), CalibFile(tmp));
@@ -248,6 +216,7 @@ TEST(Awq, GqaSkipsVToOWithMessageAndStillQuantizesAndRuns) {
 }
 
 TEST(Awq, Fp16OverflowAfterScalingNeverBecomesInf) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   TinySpec spec;
   spec.kv_heads = 8;  // MHA: v_proj -> o_proj runs too
@@ -281,6 +250,7 @@ TEST(Awq, Fp16OverflowAfterScalingNeverBecomesInf) {
 }
 
 TEST(Awq, ZeroChannelAndZeroGroupAreFiniteAndExact) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   TinySpec spec;
   spec.dtype = nibble::DType::kBF16;
@@ -327,6 +297,7 @@ TEST(Awq, ZeroChannelAndZeroGroupAreFiniteAndExact) {
 // Config: custom scaling_layers from --quant_config; named errors.
 
 TEST(Awq, QuantConfigScalingLayersAreUsedAndRecorded) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   WriteTinyModel(tmp.sub("m"), TinySpec{});
   nlohmann::ordered_json qc = {
@@ -368,6 +339,7 @@ TEST(Awq, QuantConfigScalingLayersAreUsedAndRecorded) {
 }
 
 TEST(Awq, BadRequestsAreNamedErrors) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   WriteTinyModel(tmp.sub("m"), TinySpec{});
   auto req = AwqReq(tmp.sub("m"), tmp.sub("q"), "");
@@ -393,7 +365,7 @@ struct TinyAwqInputs {
 };
 
 void OpenTinyAwqInputs(const std::string& dir, const TinySpec& spec, TinyAwqInputs* in) {
-  WriteTinyModel(dir, spec);
+  WriteTinyModel(dir, spec, nullptr, /*tokenizer=*/false);  // RunAwq reads no tokenizer
   auto mc = nibble::LoadModelConfig(dir);
   ASSERT_TRUE(mc.ok()) << mc.error().message;
   auto store = nibble::TensorStore::OpenDir(dir);
@@ -608,6 +580,7 @@ std::map<std::string, std::string> DirBytes(const std::string& dir) {
 }
 
 TEST(Awq, SameSeedGivesByteIdenticalFilesWithOneAndTwoThreads) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
   WriteTinyModel(tmp.sub("m"), TinySpec{});
   const std::string calib = CalibFile(tmp);
@@ -672,17 +645,21 @@ Kld RtnVsAwq(const std::string& model, const std::string& scheme) {
 }
 
 TEST(AwqAcceptance, OutliersAsymKldAtMost30PercentOfRtn) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m-outliers", "data/prose-calib.txt", "data/prose-val.txt");
   const Kld k = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m-outliers"), "w_uint4_per_group_asym");
   EXPECT_NEAR(k.rtn, 0.0200, 0.0200 * 0.05);  // README band for RTN
   EXPECT_LE(k.awq, 0.30 * k.rtn);
 }
 
 TEST(AwqAcceptance, PlainModelAsymNotWorseThanRtn) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m", "data/prose-calib.txt", "data/prose-val.txt");
   const Kld k = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m"), "w_uint4_per_group_asym");
   EXPECT_LE(k.awq, 1.05 * k.rtn);
 }
 
 TEST(AwqAcceptance, OutliersSymAndPlainSym) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m-outliers", "models/prose-llama-7m", "data/prose-calib.txt",
+                      "data/prose-val.txt");
   const Kld a = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m-outliers"), "w_int4_per_group_sym");
   EXPECT_LE(a.awq, 0.30 * a.rtn);
   const Kld b = RtnVsAwq(nibble_test::SharedModel("prose-llama-7m"), "w_int4_per_group_sym");
@@ -723,6 +700,7 @@ double Stories260KPerplexity(const std::string& scheme, int64_t group_size, cons
 }
 
 TEST(AwqAcceptance, Stories260KAgreesWithTheReferenceImplementation) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt", "data/wikitext-2-raw-test.txt");
   EXPECT_NEAR(Stories260KPerplexity("w_uint4_per_channel_asym", -1, "rtn"), 138.02, 138.02 * 0.01);
   EXPECT_NEAR(Stories260KPerplexity("w_uint4_per_channel_asym", -1, "awq"), 143.30, 143.30 * 0.01);
   EXPECT_NEAR(Stories260KPerplexity("w_uint4_per_group_asym", 32, "rtn"), 144.86, 144.86 * 0.01);

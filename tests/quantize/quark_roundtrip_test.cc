@@ -112,6 +112,7 @@ TEST(QuarkRoundTrip, ProseLlamaAllSchemesAndPackMethods) {
 }
 
 TEST(QuarkRoundTrip, Stories260KMisalignedDownProjAndPaddedOutputs) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
   // K = 172 for down_proj: g32 needs a policy; gate/up have N = 172 (not a multiple of 8: padded).
   const std::string m = nibble_test::SharedModel("stories260K");
   auto r = Req("w_uint4_per_group_asym", 32, "reorder");
@@ -125,6 +126,7 @@ TEST(QuarkRoundTrip, Stories260KMisalignedDownProjAndPaddedOutputs) {
 }
 
 TEST(QuarkExport, MisalignedIsAnErrorByDefault) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
   TempDir tmp;
   auto r = Req("w_uint4_per_group_asym", 32, "reorder");
   r.model_dir = nibble_test::SharedModel("stories260K");
@@ -138,6 +140,7 @@ TEST(QuarkExport, MisalignedIsAnErrorByDefault) {
 }
 
 TEST(QuarkExport, PolicyIsRecordedInWrittenConfig) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
   TempDir tmp;
   auto r = Req("w_uint4_per_group_asym", 32, "reorder");
   r.model_dir = nibble_test::SharedModel("stories260K");
@@ -383,6 +386,7 @@ TEST(QuarkImport, LayerQuantConfigGivesLmHeadGroup32) {
 }
 
 TEST(QuarkModel, PerplexityWithinReadmeBand) {
+  NIBBLE_NEEDS_SHARED("data/prose-val.txt");
   // prose-llama-7m README: RTN uint4 asym g128 62.995, RTN int4 sym g128 62.735 (first 60 windows
   // of 512), band ±0.5 %.
   std::ifstream in(nibble_test::SharedData("prose-val.txt"));

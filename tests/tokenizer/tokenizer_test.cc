@@ -68,14 +68,17 @@ void CheckGoldenPrompt(const std::string& tokenizer_dir, const std::string& gold
 }
 
 TEST(TokenizerShipped, ProseLlama7mEncodesGoldenPrompt) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m");
   CheckGoldenPrompt(nibble_test::EmbeddedModel(), "prose-llama-7m");
 }
 
 TEST(TokenizerShipped, Stories260KEncodesGoldenPrompt) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
   CheckGoldenPrompt(nibble_test::SharedModel("stories260K"), "stories260K");
 }
 
 TEST(TokenizerShipped, SpecialIds) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
   for (const std::string& dir : {nibble_test::EmbeddedModel(), nibble_test::SharedModel("stories260K")}) {
     auto tok = LoadOrDie(dir);
     ASSERT_NE(tok, nullptr);
@@ -87,6 +90,7 @@ TEST(TokenizerShipped, SpecialIds) {
 }
 
 TEST(TokenizerShipped, DecodeEncodeRoundTrips) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
   const std::vector<std::string> texts = {
       "Once upon a time, there was a little girl named Lily.",
       "Hello",

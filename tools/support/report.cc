@@ -1,6 +1,9 @@
 // `nibble quantize --report` files: written atomically, read back as a human summary and as a PNG
-// plot (cairo) of per-linear relative output error, RTN vs AWQ, on a log scale.
+// plot (cairo) of per-linear relative output error, RTN vs AWQ, on a log scale. Cairo is optional
+// (CMake NIBBLE_WITH_CAIRO); without it the plot is a named error.
+#ifdef NIBBLE_HAVE_CAIRO
 #include <cairo.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -84,6 +87,11 @@ Result<std::string> SummarizeQuantizeReport(const std::string& path) {
   return out;
 }
 
+#ifndef NIBBLE_HAVE_CAIRO
+Status PlotQuantizeReport(const std::string& path, const std::string& png_path) {
+  return MakeError("built without cairo: PNG plots are unavailable (", png_path, " not written)");
+}
+#else
 Status PlotQuantizeReport(const std::string& path, const std::string& png_path) {
   NIBBLE_ASSIGN_OR_RETURN(nlohmann::json j, LoadReport(path));
   struct Point { std::string label; double rtn, awq; int64_t layer; };
@@ -196,6 +204,7 @@ Status PlotQuantizeReport(const std::string& path, const std::string& png_path) 
   if (!w.ok()) return w.error().WithContext("cannot write PNG " + png_path);
   return Status::Ok();
 }
+#endif  // NIBBLE_HAVE_CAIRO
 
 Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
   return WriteFileAtomic(path, bytes.data(), bytes.size());

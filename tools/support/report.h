@@ -18,7 +18,8 @@ Status WriteFileAtomically(const std::string& path, const std::string& bytes);
 Result<std::string> SummarizeQuantizeReport(const std::string& report_path);
 
 /// Draws per-linear relative output error (RTN vs AWQ, log scale) of a report into a PNG (cairo).
-/// Errors: unreadable / malformed report, a report without AWQ layers, unwritable PNG.
+/// Errors: unreadable / malformed report, a report without AWQ layers, unwritable PNG, a build
+/// without cairo ("built without cairo: PNG plots are unavailable").
 Status PlotQuantizeReport(const std::string& report_path, const std::string& png_path);
 
 }  // namespace nibble
