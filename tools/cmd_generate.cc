@@ -1,35 +1,134 @@
 // `nibble generate`: stream a continuation of a prompt; prefill / decode tokens/s on stderr.
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include <nibble/nibble.h>
 
 #include "commands.h"
 #include "support/bench.h"
+#include "support/stop_strings.h"
 
 namespace nibble_cli {
 
 namespace {
 struct GenerateArgs {
   std::string model;
+  std::string prompt_file;
+  std::vector<std::string> stops;
   nibble::GenerateOptions opt;
+  CLI::Option* seed = nullptr;
   int threads = 0;
   bool int8 = false;
   bool bf16 = false;
 };
+
+void AddSamplingFlags(CLI::App* cmd, GenerateArgs& a) {
+  nibble::SamplingOptions& s = a.opt.sampling;
+  cmd->add_option("--temperature", s.temperature,
+                  "Sampling temperature, applied before the top-k / top-p / min-p cuts; 0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top_k", s.top_k, "Keep the k most likely tokens; 0 = all")->capture_default_str();
+  cmd->add_option("--top_p", s.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
+  cmd->add_option("--min_p", s.min_p, "Keep tokens with p >= min_p * p(most likely), in [0, 1]; 0 = off")
+      ->capture_default_str();
+  cmd->add_option("--repeat_penalty", s.repeat_penalty,
+                  "Penalise tokens among the last --repeat_last_n (llama.cpp: logit / p if > 0, else * p); 1 = off")
+      ->capture_default_str();
+  cmd->add_option("--repeat_last_n", s.repeat_last_n, "Tokens the repeat penalty looks back over; 0 = off, -1 = all")
+      ->capture_default_str();
+  a.seed = cmd->add_option("--seed", s.seed, "Sampling seed (default: a random one, printed on stderr)");
+}
+
+// Prints which int4 linears the opt-in activations reach; "" or the refusal.
+std::string ReportActivations(const GenerateArgs& a, const nibble::ModelInfo& info) {
+  if (!a.int8 && !a.bf16) return "";
+  const int64_t n = info.activation_linears;
+  if (n == 0) return a.int8 ? Int8NotServed(a.model) : Bf16NotServed(a.model);
+  if (a.int8) std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears\n", static_cast<long long>(n));
+  else
+    std::fprintf(stderr, "activations: bf16 in %lld int4 linears (kernel: %s)\n", static_cast<long long>(n),
+                 nibble::DescribeKernels().bf16_act_kernel.c_str());
+  const std::string kept = KeptFp32Note(a.int8, info.int4_linears, n);
+  if (!kept.empty()) std::fprintf(stderr, "activations: %s\n", kept.c_str());
+  return "";
+}
+
+// Generation ends when the context is full: the last token is sampled from the last position's
+// logits, so a prompt of P tokens leaves room for max_position_embeddings - P + 1 new ones.
+void WarnIfBeyondContext(const nibble::Model& model, const nibble::GenerateOptions& o) {
+  auto ids = model.Tokenize(o.prompt);
+  if (!ids.ok()) return;  // Generate reports it
+  const int64_t max_pos = model.info().max_position_embeddings, p = static_cast<int64_t>(ids->size());
+  const int64_t room = max_pos - p + 1;
+  if (p <= max_pos && o.max_new_tokens > room)
+    std::fprintf(stderr,
+                 "warning: -n %lld exceeds the context: the prompt takes %lld of %lld positions "
+                 "(max_position_embeddings), so at most %lld tokens will be generated\n",
+                 static_cast<long long>(o.max_new_tokens), static_cast<long long>(p), static_cast<long long>(max_pos),
+                 static_cast<long long>(room));
+}
+
+void PrintStats(const nibble::GenerateStats& s, const StopStringFilter& stop) {
+  const int64_t decoded = s.generated_tokens > 0 ? s.generated_tokens - 1 : 0;
+  const std::string reason = stop.stopped() ? "stop string \"" + stop.matched() + "\"" : s.stop_reason;
+  std::fprintf(stderr,
+               "\nprefill: %lld tokens in %.3f s (%.1f tokens/s) | decode: %lld tokens in %.3f s (%.1f tokens/s) | "
+               "stop: %s | threads: %d\n",
+               static_cast<long long>(s.prompt_tokens), s.prefill_seconds,
+               s.prefill_seconds > 0 ? s.prompt_tokens / s.prefill_seconds : 0.0, static_cast<long long>(decoded),
+               s.decode_seconds, s.decode_seconds > 0 ? decoded / s.decode_seconds : 0.0, reason.c_str(),
+               nibble::NumThreads());
+}
+
+int RunGenerate(GenerateArgs& a) {
+  if (!a.prompt_file.empty()) {
+    if (const std::string err = ReadTextFile(a.prompt_file, &a.opt.prompt); !err.empty()) return Fail("-f: " + err);
+    if (!a.opt.prompt.empty() && a.opt.prompt.back() == '\n') a.opt.prompt.pop_back();  // as llama.cpp's -f
+  }
+  for (const std::string& s : a.stops)
+    if (s.empty()) return Fail("--stop: empty stop string");
+  nibble::SetNumThreads(a.threads);
+  nibble::LoadOptions lo;
+  if (a.int8) lo.activations = nibble::ActivationType::kInt8;
+  if (a.bf16) lo.activations = nibble::ActivationType::kBf16;
+  auto model = nibble::Model::Load(a.model, lo);
+  if (!model.ok()) return Fail(model.error().message);
+  if (const std::string err = ReportActivations(a, (*model)->info()); !err.empty()) return Fail(err);
+  WarnIfBeyondContext(**model, a.opt);
+  if (a.seed->count() == 0) a.opt.sampling.seed = std::random_device{}();
+  std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(a.opt.sampling.seed));
+  std::fwrite(a.opt.prompt.data(), 1, a.opt.prompt.size(), stdout);  // echo, as llama.cpp does
+  StopStringFilter stop(a.stops);
+  auto stats = nibble::Generate(**model, a.opt, [&stop](std::string_view piece) {
+    const std::string shown = stop.Push(piece);
+    std::fwrite(shown.data(), 1, shown.size(), stdout);
+    std::fflush(stdout);
+    return !stop.stopped();
+  });
+  if (!stats.ok()) return Fail(stats.error().message);
+  const std::string rest = stop.Flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  PrintStats(*stats, stop);
+  return 0;
+}
 }  // namespace
 
 Runner RegisterGenerate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt (streams tokens as they come)");
   cmd->add_option("--model,-m", args->model, "Model directory (HF layout: config.json, safetensors, tokenizer.model)")->required();
-  cmd->add_option("--prompt,-p", args->opt.prompt, "Prompt text (empty: start from BOS alone)");
+  CLI::Option* prompt = cmd->add_option("--prompt,-p", args->opt.prompt, "Prompt text (empty: start from BOS alone)");
+  cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file (one trailing newline dropped)")
+      ->excludes(prompt);
   cmd->add_option("-n,--max_new_tokens", args->opt.max_new_tokens, "Tokens to generate")->capture_default_str();
-  cmd->add_option("--temperature", args->opt.sampling.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
-  cmd->add_option("--top_k", args->opt.sampling.top_k, "Keep the k most likely tokens; 0 = all")->capture_default_str();
-  cmd->add_option("--top_p", args->opt.sampling.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
-  cmd->add_option("--seed", args->opt.sampling.seed, "Sampling seed")->capture_default_str();
+  AddSamplingFlags(cmd, *args);
+  cmd->add_option("--stop", args->stops, "Stop when the text contains this string (not printed); repeatable")
+      ->allow_extra_args(false);
   cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
   cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 1024));
   cmd->add_flag("--int8_activations", args->int8,
@@ -40,47 +139,7 @@ Runner RegisterGenerate(CLI::App& app) {
                 "larger than the cache on CPUs with avx512_bf16; measure its perplexity cost with "
                 "`nibble perplexity --bf16_activations`)")
       ->excludes("--int8_activations");
-  return [args]() {
-    nibble::SetNumThreads(args->threads);
-    nibble::LoadOptions lo;
-    if (args->int8) lo.activations = nibble::ActivationType::kInt8;
-    if (args->bf16) lo.activations = nibble::ActivationType::kBf16;
-    auto model = nibble::Model::Load(args->model, lo);
-    if (!model.ok()) return Fail(model.error().message);
-    const int64_t n = (*model)->info().activation_linears;
-    if (args->int8) {
-      if (n == 0) return Fail(Int8NotServed(args->model));
-      std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears\n", static_cast<long long>(n));
-      const std::string kept = KeptFp32Note(true, (*model)->info().int4_linears, n);
-      if (!kept.empty()) std::fprintf(stderr, "activations: %s\n", kept.c_str());
-    }
-    if (args->bf16) {
-      if (n == 0) return Fail(Bf16NotServed(args->model));
-      std::fprintf(stderr, "activations: bf16 in %lld int4 linears (kernel: %s)\n", static_cast<long long>(n),
-                   nibble::DescribeKernels().bf16_act_kernel.c_str());
-      const std::string kept = KeptFp32Note(false, (*model)->info().int4_linears, n);
-      if (!kept.empty()) std::fprintf(stderr, "activations: %s\n", kept.c_str());
-    }
-    std::fwrite(args->opt.prompt.data(), 1, args->opt.prompt.size(), stdout);  // echo, as llama.cpp does
-    auto stats = nibble::Generate(**model, args->opt, [](std::string_view piece) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
-      return true;
-    });
-    if (!stats.ok()) return Fail(stats.error().message);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-    const auto& s = *stats;
-    const int64_t decoded = s.generated_tokens > 0 ? s.generated_tokens - 1 : 0;
-    std::fprintf(stderr,
-                 "\nprefill: %lld tokens in %.3f s (%.1f tokens/s) | decode: %lld tokens in %.3f s (%.1f tokens/s) | "
-                 "stop: %s | threads: %d\n",
-                 static_cast<long long>(s.prompt_tokens), s.prefill_seconds,
-                 s.prefill_seconds > 0 ? s.prompt_tokens / s.prefill_seconds : 0.0, static_cast<long long>(decoded),
-                 s.decode_seconds, s.decode_seconds > 0 ? decoded / s.decode_seconds : 0.0, s.stop_reason.c_str(),
-                 nibble::NumThreads());
-    return 0;
-  };
+  return [args]() { return RunGenerate(*args); };
 }
 
 }  // namespace nibble_cli

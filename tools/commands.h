@@ -20,6 +20,12 @@ Runner RegisterBench(CLI::App& app);
 Runner RegisterSynth(CLI::App& app);
 Runner RegisterCompare(CLI::App& app);
 Runner RegisterReport(CLI::App& app);
+Runner RegisterBenchModel(CLI::App& app);
+
+/// `nibble --version`: "nibble X.Y.Z (commit abc1234)", the kernels compiled in and those chosen.
+std::string VersionText();
+/// The commit the binary was built from ("unknown" outside a git tree).
+std::string BuildCommit();
 
 /// Prints "nibble: error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);

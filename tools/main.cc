@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
   nibble_cli::UseShortOpenMpSpin(argv);
   CLI::App app{"nibble: quantize LLMs to 4-bit weights (Quark hf_format) and run them on the CPU"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", [] { return nibble_cli::VersionText(); });
   std::vector<std::pair<CLI::App*, nibble_cli::Runner>> commands;
   auto add = [&](nibble_cli::Runner (*reg)(CLI::App&)) {
     size_t before = app.get_subcommands({}).size();
@@ -96,6 +97,7 @@ int main(int argc, char** argv) {
   add(nibble_cli::RegisterSynth);
   add(nibble_cli::RegisterCompare);
   add(nibble_cli::RegisterReport);
+  add(nibble_cli::RegisterBenchModel);
   // Name an unknown command instead of CLI11's generic "A subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;

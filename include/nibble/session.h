@@ -16,10 +16,16 @@
 
 namespace nibble {
 
+/// Applied in this order: repeat penalty (llama.cpp's), temperature, top-k, top-p, min-p; the
+/// cuts act on the tempered probabilities.
 struct SamplingOptions {
-  float temperature = 0.8f;  // 0 = greedy
-  int64_t top_k = 40;        // 0 = no top-k
-  float top_p = 0.95f;       // 1 = no nucleus cut
+  float temperature = 0.8f;    // 0 = greedy (the argmax after the repeat penalty)
+  int64_t top_k = 40;          // 0 = no top-k
+  float top_p = 0.95f;         // 1 = no nucleus cut
+  float min_p = 0.0f;          // keep tokens with p >= min_p · p_max; 0 = off (llama.cpp's default: 0.05)
+  float repeat_penalty = 1.0f; // > 1 divides a positive logit / multiplies a negative one of every
+                               // token among the last repeat_last_n of the context; 1 = off
+  int64_t repeat_last_n = 64;  // tokens the penalty looks back over (prompt included); 0 = off, -1 = all
   uint64_t seed = 0;
 };
 
@@ -58,8 +64,9 @@ class Session {
   Status Prefill(const std::vector<int32_t>& tokens);
   /// Appends one token (a decode step); same errors.
   Status Step(int32_t token);
-  /// Samples the next token from the current logits (greedy when temperature is 0). The sampler
-  /// is seeded with options.seed at the first call and again whenever the seed changes.
+  /// Samples the next token from the current logits (greedy when temperature is 0); the repeat
+  /// penalty looks back over the tokens the context holds. The sampler is seeded with
+  /// options.seed at the first call and again whenever the options change.
   /// Errors: no logits yet (nothing prefilled), invalid options (names the field).
   Result<int32_t> Sample(const SamplingOptions& options);
   /// Logits of the last position, [vocab_size] (empty before the first Prefill).

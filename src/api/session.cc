@@ -15,6 +15,7 @@ struct Session::Impl {
   const Model* model = nullptr;
   int threads = 0;
   KvCache cache;
+  std::vector<int32_t> tokens;  // the ids in the cache, [cache.length] (the repeat penalty's history)
   std::vector<float> logits;  // [vocab] of the last position, empty before the first Prefill
   std::optional<Sampler> sampler;
   SamplingOptions sampler_options;
@@ -43,7 +44,9 @@ Status Session::Prefill(const std::vector<int32_t>& tokens) {
   const LlamaModel& llama = ModelAccess::llama(*impl_->model);
   impl_->logits.resize(static_cast<size_t>(llama.config().vocab_size));
   const Status s = llama.Forward(tokens.data(), static_cast<int64_t>(tokens.size()), impl_->cache, impl_->logits.data(), false);
-  if (!s.ok()) impl_->logits.clear();
+  if (s.ok()) impl_->tokens.insert(impl_->tokens.end(), tokens.begin(), tokens.end());
+  else impl_->logits.clear();
+  impl_->tokens.resize(static_cast<size_t>(impl_->cache.length));
   return s;
 }
 
@@ -54,13 +57,17 @@ Result<int32_t> Session::Sample(const SamplingOptions& o) {
   if (o.temperature < 0) return MakeError("temperature ", o.temperature, " must be >= 0");
   if (o.top_p <= 0 || o.top_p > 1) return MakeError("top_p ", o.top_p, " must be in (0, 1]");
   if (o.top_k < 0) return MakeError("top_k ", o.top_k, " must be >= 0");
+  if (!(o.min_p >= 0 && o.min_p <= 1)) return MakeError("min_p ", o.min_p, " must be in [0, 1]");
+  if (!(o.repeat_penalty > 0)) return MakeError("repeat_penalty ", o.repeat_penalty, " must be > 0");
+  if (o.repeat_last_n < -1) return MakeError("repeat_last_n ", o.repeat_last_n, " must be >= -1");
   const SamplingOptions& cur = impl_->sampler_options;
   if (!impl_->sampler || o.temperature != cur.temperature || o.top_k != cur.top_k || o.top_p != cur.top_p ||
+      o.min_p != cur.min_p || o.repeat_penalty != cur.repeat_penalty || o.repeat_last_n != cur.repeat_last_n ||
       o.seed != cur.seed) {
-    impl_->sampler.emplace(SamplerOptions{o.temperature, o.top_k, o.top_p, o.seed});
+    impl_->sampler.emplace(o);
     impl_->sampler_options = o;
   }
-  return impl_->sampler->Sample(impl_->logits.data(), static_cast<int64_t>(impl_->logits.size()));
+  return impl_->sampler->Sample(impl_->logits.data(), static_cast<int64_t>(impl_->logits.size()), impl_->tokens);
 }
 
 const std::vector<float>& Session::logits() const { return impl_->logits; }
@@ -70,6 +77,7 @@ const Model& Session::model() const { return *impl_->model; }
 
 void Session::Truncate(int64_t position) {
   impl_->cache.length = std::clamp<int64_t>(position, 0, impl_->cache.length);
+  impl_->tokens.resize(static_cast<size_t>(impl_->cache.length));
   impl_->logits.clear();
   impl_->unfed.clear();
 }
@@ -85,6 +93,10 @@ Status CheckGenerateOptions(const GenerateOptions& o) {
   if (o.sampling.temperature < 0) return MakeError("--temperature ", o.sampling.temperature, " must be >= 0");
   if (o.sampling.top_p <= 0 || o.sampling.top_p > 1) return MakeError("--top_p ", o.sampling.top_p, " must be in (0, 1]");
   if (o.sampling.top_k < 0) return MakeError("--top_k ", o.sampling.top_k, " must be >= 0");
+  if (!(o.sampling.min_p >= 0 && o.sampling.min_p <= 1)) return MakeError("--min_p ", o.sampling.min_p, " must be in [0, 1]");
+  if (!(o.sampling.repeat_penalty > 0))
+    return MakeError("--repeat_penalty ", o.sampling.repeat_penalty, " must be > 0");
+  if (o.sampling.repeat_last_n < -1) return MakeError("--repeat_last_n ", o.sampling.repeat_last_n, " must be >= -1");
   return Status::Ok();
 }
 
@@ -143,6 +155,7 @@ Result<GenerateStats> Generate(Session& session, const GenerateOptions& options,
   for (int64_t i = 0; i < options.warmup; ++i) {  // first calls pay one-time GEMM kernel generation
     NIBBLE_RETURN_IF_ERROR(session.Prefill(prompt));
     impl.cache.length = p0;
+    impl.tokens.resize(static_cast<size_t>(p0));
   }
   impl.unfed.clear();
   const auto t0 = std::chrono::steady_clock::now();

@@ -3,47 +3,88 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <vector>
 
 namespace nibble {
 
-int32_t Sampler::Sample(const float* logits, int64_t vocab) {
-  if (options_.temperature <= 0.0f) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < vocab; ++i)
-      if (logits[i] > logits[best]) best = i;
-    return static_cast<int32_t>(best);
+namespace {
+
+// llama.cpp's repetition penalty: each distinct token among the last repeat_last_n of `recent`
+// (all of it for -1) has its logit divided by the penalty when positive and multiplied when not,
+// so a penalty above 1 always makes it less likely. Null when no penalty applies.
+std::vector<float> Penalised(const float* logits, int64_t vocab, const SamplingOptions& o, std::span<const int32_t> recent) {
+  if (o.repeat_penalty == 1.0f || o.repeat_last_n == 0 || recent.empty()) return {};
+  const size_t n = o.repeat_last_n < 0 ? recent.size() : std::min(recent.size(), static_cast<size_t>(o.repeat_last_n));
+  std::vector<float> l(logits, logits + vocab);
+  std::vector<bool> seen(static_cast<size_t>(vocab), false);
+  for (const int32_t id : recent.subspan(recent.size() - n)) {
+    if (id < 0 || id >= vocab || seen[id]) continue;
+    seen[id] = true;
+    l[id] = l[id] <= 0 ? l[id] * o.repeat_penalty : l[id] / o.repeat_penalty;
   }
+  return l;
+}
+
+int32_t ArgMax(const float* l, int64_t vocab) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < vocab; ++i)
+    if (l[i] > l[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+}  // namespace
+
+std::vector<TokenProb> Sampler::Weights(const float* logits, int64_t vocab, std::span<const int32_t> recent) const {
+  const std::vector<float> penalised = Penalised(logits, vocab, options_, recent);
+  const float* l = penalised.empty() ? logits : penalised.data();
+  if (options_.temperature <= 0.0f) return {{ArgMax(l, vocab), 1.0}};
   std::vector<int32_t> idx(static_cast<size_t>(vocab));
   std::iota(idx.begin(), idx.end(), 0);
-  int64_t k = options_.top_k > 0 ? std::min(options_.top_k, vocab) : vocab;
+  const int64_t k = options_.top_k > 0 ? std::min(options_.top_k, vocab) : vocab;
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+                    [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
   idx.resize(static_cast<size_t>(k));
-  std::vector<double> p(idx.size());
-  const double mx = logits[idx[0]];
+  // Tempered weights exp((l - l_max) / T): the top-p and min-p cuts see the tempered distribution.
+  const double mx = l[idx[0]];
+  std::vector<TokenProb> out(idx.size());
   double sum = 0;
-  for (size_t i = 0; i < idx.size(); ++i) {
-    p[i] = std::exp((logits[idx[i]] - mx) / options_.temperature);
-    sum += p[i];
-  }
-  size_t keep = idx.size();
-  if (options_.top_p < 1.0f) {
+  for (size_t i = 0; i < idx.size(); ++i) sum += (out[i] = {idx[i], std::exp((l[idx[i]] - mx) / options_.temperature)}).p;
+  size_t keep = out.size();
+  if (options_.top_p < 1.0f) {  // the smallest prefix whose probability mass reaches top_p
     double cum = 0;
-    for (size_t i = 0; i < idx.size(); ++i) {
-      cum += p[i] / sum;
+    for (size_t i = 0; i < out.size(); ++i) {
+      cum += out[i].p / sum;
       if (cum >= options_.top_p) { keep = i + 1; break; }
     }
   }
+  if (options_.min_p > 0.0f) {  // p >= min_p · p_max; the most likely token has weight 1
+    size_t m = 1;
+    while (m < keep && out[m].p >= static_cast<double>(options_.min_p)) ++m;
+    keep = m;
+  }
+  out.resize(keep);
+  return out;
+}
+
+std::vector<TokenProb> Sampler::Distribution(const float* logits, int64_t vocab, std::span<const int32_t> recent) const {
+  std::vector<TokenProb> d = Weights(logits, vocab, recent);
   double total = 0;
-  for (size_t i = 0; i < keep; ++i) total += p[i];
+  for (const TokenProb& t : d) total += t.p;
+  for (TokenProb& t : d) t.p /= total;
+  return d;
+}
+
+int32_t Sampler::Sample(const float* logits, int64_t vocab, std::span<const int32_t> recent) {
+  const std::vector<TokenProb> w = Weights(logits, vocab, recent);
+  if (options_.temperature <= 0.0f) return w[0].id;
+  double total = 0;
+  for (const TokenProb& t : w) total += t.p;
   std::uniform_real_distribution<double> dist(0.0, total);
   double r = dist(rng_);
-  for (size_t i = 0; i < keep; ++i) {
-    r -= p[i];
-    if (r <= 0) return idx[i];
+  for (const TokenProb& t : w) {
+    r -= t.p;
+    if (r <= 0) return t.id;
   }
-  return idx[keep - 1];
+  return w.back().id;
 }
 
 }  // namespace nibble

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,6 +66,50 @@ TEST(Session, PrefillStepSampleGiveGeneratesTokens) {
   std::vector<int32_t> all = *prompt;
   all.insert(all.end(), out.begin(), out.end());
   EXPECT_EQ(m.Detokenize(all), m.Detokenize(*prompt) + want);
+}
+
+// The argmax of `logits` after llama.cpp's repeat penalty over every distinct id of `history`.
+int32_t PenalisedArgmax(std::vector<float> logits, const std::vector<int32_t>& history, float penalty) {
+  std::vector<int32_t> ids = history;
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (int32_t id : ids) logits[id] = logits[id] > 0 ? logits[id] / penalty : logits[id] * penalty;
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+// The repeat penalty looks back over what the context holds: the prompt, every step, and no more
+// after a Truncate.
+TEST(Session, RepeatPenaltySeesTheTokensInTheContext) {
+  const nibble::Model& m = EmbeddedModel();
+  auto session = nibble::Session::Create(m);
+  ASSERT_TRUE(session.ok()) << session.error().message;
+  nibble::Session& s = **session;
+  auto prompt = m.Tokenize("And God said unto Moses, and God said");
+  ASSERT_TRUE(prompt.ok());
+  nibble::SamplingOptions o;
+  o.temperature = 0;
+  o.repeat_penalty = 1.8f;
+  o.repeat_last_n = -1;
+  std::vector<int32_t> history = *prompt;
+  ASSERT_TRUE(s.Prefill(*prompt).ok());
+  int changed = 0;
+  for (int i = 0; i < 16; ++i) {
+    auto next = s.Sample(o);
+    ASSERT_TRUE(next.ok()) << next.error().message;
+    ASSERT_EQ(*next, PenalisedArgmax(s.logits(), history, o.repeat_penalty)) << "step " << i;
+    changed += *next != PenalisedArgmax(s.logits(), {}, 1.0f);
+    history.push_back(*next);
+    ASSERT_TRUE(s.Step(*next).ok());
+  }
+  EXPECT_GT(changed, 0) << "the penalty never changed the greedy choice: the check above proves nothing";
+  s.Truncate(3);
+  history.resize(3);
+  const std::vector<int32_t> more = {(*prompt)[3], (*prompt)[4]};
+  ASSERT_TRUE(s.Prefill(more).ok());
+  history.insert(history.end(), more.begin(), more.end());
+  auto next = s.Sample(o);
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(*next, PenalisedArgmax(s.logits(), history, o.repeat_penalty));
 }
 
 TEST(Session, SessionsOverOneModelRunAtOnceWithTheSameResults) {

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "support/openmp_wait.h"
 #include "test_paths.h"
 
@@ -174,6 +176,106 @@ TEST(Cli, SameSeedSameText) {
   EXPECT_EQ(a.out, b.out);
 }
 
+// Without --seed a random seed is drawn and printed; given back with --seed it repeats the text.
+TEST(Cli, DefaultSeedIsPrintedAndRepeatsTheText) {
+  const std::string args = "generate --model " + Quote(nibble_test::EmbeddedModel()) +
+                           " --prompt 'The list' -n 12 --temperature 1.0 --threads 1";
+  RunResult a = RunNibble(args), b = RunNibble(args);
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  std::smatch ma, mb;
+  ASSERT_TRUE(std::regex_search(a.out, ma, std::regex(R"(seed: (\d+)\n)"))) << a.out;
+  ASSERT_TRUE(std::regex_search(b.out, mb, std::regex(R"(seed: (\d+)\n)"))) << b.out;
+  EXPECT_NE(ma[1].str(), mb[1].str()) << "two runs drew the same seed";
+  RunResult again = RunNibble(args + " --seed " + ma[1].str(), false);
+  ASSERT_EQ(again.exit_code, 0);
+  ASSERT_GT(again.out.size(), std::string("The list\n").size());
+  EXPECT_NE(a.out.find(again.out), std::string::npos) << "first run:\n" << a.out << "\nwith its seed:\n" << again.out;
+}
+
+TEST(Cli, PromptFromFileMatchesThePromptFlag) {
+  const std::string path = "/tmp/nibble-cli-prompt-" + std::to_string(getpid()) + ".txt";
+  std::ofstream(path) << "And God said\n";  // one trailing newline is dropped, as llama.cpp's -f does
+  const std::string model = "generate --model " + Quote(nibble_test::EmbeddedModel()) + " -n 8 --temperature 0";
+  RunResult f = RunNibble(model + " -f " + path, false), p = RunNibble(model + " --prompt 'And God said'", false);
+  std::remove(path.c_str());
+  ASSERT_EQ(f.exit_code, 0);
+  EXPECT_EQ(f.out, p.out);
+  EXPECT_EQ(f.out.rfind("And God said", 0), 0u) << f.out;
+}
+
+// The text up to a stop string is printed, the stop string and what follows are not.
+TEST(Cli, StopStringEndsGenerationBeforeIt) {
+  const std::string args = "generate --model " + Quote(nibble_test::EmbeddedModel()) +
+                           " --prompt 'And God said' -n 24 --temperature 0 --threads 1";
+  RunResult full = RunNibble(args, false);
+  ASSERT_EQ(full.exit_code, 0);
+  const size_t prompt = std::string("And God said").size();
+  ASSERT_GT(full.out.size(), prompt + 12) << full.out;
+  const std::string stop = full.out.substr(prompt + 6, 4);
+  const size_t at = full.out.find(stop, prompt);
+  RunResult r = RunNibble(args + " --stop " + Quote(stop) + " --stop 'never in this text'");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  // stdout ends with the text before the stop and a newline; stderr's summary follows.
+  EXPECT_NE(r.out.find(full.out.substr(0, at) + "\n\nprefill: "), std::string::npos) << "stop " << Quote(stop) << "\n" << r.out;
+  EXPECT_NE(r.out.find("stop: stop string \"" + stop + "\""), std::string::npos) << r.out;
+}
+
+TEST(Cli, MaxNewTokensBeyondTheContextIsWarnedUpFront) {
+  RunResult r = RunNibble("generate --model " + Quote(nibble_test::EmbeddedModel()) +
+                          " --prompt 'And God said' -n 100000 --temperature 0 --stop ' '");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const size_t warn = r.out.find("warning: -n 100000 exceeds the context: the prompt takes 4 of 512 positions");
+  EXPECT_NE(warn, std::string::npos) << r.out;
+  EXPECT_LT(warn, r.out.find("And God said")) << r.out;
+  EXPECT_NE(r.out.find("at most 509 tokens"), std::string::npos) << r.out;
+}
+
+TEST(Cli, VersionNamesTheCommitAndKernels) {
+  RunResult r = RunNibble("--version");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(^nibble \d+\.\d+\.\d+ \(commit ([0-9a-f]{4,}|unknown)\)\n)"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(kernels compiled in: .*scalar)"))) << r.out;
+  EXPECT_NE(r.out.find("kernels chosen: int4 "), std::string::npos) << r.out;
+}
+
+// bench-model's table (one row per model, mode, thread count and test) and its JSON; a mode the
+// dense model cannot run is a note, not a failure.
+TEST(Cli, BenchModelTableAndJson) {
+  const std::string args = "bench-model -m " + Quote(nibble_test::EmbeddedModel()) + " -p 8 -n 4 -r 2 -t 1,2";
+  RunResult t = RunNibble(args + " --activations fp32,int8");
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  const std::regex row(R"(\| prose-llama-7m +\| dense \w+ +\| +[0-9.]+ MiB \| +[0-9.]+ M \| fp32 +\| +(\d) \| +(pp8|tg4) \| +([0-9.]+) ± ([0-9.]+) \|)");
+  std::vector<std::string> seen;
+  for (std::sregex_iterator it(t.out.begin(), t.out.end(), row), end; it != end; ++it) {
+    seen.push_back((*it)[1].str() + " " + (*it)[2].str());
+    EXPECT_GT(std::stod((*it)[3]), 0) << it->str();
+    EXPECT_GE(std::stod((*it)[4]), 0) << it->str();
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"1 pp8", "1 tg4", "2 pp8", "2 tg4"})) << t.out;
+  EXPECT_NE(t.out.find("bench-model: int8 skipped for"), std::string::npos) << t.out;
+  RunResult j = RunNibble(args + " --json", false);
+  ASSERT_EQ(j.exit_code, 0) << j.out;
+  const nlohmann::json rows = nlohmann::json::parse(j.out, nullptr, false);
+  ASSERT_TRUE(rows.is_array()) << j.out;
+  ASSERT_EQ(rows.size(), 4u) << j.out;
+  for (const auto& r : rows) {
+    EXPECT_EQ(r.at("model"), "prose-llama-7m");
+    EXPECT_GT(r.at("model_size").get<int64_t>(), 0);
+    EXPECT_GT(r.at("model_n_params").get<int64_t>(), 0);
+    EXPECT_EQ(r.at("activations"), "fp32");
+    EXPECT_EQ(r.at("repetitions"), 2);
+    EXPECT_EQ(r.at("samples_ts").size(), 2u);
+    EXPECT_GT(r.at("median_ts").get<double>(), 0);
+    EXPECT_GE(r.at("stddev_ts").get<double>(), 0);
+    const bool pp = r.at("test") == "pp8";
+    EXPECT_TRUE(pp || r.at("test") == "tg4") << r.dump();
+    EXPECT_EQ(r.at("n_prompt"), pp ? 8 : 0);
+    EXPECT_EQ(r.at("n_gen"), pp ? 0 : 4);
+  }
+  EXPECT_EQ(rows[0].at("n_threads"), 1);
+  EXPECT_EQ(rows[3].at("n_threads"), 2);
+}
+
 struct BadCase {
   const char* name;
   std::string args;
@@ -191,6 +293,12 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
       {"seq_len too long", "perplexity --model " + model + " --text " + Quote(nibble_test::SharedData("prose-val.txt")) + " --seq_len 4096",
        "max_position_embeddings"},
       {"bad top_p", "generate --model " + model + " --top_p 0 -n 1", "--top_p"},
+      {"bad min_p", "generate --model " + model + " --min_p 1.5 -n 1", "--min_p"},
+      {"bad repeat_penalty", "generate --model " + model + " --repeat_penalty 0 -n 1", "--repeat_penalty"},
+      {"missing prompt file", "generate --model " + model + " -f /nonexistent/prompt.txt -n 1", "/nonexistent/prompt.txt"},
+      {"empty stop string", "generate --model " + model + " --stop '' -n 1", "--stop"},
+      {"bench-model unknown activations", "bench-model -m " + model + " --activations fp8", "unknown mode \"fp8\""},
+      {"bench-model context", "bench-model -m " + model + " -p 4096 -n 0", "max_position_embeddings"},
       {"unknown flag", "generate --model " + model + " --frobnicate 3", "frobnicate"},
       {"unknown command", "bogus --model " + model, "unknown command \"bogus\""},
       // CLI11 would report the required flag as missing; the misspelt one is named instead.
