@@ -37,7 +37,7 @@ std::function<void(int64_t, int64_t, double)> RunningPerplexityPrinter(std::func
     if (done == 1) {
       if (st->before) st->before();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - st->start).count();
-      std::fprintf(stderr, "%.2f s per window, ETA %.1f s\n", s, s * static_cast<double>(total - 1));
+      std::fprintf(stderr, "first window after %.2f s (tokenizing included), ETA %.1f s\n", s, s * static_cast<double>(total - 1));
     }
     std::fprintf(stderr, "[%lld]%.4f,", static_cast<long long>(done), ppl);
     if (done == total) std::fputc('\n', stderr);

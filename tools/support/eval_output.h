@@ -20,7 +20,8 @@ std::string PplWithError(const nibble::PerplexityReport& p);
 void PrintKldStatistics(std::FILE* out, const nibble::ComparisonRow& row, const nibble::PerplexityReport& base);
 
 /// An on_window callback that prints llama-perplexity's running value "[1]62.12,[2]61.80,..."
-/// with the time per window first, on stderr, when stderr is a terminal; a no-op otherwise.
+/// after the time to the first window and an ETA, on stderr, when stderr is a terminal; a no-op
+/// (nullptr) otherwise.
 /// `before_print` runs before the first output (e.g. to close a progress bar).
 std::function<void(int64_t, int64_t, double)> RunningPerplexityPrinter(std::function<void()> before_print = nullptr);
 
