@@ -82,7 +82,10 @@ int RunAgainstBase(const Run& run) {
   std::fprintf(run.out, "perplexity: %.4f (base %.4f)\nmean KLD: %.6f nats (max %.4f)\ntop-1 agreement: %.2f %%\n",
                row.perplexity.ppl, c->base.ppl, row.mean_kld, row.max_kld, 100.0 * row.top1_agreement);
   PrintKldStatistics(run.out, row, c->base);
-  nlohmann::ordered_json j = {{"model", a->model}, {"base", base}, {"text", a->text}};
+  nlohmann::ordered_json j = {{"model", a->model},
+                              {"base", c->base_logits_file.empty() ? a->kl_base : c->base_logits_file},
+                              {"base_is_saved_logits", !c->base_logits_file.empty()},
+                              {"text", a->text}};
   j["base_perplexity"] = PerplexityJson(c->base);
   j["perplexity"] = PerplexityJson(row.perplexity);
   j["comparison"] = ComparisonRowJson(row);
