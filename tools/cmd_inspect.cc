@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "support/bench.h"
+#include "support/eval_output.h"
 #include "support/openmp_wait.h"
 
 namespace nibble_cli {
@@ -54,6 +55,13 @@ void ShowKernels(bool as_json) {
   }
 }
 
+// Stored bits per weight of one linear (scales and zero points included), counted as SizeSummary.
+double BitsPerWeight(const nibble::InspectReport::Layer& l) {
+  nibble::SizeSummary one;
+  one.quantized_weights = l.n * l.k;
+  one.quantized_bytes = l.stored_bytes;
+  return one.bits_per_weight();
+}
 }  // namespace
 
 Runner RegisterInspect(CLI::App& app) {
@@ -72,11 +80,6 @@ Runner RegisterInspect(CLI::App& app) {
     if (dir->empty()) return Fail("inspect: a model directory is required (or --kernels)");
     auto rep = nibble::Inspect(*dir);
     if (!rep.ok()) return Fail(rep.error().message);
-    int64_t stored = 0, fp = 0;
-    for (const auto& l : rep->layers) {
-      stored += l.stored_bytes;
-      fp += l.float_bytes;
-    }
     if (*as_json) {
       nlohmann::ordered_json j;
       j["dir"] = rep->dir;
@@ -84,14 +87,12 @@ Runner RegisterInspect(CLI::App& app) {
       j["torch_dtype"] = rep->torch_dtype;
       for (const auto& [key, value] : rep->format_properties) j[key] = value;
       j["total_tensor_bytes"] = rep->total_tensor_bytes;
-      j["linear_stored_bytes"] = stored;
-      j["linear_float_bytes"] = fp;
-      j["linear_compression_ratio"] = stored > 0 ? static_cast<double>(fp) / static_cast<double>(stored) : 0.0;
+      j["size"] = SizeJson(rep->size);
       nlohmann::ordered_json layers = nlohmann::ordered_json::array();
       for (const auto& l : rep->layers)
         layers.push_back({{"name", l.name}, {"quantized", l.quantized}, {"scheme", l.scheme}, {"rule", l.rule},
                           {"out_features", l.n}, {"in_features", l.k}, {"stored_bytes", l.stored_bytes},
-                          {"float_bytes", l.float_bytes}});
+                          {"float_bytes", l.float_bytes}, {"bits_per_weight", BitsPerWeight(l)}});
       j["layers"] = layers;
       if (!rep->quantization_config_json.empty()) j["quantization_config"] = nlohmann::ordered_json::parse(rep->quantization_config_json);
       std::printf("%s\n", j.dump(2).c_str());
@@ -101,14 +102,11 @@ Runner RegisterInspect(CLI::App& app) {
     for (const auto& [key, value] : rep->format_properties) props += " | " + key + ": " + value;
     std::printf("%s\nformat: %s%s | torch_dtype: %s | tensors on disk: %.2f MB\n", rep->dir.c_str(), rep->format.c_str(),
                 props.c_str(), rep->torch_dtype.c_str(), rep->total_tensor_bytes / 1e6);
-    std::printf("%-36s %-22s %6s %6s %10s %7s  %s\n", "layer", "scheme", "N", "K", "bytes", "ratio", "rule");
+    std::printf("%-36s %-22s %6s %6s %10s %7s  %s\n", "layer", "scheme", "N", "K", "bytes", "bits/w", "rule");
     for (const auto& l : rep->layers)
-      std::printf("%-36s %-22s %6lld %6lld %10lld %6.2fx  %s\n", l.name.c_str(), l.scheme.c_str(), static_cast<long long>(l.n),
-                  static_cast<long long>(l.k), static_cast<long long>(l.stored_bytes),
-                  l.stored_bytes > 0 ? static_cast<double>(l.float_bytes) / static_cast<double>(l.stored_bytes) : 0.0,
-                  l.rule.c_str());
-    std::printf("linear layers: %.2f MB stored vs %.2f MB in %s: %.2fx compression\n", stored / 1e6, fp / 1e6,
-                rep->torch_dtype.c_str(), stored > 0 ? static_cast<double>(fp) / static_cast<double>(stored) : 0.0);
+      std::printf("%-36s %-22s %6lld %6lld %10lld %7.2f  %s\n", l.name.c_str(), l.scheme.c_str(), static_cast<long long>(l.n),
+                  static_cast<long long>(l.k), static_cast<long long>(l.stored_bytes), BitsPerWeight(l), l.rule.c_str());
+    std::printf("size: %s\n", nibble::FormatSize(rep->size).c_str());
     return 0;
   };
 }

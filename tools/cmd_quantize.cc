@@ -1,4 +1,5 @@
 // `nibble quantize`: float HF checkpoint -> AMD Quark hf_format int4 checkpoint (Quark's flags).
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -6,10 +7,13 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include <nibble/nibble.h>
 
 #include "commands.h"
 #include "support/progress.h"
+#include "support/eval_output.h"
 #include "support/report.h"
 
 namespace nibble_cli {
@@ -22,6 +26,7 @@ struct QuantizeArgs {
   bool exclude_given = false;
   int threads = 0;
   std::string report;
+  bool json = false;
 };
 
 // "5GB" (decimal, as HF), "500MiB" (binary), or plain bytes.
@@ -46,66 +51,88 @@ bool ParseSize(const std::string& text, int64_t* out) {
 }
 
 // Per layer: the chosen ratio and loss of each mapping, and the RTN -> AWQ output errors.
-void PrintAwqSummary(const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
-  std::printf("AWQ: %lld calibration chunks x %lld tokens (%s), propagation %s%s, %.1f s\n",
+void PrintAwqSummary(std::FILE* out, const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
+  std::fprintf(out, "AWQ: %lld calibration chunks x %lld tokens (%s), propagation %s%s, %.1f s\n",
               static_cast<long long>(s.calib_chunks), static_cast<long long>(s.calib_seq_len), r.dataset.c_str(),
               s.propagate.c_str(), r.awq_clip ? ", clip" : "", s.awq_seconds);
   for (const auto& l : s.awq_layers) {
-    std::printf("  layer %lld (%.1f s):", static_cast<long long>(l.layer), l.seconds);
+    std::fprintf(out, "  layer %lld (%.1f s):", static_cast<long long>(l.layer), l.seconds);
     for (const auto& m : l.mappings) {
       if (m.skipped) continue;
       std::string dst = m.layers.size() == 1 ? m.layers[0].substr(m.layers[0].rfind('.') + 1) : m.prev_op;
-      std::printf(" [%s r=%.2f%s loss %.3g->%.3g]", dst.c_str(), m.ratio, m.duo ? "d" : "", m.loss_rtn, m.loss_best);
+      std::fprintf(out, " [%s r=%.2f%s loss %.3g->%.3g]", dst.c_str(), m.ratio, m.duo ? "d" : "", m.loss_rtn, m.loss_best);
     }
-    std::printf("\n    output error RTN->AWQ:");
+    std::fprintf(out, "\n    output error RTN->AWQ:");
     for (const auto& e : l.linears)
       if (e.quantized)
-        std::printf(" %s %.2e->%.2e", e.name.substr(e.name.rfind('.') + 1).c_str(), e.rtn_error, e.awq_error);
-    std::printf("\n");
+        std::fprintf(out, " %s %.2e->%.2e", e.name.substr(e.name.rfind('.') + 1).c_str(), e.rtn_error, e.awq_error);
+    std::fprintf(out, "\n");
   }
 }
 
 // Layers quantized and kept, sizes, the worst weight error, shards and time.
-void PrintExportSummary(const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
-  int64_t in_q = 0, out_q = 0, nq = 0;
+void PrintExportSummary(std::FILE* out, const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
   double worst = 0;
   std::string worst_name;
-  for (const auto& l : s.layers) {
-    if (!l.quantized) continue;
-    ++nq;
-    in_q += l.bytes_in;
-    out_q += l.bytes_out;
-    if (l.rel_error > worst) { worst = l.rel_error; worst_name = l.name; }
-  }
-  std::printf("quantized %lld of %zu linear layers (%s, algo %s) into %s\n", static_cast<long long>(nq), s.layers.size(),
-              r.quant_config_file.empty() ? r.quant_scheme.c_str() : r.quant_config_file.c_str(), r.quant_algo.c_str(),
-              r.output_dir.c_str());
+  for (const auto& l : s.layers)
+    if (l.quantized && l.rel_error > worst) {
+      worst = l.rel_error;
+      worst_name = l.name;
+    }
+  std::fprintf(out, "quantized %lld of %zu linear layers (%s, algo %s) into %s\n",
+               static_cast<long long>(s.size.quantized_linears), s.layers.size(),
+               r.quant_config_file.empty() ? r.quant_scheme.c_str() : r.quant_config_file.c_str(), r.quant_algo.c_str(),
+               r.output_dir.c_str());
   // One line per rule that decided: quantized layers counted, float ones named (a few of them).
   std::map<std::string, std::vector<std::string>> quantized_by, kept_by;
   for (const auto& l : s.layers) (l.quantized ? quantized_by : kept_by)[l.rule].push_back(l.name);
   if (quantized_by.size() > 1)
-    for (const auto& [rule, names] : quantized_by) std::printf("  quantized by %s: %zu layers\n", rule.c_str(), names.size());
+    for (const auto& [rule, names] : quantized_by) std::fprintf(out, "  quantized by %s: %zu layers\n", rule.c_str(), names.size());
   for (const auto& [rule, names] : kept_by) {
     std::string list;
     for (size_t i = 0; i < names.size() && i < 3; ++i) list += (i ? ", " : "") + names[i];
     if (names.size() > 3) list += ", ...";
-    std::printf("  kept in float (%s): %zu layer%s: %s\n", rule.c_str(), names.size(), names.size() == 1 ? "" : "s",
-                list.c_str());
+    std::fprintf(out, "  kept in float (%s): %zu layer%s: %s\n", rule.c_str(), names.size(), names.size() == 1 ? "" : "s",
+                 list.c_str());
   }
-  if (nq > 0)
-    std::printf("quantized linears: %.2f MB -> %.2f MB (%.3fx); worst relative weight error %.4f (%s)\n", in_q / 1e6,
-                out_q / 1e6, static_cast<double>(out_q) / static_cast<double>(in_q), worst, worst_name.c_str());
+  std::fprintf(out, "size: %s\n", nibble::FormatSize(s.size).c_str());
+  if (s.size.quantized_linears > 0)
+    std::fprintf(out, "worst relative weight error %.4f (%s)\n", worst, worst_name.c_str());
   if (!s.copied_files.empty()) {
     std::string files;
     for (const std::string& f : s.copied_files) files += (files.empty() ? "" : ", ") + f;
-    std::printf("copied from the input: %s\n", files.c_str());
+    std::fprintf(out, "copied from the input: %s\n", files.c_str());
   }
   if (s.awq_seconds > 0)
-    std::printf("wrote %lld shard(s), %.2f MB of tensors; %.2f s in all (AWQ %.2f s)\n", static_cast<long long>(s.shards),
-                s.total_bytes / 1e6, s.seconds, s.awq_seconds);
+    std::fprintf(out, "wrote %lld shard(s); %.2f s in all (AWQ %.2f s)\n", static_cast<long long>(s.shards), s.seconds,
+                 s.awq_seconds);
   else
-    std::printf("wrote %lld shard(s), %.2f MB of tensors in %.2f s\n", static_cast<long long>(s.shards), s.total_bytes / 1e6,
-                s.seconds);
+    std::fprintf(out, "wrote %lld shard(s) in %.2f s\n", static_cast<long long>(s.shards), s.seconds);
+}
+
+// --json: the summary as one object (the report file has the per-layer detail).
+nlohmann::ordered_json SummaryJson(const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
+  nlohmann::ordered_json j;
+  j["model_dir"] = r.model_dir;
+  j["output_dir"] = r.output_dir;
+  j["quant_algo"] = r.quant_algo;
+  j["quant_scheme"] = r.quant_config_file.empty() ? r.quant_scheme : "";
+  j["quant_config"] = r.quant_config_file;
+  j["linear_layers"] = s.layers.size();
+  j["size"] = SizeJson(s.size);
+  nlohmann::ordered_json kept = nlohmann::ordered_json::array();
+  double worst = 0;
+  for (const auto& l : s.layers) {
+    if (!l.quantized) kept.push_back({{"name", l.name}, {"rule", l.rule}});
+    if (l.quantized) worst = std::max(worst, l.rel_error);
+  }
+  j["kept_in_float"] = kept;
+  j["worst_relative_weight_error"] = worst;
+  j["copied_files"] = s.copied_files;
+  j["shards"] = s.shards;
+  j["seconds"] = s.seconds;
+  if (r.quant_algo == "awq") j["awq_seconds"] = s.awq_seconds;
+  return j;
 }
 
 }  // namespace
@@ -130,6 +157,7 @@ Runner RegisterQuantize(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--duo_scaling", r.duo_scaling, "AWQ grid: true | false | both (llm-compressor)")->capture_default_str();
   cmd->add_option("--n_grid", r.n_grid, "AWQ grid points")->capture_default_str();
+  cmd->add_flag("--json", a->json, "Print the summary as a JSON object on stdout (the human text goes to stderr)");
   cmd->add_option("--report", a->report, "Write a JSON report (per layer AWQ ratios, losses, per-linear errors)");
   cmd->add_option("--model_export", r.model_export, "Export format: hf_format")->capture_default_str();
   auto* pm = cmd->add_option("--pack_method", r.pack_method, "Nibble order: reorder (AWQ order) | order")->capture_default_str();
@@ -196,8 +224,10 @@ Runner RegisterQuantize(CLI::App& app) {
       const nibble::Status w = nibble::WriteFileAtomically(a->report, s->report_json);
       if (!w.ok()) return Fail("cannot write report: " + w.error().message);
     }
-    if (r.quant_algo == "awq") PrintAwqSummary(r, *s);
-    PrintExportSummary(r, *s);
+    std::FILE* out = a->json ? stderr : stdout;
+    if (r.quant_algo == "awq") PrintAwqSummary(out, r, *s);
+    PrintExportSummary(out, r, *s);
+    if (a->json) std::printf("%s\n", SummaryJson(r, *s).dump(2).c_str());
     return 0;
   };
 }

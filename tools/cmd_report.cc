@@ -1,5 +1,5 @@
 // `nibble report FILE.json [--plot out.png]`: a quantization report (from `nibble quantize
-// --report`) as a human summary, and optionally a PNG of per-linear RTN vs AWQ output error.
+// --report`) as a human summary, and optionally a PNG of the per-linear errors.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -19,9 +19,9 @@ struct ReportArgs {
 
 Runner RegisterReport(CLI::App& app) {
   auto a = std::make_shared<ReportArgs>();
-  CLI::App* cmd = app.add_subcommand("report", "Summarize a quantize --report JSON file; --plot draws RTN vs AWQ error");
+  CLI::App* cmd = app.add_subcommand("report", "Summarize a quantize --report JSON file; --plot draws the per-linear errors");
   cmd->add_option("file", a->file, "Report JSON written by nibble quantize --report")->required();
-  cmd->add_option("--plot", a->plot, "Write a PNG: per-linear relative output error, RTN vs AWQ");
+  cmd->add_option("--plot", a->plot, "Write a PNG: per-linear relative output error RTN vs AWQ (AWQ reports) or weight error (RTN reports)");
   return [a]() {
     auto s = nibble::SummarizeQuantizeReport(a->file);
     if (!s.ok()) return Fail(s.error().message);

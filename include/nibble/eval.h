@@ -1,6 +1,8 @@
 // Evaluation of loaded models: perplexity with the GPTQ/AWQ-paper protocol (SPEC §6.1) and the
 // comparison of quantized models with their float base on the same windows (perplexity, mean
-// KL divergence, top-1 agreement: llama.cpp's --kl-divergence measures).
+// KL divergence, top-1 agreement: llama.cpp's --kl-divergence measures), with llama-perplexity's
+// uncertainties. The float model's logits can be saved once (`save_logits`, a documented binary
+// file: docs/FORMATS.md "Saved logits") and read back instead of re-running it.
 #pragma once
 
 #include <cstdint>
@@ -13,16 +15,29 @@
 
 namespace nibble {
 
+/// The saved-logits file looked for in a directory given as a saved-logits path.
+inline constexpr char kSavedLogitsFileName[] = "nibble-logits.bin";
+
+/// The saved-logits file `path` names: `path` itself when it is a regular file, path/
+/// nibble-logits.bin when `path` is a directory holding one, else "" (e.g. a model directory).
+std::string FindSavedLogits(const std::string& path);
+
 struct PerplexityOptions {
   int64_t seq_len = 2048;
   int64_t max_windows = 0;  // 0 = every full window
   int threads = 0;          // 0 = the calling thread's setting
   std::function<void(int64_t done, int64_t total)> progress;
+  /// After each window: (windows done, total, perplexity over the windows so far).
+  std::function<void(int64_t done, int64_t total, double ppl)> on_window;
+  /// When set, the logits of every scored position are written to this file (or, for an
+  /// existing directory, to DIR/nibble-logits.bin) for a later kl_divergence_base run.
+  std::string save_logits;
 };
 
 /// Result of the "GPTQ/AWQ paper" protocol (SPEC §6.1), with the protocol's numbers.
 struct PerplexityReport {
   double ppl = 0, mean_nll = 0;
+  double ppl_stderr = 0;  // standard error of ppl: ppl * sqrt(var(token NLL) / (N - 1)), N scored tokens
   int64_t seq_len = 0, n_tokens = 0, n_windows = 0, n_windows_available = 0, scored_tokens = 0,
           dropped_tokens = 0;
   bool bos_prepended = false;
@@ -41,6 +56,10 @@ struct CompareOptions {
   int64_t max_windows = 0;  // 0 = every full window
   int threads = 0;          // 0 = the calling thread's setting
   std::function<void(int64_t done, int64_t total)> progress;
+  /// After each window: (windows done, total, the first model's perplexity so far).
+  std::function<void(int64_t done, int64_t total, double ppl)> on_window;
+  /// CompareModels only: the base model's logits are also written here (see PerplexityOptions).
+  std::string save_logits;
 };
 
 /// One model compared with the base (float) model on the same windows.
@@ -48,12 +67,16 @@ struct ComparisonRow {
   std::string dir;
   PerplexityReport perplexity;
   double mean_kld = 0;        // mean over scored positions of KL(P_base || P_model), nats
+  double mean_kld_error = 0;  // standard error of mean_kld: sqrt(var / (N - 1))
+  double median_kld = 0, kld_p90 = 0, kld_p99 = 0, kld_p999 = 0;  // quantiles of the per-position KL
   double max_kld = 0;
-  double top1_agreement = 0;  // fraction of positions whose argmax equals the base's
+  double top1_agreement = 0;  // fraction of positions whose argmax equals the base's ("same top p")
+  double top1_agreement_error = 0;  // sqrt(p (1 - p) / (N - 1))
 };
 
 struct ComparisonReport {
-  PerplexityReport base;
+  PerplexityReport base;  // base.seconds: the whole comparison (base and every model), wall time
+  std::string base_logits_file;  // the saved logits read (CompareWithSavedLogits), else ""
   std::vector<ComparisonRow> rows;
 };
 
@@ -63,5 +86,13 @@ struct ComparisonReport {
 /// seq_len out of range.
 Result<ComparisonReport> CompareModels(const Model& base, const std::vector<const Model*>& models, const std::string& text,
                                        const CompareOptions& options);
+
+/// CompareModels with the base's logits read from a saved-logits file (`logits_path`: a file or a
+/// directory holding nibble-logits.bin) instead of running a base model; the text is tokenized
+/// with the first model's tokenizer. Errors name the file and what differs from this run: not a
+/// saved-logits file, truncated, vocab size, seq_len, token count or a token id (another text or
+/// tokenizer), fewer windows saved than evaluated.
+Result<ComparisonReport> CompareWithSavedLogits(const std::string& logits_path, const std::vector<const Model*>& models,
+                                                const std::string& text, const CompareOptions& options);
 
 }  // namespace nibble

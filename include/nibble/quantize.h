@@ -13,6 +13,25 @@
 
 namespace nibble {
 
+/// A checkpoint's size in the one convention nibble prints everywhere (quantize, inspect,
+/// compare): bits per weight over the quantized linears' weights, their scales and zero points
+/// included, and the bytes of all tensors, against the same checkpoint with those linears in float.
+struct SizeSummary {
+  int64_t quantized_linears = 0;
+  int64_t quantized_weights = 0;   // out_features x in_features summed over the quantized linears
+  int64_t quantized_bytes = 0;     // their stored bytes: packed weights, scales, zero points
+  int64_t tensor_bytes = 0;        // every tensor of the checkpoint
+  int64_t float_tensor_bytes = 0;  // the same with the quantized linears in float (float_bits each)
+  int float_bits = 0;              // bits of the float weights (16 or 32)
+  double bits_per_weight() const {
+    return quantized_weights > 0 ? 8.0 * static_cast<double>(quantized_bytes) / static_cast<double>(quantized_weights) : 0.0;
+  }
+};
+
+/// The size as one line: "4.25 bits/weight in 42 quantized linears (scales and zero points
+/// included); tensors 3,104,768 bytes (3.10 MB), 3.76x smaller than with 16-bit float linears".
+std::string FormatSize(const SizeSummary& size);
+
 /// `nibble quantize` request, in AMD Quark's vocabulary (quantize_quark.py flags).
 struct QuantizeRequest {
   std::string model_dir;
@@ -89,6 +108,7 @@ struct QuantizeSummary {
   };
   std::vector<Layer> layers;
   int64_t shards = 0, total_bytes = 0;
+  SizeSummary size;  // of the written checkpoint
   std::vector<std::string> copied_files;  // files copied from the input (tokenizer, generation config, ...)
   double seconds = 0;
   std::string quantization_config_json;  // as written into config.json
@@ -128,6 +148,7 @@ struct InspectReport {
   std::string quantization_config_json;  // quantized checkpoints only
   std::vector<Layer> layers;
   int64_t total_tensor_bytes = 0;  // all tensors on disk
+  SizeSummary size;
 };
 
 /// Inspects a model directory without running it. Errors: unreadable / malformed files.

@@ -19,11 +19,14 @@ Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::strin
   protocol.seq_len = seq_len;
   protocol.max_windows = options.max_windows;
   protocol.progress = options.progress;
+  protocol.on_window = options.on_window;
+  protocol.save_logits = options.save_logits;
   auto t0 = std::chrono::steady_clock::now();
   NIBBLE_ASSIGN_OR_RETURN(PerplexityResult r, EvaluatePerplexityTokens(ModelAccess::llama(model), tokens, protocol));
   PerplexityReport rep;
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   rep.ppl = r.ppl;
+  rep.ppl_stderr = r.ppl_stderr;
   rep.mean_nll = r.mean_nll;
   rep.seq_len = seq_len;
   rep.n_tokens = r.n_tokens;

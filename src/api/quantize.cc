@@ -5,6 +5,7 @@
 #include <nibble/quantize.h>
 
 #include "api/model_impl.h"
+#include "api/size.h"
 #include "formats/checkpoint_format.h"
 #include "formats/quark_config.h"
 #include "io/file.h"
@@ -230,6 +231,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   s.shards = rep.shards;
   s.copied_files = rep.copied_files;
   s.total_bytes = rep.total_bytes;
+  s.size = SizeOfQuantized(s.layers, rep.total_bytes);
   s.seconds = rep.seconds;
   s.quantization_config_json = rep.quantization_config.dump(2);
   s.report_json = QuantizeReportJson(r, s);
@@ -274,6 +276,7 @@ Result<InspectReport> Inspect(const std::string& dir) {
     l.float_bytes = l.n * l.k * elem;
     rep.layers.push_back(l);
   }
+  rep.size = SizeOfInspected(rep.layers, rep.total_tensor_bytes, 8 * static_cast<int>(elem));
   return rep;
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <memory>
 
 #include "model/ops.h"
 
@@ -48,33 +50,52 @@ int64_t ArgMax(const float* row, int64_t n) {
   return best;
 }
 
-Result<ComparisonResult> ComparePerplexityTokens(const LlamaModel& base, const std::vector<const LlamaModel*>& models,
-                                                 const std::vector<int32_t>& tokens, const PerplexityProtocol& protocol) {
+double Quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double rank = q * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(rank);
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  const double f = rank - static_cast<double>(lo);
+  return (1 - f) * sorted[lo] + f * sorted[hi];
+}
+
+namespace {
+
+// The base's logits rows for window w (tokens `win`): a forward pass or a saved file.
+using BaseWindowFn = std::function<Result<const float*>(int64_t w, const int32_t* win)>;
+
+// Per model: every position's KL in scoring order, and the argmax agreements.
+struct Accumulator {
+  std::vector<double> kl;
+  double kl_sum = 0;
+  int64_t agree = 0;
+};
+
+Status CheckModels(int64_t vocab, int64_t seq_len, const std::vector<const LlamaModel*>& models) {
   if (models.empty()) return MakeError("compare: no models to compare with the base model");
-  const int64_t vocab = base.config().vocab_size;
   for (size_t i = 0; i < models.size(); ++i)
     if (models[i]->config().vocab_size != vocab)
       return MakeError("compare: model ", i + 1, " has vocab_size ", models[i]->config().vocab_size,
                        " but the base model has ", vocab);
-  // Window arithmetic exactly as EvaluatePerplexityTokens.
-  ComparisonResult out;
-  const int64_t seq_len = protocol.seq_len;
   if (seq_len < 2) return MakeError("--seq_len ", seq_len, " is too small (need at least 2)");
   for (const LlamaModel* m : models)
     if (seq_len > m->config().max_position_embeddings)
       return MakeError("--seq_len ", seq_len, " exceeds a model's max_position_embeddings (", m->config().max_position_embeddings, ")");
-  if (seq_len > base.config().max_position_embeddings)
-    return MakeError("--seq_len ", seq_len, " exceeds the base model's max_position_embeddings (",
-                     base.config().max_position_embeddings, ")");
+  return Status::Ok();
+}
+
+// Window counts of the protocol (as EvaluatePerplexityTokens), for the base and every model.
+Status InitCounts(int64_t n_tokens, const PerplexityProtocol& protocol, ComparisonResult& out, size_t n_models) {
+  const int64_t seq_len = protocol.seq_len;
   PerplexityResult& b = out.base;
-  b.n_tokens = static_cast<int64_t>(tokens.size());
+  b.n_tokens = n_tokens;
   b.n_windows_available = b.n_tokens / seq_len;
   if (b.n_windows_available == 0) return MakeError("text has ", b.n_tokens, " tokens, fewer than one window of seq_len ", seq_len);
   b.n_windows = b.n_windows_available;
   if (protocol.max_windows > 0 && protocol.max_windows < b.n_windows) b.n_windows = protocol.max_windows;
   b.dropped_tokens = b.n_tokens - b.n_windows_available * seq_len;
   b.scored_tokens = b.n_windows * (seq_len - 1);
-  out.models.resize(models.size());
+  out.models.resize(n_models);
   for (auto& m : out.models) {
     m.perplexity.n_tokens = b.n_tokens;
     m.perplexity.n_windows = b.n_windows;
@@ -82,52 +103,110 @@ Result<ComparisonResult> ComparePerplexityTokens(const LlamaModel& base, const s
     m.perplexity.dropped_tokens = b.dropped_tokens;
     m.perplexity.scored_tokens = b.scored_tokens;
   }
+  return Status::Ok();
+}
 
+// One model on one window against the base rows.
+Status CompareWindow(const LlamaModel& model, const int32_t* win, int64_t seq_len, int64_t vocab, const float* base_logits,
+                     const std::vector<int64_t>& base_arg, std::vector<float>& logits, ModelComparison& mc, Accumulator& acc) {
   const int64_t scored = seq_len - 1;
-  std::vector<float> base_logits(static_cast<size_t>(seq_len * vocab)), logits(base_logits.size());
-  KvCache base_cache = base.NewCache(seq_len);
-  std::vector<double> kld_sum(models.size(), 0.0);
-  std::vector<int64_t> agree(models.size(), 0);
+  KvCache cache = model.NewCache(seq_len);
+  NIBBLE_RETURN_IF_ERROR(model.Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true));
+  mc.perplexity.window_mean_nll.push_back(MeanNll(logits.data(), vocab, win + 1, scored, &mc.perplexity.nll_sq_sum));
   std::vector<double> row_kl(static_cast<size_t>(scored));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < scored; ++i)
+    row_kl[i] = KlDivergenceFromLogits(base_logits + i * vocab, logits.data() + i * vocab, vocab);
+  for (int64_t i = 0; i < scored; ++i) {  // fixed order: independent of the thread count
+    acc.kl_sum += row_kl[i];
+    acc.kl.push_back(row_kl[i]);
+    mc.max_kld = std::max(mc.max_kld, row_kl[i]);
+    if (ArgMax(logits.data() + i * vocab, vocab) == base_arg[i]) ++acc.agree;
+  }
+  return Status::Ok();
+}
+
+// Mean ± error, quantiles and agreement of one model from its accumulated positions.
+void FinishModel(ModelComparison& mc, Accumulator& acc, int64_t positions) {
+  FinishPerplexity(mc.perplexity);
+  const double n = static_cast<double>(positions);
+  mc.positions = positions;
+  mc.mean_kld = acc.kl_sum / n;
+  double sq = 0;
+  for (double v : acc.kl) sq += v * v;
+  const double var = sq / n - mc.mean_kld * mc.mean_kld;
+  mc.mean_kld_error = n > 1 && var > 0 ? std::sqrt(var / (n - 1)) : 0.0;
+  std::sort(acc.kl.begin(), acc.kl.end());
+  mc.median_kld = Quantile(acc.kl, 0.5);
+  mc.kld_p90 = Quantile(acc.kl, 0.9);
+  mc.kld_p99 = Quantile(acc.kl, 0.99);
+  mc.kld_p999 = Quantile(acc.kl, 0.999);
+  const double p = static_cast<double>(acc.agree) / n;
+  mc.top1_agreement = p;
+  mc.top1_agreement_error = n > 1 ? std::sqrt(p * (1 - p) / (n - 1)) : 0.0;
+}
+
+Result<ComparisonResult> Compare(const BaseWindowFn& base_window, int64_t vocab, const std::vector<const LlamaModel*>& models,
+                                 const std::vector<int32_t>& tokens, const PerplexityProtocol& protocol) {
+  ComparisonResult out;
+  NIBBLE_RETURN_IF_ERROR(InitCounts(static_cast<int64_t>(tokens.size()), protocol, out, models.size()));
+  const int64_t seq_len = protocol.seq_len, scored = seq_len - 1;
+  PerplexityResult& b = out.base;
+  std::vector<float> logits(static_cast<size_t>(seq_len * vocab));
+  std::vector<Accumulator> acc(models.size());
   std::vector<int64_t> base_arg(static_cast<size_t>(scored));
   for (int64_t w = 0; w < b.n_windows; ++w) {
     const int32_t* win = tokens.data() + w * seq_len;
+    NIBBLE_ASSIGN_OR_RETURN(const float* base_logits, base_window(w, win));
+    b.window_mean_nll.push_back(MeanNll(base_logits, vocab, win + 1, scored, &b.nll_sq_sum));
+    for (int64_t i = 0; i < scored; ++i) base_arg[i] = ArgMax(base_logits + i * vocab, vocab);
+    for (size_t mi = 0; mi < models.size(); ++mi)
+      NIBBLE_RETURN_IF_ERROR(CompareWindow(*models[mi], win, seq_len, vocab, base_logits, base_arg, logits, out.models[mi], acc[mi]));
+    if (protocol.progress) protocol.progress(w + 1, b.n_windows);
+    if (protocol.on_window) protocol.on_window(w + 1, b.n_windows, RunningPerplexity(out.models[0].perplexity));
+  }
+  FinishPerplexity(b);
+  for (size_t mi = 0; mi < models.size(); ++mi) FinishModel(out.models[mi], acc[mi], b.scored_tokens);
+  return out;
+}
+
+}  // namespace
+
+Result<ComparisonResult> ComparePerplexityTokens(const LlamaModel& base, const std::vector<const LlamaModel*>& models,
+                                                 const std::vector<int32_t>& tokens, const PerplexityProtocol& protocol) {
+  const int64_t vocab = base.config().vocab_size, seq_len = protocol.seq_len;
+  NIBBLE_RETURN_IF_ERROR(CheckModels(vocab, seq_len, models));
+  if (seq_len > base.config().max_position_embeddings)
+    return MakeError("--seq_len ", seq_len, " exceeds the base model's max_position_embeddings (",
+                     base.config().max_position_embeddings, ")");
+  std::vector<float> base_logits(static_cast<size_t>(seq_len * vocab));
+  KvCache base_cache = base.NewCache(seq_len);
+  std::unique_ptr<SavedLogitsWriter> save;
+  if (!protocol.save_logits.empty() && static_cast<int64_t>(tokens.size()) >= seq_len) {
+    const int64_t avail = static_cast<int64_t>(tokens.size()) / seq_len;
+    const int64_t n_windows = protocol.max_windows > 0 && protocol.max_windows < avail ? protocol.max_windows : avail;
+    NIBBLE_ASSIGN_OR_RETURN(save, SavedLogitsWriter::Open(SavedLogitsPathFor(protocol.save_logits), vocab, seq_len, n_windows, tokens));
+  }
+  auto forward = [&](int64_t, const int32_t* win) -> Result<const float*> {
     base_cache.length = 0;
     NIBBLE_RETURN_IF_ERROR(base.Forward(win, seq_len, base_cache, base_logits.data(), /*all_logits=*/true));
-    const double nll = MeanNll(base_logits.data(), vocab, win + 1, scored);
-    b.window_mean_nll.push_back(nll);
-    for (int64_t i = 0; i < scored; ++i) base_arg[i] = ArgMax(base_logits.data() + i * vocab, vocab);
-    for (size_t mi = 0; mi < models.size(); ++mi) {
-      KvCache cache = models[mi]->NewCache(seq_len);
-      NIBBLE_RETURN_IF_ERROR(models[mi]->Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true));
-      ModelComparison& mc = out.models[mi];
-      mc.perplexity.window_mean_nll.push_back(MeanNll(logits.data(), vocab, win + 1, scored));
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < scored; ++i)
-        row_kl[i] = KlDivergenceFromLogits(base_logits.data() + i * vocab, logits.data() + i * vocab, vocab);
-      for (int64_t i = 0; i < scored; ++i) {  // fixed order: independent of the thread count
-        kld_sum[mi] += row_kl[i];
-        mc.max_kld = std::max(mc.max_kld, row_kl[i]);
-        if (ArgMax(logits.data() + i * vocab, vocab) == base_arg[i]) ++agree[mi];
-      }
-    }
-    if (protocol.progress) protocol.progress(w + 1, b.n_windows);
-  }
-  auto finish = [&](PerplexityResult& r) {
-    double s = 0;
-    for (double v : r.window_mean_nll) s += v;
-    r.mean_nll = s / static_cast<double>(r.window_mean_nll.size());
-    r.ppl = std::exp(r.mean_nll);
+    if (save) NIBBLE_RETURN_IF_ERROR(save->AddWindow(base_logits.data()));
+    return static_cast<const float*>(base_logits.data());
   };
-  finish(b);
-  for (size_t mi = 0; mi < models.size(); ++mi) {
-    ModelComparison& mc = out.models[mi];
-    finish(mc.perplexity);
-    mc.positions = b.scored_tokens;
-    mc.mean_kld = kld_sum[mi] / static_cast<double>(mc.positions);
-    mc.top1_agreement = static_cast<double>(agree[mi]) / static_cast<double>(mc.positions);
-  }
-  return out;
+  NIBBLE_ASSIGN_OR_RETURN(ComparisonResult r, Compare(forward, vocab, models, tokens, protocol));
+  if (save) NIBBLE_RETURN_IF_ERROR(save->Finish());
+  return r;
+}
+
+Result<ComparisonResult> ComparePerplexityTokensSaved(const SavedLogits& base, const std::vector<const LlamaModel*>& models,
+                                                      const std::vector<int32_t>& tokens, const PerplexityProtocol& protocol) {
+  if (models.empty() || protocol.seq_len < 2) NIBBLE_RETURN_IF_ERROR(CheckModels(base.vocab(), protocol.seq_len, models));
+  const int64_t avail = static_cast<int64_t>(tokens.size()) / protocol.seq_len;
+  const int64_t n_windows = protocol.max_windows > 0 && protocol.max_windows < avail ? protocol.max_windows : avail;
+  NIBBLE_RETURN_IF_ERROR(base.CheckMatches(models[0]->config().vocab_size, protocol.seq_len, n_windows, tokens));
+  NIBBLE_RETURN_IF_ERROR(CheckModels(base.vocab(), protocol.seq_len, models));
+  auto saved = [&](int64_t w, const int32_t*) -> Result<const float*> { return base.Logits(w); };
+  return Compare(saved, base.vocab(), models, tokens, protocol);
 }
 
 }  // namespace nibble

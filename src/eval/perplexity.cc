@@ -1,15 +1,17 @@
 #include "eval/perplexity.h"
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
+#include "eval/saved_logits.h"
 #include "model/ops.h"
 
 namespace nibble {
 
-double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64_t n) {
-  double total = 0;
-#pragma omp parallel for reduction(+ : total) schedule(static)
+double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64_t n, double* sq_sum) {
+  double total = 0, sq = 0;
+#pragma omp parallel for reduction(+ : total, sq) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float* row = logits + i * vocab;
     float mx = row[0];
@@ -22,9 +24,29 @@ double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64
       for (int64_t j = j0; j < j1; ++j) block += ExpF(row[j] - mx);
       sum += block;
     }
-    total += (std::log(sum) + mx) - static_cast<double>(row[targets[i]]);
+    const double nll = (std::log(sum) + mx) - static_cast<double>(row[targets[i]]);
+    total += nll;
+    sq += nll * nll;
   }
+  if (sq_sum != nullptr) *sq_sum += sq;
   return total / static_cast<double>(n);
+}
+
+double RunningPerplexity(const PerplexityResult& r) {
+  double s = 0;
+  for (double v : r.window_mean_nll) s += v;
+  return r.window_mean_nll.empty() ? 0.0 : std::exp(s / static_cast<double>(r.window_mean_nll.size()));
+}
+
+void FinishPerplexity(PerplexityResult& r) {
+  double s = 0;
+  for (double v : r.window_mean_nll) s += v;
+  r.mean_nll = s / static_cast<double>(r.window_mean_nll.size());
+  r.ppl = std::exp(r.mean_nll);
+  // Every window scores the same number of tokens: mean_nll is also the mean over tokens.
+  const double n = static_cast<double>(r.scored_tokens);
+  const double var = r.nll_sq_sum / n - r.mean_nll * r.mean_nll;
+  r.ppl_stderr = n > 1 && var > 0 ? r.ppl * std::sqrt(var / (n - 1)) : 0.0;
 }
 
 Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const std::vector<int32_t>& tokens,
@@ -42,22 +64,26 @@ Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const
   r.n_windows = r.n_windows_available;
   if (protocol.max_windows > 0 && protocol.max_windows < r.n_windows) r.n_windows = protocol.max_windows;
   r.dropped_tokens = r.n_tokens - r.n_windows_available * seq_len;
+  r.scored_tokens = r.n_windows * (seq_len - 1);
 
+  std::unique_ptr<SavedLogitsWriter> save;
+  if (!protocol.save_logits.empty()) {
+    NIBBLE_ASSIGN_OR_RETURN(save, SavedLogitsWriter::Open(SavedLogitsPathFor(protocol.save_logits), c.vocab_size, seq_len,
+                                                          r.n_windows, tokens));
+  }
   std::vector<float> logits(static_cast<size_t>(seq_len * c.vocab_size));
   KvCache cache = model.NewCache(seq_len);
-  double sum = 0;
   for (int64_t w = 0; w < r.n_windows; ++w) {
     cache.length = 0;
     const int32_t* win = tokens.data() + w * seq_len;
     NIBBLE_RETURN_IF_ERROR(model.Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true));
-    const double nll = MeanNll(logits.data(), c.vocab_size, win + 1, seq_len - 1);
-    r.window_mean_nll.push_back(nll);
-    sum += nll;
+    r.window_mean_nll.push_back(MeanNll(logits.data(), c.vocab_size, win + 1, seq_len - 1, &r.nll_sq_sum));
+    if (save) NIBBLE_RETURN_IF_ERROR(save->AddWindow(logits.data()));
     if (protocol.progress) protocol.progress(w + 1, r.n_windows);
+    if (protocol.on_window) protocol.on_window(w + 1, r.n_windows, RunningPerplexity(r));
   }
-  r.scored_tokens = r.n_windows * (seq_len - 1);
-  r.mean_nll = sum / static_cast<double>(r.n_windows);
-  r.ppl = std::exp(r.mean_nll);
+  if (save) NIBBLE_RETURN_IF_ERROR(save->Finish());
+  FinishPerplexity(r);
   return r;
 }
 

@@ -2,10 +2,13 @@
 // BOS at the very start when the tokenizer adds one), cut into non-overlapping windows of seq_len
 // tokens, drop the remainder, run each window independently (fresh KV cache, no BOS inserted),
 // score positions 1..seq_len-1 of each window, PPL = exp(mean over windows of the window mean NLL).
+// Its standard error is llama-perplexity's: PPL * sqrt(var(token NLL) / (N - 1)) over the N scored
+// tokens (the delta method on exp of a mean), var = mean(NLL^2) - mean(NLL)^2.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "base/result.h"
@@ -18,6 +21,10 @@ struct PerplexityProtocol {
   int64_t max_windows = 0;  // 0 = all windows
   /// Called after each window with (windows done, windows total).
   std::function<void(int64_t, int64_t)> progress;
+  /// Called after each window with (windows done, windows total, PPL over the windows so far).
+  std::function<void(int64_t, int64_t, double)> on_window;
+  /// When set: the scored logits rows are written to this saved-logits file (eval/saved_logits.h).
+  std::string save_logits;
 };
 
 struct PerplexityResult {
@@ -28,8 +35,16 @@ struct PerplexityResult {
   int64_t n_windows_available = 0;
   int64_t scored_tokens = 0;     // n_windows * (seq_len - 1)
   int64_t dropped_tokens = 0;    // remainder after the last full window
+  double ppl_stderr = 0;         // standard error of ppl (llama-perplexity's estimate)
   std::vector<double> window_mean_nll;
+  double nll_sq_sum = 0;         // sum over scored tokens of NLL^2 (for ppl_stderr)
 };
+
+/// Fills mean_nll, ppl and ppl_stderr from window_mean_nll, nll_sq_sum and scored_tokens.
+void FinishPerplexity(PerplexityResult& r);
+
+/// PPL over the first windows of `r` so far (the running value after each window).
+double RunningPerplexity(const PerplexityResult& r);
 
 /// Evaluates `tokens` (already tokenized whole text). Errors: seq_len < 2 or larger than
 /// max_position_embeddings, fewer tokens than one window (names the counts), forward errors.
@@ -37,6 +52,7 @@ Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const
                                                   const PerplexityProtocol& protocol);
 
 /// Mean negative log-likelihood of targets[i] under logits row i, i < n (log-softmax in double).
-double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64_t n);
+/// When `sq_sum` is given, the sum of the squared per-token NLLs is added to it.
+double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64_t n, double* sq_sum = nullptr);
 
 }  // namespace nibble

@@ -120,26 +120,45 @@ Status WriteFileAtomic(const std::string& path, const void* bytes, size_t size) 
 }
 
 Status WriteFileAtomicParts(const std::string& path, const std::vector<std::span<const uint8_t>>& parts) {
-  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return MakeErrorCode(ErrorCode::kIo, "cannot create ", tmp, ": ", Errno());
-  for (const auto& part : parts) {
-    if (!WriteAll(fd, part)) {
-      std::string e = Errno();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return MakeErrorCode(ErrorCode::kIo, "cannot write ", tmp, ": ", e);
-    }
+  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> w, AtomicFileWriter::Open(path));
+  for (const auto& part : parts) NIBBLE_RETURN_IF_ERROR(w->Write(part.data(), part.size()));
+  return w->Commit();
+}
+
+Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Open(const std::string& path) {
+  std::unique_ptr<AtomicFileWriter> w(new AtomicFileWriter());
+  w->path_ = path;
+  w->tmp_ = path + ".tmp-" + std::to_string(::getpid());
+  w->fd_ = ::open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w->fd_ < 0) return MakeErrorCode(ErrorCode::kIo, "cannot create ", w->tmp_, ": ", Errno());
+  return w;
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
   }
+}
+
+Status AtomicFileWriter::Write(const void* bytes, size_t size) {
+  if (!WriteAll(fd_, std::span<const uint8_t>(static_cast<const uint8_t*>(bytes), size)))
+    return MakeErrorCode(ErrorCode::kIo, "cannot write ", tmp_, ": ", Errno());
+  return Status::Ok();
+}
+
+Status AtomicFileWriter::Commit() {
+  const int fd = fd_;
+  fd_ = -1;
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     std::string e = Errno();
-    ::unlink(tmp.c_str());
-    return MakeErrorCode(ErrorCode::kIo, "cannot flush ", tmp, ": ", e);
+    ::unlink(tmp_.c_str());
+    return MakeErrorCode(ErrorCode::kIo, "cannot flush ", tmp_, ": ", e);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     std::string e = Errno();
-    ::unlink(tmp.c_str());
-    return MakeErrorCode(ErrorCode::kIo, "cannot rename ", tmp, " to ", path, ": ", e);
+    ::unlink(tmp_.c_str());
+    return MakeErrorCode(ErrorCode::kIo, "cannot rename ", tmp_, " to ", path_, ": ", e);
   }
   return Status::Ok();
 }

@@ -55,6 +55,27 @@ Status WriteFileAtomic(const std::string& path, const void* bytes, size_t size);
 /// memory). Same guarantees and errors.
 Status WriteFileAtomicParts(const std::string& path, const std::vector<std::span<const uint8_t>>& parts);
 
+/// A file written in pieces as they are produced (too large to hold in memory) with the guarantees
+/// of WriteFileAtomic: the data goes to a temporary file beside `path`, Commit() fsyncs and renames
+/// it; a writer destroyed without Commit() removes the temporary file and leaves `path` as it was.
+class AtomicFileWriter {
+ public:
+  /// Creates the temporary file. Errors name it and strerror.
+  static Result<std::unique_ptr<AtomicFileWriter>> Open(const std::string& path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  Status Write(const void* bytes, size_t size);
+  /// fsync, close, rename onto `path`. Errors name the files and strerror.
+  Status Commit();
+
+ private:
+  AtomicFileWriter() = default;
+  std::string path_, tmp_;
+  int fd_ = -1;
+};
+
 /// Checks that `dir` is a model directory holding a config.json. Errors name the path: "does not
 /// exist", "is not a directory", "no config.json (expected a Hugging Face model directory)".
 Status CheckModelDir(const std::string& dir);

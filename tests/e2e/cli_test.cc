@@ -500,4 +500,73 @@ TEST(Cli, Bf16ActivationsPerplexityCostIsPrintedAndSmall) {
   std::system(("rm -rf " + out).c_str());
 }
 
+// The llama-perplexity workflow: the float model's logits saved once, then compare and perplexity
+// against the saved logits give the numbers of a live base run; every --json is one object on
+// stdout; sizes are printed the same by quantize and inspect.
+TEST(Cli, SavedLogitsJsonAndOneSizeConvention) {
+  const std::string dir = "/tmp/nibble-cli-eval-" + std::to_string(getpid());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string model = Quote(nibble_test::EmbeddedModel()), text = Quote(nibble_test::SharedData("prose-val.txt"));
+  RunResult q = RunNibble("quantize --model_dir " + model + " --output_dir " + dir + "/q --json", false);
+  ASSERT_EQ(q.exit_code, 0) << q.out;
+  const nlohmann::json qj = nlohmann::json::parse(q.out);
+  EXPECT_EQ(qj["size"]["quantized_linears"], 42);
+  EXPECT_GT(qj["size"]["bits_per_weight"].get<double>(), 4.0);
+  EXPECT_LT(qj["size"]["bits_per_weight"].get<double>(), 5.0);
+  // quantize and inspect print the same size line.
+  RunResult qt = RunNibble("quantize --model_dir " + model + " --output_dir " + dir + "/q --overwrite");
+  RunResult in = RunNibble("inspect " + dir + "/q");
+  std::smatch m1, m2;
+  ASSERT_TRUE(std::regex_search(qt.out, m1, std::regex("size: [0-9.]+ bits/weight[^\n]*"))) << qt.out;
+  ASSERT_TRUE(std::regex_search(in.out, m2, std::regex("size: [0-9.]+ bits/weight[^\n]*"))) << in.out;
+  EXPECT_EQ(m1.str(), m2.str());
+
+  RunResult p = RunNibble("perplexity --model " + model + " --text " + text + " --max_windows 2 --json --save_logits " + dir, false);
+  ASSERT_EQ(p.exit_code, 0) << p.out;
+  const nlohmann::json pj = nlohmann::json::parse(p.out);
+  const double fp_ppl = pj["perplexity"]["ppl"];
+  EXPECT_GT(pj["perplexity"]["ppl_stderr"].get<double>(), 0);
+  EXPECT_EQ(pj["perplexity"]["scored_tokens"], 2 * 511);
+  RunResult saved = RunNibble("compare --kl_divergence_base " + dir + " -q " + dir + "/q --text " + text + " --max_windows 2 --json", false);
+  RunResult live = RunNibble("compare --model " + model + " -q " + dir + "/q --text " + text + " --max_windows 2 --json", false);
+  ASSERT_EQ(saved.exit_code, 0) << saved.out;
+  ASSERT_EQ(live.exit_code, 0) << live.out;
+  const nlohmann::json sj = nlohmann::json::parse(saved.out), lj = nlohmann::json::parse(live.out);
+  EXPECT_TRUE(sj["base_is_saved_logits"].get<bool>());
+  EXPECT_DOUBLE_EQ(sj["base_perplexity"]["ppl"].get<double>(), fp_ppl);
+  EXPECT_EQ(sj["models"][0]["kld"], lj["models"][0]["kld"]);
+  EXPECT_EQ(sj["models"][0]["same_top_p"], lj["models"][0]["same_top_p"]);
+  EXPECT_GT(sj["models"][0]["kld"]["mean"].get<double>(), 0);
+  EXPECT_EQ(sj["models"][0]["size"]["bits_per_weight"], qj["size"]["bits_per_weight"]);
+  RunResult k = RunNibble("perplexity --model " + dir + "/q --text " + text + " --max_windows 2 --threads 1 --kl_divergence_base " +
+                          dir + "/nibble-logits.bin");
+  ASSERT_EQ(k.exit_code, 0) << k.out;
+  EXPECT_NE(k.out.find("Same top p"), std::string::npos) << k.out;
+  EXPECT_NE(k.out.find("99.9%   KLD"), std::string::npos) << k.out;
+  RunResult t = RunNibble("compare --kl_divergence_base " + dir + " -q " + dir + "/q --text " + text + " --max_windows 1 --threads 1");
+  EXPECT_NE(t.out.find(", 1 thread\n"), std::string::npos) << t.out;
+  // A damaged file is an error naming it.
+  std::system(("head -c 1000 " + dir + "/nibble-logits.bin > " + dir + "/cut.bin").c_str());
+  RunResult cut = RunNibble("perplexity --model " + dir + "/q --text " + text + " --max_windows 2 --kl_divergence_base " + dir + "/cut.bin");
+  EXPECT_EQ(cut.exit_code, 1) << cut.out;
+  EXPECT_NE(cut.out.find(dir + "/cut.bin: truncated"), std::string::npos) << cut.out;
+  std::system(("rm -rf " + dir).c_str());
+}
+
+// An RTN report is summarized per linear and plotted.
+TEST(Cli, RtnReportIsSummarizedAndPlotted) {
+  const std::string dir = "/tmp/nibble-cli-rtn-report-" + std::to_string(getpid());
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  RunResult q = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + dir + "/q --report " +
+                          dir + "/r.json");
+  ASSERT_EQ(q.exit_code, 0) << q.out;
+  RunResult r = RunNibble("report " + dir + "/r.json --plot " + dir + "/p.png");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("per quantized linear (42):\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  layer 5: down_proj 0."), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kept in float: lm_head"), std::string::npos) << r.out;
+  EXPECT_EQ(ReadFile(dir + "/p.png").substr(0, 4), "\x89PNG");
+  std::system(("rm -rf " + dir).c_str());
+}
+
 }  // namespace

@@ -1,6 +1,7 @@
 // `nibble quantize --report` files: written atomically, read back as a human summary and as a PNG
-// plot (cairo) of per-linear relative output error, RTN vs AWQ, on a log scale. Cairo is optional
-// (CMake NIBBLE_WITH_CAIRO); without it the plot is a named error.
+// plot (cairo), on a log scale, of per-linear relative output error RTN vs AWQ (AWQ reports) or
+// of per-linear relative weight error (RTN reports). Cairo is optional (CMake NIBBLE_WITH_CAIRO);
+// without it the plot is a named error.
 #ifdef NIBBLE_HAVE_CAIRO
 #include <cairo.h>
 #endif
@@ -8,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +44,46 @@ std::string ShortName(const std::string& full) {
   // "model.layers.3.self_attn.q_proj" -> "q_proj"
   const size_t dot = full.rfind('.');
   return dot == std::string::npos ? full : full.substr(dot + 1);
+}
+
+int64_t LayerOf(const std::string& name) {
+  // "model.layers.3.self_attn.q_proj" -> 3; -1 for lm_head and other non-layer linears.
+  const std::string key = "layers.";
+  const size_t p = name.find(key);
+  return p == std::string::npos ? -1 : std::atoll(name.c_str() + p + key.size());
+}
+
+// Every report's export section: relative weight error per quantized linear, one line per decoder
+// layer, then the worst and the median, and the linears kept in float.
+std::string WeightErrorSummary(const nlohmann::json& linears) {
+  std::string out, line, kept;
+  int64_t layer = -2;
+  std::vector<double> errs;
+  double worst = 0;
+  std::string worst_name;
+  for (const auto& e : linears) {
+    const std::string name = e.value("name", "?");
+    if (!e.value("quantized", false)) {
+      kept += " " + name + " (" + e.value("rule", "") + ")";
+      continue;
+    }
+    const double err = e.value("rel_weight_error", 0.0);
+    if (LayerOf(name) != layer) {
+      if (!line.empty()) out += line + "\n";
+      layer = LayerOf(name);
+      line = layer < 0 ? "  other:" : "  layer " + std::to_string(layer) + ":";
+    }
+    line += " " + ShortName(name) + " " + Fmt("%.4f", err);
+    errs.push_back(err);
+    if (err > worst) { worst = err; worst_name = name; }
+  }
+  if (errs.empty()) return kept.empty() ? "" : "kept in float:" + kept + "\n";
+  out = "relative weight error ||W - Q(W)||_F / ||W||_F per quantized linear (" + std::to_string(errs.size()) + "):\n" + out +
+        line + "\n";
+  std::sort(errs.begin(), errs.end());
+  out += "weight error: median " + Fmt("%.4f", errs[errs.size() / 2]) + ", worst " + Fmt("%.4f", worst) + " (" + worst_name + ")\n";
+  if (!kept.empty()) out += "kept in float:" + kept + "\n";
+  return out;
 }
 
 }  // namespace
@@ -80,6 +123,7 @@ Result<std::string> SummarizeQuantizeReport(const std::string& path) {
         out += lins + "\n";
       }
     }
+    out += WeightErrorSummary(j.value("linears", nlohmann::json::array()));
     for (const auto& m : j.value("messages", nlohmann::json::array())) out += "note: " + m.get<std::string>() + "\n";
   } catch (const std::exception& e) {
     return MakeError(path, ": malformed report (", e.what(), ")");
@@ -92,104 +136,177 @@ Status PlotQuantizeReport(const std::string& path, const std::string& png_path) 
   return MakeError("built without cairo: PNG plots are unavailable (", png_path, " not written)");
 }
 #else
-Status PlotQuantizeReport(const std::string& path, const std::string& png_path) {
-  NIBBLE_ASSIGN_OR_RETURN(nlohmann::json j, LoadReport(path));
-  struct Point { std::string label; double rtn, awq; int64_t layer; };
-  std::vector<Point> pts;
+namespace {
+
+// One plotted linear: its label, decoder layer (-1 outside the layers) and one value per series.
+struct Point {
+  std::string label;
+  int64_t layer;
+  std::vector<double> values;
+};
+
+// What a plot shows: the series (RTN vs AWQ output error, or RTN weight error) and the axis title.
+struct PlotData {
+  std::vector<Point> points;
+  std::vector<std::string> series;
+  std::string title, y_label;
+};
+
+// Layout of the plot area; margins grow to fit the longest x label and the y-axis title.
+struct Frame {
+  double W = 1200, H = 0, ml = 100, mr = 40, mt = 50, mb = 0;
+  double l0 = 0, l1 = 1;  // log10 range of the y axis
+  size_t n = 0;
+  double pw() const { return W - ml - mr; }
+  double ph() const { return H - mt - mb; }
+  double X(size_t i) const { return ml + pw() * (static_cast<double>(i) + 0.5) / static_cast<double>(n); }
+  double Y(double v) const {
+    const double lv = v > 0 ? std::log10(v) : l0;
+    return mt + ph() * (1.0 - (lv - l0) / (l1 - l0));
+  }
+};
+
+constexpr double kColors[2][3] = {{0.85, 0.2, 0.15}, {0.15, 0.35, 0.85}};
+
+// AWQ reports: RTN vs AWQ output error on calibration inputs; RTN reports: weight error.
+Result<PlotData> CollectPlotData(const std::string& path, const nlohmann::json& j) {
+  PlotData d;
   try {
-    if (!j.contains("awq_layers") || j["awq_layers"].empty()) return MakeError(path, ": the report has no AWQ layers to plot");
-    for (const auto& l : j["awq_layers"])
-      for (const auto& e : l["linears"])
-        if (e.value("quantized", false))
-          pts.push_back({ShortName(e.value("name", "?")), e.value("rtn_output_error", 0.0), e.value("awq_output_error", 0.0),
-                         l.value("layer", int64_t{0})});
+    if (j.contains("awq_layers") && !j["awq_layers"].empty()) {
+      d.series = {"RTN", "AWQ"};
+      d.title = "relative output error per linear (calibration inputs): RTN vs AWQ";
+      d.y_label = "relative output error (log scale)";
+      for (const auto& l : j["awq_layers"])
+        for (const auto& e : l["linears"])
+          if (e.value("quantized", false))
+            d.points.push_back({ShortName(e.value("name", "?")), l.value("layer", int64_t{0}),
+                                {e.value("rtn_output_error", 0.0), e.value("awq_output_error", 0.0)}});
+    } else {
+      d.series = {j.value("quant_algo", std::string("rtn")) == "rtn" ? "RTN" : j.value("quant_algo", std::string("?"))};
+      d.title = "relative weight error per linear ||W - Q(W)||_F / ||W||_F";
+      d.y_label = "relative weight error (log scale)";
+      for (const auto& e : j.value("linears", nlohmann::json::array()))
+        if (e.value("quantized", false)) {
+          const std::string name = e.value("name", "?");
+          d.points.push_back({ShortName(name), LayerOf(name), {e.value("rel_weight_error", 0.0)}});
+        }
+    }
   } catch (const std::exception& e) {
     return MakeError(path, ": malformed report (", e.what(), ")");
   }
-  if (pts.empty()) return MakeError(path, ": no quantized linears in the report");
+  if (d.points.empty()) return MakeError(path, ": no quantized linears in the report");
+  d.title += "  -  " + j.value("model_dir", std::string());
+  return d;
+}
+
+Frame MakeFrame(cairo_t* cr, const PlotData& d) {
+  Frame f;
+  f.n = d.points.size();
   double lo = 1e300, hi = 0;
-  for (const auto& p : pts)
-    for (double v : {p.rtn, p.awq})
-      if (v > 0) { lo = std::min(lo, v); hi = std::max(hi, v); }
+  for (const auto& p : d.points)
+    for (double v : p.values)
+      if (v > 0) {
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+      }
   if (hi <= 0) { lo = 1e-6; hi = 1; }
-  const double l0 = std::floor(std::log10(lo)), l1 = std::ceil(std::log10(hi)) + (std::ceil(std::log10(hi)) == std::floor(std::log10(lo)) ? 1 : 0);
-  const int W = 1200, H = 600, ml = 80, mr = 40, mt = 50, mb = 90;  // mr: room for the last rotated label
-  cairo_surface_t* surf = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, W, H);
-  cairo_t* cr = cairo_create(surf);
-  cairo_set_source_rgb(cr, 1, 1, 1);
-  cairo_paint(cr);
-  const double pw = W - ml - mr, ph = H - mt - mb;
-  auto X = [&](size_t i) { return ml + pw * (static_cast<double>(i) + 0.5) / static_cast<double>(pts.size()); };
-  auto Y = [&](double v) {
-    const double lv = v > 0 ? std::log10(v) : l0;
-    return mt + ph * (1.0 - (lv - l0) / (l1 - l0));
-  };
-  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
-  // Grid and y labels (decades).
+  f.l0 = std::floor(std::log10(lo));
+  f.l1 = std::max(std::ceil(std::log10(hi)), f.l0 + 1);
+  cairo_set_font_size(cr, 10);
+  double longest = 0;
+  for (const auto& p : d.points) {
+    cairo_text_extents_t e;
+    cairo_text_extents(cr, p.label.c_str(), &e);
+    longest = std::max(longest, e.x_advance);
+  }
+  f.mb = longest + 40;  // vertical x labels, then the "layer N" row
+  f.H = 420 + f.mb;
+  return f;
+}
+
+void DrawYAxis(cairo_t* cr, const Frame& f, const std::string& label) {
   cairo_set_font_size(cr, 12);
-  for (double d = l0; d <= l1 + 1e-9; d += 1) {
-    const double y = mt + ph * (1.0 - (d - l0) / (l1 - l0));
+  for (double d = f.l0; d <= f.l1 + 1e-9; d += 1) {
+    const double y = f.mt + f.ph() * (1.0 - (d - f.l0) / (f.l1 - f.l0));
     cairo_set_source_rgb(cr, 0.85, 0.85, 0.85);
-    cairo_move_to(cr, ml, y);
-    cairo_line_to(cr, W - mr, y);
+    cairo_move_to(cr, f.ml, y);
+    cairo_line_to(cr, f.W - f.mr, y);
     cairo_stroke(cr);
     cairo_set_source_rgb(cr, 0, 0, 0);
-    cairo_move_to(cr, 10, y + 4);
+    cairo_move_to(cr, f.ml - 40, y + 4);
     cairo_show_text(cr, ("1e" + std::to_string(static_cast<int>(d))).c_str());
   }
-  // Layer separators and labels.
+  cairo_text_extents_t e;
+  cairo_set_font_size(cr, 13);
+  cairo_text_extents(cr, label.c_str(), &e);
+  cairo_save(cr);
+  cairo_move_to(cr, 28, f.mt + f.ph() / 2 + e.x_advance / 2);
+  cairo_rotate(cr, -M_PI / 2);
+  cairo_show_text(cr, label.c_str());
+  cairo_restore(cr);
+}
+
+void DrawXLabels(cairo_t* cr, const Frame& f, const std::vector<Point>& pts) {
   for (size_t i = 0; i < pts.size(); ++i) {
     if (i == 0 || pts[i].layer != pts[i - 1].layer) {
-      const double x = ml + pw * static_cast<double>(i) / static_cast<double>(pts.size());
+      const double x = f.ml + f.pw() * static_cast<double>(i) / static_cast<double>(pts.size());
       cairo_set_source_rgb(cr, 0.6, 0.6, 0.6);
-      cairo_move_to(cr, x, mt);
-      cairo_line_to(cr, x, mt + ph);
+      cairo_move_to(cr, x, f.mt);
+      cairo_line_to(cr, x, f.mt + f.ph());
       cairo_stroke(cr);
       cairo_set_source_rgb(cr, 0, 0, 0);
-      cairo_move_to(cr, x + 3, mt + ph + 60);
-      cairo_show_text(cr, ("layer " + std::to_string(pts[i].layer)).c_str());
+      cairo_set_font_size(cr, 12);
+      cairo_move_to(cr, x + 3, f.H - 12);
+      cairo_show_text(cr, pts[i].layer < 0 ? "other" : ("layer " + std::to_string(pts[i].layer)).c_str());
     }
     cairo_save(cr);
-    cairo_set_font_size(cr, 9);
-    cairo_move_to(cr, X(i) + 3, mt + ph + 8);
-    cairo_rotate(cr, 1.2);
+    cairo_set_font_size(cr, 10);
+    cairo_move_to(cr, f.X(i) + 3, f.mt + f.ph() + 6);
+    cairo_rotate(cr, M_PI / 2);  // reads downwards, inside the bottom margin
     cairo_show_text(cr, pts[i].label.c_str());
     cairo_restore(cr);
   }
-  // Series: RTN red, AWQ blue, lines with dots.
-  const double colors[2][3] = {{0.85, 0.2, 0.15}, {0.15, 0.35, 0.85}};
-  for (int sidx = 0; sidx < 2; ++sidx) {
-    cairo_set_source_rgb(cr, colors[sidx][0], colors[sidx][1], colors[sidx][2]);
-    cairo_set_line_width(cr, 1.5);
-    for (size_t i = 0; i < pts.size(); ++i) {
-      const double v = sidx == 0 ? pts[i].rtn : pts[i].awq;
-      if (i == 0) cairo_move_to(cr, X(i), Y(v));
-      else cairo_line_to(cr, X(i), Y(v));
-    }
-    cairo_stroke(cr);
-    for (size_t i = 0; i < pts.size(); ++i) {
-      cairo_arc(cr, X(i), Y(sidx == 0 ? pts[i].rtn : pts[i].awq), 3, 0, 2 * M_PI);
+}
+
+// Markers only: neighbouring linears are unrelated, so no line joins them. Series 0 circles,
+// series 1 squares, side by side within the linear's slot.
+void DrawSeries(cairo_t* cr, const Frame& f, const PlotData& d) {
+  const double slot = f.pw() / static_cast<double>(f.n), r = std::clamp(slot / 6, 2.0, 4.0);
+  for (size_t s = 0; s < d.series.size(); ++s) {
+    cairo_set_source_rgb(cr, kColors[s][0], kColors[s][1], kColors[s][2]);
+    const double dx = d.series.size() == 1 ? 0 : (static_cast<double>(s) - 0.5) * slot / 3;
+    for (size_t i = 0; i < d.points.size(); ++i) {
+      const double x = f.X(i) + dx, y = f.Y(d.points[i].values[s]);
+      if (s == 0) cairo_arc(cr, x, y, r, 0, 2 * M_PI);
+      else cairo_rectangle(cr, x - r, y - r, 2 * r, 2 * r);
       cairo_fill(cr);
     }
   }
+}
+
+void DrawTitleAndLegend(cairo_t* cr, const Frame& f, const PlotData& d) {
   cairo_set_source_rgb(cr, 0, 0, 0);
-  cairo_rectangle(cr, ml, mt, pw, ph);
+  cairo_rectangle(cr, f.ml, f.mt, f.pw(), f.ph());
   cairo_set_line_width(cr, 1);
   cairo_stroke(cr);
-  cairo_set_font_size(cr, 16);
-  cairo_move_to(cr, ml, 30);
-  cairo_show_text(cr, ("relative output error per linear (calibration inputs): RTN vs AWQ  -  " + j.value("model_dir", std::string())).c_str());
+  cairo_set_font_size(cr, 15);
+  cairo_move_to(cr, f.ml, 30);
+  cairo_show_text(cr, d.title.c_str());
   cairo_set_font_size(cr, 13);
-  for (int sidx = 0; sidx < 2; ++sidx) {
-    cairo_set_source_rgb(cr, colors[sidx][0], colors[sidx][1], colors[sidx][2]);
-    cairo_rectangle(cr, W - mr - 170, mt + 10 + sidx * 20, 14, 10);
+  for (size_t s = 0; s < d.series.size(); ++s) {
+    cairo_set_source_rgb(cr, kColors[s][0], kColors[s][1], kColors[s][2]);
+    const double y = f.mt + 15 + static_cast<double>(s) * 20;
+    if (s == 0) cairo_arc(cr, f.W - f.mr - 163, y, 5, 0, 2 * M_PI);  // the markers of DrawSeries
+    else cairo_rectangle(cr, f.W - f.mr - 168, y - 5, 10, 10);
     cairo_fill(cr);
     cairo_set_source_rgb(cr, 0, 0, 0);
-    cairo_move_to(cr, W - mr - 150, mt + 20 + sidx * 20);
-    cairo_show_text(cr, sidx == 0 ? "RTN" : "AWQ");
+    cairo_move_to(cr, f.W - f.mr - 150, f.mt + 20 + static_cast<double>(s) * 20);
+    cairo_show_text(cr, d.series[s].c_str());
   }
-  cairo_destroy(cr);
-  // Encoded into memory, then written atomically: a failed write never leaves a truncated PNG.
+}
+
+// Encoded into memory, then written atomically: a failed write never leaves a truncated PNG.
+Status WritePng(cairo_surface_t* surf, const std::string& png_path) {
   std::string png;
   const cairo_status_t st = cairo_surface_write_to_png_stream(
       surf,
@@ -198,11 +315,37 @@ Status PlotQuantizeReport(const std::string& path, const std::string& png_path) 
         return CAIRO_STATUS_SUCCESS;
       },
       &png);
-  cairo_surface_destroy(surf);
   if (st != CAIRO_STATUS_SUCCESS) return MakeError("cannot encode PNG ", png_path, ": ", cairo_status_to_string(st));
   const Status w = WriteFileAtomic(png_path, png.data(), png.size());
   if (!w.ok()) return w.error().WithContext("cannot write PNG " + png_path);
   return Status::Ok();
+}
+
+}  // namespace
+
+Status PlotQuantizeReport(const std::string& path, const std::string& png_path) {
+  NIBBLE_ASSIGN_OR_RETURN(nlohmann::json j, LoadReport(path));
+  NIBBLE_ASSIGN_OR_RETURN(PlotData d, CollectPlotData(path, j));
+  // A scratch surface measures the labels; the frame fixes the picture's size.
+  cairo_surface_t* probe = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, 1, 1);
+  cairo_t* pc = cairo_create(probe);
+  cairo_select_font_face(pc, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+  const Frame f = MakeFrame(pc, d);
+  cairo_destroy(pc);
+  cairo_surface_destroy(probe);
+  cairo_surface_t* surf = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, static_cast<int>(f.W), static_cast<int>(f.H));
+  cairo_t* cr = cairo_create(surf);
+  cairo_set_source_rgb(cr, 1, 1, 1);
+  cairo_paint(cr);
+  cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+  DrawYAxis(cr, f, d.y_label);
+  DrawXLabels(cr, f, d.points);
+  DrawSeries(cr, f, d);
+  DrawTitleAndLegend(cr, f, d);
+  cairo_destroy(cr);
+  const Status st = WritePng(surf, png_path);
+  cairo_surface_destroy(surf);
+  return st;
 }
 #endif  // NIBBLE_HAVE_CAIRO
 

@@ -8,4 +8,8 @@ std::string ClosestOf(const std::string& word, const std::vector<std::string>& c
   return nibble::ClosestOf(word, candidates);
 }
 
+std::string Plural(long long n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 }  // namespace nibble_cli

@@ -10,4 +10,7 @@ namespace nibble_cli {
 /// else "".
 std::string ClosestOf(const std::string& word, const std::vector<std::string>& candidates);
 
+/// "1 thread", "2 threads": `n` and `noun`, with an "s" unless n is 1.
+std::string Plural(long long n, const std::string& noun);
+
 }  // namespace nibble_cli
