@@ -15,6 +15,7 @@
 #include "support/progress.h"
 #include "support/eval_output.h"
 #include "support/report.h"
+#include "support/text.h"
 
 namespace nibble_cli {
 
@@ -87,7 +88,8 @@ void PrintExportSummary(std::FILE* out, const nibble::QuantizeRequest& r, const 
   std::map<std::string, std::vector<std::string>> quantized_by, kept_by;
   for (const auto& l : s.layers) (l.quantized ? quantized_by : kept_by)[l.rule].push_back(l.name);
   if (quantized_by.size() > 1)
-    for (const auto& [rule, names] : quantized_by) std::fprintf(out, "  quantized by %s: %zu layers\n", rule.c_str(), names.size());
+    for (const auto& [rule, names] : quantized_by)
+      std::fprintf(out, "  quantized by %s: %s\n", rule.c_str(), Plural(names.size(), "layer").c_str());
   for (const auto& [rule, names] : kept_by) {
     std::string list;
     for (size_t i = 0; i < names.size() && i < 3; ++i) list += (i ? ", " : "") + names[i];

@@ -109,6 +109,9 @@ struct ExportContext {
   const QuarkQuantConfig* cfg;
   const FormatWriter* writer;
   std::map<std::string, std::string> module_of_weight;  // "<module>.weight" -> module
+  // Modules the --misaligned policy moved to per_channel or excluded -> the rule reported for
+  // them (the config names each one, which would read as a user's per-layer override).
+  std::map<std::string, std::string> misaligned_rule;
 };
 
 // ||W - dequant||_F / ||W||_F.
@@ -141,7 +144,8 @@ Result<Produced> ProduceTensor(const TensorView& t, const std::vector<float>* ne
   NIBBLE_ASSIGN_OR_RETURN(LinearPlan r, ResolveQuarkLinear(*ex.cfg, name));
   QuantizedLayerReport lr;
   lr.name = name;
-  lr.rule = r.rule;
+  const auto fallback = ex.misaligned_rule.find(name);
+  lr.rule = fallback != ex.misaligned_rule.end() ? fallback->second : r.rule;
   lr.n = t.shape[0];
   lr.k = t.shape[1];
   lr.bytes_in = static_cast<int64_t>(t.nbytes);
@@ -185,9 +189,10 @@ WeightQuantSpec PerRowSpec(const WeightQuantSpec& s, int64_t k) {
   return r;
 }
 
-// Resolves every module, applying the misaligned-K policy to the request `cfg`.
+// Resolves every module, applying the misaligned-K policy to the request `cfg`; `rules` gets the
+// report's rule for each module the policy changed.
 Status ApplyMisalignedPolicy(MisalignedPolicy policy, const TensorStore& store, const std::vector<std::string>& modules,
-                             QuarkQuantConfig& cfg) {
+                             QuarkQuantConfig& cfg, std::map<std::string, std::string>& rules) {
   for (const std::string& name : modules) {
     NIBBLE_ASSIGN_OR_RETURN(const TensorView* w, store.Get(name + ".weight"));
     if (w->shape.size() != 2) return MakeError(w->file, ": tensor ", w->name, " has shape ", w->ShapeString(), ", expected 2-D");
@@ -202,9 +207,12 @@ Status ApplyMisalignedPolicy(MisalignedPolicy policy, const TensorStore& store, 
                          "); use --misaligned exclude|per_channel, --exclude_layers, or a --layer_quant_config override");
       case MisalignedPolicy::kExclude:
         cfg.exclude.push_back(name);
+        rules[name] = "excluded by --misaligned exclude: in_features not a multiple of group_size " + std::to_string(g);
         break;
       case MisalignedPolicy::kPerChannel:
         cfg.layer_quant_config.insert(cfg.layer_quant_config.begin(), {name, PerRowSpec(*r.spec, k)});
+        rules[name] = "--misaligned per_channel (one scale per row: in_features not a multiple of group_size " +
+                      std::to_string(g) + ")";
         break;
     }
   }
@@ -304,10 +312,11 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   ExportRequest request{o.config};
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, nullptr));
   const std::vector<std::string> modules = LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr);
-  NIBBLE_RETURN_IF_ERROR(ApplyMisalignedPolicy(o.misaligned, store, modules, request.config));
+  std::map<std::string, std::string> misaligned_rule;
+  NIBBLE_RETURN_IF_ERROR(ApplyMisalignedPolicy(o.misaligned, store, modules, request.config, misaligned_rule));
   NIBBLE_RETURN_IF_ERROR(CheckSomethingQuantized(request.config, modules));
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<FormatWriter> writer, format->writer(request));
-  ExportContext ex{&request.config, writer.get(), {}};
+  ExportContext ex{&request.config, writer.get(), {}, std::move(misaligned_rule)};
   for (const auto& m : modules) ex.module_of_weight[m + ".weight"] = m;
   auto note = [&](const std::string& m) {
     report.messages.push_back(m);

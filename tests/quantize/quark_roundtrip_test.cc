@@ -153,6 +153,30 @@ TEST(QuarkExport, PolicyIsRecordedInWrittenConfig) {
   EXPECT_NE(std::find(ex.begin(), ex.end(), "model.layers.4.mlp.down_proj"), ex.end()) << ex.dump();
 }
 
+// The summary says the --misaligned policy decided (not one per-layer override per module).
+TEST(QuarkExport, SummaryNamesTheMisalignedPolicy) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
+  for (const char* policy : {"per_channel", "exclude"}) {
+    TempDir tmp;
+    auto r = Req("w_uint4_per_group_asym", 32, "reorder");
+    r.model_dir = nibble_test::SharedModel("stories260K");
+    r.output_dir = tmp.sub("out");
+    r.misaligned = policy;
+    auto s = nibble::Quantize(r);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    int64_t by_policy = 0;
+    for (const auto& l : s->layers) {
+      if (l.name.find("down_proj") == std::string::npos) continue;
+      EXPECT_EQ(l.rule.rfind(std::string(policy) == "exclude" ? "excluded by --misaligned exclude" : "--misaligned per_channel", 0), 0u)
+          << l.name << ": " << l.rule;
+      EXPECT_NE(l.rule.find("group_size 32"), std::string::npos) << l.rule;
+      EXPECT_EQ(l.quantized, std::string(policy) == "per_channel") << l.name;
+      ++by_policy;
+    }
+    EXPECT_EQ(by_policy, 5) << policy;  // stories260K: 5 layers, K = 172 in down_proj
+  }
+}
+
 TEST(QuarkExport, ConfigJsonKeepsModelConfigAndHasFullQuarkSchema) {
   TempDir tmp;
   auto r = Req("w_int4_per_group_sym", 128, "order");
