@@ -94,7 +94,7 @@ void PrintExportSummary(std::FILE* out, const nibble::QuantizeRequest& r, const 
     std::string list;
     for (size_t i = 0; i < names.size() && i < 3; ++i) list += (i ? ", " : "") + names[i];
     if (names.size() > 3) list += ", ...";
-    std::fprintf(out, "  kept in float (%s): %zu layer%s: %s\n", rule.c_str(), names.size(), names.size() == 1 ? "" : "s",
+    std::fprintf(out, "  kept in float (%s): %s: %s\n", rule.c_str(), Plural(names.size(), "layer").c_str(),
                  list.c_str());
   }
   std::fprintf(out, "size: %s\n", nibble::FormatSize(s.size).c_str());
