@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 
 #include "formats/float_dtype.h"
 #include "io/safetensors.h"
+#include "test_paths.h"
 
 namespace nibble_test {
 
@@ -150,6 +152,24 @@ inline void WriteTinyLlama(const std::string& dir, const nlohmann::json& config,
   for (const auto& t : tensors) ptrs.push_back(&t);
   const nibble::Status st = nibble::WriteSafetensors(dir + "/model.safetensors", ptrs, {{"format", "pt"}});
   ASSERT_TRUE(st.ok()) << st.error().message;
+}
+
+/// A tiny random Llama of shape `s` (N(0, 0.1) linears, N(0, 1) embedding, norms 1 + N(0, 0.05);
+/// seed 7, norms first) with stories260K's tokenizer unless `tokenizer` is false; `edit(name,
+/// values)` may change a tensor before writing.
+inline void WriteTinyModel(const std::string& dir, const TinyLlamaSpec& s,
+                           const std::function<void(const std::string&, std::vector<float>&)>& edit = nullptr,
+                           bool tokenizer = true) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto fill = [&](const TinyTensor& t, std::vector<float>& v) {
+    const float stddev = t.role == TinyRole::kEmbedding ? 1.0f : t.role == TinyRole::kNorm ? 0.05f : 0.1f;
+    const float mean = t.role == TinyRole::kNorm ? 1.0f : 0.0f;
+    for (auto& x : v) x = mean + stddev * nd(rng);
+    if (edit) edit(t.name, v);
+  };
+  WriteTinyLlama(dir, TinyLlamaConfig(s), TinyLlamaTensors(s, TinyOrder::kNormsFirst, fill),
+                 tokenizer ? SharedModel("stories260K") : "");
 }
 
 }  // namespace nibble_test

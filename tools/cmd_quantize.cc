@@ -51,22 +51,31 @@ bool ParseSize(const std::string& text, int64_t* out) {
   return *out > 0;
 }
 
-// Per layer: the chosen ratio and loss of each mapping, and the RTN -> AWQ output errors.
-void PrintAwqSummary(std::FILE* out, const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
-  std::fprintf(out, "AWQ: %lld calibration chunks x %lld tokens (%s), propagation %s%s, %.1f s\n",
-              static_cast<long long>(s.calib_chunks), static_cast<long long>(s.calib_seq_len), r.dataset.c_str(),
-              s.propagate.c_str(), r.awq_clip ? ", clip" : "", s.awq_seconds);
-  for (const auto& l : s.awq_layers) {
+// Per layer: the chosen ratio and loss of each AWQ mapping, GPTQ's damping where it was not the
+// asked one, and the RTN -> method output errors.
+void PrintCalibSummary(std::FILE* out, const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
+  const std::string algo = s.quant_algo == "awq" ? "AWQ" : s.quant_algo == "gptq" ? "GPTQ" : "AWQ+GPTQ";
+  std::fprintf(out, "%s: %lld calibration chunks x %lld tokens (%s), propagation %s%s, %.1f s\n", algo.c_str(),
+               static_cast<long long>(s.calib_chunks), static_cast<long long>(s.calib_seq_len), r.dataset.c_str(),
+               s.propagate.c_str(), r.awq_clip ? ", clip" : "", s.calib_seconds);
+  if (s.hessian_peak_bytes > 0)
+    std::fprintf(out, "  GPTQ Hessians: one layer at a time, at most %.1f MB for one input (K x K fp32 and its factorisation)\n",
+                 static_cast<double>(s.hessian_peak_bytes) / 1e6);
+  for (const auto& l : s.calib_layers) {
     std::fprintf(out, "  layer %lld (%.1f s):", static_cast<long long>(l.layer), l.seconds);
     for (const auto& m : l.mappings) {
       if (m.skipped) continue;
       std::string dst = m.layers.size() == 1 ? m.layers[0].substr(m.layers[0].rfind('.') + 1) : m.prev_op;
       std::fprintf(out, " [%s r=%.2f%s loss %.3g->%.3g]", dst.c_str(), m.ratio, m.duo ? "d" : "", m.loss_rtn, m.loss_best);
     }
-    std::fprintf(out, "\n    output error RTN->AWQ:");
-    for (const auto& e : l.linears)
-      if (e.quantized)
-        std::fprintf(out, " %s %.2e->%.2e", e.name.substr(e.name.rfind('.') + 1).c_str(), e.rtn_error, e.awq_error);
+    std::fprintf(out, "%soutput error RTN->%s:", l.mappings.empty() ? " " : "\n    ", algo.c_str());
+    for (const auto& e : l.linears) {
+      if (!e.quantized) continue;
+      std::fprintf(out, " %s %.2e->%.2e", e.name.substr(e.name.rfind('.') + 1).c_str(), e.rtn_error, e.method_error);
+      if (e.gptq && (e.retries > 0 || e.fallback_rtn))
+        std::fprintf(out, e.fallback_rtn ? " (RTN: no damping factorised)" : " (damping %.4f after %d retries)",
+                     e.dampening_frac, e.retries);
+    }
     std::fprintf(out, "\n");
   }
 }
@@ -105,9 +114,9 @@ void PrintExportSummary(std::FILE* out, const nibble::QuantizeRequest& r, const 
     for (const std::string& f : s.copied_files) files += (files.empty() ? "" : ", ") + f;
     std::fprintf(out, "copied from the input: %s\n", files.c_str());
   }
-  if (s.awq_seconds > 0)
-    std::fprintf(out, "wrote %lld shard(s); %.2f s in all (AWQ %.2f s)\n", static_cast<long long>(s.shards), s.seconds,
-                 s.awq_seconds);
+  if (s.calib_seconds > 0)
+    std::fprintf(out, "wrote %lld shard(s); %.2f s in all (%s %.2f s)\n", static_cast<long long>(s.shards), s.seconds,
+                 s.quant_algo.c_str(), s.calib_seconds);
   else
     std::fprintf(out, "wrote %lld shard(s) in %.2f s\n", static_cast<long long>(s.shards), s.seconds);
 }
@@ -133,7 +142,7 @@ nlohmann::ordered_json SummaryJson(const nibble::QuantizeRequest& r, const nibbl
   j["copied_files"] = s.copied_files;
   j["shards"] = s.shards;
   j["seconds"] = s.seconds;
-  if (r.quant_algo == "awq") j["awq_seconds"] = s.awq_seconds;
+  if (s.quant_algo != "rtn") j["calib_seconds"] = s.calib_seconds;
   return j;
 }
 
@@ -149,14 +158,26 @@ Runner RegisterQuantize(CLI::App& app) {
                                  "w_uint4_per_group_asym | w_int4_per_group_sym | w_uint4_per_channel_asym | w_int4_per_channel_sym")
                      ->capture_default_str();
   auto* gs = cmd->add_option("--group_size", r.group_size, "Group size along in_features (per_group schemes)")->capture_default_str();
-  cmd->add_option("--quant_algo", r.quant_algo, "Quantization algorithm: rtn | awq")->capture_default_str();
-  cmd->add_option("--dataset", r.dataset, "AWQ calibration data: a text file (one text) or JSONL with a \"text\" field");
-  cmd->add_option("--num_calib_data", r.num_calib_data, "AWQ calibration chunks")->capture_default_str();
+  cmd->add_option("--quant_algo", r.quant_algo, "Quantization algorithm: rtn | awq | gptq | awq,gptq")->capture_default_str();
+  cmd->add_option("--dataset", r.dataset, "Calibration data (awq, gptq): a text file (one text) or JSONL with a \"text\" field");
+  cmd->add_option("--num_calib_data", r.num_calib_data, "Calibration chunks")->capture_default_str();
   cmd->add_option("--seq_len", r.seq_len, "Tokens per calibration chunk")->capture_default_str();
   cmd->add_option("--seed", r.seed, "Calibration chunk choice: 0 = the first chunks in order, else a seeded shuffle")->capture_default_str();
   cmd->add_flag("--awq_clip", r.awq_clip, "AWQ: AutoAWQ's weight-clipping search after scaling (off by default)");
-  cmd->add_option("--propagate", r.propagate, "AWQ: next layer's input from the smoothed fp layer (fp) or the quantized layer (quantized)")
+  cmd->add_option("--propagate", r.propagate,
+                  "Next layer's calibration input: the (smoothed) fp layer (fp) or the quantized layer (quantized); "
+                  "default fp for awq, quantized for gptq and awq,gptq");
+  cmd->add_option("--dampening_frac", r.dampening_frac, "GPTQ: damping added to the Hessian diagonal, a fraction of its mean")
       ->capture_default_str();
+  cmd->add_option("--block_size", r.block_size, "GPTQ: columns per lazy batch update")->capture_default_str();
+  cmd->add_option("--gptq_scale_timing", r.gptq_scale_timing,
+                  "GPTQ group scales: up_front (llm-compressor) | dynamic (GPTQModel, refit at each group's first column)")
+      ->capture_default_str();
+  cmd->add_option("--actorder", r.actorder,
+                  "GPTQ column order: none | static (largest Hessian diagonal first, natural g_idx) | group (needs g_idx)")
+      ->capture_default_str();
+  cmd->add_flag("--true_sequential", r.true_sequential,
+                "GPTQ: Hessians of o_proj, gate/up, down_proj after the linears before them are quantized (GPTQModel)");
   cmd->add_option("--duo_scaling", r.duo_scaling, "AWQ grid: true | false | both (llm-compressor)")->capture_default_str();
   cmd->add_option("--n_grid", r.n_grid, "AWQ grid points")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print the summary as a JSON object on stdout (the human text goes to stderr)");
@@ -200,7 +221,8 @@ Runner RegisterQuantize(CLI::App& app) {
     int64_t bar_total = -1;
     r.progress = [&bar, &bar_total, &r](int64_t done, int64_t total) {
       if (!bar || total != bar_total) {
-        bar = std::make_unique<nibble::ProgressBar>(r.quant_algo == "awq" ? "awq layers" : "quantize", total);
+        const bool calibrated = r.quant_algo != "rtn";
+        bar = std::make_unique<nibble::ProgressBar>(calibrated ? r.quant_algo + " layers" : "quantize", total, true, calibrated);
         bar_total = total;
       }
       bar->Update(done);
@@ -227,7 +249,7 @@ Runner RegisterQuantize(CLI::App& app) {
       if (!w.ok()) return Fail("cannot write report: " + w.error().message);
     }
     std::FILE* out = a->json ? stderr : stdout;
-    if (r.quant_algo == "awq") PrintAwqSummary(out, r, *s);
+    if (s->quant_algo != "rtn") PrintCalibSummary(out, r, *s);
     PrintExportSummary(out, r, *s);
     if (a->json) std::printf("%s\n", SummaryJson(r, *s).dump(2).c_str());
     return 0;

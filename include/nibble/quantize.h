@@ -63,9 +63,18 @@ struct QuantizeRequest {
   int64_t seq_len = 512;
   uint64_t seed = 0;
   bool awq_clip = false;            // AutoAWQ clip search (SPEC §2.3)
-  std::string propagate = "fp";     // fp | quantized: the next layer's calibration input
+  /// fp | quantized: the next layer's calibration input; empty = the algorithm's default (awq: fp,
+  /// as AutoAWQ; gptq and awq,gptq: quantized, llm-compressor's sequential pipeline).
+  std::string propagate;
   std::string duo_scaling = "true"; // true | false | both (llm-compressor)
   int64_t n_grid = 20;
+  // GPTQ (quant_algo "gptq" or "awq,gptq", SPEC §3.1); a "gptq" entry of --quant_config's
+  // algo_config (Quark's damp_percent, desc_act, static_groups, block_size) overrides these.
+  double dampening_frac = 0.01;           // of the Hessian's mean diagonal
+  int64_t block_size = 128;               // columns per lazy batch update
+  std::string gptq_scale_timing = "up_front";  // up_front (llm-compressor) | dynamic (GPTQModel)
+  std::string actorder = "none";          // none | static | group
+  bool true_sequential = false;           // Hessians after the linears before them are quantized
   /// Warnings and notes (calibration shortfall, skipped GQA mappings) as they happen.
   std::function<void(const std::string&)> on_message;
 };
@@ -85,13 +94,20 @@ struct AwqMappingSummary {
   double scale_min = 0, scale_max = 0;
 };
 
-/// AWQ outcome of one decoder layer.
-struct AwqLayerSummary {
+/// Outcome of one decoder layer of a calibrated algorithm (AWQ, GPTQ, AWQ+GPTQ).
+struct CalibLayerSummary {
   struct Linear {
     std::string name;
     bool quantized = false;
-    double rtn_error = 0;  // relative output error of plain RTN on calibration inputs
-    double awq_error = 0;  // same for the AWQ weights on their (smoothed) inputs
+    double rtn_error = 0;     // relative output error ||XWᵀ − XŴᵀ||² / ||XWᵀ||² of plain RTN
+    double method_error = 0;  // the same for the algorithm's weights on their (smoothed) inputs
+    // GPTQ only: the damping that factorised, the failed factorisations before it, inputs whose
+    // Hessian diagonal is 0, and whether it fell back to RTN.
+    bool gptq = false;
+    double dampening_frac = 0;
+    int retries = 0;
+    int64_t dead_columns = 0;
+    bool fallback_rtn = false;
   };
   int64_t layer = 0;
   std::vector<AwqMappingSummary> mappings;
@@ -113,10 +129,11 @@ struct QuantizeSummary {
   double seconds = 0;
   std::string quantization_config_json;  // as written into config.json
   std::string quant_algo;
-  // AWQ only:
-  std::vector<AwqLayerSummary> awq_layers;
-  double awq_seconds = 0;
-  std::string propagate;
+  // Calibrated algorithms only:
+  std::vector<CalibLayerSummary> calib_layers;  // AWQ mappings empty for GPTQ
+  double calib_seconds = 0;
+  std::string propagate;           // as run: fp | quantized
+  int64_t hessian_peak_bytes = 0;  // GPTQ: the largest one Hessian and its factorisation took
   int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
   std::vector<std::string> messages;
   /// The machine-readable report (`nibble quantize --report`): settings, calibration, per layer

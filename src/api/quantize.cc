@@ -109,57 +109,75 @@ Result<QuarkQuantConfig> ConfigFromRequest(const QuantizeRequest& r) {
 
 }  // namespace
 
-// The `--report` JSON: request, calibration, AWQ per layer, export per linear.
+// One AWQ mapping's outcome for the report.
+static nlohmann::ordered_json MappingJson(const AwqMappingSummary& m) {
+  nlohmann::ordered_json mj;
+  mj["prev_op"] = m.prev_op;
+  mj["layers"] = m.layers;
+  mj["skipped"] = m.skipped;
+  if (m.skipped) {
+    mj["skip_reason"] = m.skip_reason;
+  } else {
+    mj["ratio"] = m.ratio;
+    mj["duo"] = m.duo;
+    mj["loss_rtn"] = m.loss_rtn;
+    mj["loss_best"] = m.loss_best;
+    mj["rejected_candidates"] = m.rejected;
+    mj["stopped_early_candidates"] = m.stopped_early;
+    mj["scale_min"] = m.scale_min;
+    mj["scale_max"] = m.scale_max;
+  }
+  return mj;
+}
+
+// Per decoder layer of a calibrated run: AWQ mappings, per-linear output errors and GPTQ damping.
+static nlohmann::ordered_json CalibLayersJson(const QuantizeSummary& s) {
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (const auto& l : s.calib_layers) {
+    nlohmann::ordered_json lj;
+    lj["layer"] = l.layer;
+    lj["seconds"] = l.seconds;
+    nlohmann::ordered_json maps = nlohmann::ordered_json::array();
+    for (const auto& m : l.mappings) maps.push_back(MappingJson(m));
+    lj["mappings"] = maps;
+    nlohmann::ordered_json lins = nlohmann::ordered_json::array();
+    for (const auto& e : l.linears) {
+      nlohmann::ordered_json ej = {{"name", e.name}, {"quantized", e.quantized}, {"rtn_output_error", e.rtn_error},
+                                   {"method_output_error", e.method_error}};
+      if (e.gptq)
+        ej["gptq"] = {{"dampening_frac", e.dampening_frac}, {"retries", e.retries},
+                      {"dead_columns", e.dead_columns}, {"fallback_rtn", e.fallback_rtn}};
+      lins.push_back(ej);
+    }
+    lj["linears"] = lins;
+    layers.push_back(lj);
+  }
+  return layers;
+}
+
+// The `--report` JSON: request, calibration, per layer (AWQ, GPTQ), export per linear.
 static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSummary& s) {
   nlohmann::ordered_json j;
   j["nibble_report"] = "quantize";
-  j["version"] = 1;
+  j["version"] = 2;
   j["model_dir"] = r.model_dir;
   j["output_dir"] = r.output_dir;
-  j["quant_algo"] = r.quant_algo;
+  j["quant_algo"] = s.quant_algo;
   j["quant_scheme"] = r.quant_config_file.empty() ? r.quant_scheme : "from --quant_config " + r.quant_config_file;
   j["group_size"] = r.group_size;
   j["seconds"] = s.seconds;
-  if (r.quant_algo == "awq") {
-    j["awq"] = {{"seconds", s.awq_seconds}, {"propagate", s.propagate}, {"clip", r.awq_clip},
-                {"duo_scaling", r.duo_scaling}, {"n_grid", r.n_grid}};
+  if (s.quant_algo != "rtn") {
+    j["calibrated"] = {{"seconds", s.calib_seconds}, {"propagate", s.propagate}};
+    if (s.quant_algo.find("awq") != std::string::npos)
+      j["awq"] = {{"clip", r.awq_clip}, {"duo_scaling", r.duo_scaling}, {"n_grid", r.n_grid}};
+    if (s.quant_algo.find("gptq") != std::string::npos)
+      j["gptq"] = {{"dampening_frac", r.dampening_frac}, {"block_size", r.block_size},
+                   {"scale_timing", r.gptq_scale_timing}, {"actorder", r.actorder},
+                   {"true_sequential", r.true_sequential}, {"hessian_peak_bytes", s.hessian_peak_bytes}};
     j["calibration"] = {{"dataset", r.dataset}, {"chunks", s.calib_chunks}, {"seq_len", s.calib_seq_len},
                         {"available_chunks", s.calib_available_chunks}, {"stream_tokens", s.calib_total_tokens},
                         {"seed", r.seed}, {"selection", r.seed == 0 ? "first chunks in order" : "seeded shuffle"}};
-    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
-    for (const auto& l : s.awq_layers) {
-      nlohmann::ordered_json lj;
-      lj["layer"] = l.layer;
-      lj["seconds"] = l.seconds;
-      nlohmann::ordered_json maps = nlohmann::ordered_json::array();
-      for (const auto& m : l.mappings) {
-        nlohmann::ordered_json mj;
-        mj["prev_op"] = m.prev_op;
-        mj["layers"] = m.layers;
-        mj["skipped"] = m.skipped;
-        if (m.skipped) {
-          mj["skip_reason"] = m.skip_reason;
-        } else {
-          mj["ratio"] = m.ratio;
-          mj["duo"] = m.duo;
-          mj["loss_rtn"] = m.loss_rtn;
-          mj["loss_best"] = m.loss_best;
-          mj["rejected_candidates"] = m.rejected;
-          mj["stopped_early_candidates"] = m.stopped_early;
-          mj["scale_min"] = m.scale_min;
-          mj["scale_max"] = m.scale_max;
-        }
-        maps.push_back(mj);
-      }
-      lj["mappings"] = maps;
-      nlohmann::ordered_json lins = nlohmann::ordered_json::array();
-      for (const auto& e : l.linears)
-        lins.push_back({{"name", e.name}, {"quantized", e.quantized}, {"rtn_output_error", e.rtn_error},
-                        {"awq_output_error", e.awq_error}});
-      lj["linears"] = lins;
-      layers.push_back(lj);
-    }
-    j["awq_layers"] = layers;
+    j["calib_layers"] = CalibLayersJson(s);
   }
   nlohmann::ordered_json lins = nlohmann::ordered_json::array();
   for (const auto& l : s.layers)
@@ -171,13 +189,67 @@ static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSu
   return j.dump(2) + "\n";
 }
 
+// The algorithm settings of a request (AWQ, GPTQ, propagation) onto o.
+static Status AlgorithmOptions(const QuantizeRequest& r, QuantizeOptions& o) {
+  if (o.quant_algo == "awq+gptq") o.quant_algo = "awq,gptq";
+  o.awq.clip = r.awq_clip;
+  Propagation prop = o.quant_algo == "awq" ? Propagation::kFp : Propagation::kQuantized;
+  if (r.propagate == "fp") prop = Propagation::kFp;
+  else if (r.propagate == "quantized") prop = Propagation::kQuantized;
+  else if (!r.propagate.empty())
+    return MakeErrorCode(ErrorCode::kUnsupported, "--propagate \"", r.propagate, "\" is not supported (supported: fp, quantized)");
+  o.awq.propagation = o.gptq.propagation = prop;
+  NIBBLE_ASSIGN_OR_RETURN(o.awq.duo_scaling, ParseDuoScaling(r.duo_scaling, "--duo_scaling"));
+  if (r.n_grid < 2 || (o.awq.duo_scaling == DuoScaling::kBoth && r.n_grid < 4))
+    return MakeError("--n_grid ", r.n_grid, " is too small (at least 2; 4 with --duo_scaling both)");
+  o.awq.n_grid = r.n_grid;
+  if (!(r.dampening_frac > 0 && r.dampening_frac < 1))
+    return MakeError("--dampening_frac ", r.dampening_frac, " must be in (0, 1), e.g. 0.01");
+  if (r.block_size < 1) return MakeError("--block_size ", r.block_size, " must be at least 1");
+  o.gptq.dampening_frac = r.dampening_frac;
+  o.gptq.block_size = r.block_size;
+  NIBBLE_ASSIGN_OR_RETURN(o.gptq.scale_timing, ParseGptqScaleTiming(r.gptq_scale_timing, "--gptq_scale_timing"));
+  NIBBLE_ASSIGN_OR_RETURN(o.gptq.actorder, ParseGptqActOrder(r.actorder, "--actorder"));
+  o.gptq.true_sequential = r.true_sequential;
+  if (o.gptq.scale_timing == GptqScaleTiming::kDynamic && o.gptq.actorder != GptqActOrder::kNone)
+    return MakeError("--gptq_scale_timing dynamic with --actorder ", r.actorder,
+                     " forms groups in the permuted order (a non-natural g_idx); use --actorder none with dynamic");
+  return Status::Ok();
+}
+
+// One decoder layer's summary from the algorithm's report (`gptq`: per-slot GPTQ info or null).
+static CalibLayerSummary LayerSummary(int64_t layer, double seconds, const std::vector<AwqMappingReport>& mappings,
+                                      const std::vector<LinearErrorReport>& linears,
+                                      const std::array<GptqLinearInfo, kNumLinears>* gptq) {
+  CalibLayerSummary ls;
+  ls.layer = layer;
+  ls.seconds = seconds;
+  for (const auto& m : mappings)
+    ls.mappings.push_back({m.mapping.prev_op, m.mapping.layers, m.skipped, m.skip_reason, m.ratio, m.duo, m.loss_rtn,
+                           m.loss_best, m.rejected, m.stopped_early, m.scale_min, m.scale_max});
+  for (size_t i = 0; i < linears.size(); ++i) {
+    const auto& e = linears[i];
+    CalibLayerSummary::Linear li{e.name, e.quantized, e.rtn_error, e.method_error};
+    if (gptq != nullptr && i < gptq->size() && (*gptq)[i].ran) {
+      const GptqLinearInfo& g = (*gptq)[i];
+      li.gptq = true;
+      li.dampening_frac = g.dampening_frac;
+      li.retries = g.retries;
+      li.dead_columns = g.dead_columns;
+      li.fallback_rtn = g.fallback_rtn;
+    }
+    ls.linears.push_back(li);
+  }
+  return ls;
+}
+
 Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   ScopedThreads threads(r.threads);
   QuantizeOptions o;
   o.model_dir = r.model_dir;
   o.output_dir = r.output_dir;
   NIBBLE_ASSIGN_OR_RETURN(o.config, ConfigFromRequest(r));
-  o.quant_algo = r.quant_algo;
+  o.quant_algo = r.quant_algo == "awq+gptq" ? "awq,gptq" : r.quant_algo;
   o.model_export = r.model_export;
   if (r.misaligned == "error") o.misaligned = MisalignedPolicy::kError;
   else if (r.misaligned == "exclude") o.misaligned = MisalignedPolicy::kExclude;
@@ -189,42 +261,33 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   o.progress = r.progress;
   o.message = r.on_message;
   o.dataset = r.dataset;
-  if (r.quant_algo == "awq") {
+  if (r.quant_algo != "rtn") {
     if (r.num_calib_data < 1) return MakeError("--num_calib_data ", r.num_calib_data, " must be at least 1");
     if (r.seq_len < 1) return MakeError("--seq_len ", r.seq_len, " must be at least 1");
   }
   o.num_calib_data = r.num_calib_data;
   o.calib_seq_len = r.seq_len;
   o.seed = r.seed;
-  o.awq.clip = r.awq_clip;
-  if (r.propagate == "fp") o.awq.propagation = Propagation::kFp;
-  else if (r.propagate == "quantized") o.awq.propagation = Propagation::kQuantized;
-  else return MakeErrorCode(ErrorCode::kUnsupported, "--propagate \"", r.propagate, "\" is not supported (supported: fp, quantized)");
-  NIBBLE_ASSIGN_OR_RETURN(o.awq.duo_scaling, ParseDuoScaling(r.duo_scaling, "--duo_scaling"));
-  if (r.n_grid < 2 || (o.awq.duo_scaling == DuoScaling::kBoth && r.n_grid < 4))
-    return MakeError("--n_grid ", r.n_grid, " is too small (at least 2; 4 with --duo_scaling both)");
-  o.awq.n_grid = r.n_grid;
+  NIBBLE_RETURN_IF_ERROR(AlgorithmOptions(r, o));
   NIBBLE_ASSIGN_OR_RETURN(QuantizeReport rep, QuantizeCheckpoint(o));
   QuantizeSummary s;
-  s.quant_algo = r.quant_algo;
+  s.quant_algo = o.quant_algo;
   s.messages = rep.messages;
+  s.calib_chunks = rep.calib_chunks;
+  s.calib_seq_len = rep.calib_seq_len;
+  s.calib_available_chunks = rep.calib_available_chunks;
+  s.calib_total_tokens = rep.calib_total_tokens;
   if (rep.awq) {
-    s.awq_seconds = rep.awq->seconds;
+    s.calib_seconds = rep.awq->seconds;
     s.propagate = rep.awq_settings.propagation == Propagation::kFp ? "fp" : "quantized";
-    s.calib_chunks = rep.calib_chunks;
-    s.calib_seq_len = rep.calib_seq_len;
-    s.calib_available_chunks = rep.calib_available_chunks;
-    s.calib_total_tokens = rep.calib_total_tokens;
-    for (const auto& l : rep.awq->layers) {
-      AwqLayerSummary ls;
-      ls.layer = l.layer;
-      ls.seconds = l.seconds;
-      for (const auto& m : l.mappings)
-        ls.mappings.push_back({m.mapping.prev_op, m.mapping.layers, m.skipped, m.skip_reason, m.ratio, m.duo, m.loss_rtn,
-                               m.loss_best, m.rejected, m.stopped_early, m.scale_min, m.scale_max});
-      for (const auto& e : l.linears) ls.linears.push_back({e.name, e.quantized, e.rtn_error, e.method_error});
-      s.awq_layers.push_back(std::move(ls));
-    }
+    for (const auto& l : rep.awq->layers) s.calib_layers.push_back(LayerSummary(l.layer, l.seconds, l.mappings, l.linears, nullptr));
+  }
+  if (rep.gptq) {
+    s.calib_seconds = rep.gptq->seconds;
+    s.propagate = rep.gptq_settings.propagation == Propagation::kFp ? "fp" : "quantized";
+    s.hessian_peak_bytes = rep.gptq->hessian_peak_bytes;
+    for (const auto& l : rep.gptq->layers)
+      s.calib_layers.push_back(LayerSummary(l.layer, l.seconds, l.mappings, l.linears, &l.gptq));
   }
   for (const auto& l : rep.layers)
     s.layers.push_back({l.name, l.rule, l.scheme, l.quantized, l.n, l.k, l.bytes_in, l.bytes_out, l.rel_error});

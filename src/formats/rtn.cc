@@ -13,13 +13,6 @@ namespace {
 
 constexpr float kEps = 1.1920928955078125e-07f;  // torch.finfo(torch.float32).eps = 2^-23
 
-// a * b rounded to fp32 on its own: the volatile store keeps the compiler from contracting the
-// following addition into an FMA, which would skip the rounding torch performs after the mul.
-inline float RoundedMul(float a, float b) {
-  volatile float p = a * b;
-  return p;
-}
-
 // Round half to even under the default rounding mode (SPEC §4.6).
 inline float RoundHalfEven(float v) { return std::nearbyint(v); }
 
@@ -44,7 +37,6 @@ Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const Qu
   if (n > INT64_MAX / k) return MakeError("QuantizeRtnRef: N * K overflows (N = ", n, ", K = ", k, ")");
 
   const int64_t groups = k / g;
-  const float qmin = sym ? -8.f : 0.f, qmax = sym ? 7.f : 15.f;
   Int4Matrix m;
   m.n = n;
   m.k = k;
@@ -84,10 +76,7 @@ Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const Qu
       }
       const float z = sym ? 0.f : std::clamp(-RoundHalfEven(D(mn / s)), 0.f, 15.f);
       const float inv = 1.f / s;
-      for (int64_t i = 0; i < g; ++i) {
-        const float q = std::clamp(RoundHalfEven(RoundedMul(x[i], inv) + z), qmin, qmax);
-        m.codes[static_cast<size_t>(r * k + gi * g + i)] = static_cast<uint8_t>(static_cast<int>(q) + (sym ? 8 : 0));
-      }
+      for (int64_t i = 0; i < g; ++i) m.codes[static_cast<size_t>(r * k + gi * g + i)] = QuarkCode(x[i], inv, z, sym);
       m.scales[static_cast<size_t>(r * groups + gi)] = s;
       m.zero_points[static_cast<size_t>(r * groups + gi)] = static_cast<uint8_t>(sym ? 8 : static_cast<int>(z));
     }

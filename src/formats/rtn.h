@@ -22,6 +22,8 @@
 // division — it mirrors aten's fake_quantize) and adds z before torch.round; we do the same.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "base/result.h"
@@ -42,5 +44,17 @@ namespace nibble {
 /// other than 4; a non-finite weight (names row and
 /// column); a scale that overflows scale_dtype (F16 above 65504).
 Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const QuantSpec& spec, DType scale_dtype);
+
+/// The native code (0..15) of one weight x under a group's reciprocal scale `inv` = fp32(1 / s)
+/// and zero point z (uint4; 0 for int4), exactly as QuantizeRtnRef computes it: x · inv rounded to
+/// fp32 on its own (the volatile store keeps the compiler from contracting it with + z into an
+/// FMA, which would skip the rounding torch performs after the mul), then rounded half to even
+/// (default rounding mode) and clamped; int4 codes are stored as q + 8. Shared by every algorithm
+/// that quantizes against given group parameters (GPTQ).
+inline uint8_t QuarkCode(float x, float inv, float z, bool symmetric) {
+  volatile float p = x * inv;
+  const float q = std::clamp(std::nearbyint(p + z), symmetric ? -8.f : 0.f, symmetric ? 7.f : 15.f);
+  return static_cast<uint8_t>(static_cast<int>(q) + (symmetric ? 8 : 0));
+}
 
 }  // namespace nibble

@@ -219,15 +219,18 @@ Status ApplyMisalignedPolicy(MisalignedPolicy policy, const TensorStore& store, 
   return Status::Ok();
 }
 
-// AWQ on the sequential pipeline: calibration data, then each layer's tensors produced as soon as
-// the layer is done (and freed), so memory never holds the model in fp32. Records the run in
-// `report` and the algo_config in `cfg`.
-Result<std::map<std::string, Produced>> RunAwqExport(const QuantizeOptions& o, const ModelConfig& mc,
-                                                     const TensorStore& store, const ExportContext& ex,
-                                                     QuarkQuantConfig& cfg, QuantizeReport& report,
-                                                     const std::function<void(const std::string&)>& note) {
-  NIBBLE_ASSIGN_OR_RETURN(std::optional<AwqSettings> from_cfg, ParseAwqAlgoConfig(cfg.algo_config, o.awq));
-  report.awq_settings = from_cfg ? *from_cfg : o.awq;
+// The calibrated algorithms (AWQ, GPTQ, AWQ+GPTQ) on the sequential pipeline: calibration data,
+// then each layer's tensors produced as soon as the layer is done (and freed), so memory never
+// holds the model in fp32. Records the run in `report` and the algo_config in `cfg`.
+Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc,
+                                                            const TensorStore& store, const ExportContext& ex,
+                                                            QuarkQuantConfig& cfg, QuantizeReport& report,
+                                                            const std::function<void(const std::string&)>& note) {
+  const bool awq = o.quant_algo == "awq" || o.quant_algo == "awq,gptq", gptq = o.quant_algo != "awq";
+  NIBBLE_ASSIGN_OR_RETURN(std::optional<AwqSettings> awq_cfg, ParseAwqAlgoConfig(cfg.algo_config, o.awq));
+  NIBBLE_ASSIGN_OR_RETURN(std::optional<GptqSettings> gptq_cfg, ParseGptqAlgoConfig(cfg.algo_config, o.gptq));
+  report.awq_settings = awq_cfg ? *awq_cfg : o.awq;
+  report.gptq_settings = gptq_cfg ? *gptq_cfg : o.gptq;
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadCalibrationTexts(o.dataset));
   auto calib = BuildCalibrationData(*tok, texts, o.num_calib_data, o.calib_seq_len, o.seed);
@@ -244,11 +247,22 @@ Result<std::map<std::string, Produced>> RunAwqExport(const QuantizeOptions& o, c
     produced[lt.name] = std::move(p);
     return Status::Ok();
   };
-  auto awq = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, sink, o.progress);
-  if (!awq.ok()) return awq.error().WithContext("AWQ");
-  for (const auto& m : awq->messages) note(m);
-  cfg.algo_config = AwqAlgoConfigJson(report.awq_settings, awq->used, mc);
-  report.awq = std::move(awq).value();
+  if (!gptq) {
+    auto r = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, sink, o.progress);
+    if (!r.ok()) return r.error().WithContext("AWQ");
+    for (const auto& m : r->messages) note(m);
+    cfg.algo_config = AwqAlgoConfigJson(report.awq_settings, r->used, mc);
+    report.awq = std::move(r).value();
+    return produced;
+  }
+  const std::optional<AwqSettings> first = awq ? std::optional<AwqSettings>(report.awq_settings) : std::nullopt;
+  auto r = RunGptq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.gptq_settings, first, sink,
+                   o.progress);
+  if (!r.ok()) return r.error().WithContext(awq ? "AWQ+GPTQ" : "GPTQ");
+  for (const auto& m : r->messages) note(m);
+  cfg.algo_config = awq ? AwqAlgoConfigJson(report.awq_settings, r->awq_used, mc) : nlohmann::ordered_json::array();
+  cfg.algo_config.push_back(GptqAlgoConfigEntry(report.gptq_settings));
+  report.gptq = std::move(r).value();
   return produced;
 }
 
@@ -286,9 +300,19 @@ Result<nlohmann::ordered_json> ReadConfigJson(const std::string& model_dir) {
 }
 
 Status CheckRequest(const QuantizeOptions& o) {
-  if (o.quant_algo != "rtn" && o.quant_algo != "awq")
-    return MakeErrorCode(ErrorCode::kUnsupported, "--quant_algo \"", o.quant_algo, "\" is not supported (supported: rtn, awq)");
-  if (o.quant_algo == "awq" && o.dataset.empty()) return MakeError("--quant_algo awq needs calibration data: --dataset FILE");
+  if (o.quant_algo != "rtn" && o.quant_algo != "awq" && o.quant_algo != "gptq" && o.quant_algo != "awq,gptq")
+    return MakeErrorCode(ErrorCode::kUnsupported, "--quant_algo \"", o.quant_algo,
+                         "\" is not supported (supported: rtn, awq, gptq, awq,gptq)");
+  if (o.quant_algo != "rtn" && o.dataset.empty())
+    return MakeError("--quant_algo ", o.quant_algo, " needs calibration data: --dataset FILE");
+  if (o.quant_algo != "rtn" && o.quant_algo != "awq") {
+    NIBBLE_ASSIGN_OR_RETURN(std::optional<GptqSettings> g, ParseGptqAlgoConfig(o.config.algo_config, o.gptq));
+    const GptqSettings s = g ? *g : o.gptq;
+    NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, "GPTQ"));
+    if (s.actorder == GptqActOrder::kGroup)
+      return MakeErrorCode(ErrorCode::kUnsupported, "--actorder group needs a g_idx in the checkpoint; --model_export ",
+                           o.model_export, " (AMD Quark) cannot hold one; use --actorder static (natural g_idx) or none");
+  }
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> fmt, OpenCheckpointFormat(o.model_dir));
   if (fmt != nullptr) return MakeError(o.model_dir, ": the checkpoint is already quantized; quantize a float checkpoint");
   if (fs::exists(o.output_dir) && !o.overwrite)
@@ -324,8 +348,8 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   };
   if (o.quant_algo == "rtn" && !o.dataset.empty()) note("warning: --dataset " + o.dataset + " is not used by --quant_algo rtn");
   std::map<std::string, Produced> produced;
-  if (o.quant_algo == "awq") {
-    NIBBLE_ASSIGN_OR_RETURN(produced, RunAwqExport(o, mc, store, ex, request.config, report, note));
+  if (o.quant_algo != "rtn") {
+    NIBBLE_ASSIGN_OR_RETURN(produced, RunCalibratedExport(o, mc, store, ex, request.config, report, note));
   }
   if (o.output_dir.empty()) return MakeError("--output_dir is empty");
   NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, CheckpointWriter::Create(o.output_dir, o.max_shard_size));

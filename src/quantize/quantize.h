@@ -17,6 +17,7 @@
 #include "base/result.h"
 #include "formats/quark_config.h"
 #include "quantize/awq/awq.h"
+#include "quantize/gptq/gptq.h"
 
 namespace nibble {
 
@@ -31,7 +32,7 @@ struct QuantizeOptions {
   std::string model_dir;
   std::string output_dir;
   QuarkQuantConfig config;          // as the user asked; policy additions are made on a copy
-  std::string quant_algo = "rtn";   // "rtn" | "awq"
+  std::string quant_algo = "rtn";   // "rtn" | "awq" | "gptq" | "awq,gptq"
   std::string model_export = "hf_format";  // FormatEntry::export_name
   // AWQ (quant_algo "awq"): calibration data (quantize/calibration.h) and settings. An "awq"
   // entry in config.algo_config (e.g. from --quant_config) overrides `awq` key by key, notably
@@ -41,6 +42,8 @@ struct QuantizeOptions {
   int64_t calib_seq_len = 512;      // tokens per chunk
   uint64_t seed = 0;                // 0 = the first chunks in order
   AwqSettings awq;
+  // GPTQ (quant_algo "gptq", "awq,gptq"): a "gptq" entry in config.algo_config overrides it.
+  GptqSettings gptq;
   std::function<void(const std::string&)> message;  // warnings / notes as they happen
   MisalignedPolicy misaligned = MisalignedPolicy::kError;
   int64_t max_shard_size = 5000000000;  // bytes per safetensors shard (HF's "5GB")
@@ -63,7 +66,9 @@ struct QuantizedLayerReport {
 struct QuantizeReport {
   std::vector<QuantizedLayerReport> layers;
   std::optional<AwqResult> awq;     // quant_algo "awq" only
-  AwqSettings awq_settings;         // as run (awq only)
+  AwqSettings awq_settings;         // as run (awq, awq,gptq)
+  std::optional<GptqResult> gptq;   // quant_algo "gptq" / "awq,gptq"
+  GptqSettings gptq_settings;       // as run
   int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
   std::vector<std::string> messages;  // warnings and notes (calibration, skipped mappings)
   nlohmann::ordered_json quantization_config;  // as written to config.json

@@ -45,27 +45,8 @@ void WriteText(const std::string& p, const std::string& s) {
   out << s;
 }
 
-// A tiny random Llama (GQA: 8 heads, 2 kv heads, head_dim 8 → v_proj out 16, o_proj in 64),
-// f16 unless set, with stories260K's tokenizer (vocab 512) unless `tokenizer` is false.
-// `edit(name, values)` may change a tensor before writing.
 using TinySpec = nibble_test::TinyLlamaSpec;
-
-void WriteTinyModel(const std::string& dir, const TinySpec& s,
-                    const std::function<void(const std::string&, std::vector<float>&)>& edit = nullptr,
-                    bool tokenizer = true) {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto fill = [&](const nibble_test::TinyTensor& t, std::vector<float>& v) {
-    using R = nibble_test::TinyRole;
-    const float stddev = t.role == R::kEmbedding ? 1.0f : t.role == R::kNorm ? 0.05f : 0.1f;
-    const float mean = t.role == R::kNorm ? 1.0f : 0.0f;
-    for (auto& x : v) x = mean + stddev * nd(rng);
-    if (edit) edit(t.name, v);
-  };
-  nibble_test::WriteTinyLlama(dir, nibble_test::TinyLlamaConfig(s),
-                              nibble_test::TinyLlamaTensors(s, nibble_test::TinyOrder::kNormsFirst, fill),
-                              tokenizer ? nibble_test::SharedModel("stories260K") : "");
-}
+using nibble_test::WriteTinyModel;
 
 // Calibration text: a slice of tinyshakespeare (a few thousand tokens).
 std::string CalibFile(const TempDir& tmp) {
@@ -198,8 +179,8 @@ TEST(Awq, GqaSkipsVToOWithMessageAndStillQuantizesAndRuns) {
   EXPECT_EQ(algo[0]["scaling_layers"].size(), 3u);  // v_proj -> o_proj left out
   for (const auto& m : algo[0]["scaling_layers"]) EXPECT_NE(m["prev_op"], "self_attn.v_proj");
   EXPECT_EQ(algo[0]["propagation"], "fp");
-  ASSERT_EQ(s->awq_layers.size(), 2u);
-  for (const auto& l : s->awq_layers) {
+  ASSERT_EQ(s->calib_layers.size(), 2u);
+  for (const auto& l : s->calib_layers) {
     ASSERT_EQ(l.mappings.size(), 4u);
     EXPECT_TRUE(l.mappings[1].skipped);
     for (const auto& m : l.mappings) {
@@ -211,7 +192,7 @@ TEST(Awq, GqaSkipsVToOWithMessageAndStillQuantizesAndRuns) {
   ExpectModelRunsFinite(tmp.sub("q"));
   // The report JSON carries the same.
   auto rep = nlohmann::json::parse(s->report_json);
-  EXPECT_EQ(rep["awq_layers"].size(), 2u);
+  EXPECT_EQ(rep["calib_layers"].size(), 2u);
   EXPECT_EQ(rep["calibration"]["chunks"], 4);
 }
 
@@ -230,7 +211,7 @@ TEST(Awq, Fp16OverflowAfterScalingNeverBecomesInf) {
   auto s = nibble::Quantize(req);
   ASSERT_TRUE(s.ok()) << s.error().message;
   int64_t rejected = 0;
-  for (const auto& m : s->awq_layers[0].mappings) {
+  for (const auto& m : s->calib_layers[0].mappings) {
     rejected += m.rejected;
     if (!m.skipped) {
       EXPECT_TRUE(std::isfinite(m.loss_best));
@@ -266,7 +247,7 @@ TEST(Awq, ZeroChannelAndZeroGroupAreFiniteAndExact) {
   });
   auto s = nibble::Quantize(AwqReq(tmp.sub("m"), tmp.sub("q"), CalibFile(tmp)));
   ASSERT_TRUE(s.ok()) << s.error().message;
-  for (const auto& l : s->awq_layers)
+  for (const auto& l : s->calib_layers)
     for (const auto& m : l.mappings) {
       if (m.skipped) continue;
       EXPECT_TRUE(std::isfinite(m.loss_best) && std::isfinite(m.loss_rtn));
@@ -318,7 +299,7 @@ TEST(Awq, QuantConfigScalingLayersAreUsedAndRecorded) {
   req.quant_config_file = tmp.sub("qc.json");
   auto s = nibble::Quantize(req);
   ASSERT_TRUE(s.ok()) << s.error().message;
-  ASSERT_EQ(s->awq_layers[0].mappings.size(), 1u);
+  ASSERT_EQ(s->calib_layers[0].mappings.size(), 1u);
   auto cfg = nlohmann::json::parse(ReadAll(tmp.sub("q/config.json")));
   const auto& sl = cfg["quantization_config"]["algo_config"][0]["scaling_layers"];
   ASSERT_EQ(sl.size(), 1u);
@@ -640,7 +621,7 @@ Kld RtnVsAwq(const std::string& model, const std::string& scheme) {
   Kld k{c->rows[0].mean_kld, c->rows[1].mean_kld, c->rows[0].top1_agreement, c->rows[1].top1_agreement};
   std::printf("%s %s: RTN KLD %.6f top-1 %.2f%% PPL %.3f | AWQ KLD %.6f top-1 %.2f%% PPL %.3f | AWQ %.1f s\n", model.c_str(),
               scheme.c_str(), k.rtn, 100 * k.rtn_top1, c->rows[0].perplexity.ppl, k.awq, 100 * k.awq_top1,
-              c->rows[1].perplexity.ppl, s.ok() ? s->awq_seconds : -1.0);
+              c->rows[1].perplexity.ppl, s.ok() ? s->calib_seconds : -1.0);
   return k;
 }
 

@@ -9,6 +9,7 @@
 
 #include "formats/float_dtype.h"
 #include "kernels/dense_gemm.h"
+#include "quantize/gram.h"
 #include "model/linear.h"
 
 namespace nibble {
@@ -101,36 +102,6 @@ std::vector<float> Scales(const std::vector<float>& x_mean, const std::vector<fl
 }
 
 bool FitsDType(float v, DType t) { return std::isfinite(RoundToDType(v, t)); }
-
-// G = XᵀX [k, k] for x [rows, k]: for a single inspected linear, the squared output error of a
-// candidate Ŵ over all rows is Σ_rows ||x (Ŵ − W)ᵀ||² = Σ_n d_n G d_nᵀ (d = Ŵ − W), so the
-// search needs one pass over the activations instead of one per candidate. Each 64-column block
-// of G is the double sum, in chunk order, of fp32 products over fixed 2048-row chunks (rounded to
-// fp32 at the end): blocks run in parallel, and every element's arithmetic is the same for any
-// thread count.
-std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k) {
-  constexpr int64_t kCols = 64, kChunk = 2048;
-  const int64_t blocks = (k + kCols - 1) / kCols;
-  std::vector<float> g(static_cast<size_t>(k * k));
-#pragma omp parallel
-  {
-    std::vector<float> part(static_cast<size_t>(k * kCols));
-    std::vector<double> acc(part.size());
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t c0 = b * kCols, w = std::min(kCols, k - c0);
-      std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
-        const int64_t nr = std::min(kChunk, rows - r0);
-        SgemmAtB(k, w, nr, x + r0 * k, k, x + r0 * k + c0, k, 0.0f, part.data(), w);
-        for (int64_t i = 0; i < k * w; ++i) acc[i] += part[i];
-      }
-      for (int64_t i = 0; i < k; ++i)
-        for (int64_t j = 0; j < w; ++j) g[i * k + c0 + j] = static_cast<float>(acc[i * w + j]);
-    }
-  }
-  return g;
-}
 
 // Σ_n d_n G d_nᵀ with d = wq − w [n, k] and G = GramMatrix: the summed squared output error of
 // the linear with weights wq against w. Fixed 32-row blocks of d (their products in fp32, the

@@ -1,0 +1,132 @@
+// GPTQ as a pipeline algorithm (see gptq.h).
+#include "quantize/gptq/gptq.h"
+
+#include <algorithm>
+
+#include "model/llama.h"
+#include "quantize/gram.h"
+
+namespace nibble {
+
+namespace {
+
+// The linears each capture point feeds, in slot order.
+std::vector<int> LinearsOf(LayerInput in) {
+  std::vector<int> out;
+  for (int i = 0; i < kNumLinears; ++i)
+    if (InputOf(i) == in) out.push_back(i);
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<GptqAlgorithm>> GptqAlgorithm::Create(const GptqSettings& s, std::unique_ptr<AwqAlgorithm> awq) {
+  NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, "GPTQ"));
+  if (s.actorder == GptqActOrder::kGroup)
+    return MakeErrorCode(ErrorCode::kUnsupported, "GPTQ act-order group needs a g_idx, which this export cannot hold");
+  return std::unique_ptr<GptqAlgorithm>(new GptqAlgorithm(s, std::move(awq)));
+}
+
+Status GptqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::function<void()>& step) {
+  return awq_ ? awq_->Transform(runner, L, step) : Status::Ok();
+}
+
+Status GptqAlgorithm::QuantizeInput(LayerInput in, const float* x, int64_t rows, const CalibLayer& L, LayerCodes& codes,
+                                    std::array<GptqLinearInfo, kNumLinears>& info) {
+  const std::vector<int> lins = LinearsOf(in);
+  bool any = false;
+  for (int i : lins) any = any || L.spec[i].has_value();
+  if (!any) return Status::Ok();
+  const int64_t k = L.k[lins[0]];
+  const std::string name = L.name + "." + DecoderLinearNames()[lins[0]];
+  if (rows < k)
+    messages_.insert("warning: GPTQ: " + name + " (and the linears sharing its input) sees " + std::to_string(rows) +
+                     " calibration tokens for in_features " + std::to_string(k) +
+                     ": the Hessian is singular and only the damping makes it invertible; use more calibration data");
+  std::vector<float> h = GramMatrix(x, rows, k);
+  const float scale = 2.0f / static_cast<float>(rows);
+  for (float& v : h) v *= scale;
+  const int64_t copies = st_.actorder == GptqActOrder::kNone ? 2 : 3;  // H, the damped copy, the permuted H
+  peak_bytes_ = std::max(peak_bytes_, copies * k * k * static_cast<int64_t>(sizeof(float)));
+  auto f = FactorGptqHessian(std::move(h), k, st_);
+  if (!f.ok()) return f.error().WithContext("GPTQ " + name);
+  if (f->retries > 0 || f->fallback_rtn)
+    messages_.insert("GPTQ: " + name + ": the damped Hessian did not factorise " + std::to_string(f->retries) +
+                     " time(s); " + (f->fallback_rtn ? "no damping below 1 did, so these linears are plain RTN"
+                                                     : "dampening_frac " + std::to_string(f->dampening_frac) + " did"));
+  for (int i : lins) {
+    if (!L.spec[i]) continue;
+    const DType dt = L.spec[i]->scale_dtype.value_or(L.dtype[i]);
+    auto q = GptqQuantize(L.w[i]->data(), L.n[i], L.k[i], *f, *L.spec[i], dt, st_);
+    if (!q.ok()) return q.error().WithContext("GPTQ " + L.name + "." + DecoderLinearNames()[i]);
+    codes[i] = std::move(q).value();
+    info[i] = {true, f->dampening_frac, f->retries, static_cast<int64_t>(f->dead.size()), f->fallback_rtn};
+  }
+  return Status::Ok();
+}
+
+Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCodes& codes) {
+  if (awq_) NIBBLE_RETURN_IF_ERROR(awq_->Finish(runner, L, codes));
+  std::array<GptqLinearInfo, kNumLinears> info{};
+  const std::array<LayerInput, 4> inputs = {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn,
+                                            LayerInput::kMlpAct};
+  if (!st_.true_sequential) {
+    for (LayerInput in : inputs) NIBBLE_RETURN_IF_ERROR(QuantizeInput(in, runner.acts().Of(in), runner.rows(), L, codes, info));
+  } else {
+    // Each input from the layer with every linear before it already quantized (dequantized).
+    CalibLayer deq = L.Clone();
+    LayerActs acts;
+    const LayerActs* a = &runner.acts();
+    for (LayerInput in : inputs) {
+      NIBBLE_RETURN_IF_ERROR(QuantizeInput(in, a->Of(in), runner.rows(), L, codes, info));
+      for (int i : LinearsOf(in))
+        if (codes[i]) DequantizeRef(*codes[i], deq.w[i]->data());
+      if (in != LayerInput::kMlpAct) {
+        runner.RunFresh(deq, runner.batch(), &acts);
+        a = &acts;
+      }
+    }
+  }
+  infos_.push_back(info);
+  return Status::Ok();
+}
+
+std::vector<std::string> GptqAlgorithm::Messages() const {
+  std::vector<std::string> out;
+  if (awq_) out = awq_->Messages();
+  out.insert(out.end(), messages_.begin(), messages_.end());
+  return out;
+}
+
+Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+                           const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const GptqSettings& st,
+                           const std::optional<AwqSettings>& awq, const LayerTensorSink& sink,
+                           const std::function<void(int64_t, int64_t)>& progress) {
+  std::unique_ptr<AwqAlgorithm> awq_algo;
+  if (awq) {
+    NIBBLE_ASSIGN_OR_RETURN(awq_algo, AwqAlgorithm::Create(*awq));
+  }
+  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<GptqAlgorithm> algo, GptqAlgorithm::Create(st, std::move(awq_algo)));
+  PipelineOptions po;
+  po.propagation = st.propagation;
+  po.reuse_attention = awq ? awq->reuse_attention : true;
+  po.progress = progress;
+  NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, cfg, tokens, batch, seq_len, *algo, po, sink));
+  GptqResult res;
+  res.seconds = pr.seconds;
+  for (size_t l = 0; l < pr.layers.size(); ++l) {
+    GptqLayerReport lr;
+    lr.layer = pr.layers[l].layer;
+    if (algo->awq()) lr.mappings = algo->awq()->mapping_reports()[l];
+    lr.linears = std::move(pr.layers[l].linears);
+    lr.gptq = algo->infos()[l];
+    lr.seconds = pr.layers[l].seconds;
+    res.layers.push_back(std::move(lr));
+  }
+  res.messages = algo->Messages();
+  if (algo->awq()) res.awq_used = algo->awq()->Used();
+  res.hessian_peak_bytes = algo->hessian_peak_bytes();
+  return res;
+}
+
+}  // namespace nibble

@@ -1,0 +1,185 @@
+// GPTQ for one linear (see solver.h).
+#include "quantize/gptq/solver.h"
+
+#include <lapacke.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "formats/rtn.h"
+#include "kernels/dense_gemm.h"
+
+namespace nibble {
+
+namespace {
+
+// a (symmetric, damped) -> the upper Cholesky factor of a⁻¹ in a's row-major upper triangle.
+// LAPACK is column-major: a symmetric matrix reads the same either way, and the column-major
+// lower factor L of a⁻¹ (a⁻¹ = L Lᵀ) read row-major is U = Lᵀ. false when a step fails.
+bool InverseCholeskyUpper(std::vector<float>& a, int64_t k) {
+  const lapack_int n = static_cast<lapack_int>(k);
+  if (LAPACKE_spotrf(LAPACK_COL_MAJOR, 'L', n, a.data(), n) != 0) return false;
+  if (LAPACKE_spotri(LAPACK_COL_MAJOR, 'L', n, a.data(), n) != 0) return false;
+  for (int64_t j = 0; j < k; ++j)  // mirror the column-major lower triangle of a⁻¹ into the upper
+    for (int64_t i = j + 1; i < k; ++i) a[i * k + j] = a[j * k + i];
+  if (LAPACKE_spotrf(LAPACK_COL_MAJOR, 'L', n, a.data(), n) != 0) return false;
+  for (int64_t i = 0; i < k; ++i)
+    if (!std::isfinite(a[i * k + i]) || !(a[i * k + i] > 0)) return false;
+  return true;
+}
+
+}  // namespace
+
+Result<GptqFactor> FactorGptqHessian(std::vector<float> h, int64_t k, const GptqSettings& s) {
+  if (s.actorder == GptqActOrder::kGroup)
+    return MakeErrorCode(ErrorCode::kUnsupported, "GPTQ act-order group needs a g_idx, which this export cannot hold");
+  if (k < 1 || static_cast<int64_t>(h.size()) != k * k)
+    return MakeError("GPTQ Hessian has ", h.size(), " entries, expected ", k, " x ", k);
+  for (size_t i = 0; i < h.size(); ++i)
+    if (!std::isfinite(h[i])) return MakeError("GPTQ Hessian entry [", i / k, "][", i % k, "] = ", h[i], " is not finite");
+  GptqFactor f;
+  f.k = k;
+  for (int64_t j = 0; j < k; ++j)
+    if (h[j * k + j] == 0.0f) {
+      h[j * k + j] = 1.0f;
+      f.dead.push_back(j);
+    }
+  f.perm.resize(static_cast<size_t>(k));
+  std::iota(f.perm.begin(), f.perm.end(), int64_t{0});
+  if (s.actorder == GptqActOrder::kStatic) {
+    std::stable_sort(f.perm.begin(), f.perm.end(), [&](int64_t a, int64_t b) { return h[a * k + a] > h[b * k + b]; });
+    std::vector<float> p(h.size());
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t j = 0; j < k; ++j) p[i * k + j] = h[f.perm[i] * k + f.perm[j]];
+    h = std::move(p);
+  }
+  double mean = 0;
+  for (int64_t j = 0; j < k; ++j) mean += h[j * k + j];
+  mean /= static_cast<double>(k);
+  for (double frac = s.dampening_frac; frac < 1.0; frac += s.damp_increment, ++f.retries) {
+    std::vector<float> a = h;
+    const float damp = static_cast<float>(frac * mean);
+    for (int64_t j = 0; j < k; ++j) a[j * k + j] += damp;
+    if (InverseCholeskyUpper(a, k)) {
+      f.u = std::move(a);
+      f.dampening_frac = frac;
+      return f;
+    }
+    if (s.damp_increment <= 0) break;
+  }
+  f.fallback_rtn = true;
+  return f;
+}
+
+namespace {
+
+// The column loop's state: Wᵀ in the processing order, group parameters as the loop uses them.
+struct ColumnLoop {
+  int64_t n, k, g, groups;
+  bool sym;
+  std::vector<float> wt;   // [K, N], row i = column perm[i] of W
+  std::vector<float> inv;  // [N, G] fp32(1 / scale)
+  std::vector<float> z;    // [N, G] zero point added before rounding (uint4), 0 for int4
+};
+
+void SetGroupParams(ColumnLoop& L, const Int4Matrix& m, int64_t gi) {
+  for (int64_t r = 0; r < L.n; ++r) {
+    const int64_t idx = r * L.groups + gi;
+    L.inv[idx] = 1.f / m.scales[idx];
+    L.z[idx] = L.sym ? 0.f : static_cast<float>(m.zero_points[idx]);
+  }
+}
+
+// GPTQModel's refit at a group's first column (natural order): from W as it stood at the start
+// of the current block for the block's columns (in-block updates not yet applied), the current
+// W beyond it.
+Status RefitGroup(ColumnLoop& L, Int4Matrix& m, int64_t gi, int64_t i1, int64_t i2, const std::vector<float>& start,
+                  const QuantSpec& spec, DType dt) {
+  std::vector<float> buf(static_cast<size_t>(L.n * L.g));
+  for (int64_t t = 0; t < L.g; ++t) {
+    const int64_t c = gi * L.g + t;
+    const float* src = c < i2 ? &start[(c - i1) * L.n] : &L.wt[c * L.n];
+    for (int64_t r = 0; r < L.n; ++r) buf[r * L.g + t] = src[r];
+  }
+  QuantSpec one = spec;
+  one.group_size = spec.granularity == Granularity::kPerChannel ? -1 : L.g;
+  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix q, QuantizeRtnRef(buf.data(), L.n, L.g, one, dt));
+  for (int64_t r = 0; r < L.n; ++r) {
+    m.scales[r * L.groups + gi] = q.scales[r];
+    m.zero_points[r * L.groups + gi] = q.zero_points[r];
+  }
+  SetGroupParams(L, m, gi);
+  return Status::Ok();
+}
+
+// Quantizes position i (column c = perm[i]) into m.codes; e [N] receives (w − ŵ) / U[i][i].
+void QuantizeColumn(ColumnLoop& L, Int4Matrix& m, int64_t i, int64_t c, float d, float* e) {
+  const int64_t gi = c / L.g;
+  const float* row = &L.wt[i * L.n];
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < L.n; ++r) {
+    const int64_t idx = r * L.groups + gi;
+    const uint8_t code = QuarkCode(row[r], L.inv[idx], L.z[idx], L.sym);
+    m.codes[r * L.k + c] = code;
+    const float deq = (static_cast<float>(code) - static_cast<float>(m.zero_points[idx])) * m.scales[idx];
+    e[r] = (row[r] - deq) / d;
+  }
+}
+
+// Wᵀ[i2:, :] −= U[i1:i2, i2:]ᵀ · Err: fixed 256-column tiles of N, each one sgemm in its own
+// thread, so the sums are the same for any thread count.
+void LazyBlockUpdate(ColumnLoop& L, const std::vector<float>& u, int64_t i1, int64_t i2, std::vector<float>& err) {
+  constexpr int64_t kTile = 256;
+  const int64_t cnt = i2 - i1, rest = L.k - i2, tiles = (L.n + kTile - 1) / kTile;
+  for (int64_t i = 0; i < cnt * L.n; ++i) err[i] = -err[i];
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t n0 = t * kTile, nt = std::min(kTile, L.n - n0);
+    SgemmAtB(rest, nt, cnt, &u[i1 * L.k + i2], L.k, &err[n0], L.n, 1.0f, &L.wt[i2 * L.n + n0], L.n);
+  }
+}
+
+}  // namespace
+
+Result<Int4Matrix> GptqQuantize(const float* w, int64_t n, int64_t k, const GptqFactor& f, const QuantSpec& spec,
+                                DType dt, const GptqSettings& s) {
+  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix m, QuantizeRtnRef(w, n, k, spec, dt));
+  if (f.fallback_rtn) return m;
+  if (f.k != k || static_cast<int64_t>(f.u.size()) != k * k || static_cast<int64_t>(f.perm.size()) != k)
+    return MakeError("GPTQ factor is for K = ", f.k, ", the weight has K = ", k);
+  ColumnLoop L{n, k, m.group_size, m.groups(), m.symmetric, {}, {}, {}};
+  L.inv.resize(static_cast<size_t>(n * L.groups));
+  L.z.resize(L.inv.size());
+  for (int64_t gi = 0; gi < L.groups; ++gi) SetGroupParams(L, m, gi);
+  std::vector<char> dead(static_cast<size_t>(k), 0);
+  for (int64_t c : f.dead) dead[c] = 1;
+  L.wt.resize(static_cast<size_t>(k * n));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t c = f.perm[i];
+    for (int64_t r = 0; r < n; ++r) L.wt[i * n + r] = dead[c] ? 0.f : w[r * k + c];
+  }
+  const bool dynamic = s.scale_timing == GptqScaleTiming::kDynamic;
+  std::vector<float> err(static_cast<size_t>(s.block_size * n)), start;
+  for (int64_t i1 = 0; i1 < k; i1 += s.block_size) {
+    const int64_t i2 = std::min(k, i1 + s.block_size);
+    if (dynamic) start.assign(L.wt.begin() + i1 * n, L.wt.begin() + i2 * n);
+    for (int64_t i = i1; i < i2; ++i) {
+      const int64_t c = f.perm[i];
+      if (dynamic && c % L.g == 0) NIBBLE_RETURN_IF_ERROR(RefitGroup(L, m, c / L.g, i1, i2, start, spec, dt));
+      float* e = &err[(i - i1) * n];
+      QuantizeColumn(L, m, i, c, f.u[i * k + i], e);
+#pragma omp parallel for schedule(static)
+      for (int64_t j = i + 1; j < i2; ++j) {
+        const float uij = f.u[i * k + j];
+        float* dst = &L.wt[j * n];
+        for (int64_t r = 0; r < n; ++r) dst[r] -= e[r] * uij;
+      }
+    }
+    if (i2 < k) LazyBlockUpdate(L, f.u, i1, i2, err);
+  }
+  return m;
+}
+
+}  // namespace nibble

@@ -1,0 +1,34 @@
+// XᵀX in fixed blocks (see gram.h).
+#include "quantize/gram.h"
+
+#include <algorithm>
+
+#include "kernels/dense_gemm.h"
+
+namespace nibble {
+
+std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k) {
+  constexpr int64_t kCols = 64, kChunk = 2048;
+  const int64_t blocks = (k + kCols - 1) / kCols;
+  std::vector<float> g(static_cast<size_t>(k * k));
+#pragma omp parallel
+  {
+    std::vector<float> part(static_cast<size_t>(k * kCols));
+    std::vector<double> acc(part.size());
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t c0 = b * kCols, w = std::min(kCols, k - c0);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
+        const int64_t nr = std::min(kChunk, rows - r0);
+        SgemmAtB(k, w, nr, x + r0 * k, k, x + r0 * k + c0, k, 0.0f, part.data(), w);
+        for (int64_t i = 0; i < k * w; ++i) acc[i] += part[i];
+      }
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < w; ++j) g[i * k + c0 + j] = static_cast<float>(acc[i * w + j]);
+    }
+  }
+  return g;
+}
+
+}  // namespace nibble
