@@ -1,8 +1,13 @@
-// `nibble compare`: the FP / RTN / AWQ table in one run — size, perplexity, KL(P_fp || P_q)
+// `nibble compare`: the FP / RTN / AWQ / GPTQ table in one run — size, perplexity, KL(P_fp || P_q)
 // statistics and top-1 agreement of each quantized model against the float model, on the same
-// tokens and windows; the float model run now (--model) or read from saved logits.
+// tokens and windows; the float model run now (--model) or read from saved logits. --methods
+// quantizes the float model with each method first (into a temporary directory or --keep DIR)
+// and adds the quantization time.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,7 +30,81 @@ struct CompareArgs {
   int64_t seq_len = 512, max_windows = 60;
   int threads = 0;
   bool json = false;
+  // --methods: quantize --model with each of these first, with the request's scheme and data.
+  std::string methods, keep;
+  nibble::QuantizeRequest quant;
 };
+
+// One method's quantization run, for the methods table.
+struct MethodRun {
+  std::string method, dir;
+  double seconds = 0;
+  int64_t bytes = 0;
+};
+
+// Splits "rtn,awq,gptq,awq+gptq"; each must be a known method.
+nibble::Result<std::vector<std::string>> ParseMethods(const std::string& text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string m = text.substr(pos, comma - pos);
+    if (m != "rtn" && m != "awq" && m != "gptq" && m != "awq+gptq")
+      return nibble::Error{"--methods: \"" + m + "\" is not a method (methods: rtn, awq, gptq, awq+gptq)", nibble::ErrorCode::kInvalidArgument};
+    out.push_back(m);
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// Quantizes a.model with every method into `root`/<method>, one after the other, each with a
+// progress line; the directories join the compared models.
+nibble::Result<std::vector<MethodRun>> QuantizeMethods(const CompareArgs& a, const std::string& root) {
+  auto parsed = ParseMethods(a.methods);
+  if (!parsed.ok()) return parsed.error();
+  const std::vector<std::string> methods = std::move(parsed).value();
+  std::vector<MethodRun> runs;
+  for (size_t i = 0; i < methods.size(); ++i) {
+    nibble::QuantizeRequest r = a.quant;
+    r.model_dir = a.model;
+    r.quant_algo = methods[i] == "awq+gptq" ? "awq,gptq" : methods[i];
+    if (r.quant_algo == "rtn") r.dataset.clear();
+    r.output_dir = (std::filesystem::path(root) / methods[i]).string();
+    r.overwrite = true;
+    std::fprintf(stderr, "compare: quantizing with %s (%zu of %zu)\n", methods[i].c_str(), i + 1, methods.size());
+    std::unique_ptr<nibble::ProgressBar> bar;
+    r.progress = [&bar, &methods, i](int64_t done, int64_t total) {
+      if (!bar) bar = std::make_unique<nibble::ProgressBar>(methods[i] + " layers", total, true, methods[i] != "rtn");
+      bar->Update(done);
+    };
+    r.on_message = [&bar](const std::string& m) {
+      if (bar) bar->Finish();
+      std::fprintf(stderr, "%s\n", m.c_str());
+    };
+    auto s = nibble::Quantize(r);
+    bar.reset();
+    if (!s.ok()) return s.error().WithContext("--methods " + methods[i]);
+    std::fprintf(stderr, "compare: %s took %.1f s\n", methods[i].c_str(), s->seconds);
+    runs.push_back({methods[i], r.output_dir, s->seconds, s->total_bytes});
+  }
+  return runs;
+}
+
+// The methods table: what the float model and each method give, with their time and size.
+void PrintMethodsTable(std::FILE* out, const nibble::ComparisonReport& r, const std::vector<MethodRun>& runs,
+                       size_t first_row) {
+  std::fprintf(out, "\n%-10s %8s %10s %9s %10s %9s %8s %12s\n", "method", "bits/w", "PPL", "+/-", "mean KLD", "+/-",
+               "top-1 %", "quantize s");
+  std::fprintf(out, "%-10s %8s %10.4f %9.5f %10s %9s %8s %12s\n", "fp", "16", r.base.ppl, r.base.ppl_stderr, "-", "-", "-", "-");
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const auto& row = r.rows[first_row + i];
+    auto size = nibble::Inspect(runs[i].dir);
+    std::fprintf(out, "%-10s %8.2f %10.4f %9.5f %10.6f %9.6f %8.3f %12.1f\n", runs[i].method.c_str(),
+                 size.ok() ? size->size.bits_per_weight() : 0.0, row.perplexity.ppl, row.perplexity.ppl_stderr,
+                 row.mean_kld, row.mean_kld_error, 100.0 * row.top1_agreement, runs[i].seconds);
+  }
+}
 
 // The size of every quantized model (inspect's numbers); an empty summary where it cannot be inspected.
 std::vector<nibble::SizeSummary> Sizes(const std::vector<std::string>& dirs) {
@@ -98,17 +177,45 @@ Runner RegisterCompare(CLI::App& app) {
   cmd->add_option("--save_logits", a->save_logits,
                   "Also write the float model's logits to FILE (a directory: DIR/nibble-logits.bin) for --kl_divergence_base")
       ->excludes(kb);
-  cmd->add_option("--quantized,-q", a->quantized, "Quantized model directories")->required()->expected(1, -1);
+  cmd->add_option("--quantized,-q", a->quantized, "Quantized model directories")->expected(1, -1);
   cmd->add_option("--text,-f", a->text, "UTF-8 text file, evaluated as one string")->required();
   cmd->add_option("--seq_len", a->seq_len, "Window length in tokens")->capture_default_str();
   cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str();
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print a JSON object on stdout (the human text goes to stderr)");
+  cmd->add_option("--methods", a->methods, "Quantize --model first with each of rtn,awq,gptq,awq+gptq and compare them");
+  cmd->add_option("--keep", a->keep, "--methods: write the checkpoints to DIR/<method> (default: a temporary directory, removed)");
+  cmd->add_option("--dataset", a->quant.dataset, "--methods: calibration data for awq / gptq");
+  cmd->add_option("--quant_scheme", a->quant.quant_scheme, "--methods: the scheme every method uses")->capture_default_str();
+  cmd->add_option("--group_size", a->quant.group_size, "--methods: group size")->capture_default_str();
+  cmd->add_option("--num_calib_data", a->quant.num_calib_data, "--methods: calibration chunks")->capture_default_str();
+  cmd->add_option("--calib_seq_len", a->quant.seq_len, "--methods: tokens per calibration chunk")->capture_default_str();
+  cmd->add_option("--misaligned", a->quant.misaligned, "--methods: layers whose in_features is not a multiple of group_size: "
+                  "error | exclude | per_channel")->capture_default_str();
   return [a]() {
     if (a->model.empty() && a->kl_base.empty()) return Fail("compare: give the float model (--model) or its saved logits (--kl_divergence_base)");
+    if (a->quantized.empty() && a->methods.empty()) return Fail("compare: give --quantized DIR... or --methods LIST");
+    if (!a->methods.empty() && a->model.empty()) return Fail("compare: --methods quantizes the float model: give --model");
     nibble::SetNumThreads(a->threads);
     std::string text;
     if (const std::string err = ReadTextFile(a->text, &text); !err.empty()) return Fail(err);
+    std::vector<MethodRun> runs;
+    std::string tmp_root;
+    if (!a->methods.empty()) {
+      std::error_code ec;
+      tmp_root = a->keep.empty() ? (std::filesystem::temp_directory_path() / ("nibble-compare-" + std::to_string(::getpid()))).string() : "";
+      const std::string root = a->keep.empty() ? tmp_root : a->keep;
+      std::filesystem::create_directories(root, ec);
+      if (ec) return Fail("--keep " + root + ": cannot create the directory (" + ec.message() + ")");
+      auto r = QuantizeMethods(*a, root);
+      if (!r.ok()) {
+        if (!tmp_root.empty()) std::filesystem::remove_all(tmp_root, ec);
+        return Fail(r.error().message);
+      }
+      runs = std::move(r).value();
+    }
+    const size_t first_method_row = a->quantized.size();
+    for (const auto& run : runs) a->quantized.push_back(run.dir);
     std::vector<std::unique_ptr<nibble::Model>> owned;
     std::vector<const nibble::Model*> models;
     for (const auto& d : a->quantized) {
@@ -143,7 +250,19 @@ Runner RegisterCompare(CLI::App& app) {
     std::fprintf(stderr, "compare: %.1f s in all (the float model%s and %s on every window), %s\n", r->base.seconds,
                  r->base_logits_file.empty() ? "" : "'s saved logits", Plural(static_cast<long long>(models.size()), "quantized model").c_str(),
                  Plural(nibble::NumThreads(), "thread").c_str());
-    if (a->json) std::printf("%s\n", ToJson(*a, *r, sizes).dump(2).c_str());
+    if (!runs.empty()) PrintMethodsTable(out, *r, runs, first_method_row);
+    if (a->json) {
+      nlohmann::ordered_json j = ToJson(*a, *r, sizes);
+      for (size_t i = 0; i < runs.size(); ++i) {
+        j["models"][first_method_row + i]["method"] = runs[i].method;
+        j["models"][first_method_row + i]["quantize_seconds"] = runs[i].seconds;
+      }
+      std::printf("%s\n", j.dump(2).c_str());
+    }
+    if (!tmp_root.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(tmp_root, ec);
+    }
     return 0;
   };
 }

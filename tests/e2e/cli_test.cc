@@ -361,6 +361,35 @@ TEST(Cli, UnusedLayerOverrideIsWarnedAbout) {
   std::system(("rm -rf " + out).c_str());
 }
 
+// `compare --methods`: each method quantized into --keep DIR, then one table with the quantization
+// time; the JSON names the method of each row.
+TEST(Cli, CompareMethodsQuantizesEachAndPrintsOneTable) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/prose-calib.txt", "data/prose-val.txt");
+  const std::string dir = "/tmp/nibble-cli-methods-" + std::to_string(getpid());
+  std::system(("rm -rf " + dir).c_str());
+  RunResult r = RunNibble("compare --model " + Quote(nibble_test::SharedModel("stories260K")) +
+                          " --methods rtn,gptq --dataset " + Quote(nibble_test::SharedData("prose-calib.txt")) +
+                          " --group_size 32 --misaligned per_channel --num_calib_data 4 --calib_seq_len 64 --text " +
+                          Quote(nibble_test::SharedData("prose-val.txt")) + " --seq_len 128 --max_windows 2 --keep " + dir +
+                          " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("quantize s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("compare: quantizing with gptq (2 of 2)"), std::string::npos) << r.out;
+  const size_t brace = r.out.find("\n{");
+  ASSERT_NE(brace, std::string::npos) << r.out;
+  const auto j = nlohmann::json::parse(r.out.substr(brace + 1, r.out.rfind('}') - brace));
+  ASSERT_EQ(j["models"].size(), 2u);
+  EXPECT_EQ(j["models"][0]["method"], "rtn");
+  EXPECT_EQ(j["models"][1]["method"], "gptq");
+  EXPECT_GE(j["models"][1]["quantize_seconds"].get<double>(), 0.0);
+  EXPECT_TRUE(std::ifstream(dir + "/gptq/config.json").good());
+  RunResult bad = RunNibble("compare --model " + Quote(nibble_test::SharedModel("stories260K")) + " --methods rtn,gptx --text " +
+                            Quote(nibble_test::SharedData("prose-val.txt")));
+  EXPECT_GT(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("\"gptx\" is not a method"), std::string::npos) << bad.out;
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // quantize --report and report --plot as a user runs them: the JSON and the PNG are written whole
 // (atomically), an unwritable plot path is a named error and leaves no file behind.
 TEST(Cli, AwqReportAndPlotAreWrittenWhole) {
@@ -389,6 +418,19 @@ TEST(Cli, AwqReportAndPlotAreWrittenWhole) {
   const std::string png = ReadFile(dir + "/plot.png");
   ASSERT_GT(png.size(), 8u);
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  // A GPTQ report beside it: both summarised, one plot with RTN, AWQ and GPTQ.
+  RunResult g = RunNibble("quantize --model_dir " + Quote(nibble_test::SharedModel("stories260K")) + " --output_dir " + dir +
+                          "/g --quant_algo gptq --dataset " + Quote(nibble_test::SharedData("prose-calib.txt")) +
+                          " --group_size 32 --misaligned per_channel --num_calib_data 4 --seq_len 64 --report " + dir + "/r2.json");
+  ASSERT_EQ(g.exit_code, 0) << g.out;
+  EXPECT_NE(g.out.find("output error RTN->GPTQ:"), std::string::npos) << g.out;
+  RunResult both = RunNibble("report " + dir + "/r.json " + dir + "/r2.json --plot " + dir + "/plot.png");
+  ASSERT_EQ(both.exit_code, 0) << both.out;
+  EXPECT_NE(both.out.find("output error RTN -> AWQ:"), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("output error RTN -> GPTQ:"), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("GPTQ damping 0.01 block 128 scales up_front act-order none"), std::string::npos) << both.out;
+  EXPECT_GT(ReadFile(dir + "/plot.png").size(), png.size() / 2);
+  std::system(("rm -rf " + dir + "/g " + dir + "/r2.json").c_str());
   RunResult bad = RunNibble("report " + dir + "/r.json --plot " + dir + "/missing/plot.png");
   EXPECT_GT(bad.exit_code, 0) << bad.out;
   EXPECT_NE(bad.out.find(dir + "/missing/plot.png"), std::string::npos) << bad.out;

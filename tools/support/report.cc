@@ -7,9 +7,11 @@
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -88,6 +90,13 @@ std::string WeightErrorSummary(const nlohmann::json& linears) {
 
 }  // namespace
 
+// "awq" -> "AWQ", "awq,gptq" -> "AWQ+GPTQ": the method's name in summaries and plots.
+std::string MethodLabel(const std::string& algo) {
+  std::string out;
+  for (char c : algo) out += c == ',' ? '+' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
 Result<std::string> SummarizeQuantizeReport(const std::string& path) {
   NIBBLE_ASSIGN_OR_RETURN(nlohmann::json j, LoadReport(path));
   std::string out;
@@ -98,11 +107,18 @@ Result<std::string> SummarizeQuantizeReport(const std::string& path) {
       const auto& c = j["calibration"];
       out += "calibration: " + std::to_string(c.value("chunks", 0)) + " x " + std::to_string(c.value("seq_len", 0)) +
              " tokens from " + c.value("dataset", "?") + " (" + c.value("selection", "") + ")";
-      if (j.contains("awq")) out += ", propagation " + j["awq"].value("propagate", "?") + (j["awq"].value("clip", false) ? ", clip" : "");
+      if (j.contains("calibrated")) out += ", propagation " + j["calibrated"].value("propagate", "?");
+      if (j.contains("awq") && j["awq"].value("clip", false)) out += ", AWQ clip";
+      if (j.contains("gptq")) {
+        const auto& g = j["gptq"];
+        out += ", GPTQ damping " + Fmt("%.4g", g.value("dampening_frac", 0.0)) + " block " +
+               std::to_string(g.value("block_size", 0)) + " scales " + g.value("scale_timing", "?") + " act-order " +
+               g.value("actorder", "?") + (g.value("true_sequential", false) ? ", true-sequential" : "");
+      }
       out += "\n";
     }
-    if (j.contains("awq_layers")) {
-      for (const auto& l : j["awq_layers"]) {
+    if (j.contains("calib_layers")) {
+      for (const auto& l : j["calib_layers"]) {
         out += "layer " + std::to_string(l.value("layer", 0)) + " (" + Fmt("%.1f s", l.value("seconds", 0.0)) + ")\n";
         for (const auto& m : l["mappings"]) {
           std::string name = m.value("prev_op", "?") + " ->";
@@ -115,11 +131,15 @@ Result<std::string> SummarizeQuantizeReport(const std::string& path) {
                    ", loss " + Fmt("%.4g", a) + " -> " + Fmt("%.4g", b) + (a > 0 ? " (" + Fmt("%.1f", 100.0 * (1 - b / a)) + " % lower)" : "") + "\n";
           }
         }
-        std::string lins = "  output error RTN -> AWQ:";
-        for (const auto& e : l["linears"])
-          if (e.value("quantized", false))
-            lins += " " + ShortName(e.value("name", "?")) + " " + Fmt("%.2e", e.value("rtn_output_error", 0.0)) + "->" +
-                    Fmt("%.2e", e.value("awq_output_error", 0.0));
+        std::string lins = "  output error RTN -> " + MethodLabel(j.value("quant_algo", std::string("?"))) + ":";
+        for (const auto& e : l["linears"]) {
+          if (!e.value("quantized", false)) continue;
+          lins += " " + ShortName(e.value("name", "?")) + " " + Fmt("%.2e", e.value("rtn_output_error", 0.0)) + "->" +
+                  Fmt("%.2e", e.value("method_output_error", 0.0));
+          if (e.contains("gptq") && e["gptq"].value("retries", 0) > 0)
+            lins += " (damping " + Fmt("%.4g", e["gptq"].value("dampening_frac", 0.0)) + " after " +
+                    std::to_string(e["gptq"].value("retries", 0)) + " retries)";
+        }
         out += lins + "\n";
       }
     }
@@ -132,7 +152,7 @@ Result<std::string> SummarizeQuantizeReport(const std::string& path) {
 }
 
 #ifndef NIBBLE_HAVE_CAIRO
-Status PlotQuantizeReport(const std::string& path, const std::string& png_path) {
+Status PlotQuantizeReports(const std::vector<std::string>& paths, const std::string& png_path) {
   return MakeError("built without cairo: PNG plots are unavailable (", png_path, " not written)");
 }
 #else
@@ -166,21 +186,62 @@ struct Frame {
   }
 };
 
-constexpr double kColors[2][3] = {{0.85, 0.2, 0.15}, {0.15, 0.35, 0.85}};
+constexpr size_t kMaxSeries = 5;
+constexpr double kColors[kMaxSeries][3] = {
+    {0.85, 0.2, 0.15}, {0.15, 0.35, 0.85}, {0.1, 0.6, 0.25}, {0.6, 0.3, 0.7}, {0.9, 0.6, 0.1}};
 
-// AWQ reports: RTN vs AWQ output error on calibration inputs; RTN reports: weight error.
-Result<PlotData> CollectPlotData(const std::string& path, const nlohmann::json& j) {
+// Series s's marker at (x, y), radius r: a circle, a square, then triangles and diamonds.
+void Marker(cairo_t* cr, size_t s, double x, double y, double r) {
+  switch (s % 4) {
+    case 0: cairo_arc(cr, x, y, r, 0, 2 * M_PI); break;
+    case 1: cairo_rectangle(cr, x - r, y - r, 2 * r, 2 * r); break;
+    case 2:
+      cairo_move_to(cr, x, y - r);
+      cairo_line_to(cr, x + r, y + r);
+      cairo_line_to(cr, x - r, y + r);
+      cairo_close_path(cr);
+      break;
+    default:
+      cairo_move_to(cr, x, y - r);
+      cairo_line_to(cr, x + r, y);
+      cairo_line_to(cr, x, y + r);
+      cairo_line_to(cr, x - r, y);
+      cairo_close_path(cr);
+  }
+  cairo_fill(cr);
+}
+
+// Calibrated reports: RTN's and each report's method output error on calibration inputs, per
+// linear of the first report; one RTN report: its weight error.
+Result<PlotData> CollectPlotData(const std::vector<std::string>& paths, const std::vector<nlohmann::json>& js) {
   PlotData d;
+  const nlohmann::json& j = js[0];
   try {
-    if (j.contains("awq_layers") && !j["awq_layers"].empty()) {
-      d.series = {"RTN", "AWQ"};
-      d.title = "relative output error per linear (calibration inputs): RTN vs AWQ";
-      d.y_label = "relative output error (log scale)";
-      for (const auto& l : j["awq_layers"])
+    const bool calibrated = j.contains("calib_layers") && !j["calib_layers"].empty();
+    if (!calibrated && js.size() > 1) return MakeError(paths[0], ": an RTN report has no output errors to plot beside other methods");
+    if (calibrated) {
+      d.series = {"RTN"};
+      std::map<std::string, size_t> index;
+      for (const auto& l : j["calib_layers"])
         for (const auto& e : l["linears"])
-          if (e.value("quantized", false))
-            d.points.push_back({ShortName(e.value("name", "?")), l.value("layer", int64_t{0}),
-                                {e.value("rtn_output_error", 0.0), e.value("awq_output_error", 0.0)}});
+          if (e.value("quantized", false)) {
+            index[e.value("name", "?")] = d.points.size();
+            d.points.push_back({ShortName(e.value("name", "?")), l.value("layer", int64_t{0}), {e.value("rtn_output_error", 0.0)}});
+          }
+      for (size_t r = 0; r < js.size(); ++r) {
+        if (!js[r].contains("calib_layers") || js[r]["calib_layers"].empty())
+          return MakeError(paths[r], ": not a calibrated (awq / gptq) report: no output errors to plot");
+        d.series.push_back(MethodLabel(js[r].value("quant_algo", std::string("?"))));
+        for (auto& p : d.points) p.values.push_back(0.0);  // 0: not in this report, not drawn
+        for (const auto& l : js[r]["calib_layers"])
+          for (const auto& e : l["linears"])
+            if (auto it = index.find(e.value("name", "?")); it != index.end() && e.value("quantized", false))
+              d.points[it->second].values.back() = e.value("method_output_error", 0.0);
+      }
+      std::string methods;
+      for (size_t s = 1; s < d.series.size(); ++s) methods += (s > 1 ? ", " : "") + d.series[s];
+      d.title = "relative output error per linear (calibration inputs): RTN vs " + methods;
+      d.y_label = "relative output error (log scale)";
     } else {
       d.series = {j.value("quant_algo", std::string("rtn")) == "rtn" ? "RTN" : j.value("quant_algo", std::string("?"))};
       d.title = "relative weight error per linear ||W - Q(W)||_F / ||W||_F";
@@ -192,9 +253,9 @@ Result<PlotData> CollectPlotData(const std::string& path, const nlohmann::json& 
         }
     }
   } catch (const std::exception& e) {
-    return MakeError(path, ": malformed report (", e.what(), ")");
+    return MakeError(paths[0], ": malformed report (", e.what(), ")");
   }
-  if (d.points.empty()) return MakeError(path, ": no quantized linears in the report");
+  if (d.points.empty()) return MakeError(paths[0], ": no quantized linears in the report");
   d.title += "  -  " + j.value("model_dir", std::string());
   return d;
 }
@@ -268,19 +329,16 @@ void DrawXLabels(cairo_t* cr, const Frame& f, const std::vector<Point>& pts) {
   }
 }
 
-// Markers only: neighbouring linears are unrelated, so no line joins them. Series 0 circles,
-// series 1 squares, side by side within the linear's slot.
+// Markers only: neighbouring linears are unrelated, so no line joins them. One marker shape per
+// series (Marker), side by side within the linear's slot; a 0 (missing) value is not drawn.
 void DrawSeries(cairo_t* cr, const Frame& f, const PlotData& d) {
   const double slot = f.pw() / static_cast<double>(f.n), r = std::clamp(slot / 6, 2.0, 4.0);
+  const double ns = static_cast<double>(d.series.size());
   for (size_t s = 0; s < d.series.size(); ++s) {
     cairo_set_source_rgb(cr, kColors[s][0], kColors[s][1], kColors[s][2]);
-    const double dx = d.series.size() == 1 ? 0 : (static_cast<double>(s) - 0.5) * slot / 3;
-    for (size_t i = 0; i < d.points.size(); ++i) {
-      const double x = f.X(i) + dx, y = f.Y(d.points[i].values[s]);
-      if (s == 0) cairo_arc(cr, x, y, r, 0, 2 * M_PI);
-      else cairo_rectangle(cr, x - r, y - r, 2 * r, 2 * r);
-      cairo_fill(cr);
-    }
+    const double dx = (static_cast<double>(s) - (ns - 1) / 2) * slot / (ns + 1);
+    for (size_t i = 0; i < d.points.size(); ++i)
+      if (d.points[i].values[s] > 0) Marker(cr, s, f.X(i) + dx, f.Y(d.points[i].values[s]), r);
   }
 }
 
@@ -296,9 +354,7 @@ void DrawTitleAndLegend(cairo_t* cr, const Frame& f, const PlotData& d) {
   for (size_t s = 0; s < d.series.size(); ++s) {
     cairo_set_source_rgb(cr, kColors[s][0], kColors[s][1], kColors[s][2]);
     const double y = f.mt + 15 + static_cast<double>(s) * 20;
-    if (s == 0) cairo_arc(cr, f.W - f.mr - 163, y, 5, 0, 2 * M_PI);  // the markers of DrawSeries
-    else cairo_rectangle(cr, f.W - f.mr - 168, y - 5, 10, 10);
-    cairo_fill(cr);
+    Marker(cr, s, f.W - f.mr - 163, y, 5);  // the markers of DrawSeries
     cairo_set_source_rgb(cr, 0, 0, 0);
     cairo_move_to(cr, f.W - f.mr - 150, f.mt + 20 + static_cast<double>(s) * 20);
     cairo_show_text(cr, d.series[s].c_str());
@@ -323,9 +379,15 @@ Status WritePng(cairo_surface_t* surf, const std::string& png_path) {
 
 }  // namespace
 
-Status PlotQuantizeReport(const std::string& path, const std::string& png_path) {
-  NIBBLE_ASSIGN_OR_RETURN(nlohmann::json j, LoadReport(path));
-  NIBBLE_ASSIGN_OR_RETURN(PlotData d, CollectPlotData(path, j));
+Status PlotQuantizeReports(const std::vector<std::string>& paths, const std::string& png_path) {
+  if (paths.empty() || paths.size() + 1 > kMaxSeries)
+    return MakeError("--plot draws 1 to ", kMaxSeries - 1, " reports, got ", paths.size());
+  std::vector<nlohmann::json> js;
+  for (const auto& p : paths) {
+    NIBBLE_ASSIGN_OR_RETURN(nlohmann::json j, LoadReport(p));
+    js.push_back(std::move(j));
+  }
+  NIBBLE_ASSIGN_OR_RETURN(PlotData d, CollectPlotData(paths, js));
   // A scratch surface measures the labels; the frame fixes the picture's size.
   cairo_surface_t* probe = cairo_image_surface_create(CAIRO_FORMAT_ARGB32, 1, 1);
   cairo_t* pc = cairo_create(probe);

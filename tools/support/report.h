@@ -3,10 +3,14 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nibble/error.h>
 
 namespace nibble {
+
+/// A quantization method's display name: "awq" -> "AWQ", "awq,gptq" -> "AWQ+GPTQ".
+std::string MethodLabel(const std::string& algo);
 
 /// Writes `bytes` to `path` atomically (a temporary file beside it, fsync, rename): a reader never
 /// sees a half-written file, and a failed write leaves any previous file at `path` as it was.
@@ -18,10 +22,12 @@ Status WriteFileAtomically(const std::string& path, const std::string& bytes);
 /// Errors: unreadable file, not a nibble report.
 Result<std::string> SummarizeQuantizeReport(const std::string& report_path);
 
-/// Draws into a PNG (cairo, log scale, one marker per linear) per-linear relative output error RTN
-/// vs AWQ of an AWQ report, or per-linear relative weight error of an RTN report.
-/// Errors: unreadable / malformed report, no quantized linears, unwritable PNG, a build without
-/// cairo ("built without cairo: PNG plots are unavailable").
-Status PlotQuantizeReport(const std::string& report_path, const std::string& png_path);
+/// Draws into a PNG (cairo, log scale, one marker per linear and series) the per-linear relative
+/// output error of RTN and of each calibrated report's method (AWQ, GPTQ, AWQ+GPTQ: one series
+/// per report, on the first report's linears), or the per-linear relative weight error of one
+/// RTN report. Errors: unreadable / malformed report, an RTN report among several, more than 4
+/// reports, no quantized linears, unwritable PNG, a build without cairo ("built without cairo:
+/// PNG plots are unavailable").
+Status PlotQuantizeReports(const std::vector<std::string>& report_paths, const std::string& png_path);
 
 }  // namespace nibble
