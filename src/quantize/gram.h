@@ -7,9 +7,14 @@
 
 namespace nibble {
 
+/// How much of G is computed: every element (each of G[i][j] and G[j][i] from its own product,
+/// which may differ in the last bit), or the lower triangle with the upper mirrored from it
+/// (exactly symmetric, half the arithmetic).
+enum class GramFill { kFull, kLowerMirrored };
+
 /// G = XᵀX [k, k] for x [rows, k]. Each 64-column block of G is the double sum, in chunk order,
 /// of fp32 products over fixed 2048-row chunks (rounded to fp32 at the end): blocks run in
 /// parallel, and every element's arithmetic is the same for any thread count.
-std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k);
+std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k, GramFill fill = GramFill::kFull);
 
 }  // namespace nibble

@@ -43,7 +43,7 @@ Status GptqAlgorithm::QuantizeInput(LayerInput in, const float* x, int64_t rows,
     messages_.insert("warning: GPTQ: " + name + " (and the linears sharing its input) sees " + std::to_string(rows) +
                      " calibration tokens for in_features " + std::to_string(k) +
                      ": the Hessian is singular and only the damping makes it invertible; use more calibration data");
-  std::vector<float> h = GramMatrix(x, rows, k);
+  std::vector<float> h = GramMatrix(x, rows, k, GramFill::kLowerMirrored);
   const float scale = 2.0f / static_cast<float>(rows);
   for (float& v : h) v *= scale;
   const int64_t copies = st_.actorder == GptqActOrder::kNone ? 2 : 3;  // H, the damped copy, the permuted H

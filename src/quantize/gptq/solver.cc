@@ -83,48 +83,79 @@ struct ColumnLoop {
   std::vector<float> z;    // [N, G] zero point added before rounding (uint4), 0 for int4
 };
 
-void SetGroupParams(ColumnLoop& L, const Int4Matrix& m, int64_t gi) {
-  for (int64_t r = 0; r < L.n; ++r) {
+void SetGroupParams(ColumnLoop& L, const Int4Matrix& m, int64_t gi, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
     const int64_t idx = r * L.groups + gi;
     L.inv[idx] = 1.f / m.scales[idx];
     L.z[idx] = L.sym ? 0.f : static_cast<float>(m.zero_points[idx]);
   }
 }
 
-// GPTQModel's refit at a group's first column (natural order): from W as it stood at the start
-// of the current block for the block's columns (in-block updates not yet applied), the current
-// W beyond it.
+// GPTQModel's refit at a group's first column (natural order), for rows [r0, r1): from W as it
+// stood at the start of the current block for the block's columns (in-block updates not yet
+// applied), the current W beyond it.
 Status RefitGroup(ColumnLoop& L, Int4Matrix& m, int64_t gi, int64_t i1, int64_t i2, const std::vector<float>& start,
-                  const QuantSpec& spec, DType dt) {
-  std::vector<float> buf(static_cast<size_t>(L.n * L.g));
+                  const QuantSpec& spec, DType dt, int64_t r0, int64_t r1) {
+  const int64_t rows = r1 - r0;
+  std::vector<float> buf(static_cast<size_t>(rows * L.g));
   for (int64_t t = 0; t < L.g; ++t) {
     const int64_t c = gi * L.g + t;
     const float* src = c < i2 ? &start[(c - i1) * L.n] : &L.wt[c * L.n];
-    for (int64_t r = 0; r < L.n; ++r) buf[r * L.g + t] = src[r];
+    for (int64_t r = r0; r < r1; ++r) buf[(r - r0) * L.g + t] = src[r];
   }
   QuantSpec one = spec;
   one.group_size = spec.granularity == Granularity::kPerChannel ? -1 : L.g;
-  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix q, QuantizeRtnRef(buf.data(), L.n, L.g, one, dt));
-  for (int64_t r = 0; r < L.n; ++r) {
-    m.scales[r * L.groups + gi] = q.scales[r];
-    m.zero_points[r * L.groups + gi] = q.zero_points[r];
+  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix q, QuantizeRtnRef(buf.data(), rows, L.g, one, dt));
+  for (int64_t r = r0; r < r1; ++r) {
+    m.scales[r * L.groups + gi] = q.scales[r - r0];
+    m.zero_points[r * L.groups + gi] = q.zero_points[r - r0];
   }
-  SetGroupParams(L, m, gi);
+  SetGroupParams(L, m, gi, r0, r1);
   return Status::Ok();
 }
 
-// Quantizes position i (column c = perm[i]) into m.codes; e [N] receives (w − ŵ) / U[i][i].
-void QuantizeColumn(ColumnLoop& L, Int4Matrix& m, int64_t i, int64_t c, float d, float* e) {
+// Position i (column c = perm[i]) for rows [r0, r1): its codes into m.codes, (w − ŵ) / d into e,
+// then the block's later columns j < i2 updated by e · U[i][j].
+void QuantizeColumn(ColumnLoop& L, Int4Matrix& m, const std::vector<float>& u, int64_t i, int64_t c, int64_t i2,
+                    float* e, int64_t r0, int64_t r1) {
   const int64_t gi = c / L.g;
+  const float d = u[i * L.k + i];
   const float* row = &L.wt[i * L.n];
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < L.n; ++r) {
+  for (int64_t r = r0; r < r1; ++r) {
     const int64_t idx = r * L.groups + gi;
     const uint8_t code = QuarkCode(row[r], L.inv[idx], L.z[idx], L.sym);
     m.codes[r * L.k + c] = code;
     const float deq = (static_cast<float>(code) - static_cast<float>(m.zero_points[idx])) * m.scales[idx];
     e[r] = (row[r] - deq) / d;
   }
+  for (int64_t j = i + 1; j < i2; ++j) {
+    const float uij = u[i * L.k + j];
+    float* dst = &L.wt[j * L.n];
+    for (int64_t r = r0; r < r1; ++r) dst[r] -= e[r] * uij;
+  }
+}
+
+// One block [i1, i2) of the column loop. Every step is independent across rows of W, so fixed
+// 64-row tiles run the whole block in parallel (one parallel region per block, not per column).
+Status RunBlock(ColumnLoop& L, Int4Matrix& m, const GptqFactor& f, int64_t i1, int64_t i2, bool dynamic,
+                const std::vector<float>& start, std::vector<float>& err, const QuantSpec& spec, DType dt) {
+  constexpr int64_t kRows = 64;
+  const int64_t tiles = (L.n + kRows - 1) / kRows;
+  std::vector<Status> status(static_cast<size_t>(tiles), Status::Ok());
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t r0 = t * kRows, r1 = std::min(L.n, r0 + kRows);
+    for (int64_t i = i1; i < i2; ++i) {
+      const int64_t c = f.perm[i];
+      if (dynamic && c % L.g == 0) {
+        status[t] = RefitGroup(L, m, c / L.g, i1, i2, start, spec, dt, r0, r1);
+        if (!status[t].ok()) break;
+      }
+      QuantizeColumn(L, m, f.u, i, c, i2, &err[(i - i1) * L.n], r0, r1);
+    }
+  }
+  for (const Status& st : status) NIBBLE_RETURN_IF_ERROR(st);
+  return Status::Ok();
 }
 
 // Wᵀ[i2:, :] −= U[i1:i2, i2:]ᵀ · Err: fixed 256-column tiles of N, each one sgemm in its own
@@ -151,7 +182,7 @@ Result<Int4Matrix> GptqQuantize(const float* w, int64_t n, int64_t k, const Gptq
   ColumnLoop L{n, k, m.group_size, m.groups(), m.symmetric, {}, {}, {}};
   L.inv.resize(static_cast<size_t>(n * L.groups));
   L.z.resize(L.inv.size());
-  for (int64_t gi = 0; gi < L.groups; ++gi) SetGroupParams(L, m, gi);
+  for (int64_t gi = 0; gi < L.groups; ++gi) SetGroupParams(L, m, gi, 0, n);
   std::vector<char> dead(static_cast<size_t>(k), 0);
   for (int64_t c : f.dead) dead[c] = 1;
   L.wt.resize(static_cast<size_t>(k * n));
@@ -165,18 +196,7 @@ Result<Int4Matrix> GptqQuantize(const float* w, int64_t n, int64_t k, const Gptq
   for (int64_t i1 = 0; i1 < k; i1 += s.block_size) {
     const int64_t i2 = std::min(k, i1 + s.block_size);
     if (dynamic) start.assign(L.wt.begin() + i1 * n, L.wt.begin() + i2 * n);
-    for (int64_t i = i1; i < i2; ++i) {
-      const int64_t c = f.perm[i];
-      if (dynamic && c % L.g == 0) NIBBLE_RETURN_IF_ERROR(RefitGroup(L, m, c / L.g, i1, i2, start, spec, dt));
-      float* e = &err[(i - i1) * n];
-      QuantizeColumn(L, m, i, c, f.u[i * k + i], e);
-#pragma omp parallel for schedule(static)
-      for (int64_t j = i + 1; j < i2; ++j) {
-        const float uij = f.u[i * k + j];
-        float* dst = &L.wt[j * n];
-        for (int64_t r = 0; r < n; ++r) dst[r] -= e[r] * uij;
-      }
-    }
+    NIBBLE_RETURN_IF_ERROR(RunBlock(L, m, f, i1, i2, dynamic, start, err, spec, dt));
     if (i2 < k) LazyBlockUpdate(L, f.u, i1, i2, err);
   }
   return m;
