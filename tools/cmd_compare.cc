@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -75,9 +76,11 @@ nibble::Result<std::vector<MethodRun>> QuantizeMethods(const CompareArgs& a, con
     std::fprintf(stderr, "compare: quantizing with %s (%zu of %zu)\n", methods[i].c_str(), i + 1, methods.size());
     std::unique_ptr<nibble::ProgressBar> bar;
     r.progress = [&bar, &methods, i](int64_t done, int64_t total) {
-      if (!bar) bar = std::make_unique<nibble::ProgressBar>(methods[i] + " layers", total, true, methods[i] != "rtn");
+      if (!bar) bar = std::make_unique<nibble::ProgressBar>(methods[i] + " steps", total);
       bar->Update(done);
     };
+    const auto t0 = std::chrono::steady_clock::now();
+    r.on_layer = [&methods, i, t0](int64_t layer, int64_t layers) { nibble::LogLine(methods[i] + " layers", layer, layers, t0); };
     r.on_message = [&bar](const std::string& m) {
       if (bar) bar->Finish();
       std::fprintf(stderr, "%s\n", m.c_str());

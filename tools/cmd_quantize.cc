@@ -1,6 +1,7 @@
 // `nibble quantize`: float HF checkpoint -> AMD Quark hf_format int4 checkpoint (Quark's flags).
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -221,12 +222,13 @@ Runner RegisterQuantize(CLI::App& app) {
     int64_t bar_total = -1;
     r.progress = [&bar, &bar_total, &r](int64_t done, int64_t total) {
       if (!bar || total != bar_total) {
-        const bool calibrated = r.quant_algo != "rtn";
-        bar = std::make_unique<nibble::ProgressBar>(calibrated ? r.quant_algo + " layers" : "quantize", total, true, calibrated);
+        bar = std::make_unique<nibble::ProgressBar>(r.quant_algo == "rtn" ? "quantize" : r.quant_algo + " steps", total);
         bar_total = total;
       }
       bar->Update(done);
     };
+    const auto t0 = std::chrono::steady_clock::now();
+    r.on_layer = [&r, t0](int64_t layer, int64_t layers) { nibble::LogLine(r.quant_algo + " layers", layer, layers, t0); };
     r.on_message = [&bar](const std::string& m) {
       if (bar) bar->Finish();
       std::fprintf(stderr, "%s\n", m.c_str());

@@ -53,6 +53,8 @@ struct QuantizeRequest {
   int threads = 0;  // 0 = the calling thread's setting
   /// Progress in steps; `total` changes between phases (AWQ layer×mapping steps, then export).
   std::function<void(int64_t done, int64_t total)> progress;
+  /// Calibrated algorithms: called as each decoder layer is done (1-based), for logs.
+  std::function<void(int64_t layer, int64_t layers)> on_layer;
 
   // AWQ (quant_algo "awq", SPEC §2.1). Calibration: `dataset` is a plain-text file (one text) or
   // JSONL with a "text" field; texts are encoded (BOS per text), concatenated and cut into

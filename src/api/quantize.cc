@@ -259,6 +259,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   o.max_shard_size = r.max_shard_size;
   o.overwrite = r.overwrite;
   o.progress = r.progress;
+  o.on_layer = r.on_layer;
   o.message = r.on_message;
   o.dataset = r.dataset;
   if (r.quant_algo != "rtn") {

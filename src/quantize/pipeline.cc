@@ -292,7 +292,7 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     std::vector<float> x_next;
     if (o.propagation == Propagation::kFp) x_next = fp.out;
     LayerCodes codes;
-    NIBBLE_RETURN_IF_ERROR(algo.Finish(runner, L, codes));
+    NIBBLE_RETURN_IF_ERROR(algo.Finish(runner, L, codes, tick));
     CalibLayer deq;
     NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq));
     if (o.propagation == Propagation::kQuantized) {

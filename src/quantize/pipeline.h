@@ -129,14 +129,17 @@ using LayerCodes = std::array<std::optional<Int4Matrix>, kNumLinears>;
 class LayerAlgorithm {
  public:
   virtual ~LayerAlgorithm() = default;
-  /// Progress steps the algorithm reports per layer through `step` in Transform.
+  /// Progress steps the algorithm reports per layer through `step` in Transform and Finish.
   virtual int64_t StepsPerLayer() const { return 0; }
   /// Before the fp pass (algorithms keep their own per-layer report sections).
   virtual Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<void()>& step) {
     return Status::Ok();
   }
   /// After the fp pass: `runner.acts()` holds the transformed layer's activations.
-  virtual Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes) { return Status::Ok(); }
+  virtual Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
+                        const std::function<void()>& step) {
+    return Status::Ok();
+  }
   /// Notes collected over the run (each once), e.g. skipped mappings.
   virtual std::vector<std::string> Messages() const { return {}; }
 };

@@ -240,6 +240,11 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
   report.calib_seq_len = calib->seq_len;
   report.calib_available_chunks = calib->available_chunks;
   report.calib_total_tokens = calib->total_tokens;
+  // Every layer ends on a multiple of its step count: that is where on_layer fires.
+  auto progress = [&o, layers = mc.num_hidden_layers](int64_t done, int64_t total) {
+    if (o.progress) o.progress(done, total);
+    if (o.on_layer && total % layers == 0 && done % (total / layers) == 0) o.on_layer(done / (total / layers), layers);
+  };
   std::map<std::string, Produced> produced;
   auto sink = [&](LayerTensor lt) -> Status {
     NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(lt.name));
@@ -248,7 +253,7 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
     return Status::Ok();
   };
   if (!gptq) {
-    auto r = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, sink, o.progress);
+    auto r = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, sink, progress);
     if (!r.ok()) return r.error().WithContext("AWQ");
     for (const auto& m : r->messages) note(m);
     cfg.algo_config = AwqAlgoConfigJson(report.awq_settings, r->used, mc);
@@ -257,7 +262,7 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
   }
   const std::optional<AwqSettings> first = awq ? std::optional<AwqSettings>(report.awq_settings) : std::nullopt;
   auto r = RunGptq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.gptq_settings, first, sink,
-                   o.progress);
+                   progress);
   if (!r.ok()) return r.error().WithContext(awq ? "AWQ+GPTQ" : "GPTQ");
   for (const auto& m : r->messages) note(m);
   cfg.algo_config = awq ? AwqAlgoConfigJson(report.awq_settings, r->awq_used, mc) : nlohmann::ordered_json::array();

@@ -49,6 +49,7 @@ struct QuantizeOptions {
   int64_t max_shard_size = 5000000000;  // bytes per safetensors shard (HF's "5GB")
   bool overwrite = false;
   std::function<void(int64_t done, int64_t total)> progress;
+  std::function<void(int64_t layer, int64_t layers)> on_layer;  // calibrated algorithms, per layer done
 };
 
 /// One linear module as exported.

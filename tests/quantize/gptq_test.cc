@@ -299,8 +299,17 @@ TEST(Gptq, OneAndTwoThreadsGiveByteIdenticalExportsWithTheSettingsRecorded) {
   req.actorder = "static";
   req.true_sequential = true;
   req.threads = 1;
+  std::vector<int64_t> layers_done;
+  int64_t last_step = 0, steps = 0;
+  req.on_layer = [&](int64_t layer, int64_t layers) { layers_done.push_back(layer * 10 + layers); };
+  req.progress = [&](int64_t done, int64_t total) { last_step = done, steps = total; };
   auto s = nibble::Quantize(req);
   ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(layers_done, (std::vector<int64_t>{12, 22}));  // layer 1 of 2, layer 2 of 2
+  EXPECT_EQ(steps, 2 * 5);  // per layer: 4 Hessians (one per distinct input) and the layer itself
+  EXPECT_EQ(last_step, steps);
+  req.on_layer = nullptr;
+  req.progress = nullptr;
   req.output_dir = tmp.sub("b");
   req.threads = 2;
   ASSERT_TRUE(nibble::Quantize(req).ok());

@@ -1,6 +1,6 @@
-// A progress bar with ETA on stderr for work that runs longer than a second; when stderr is not a
-// terminal (CI logs, pipes) silent, or one plain line per step for long steps (calibrated
-// quantization layers). Header-only, std + POSIX isatty.
+// A progress bar with ETA on stderr for work that runs longer than a second; silent when stderr
+// is not a terminal (CI logs, pipes), where LogLine prints one plain line per long step instead.
+// Header-only, std + POSIX isatty.
 #pragma once
 
 #include <unistd.h>
@@ -14,11 +14,10 @@ namespace nibble {
 
 class ProgressBar {
  public:
-  /// `label` prefixes the bar; `total` units of work. Disabled when `enabled` is false, or when
-  /// stderr is not a TTY and `log_lines` is false; with `log_lines` a non-TTY stderr gets one line
-  /// per Update that advances ("gptq layers 3/6, 12.1 s elapsed, ETA 24.2 s").
-  ProgressBar(std::string label, int64_t total, bool enabled = true, bool log_lines = false)
-      : label_(std::move(label)), total_(total), tty_(::isatty(2) != 0), enabled_(enabled && (tty_ || log_lines)),
+  /// `label` prefixes the bar; `total` units of work. Disabled when stderr is not a TTY or
+  /// `enabled` is false.
+  ProgressBar(std::string label, int64_t total, bool enabled = true)
+      : label_(std::move(label)), total_(total), enabled_(enabled && ::isatty(2)),
         start_(std::chrono::steady_clock::now()) {}
   ~ProgressBar() { Finish(); }
 
@@ -27,14 +26,6 @@ class ProgressBar {
     if (!enabled_ || total_ <= 0) return;
     const auto now = std::chrono::steady_clock::now();
     const double elapsed = std::chrono::duration<double>(now - start_).count();
-    if (!tty_) {
-      if (done <= logged_) return;
-      logged_ = done;
-      std::fprintf(stderr, "%s %lld/%lld, %.1f s elapsed, ETA %.1f s\n", label_.c_str(), static_cast<long long>(done),
-                   static_cast<long long>(total_), elapsed,
-                   done > 0 ? elapsed * static_cast<double>(total_ - done) / static_cast<double>(done) : 0.0);
-      return;
-    }
     if (done < total_ && (elapsed < 1.0 || std::chrono::duration<double>(now - last_).count() < 0.1)) return;
     last_ = now;
     const double frac = static_cast<double>(done) / static_cast<double>(total_);
@@ -53,10 +44,18 @@ class ProgressBar {
  private:
   std::string label_;
   int64_t total_;
-  bool tty_, enabled_;
+  bool enabled_;
   bool drawn_ = false;
-  int64_t logged_ = 0;
   std::chrono::steady_clock::time_point start_, last_{};
 };
+
+/// When stderr is not a terminal: one line "LABEL 3/6, 12.1 s elapsed, ETA 24.2 s" for `done` of
+/// `total` steps since `start` (where a ProgressBar is silent). A no-op on a terminal.
+inline void LogLine(const std::string& label, int64_t done, int64_t total, std::chrono::steady_clock::time_point start) {
+  if (::isatty(2) || total <= 0) return;
+  const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "%s %lld/%lld, %.1f s elapsed, ETA %.1f s\n", label.c_str(), static_cast<long long>(done),
+               static_cast<long long>(total), el, done > 0 ? el * static_cast<double>(total - done) / static_cast<double>(done) : 0.0);
+}
 
 }  // namespace nibble

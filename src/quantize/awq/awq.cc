@@ -52,7 +52,8 @@ Status AwqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::fu
   return Status::Ok();
 }
 
-Status AwqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCodes& codes) {
+Status AwqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCodes& codes,
+                            const std::function<void()>& step) {
   if (!st_.clip) return Status::Ok();
   for (int i = 0; i < kNumLinears; ++i) {
     if (!L.spec[i] || i == kQ || i == kK) continue;

@@ -48,7 +48,8 @@ class AwqAlgorithm final : public LayerAlgorithm {
 
   int64_t StepsPerLayer() const override { return static_cast<int64_t>(maps_.size()); }
   Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<void()>& step) override;
-  Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes) override;
+  Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
+                const std::function<void()>& step) override;
   std::vector<std::string> Messages() const override { return {messages_.begin(), messages_.end()}; }
 
   /// Per layer, in order, the mapping reports of every Transform so far.

@@ -65,13 +65,17 @@ Status GptqAlgorithm::QuantizeInput(LayerInput in, const float* x, int64_t rows,
   return Status::Ok();
 }
 
-Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCodes& codes) {
-  if (awq_) NIBBLE_RETURN_IF_ERROR(awq_->Finish(runner, L, codes));
+Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCodes& codes,
+                             const std::function<void()>& step) {
+  if (awq_) NIBBLE_RETURN_IF_ERROR(awq_->Finish(runner, L, codes, step));
   std::array<GptqLinearInfo, kNumLinears> info{};
   const std::array<LayerInput, 4> inputs = {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn,
                                             LayerInput::kMlpAct};
   if (!st_.true_sequential) {
-    for (LayerInput in : inputs) NIBBLE_RETURN_IF_ERROR(QuantizeInput(in, runner.acts().Of(in), runner.rows(), L, codes, info));
+    for (LayerInput in : inputs) {
+      NIBBLE_RETURN_IF_ERROR(QuantizeInput(in, runner.acts().Of(in), runner.rows(), L, codes, info));
+      step();
+    }
   } else {
     // Each input from the layer with every linear before it already quantized (dequantized).
     CalibLayer deq = L.Clone();
@@ -79,6 +83,7 @@ Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCode
     const LayerActs* a = &runner.acts();
     for (LayerInput in : inputs) {
       NIBBLE_RETURN_IF_ERROR(QuantizeInput(in, a->Of(in), runner.rows(), L, codes, info));
+      step();
       for (int i : LinearsOf(in))
         if (codes[i]) DequantizeRef(*codes[i], deq.w[i]->data());
       if (in != LayerInput::kMlpAct) {

@@ -61,9 +61,11 @@ class GptqAlgorithm final : public LayerAlgorithm {
   static Result<std::unique_ptr<GptqAlgorithm>> Create(const GptqSettings& settings,
                                                        std::unique_ptr<AwqAlgorithm> awq = nullptr);
 
-  int64_t StepsPerLayer() const override { return awq_ ? awq_->StepsPerLayer() : 0; }
+  /// AWQ's steps, then one per distinct linear input.
+  int64_t StepsPerLayer() const override { return (awq_ ? awq_->StepsPerLayer() : 0) + 4; }
   Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<void()>& step) override;
-  Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes) override;
+  Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
+                const std::function<void()>& step) override;
   std::vector<std::string> Messages() const override;
 
   const std::vector<std::array<GptqLinearInfo, kNumLinears>>& infos() const { return infos_; }
