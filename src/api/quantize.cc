@@ -294,8 +294,8 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   return s;
 }
 
-// The engines report of a quantized checkpoint (its config re-parsed from the inspect JSON, in
-// the file's key order), the unused config entries among its warnings.
+// The engines report of a quantized checkpoint (its config read from config.json in the file's
+// key order, which vLLM's first-match lookup depends on); unused config entries become warnings.
 static Status AddEngines(InspectReport& rep, const ModelConfig& mc, const TensorStore& store) {
   const std::string path = JoinPath(rep.dir, "config.json");
   NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));

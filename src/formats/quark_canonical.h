@@ -18,15 +18,17 @@ namespace nibble {
 
 /// `c` rewritten for a model whose linear modules are `modules` (execution order) such that every
 /// module resolves the same under Quark's rules (ResolveLayer) and under exact-name-only rules:
-/// * exclude: the entries of `c` that are plain names (no glob character `*?[`, no `re:`, not
-///   empty) in their order, then the exact name of every other module `c` excludes, in module
-///   order; a name in `absent` (a linear the checkpoint does not store, e.g. the lm_head of a tied
-///   model) that `c` would quantize is excluded too, so the config never declares it quantized;
-/// * layer_quant_config: one key per module a key of `c` decides, the module's exact name, in
-///   module order (so a glob, a comma-separated or an unused key of `c` is replaced by the names
-///   it decided);
-/// * layer_type_quant_config["Linear"] becomes global_quant_config (every module is a Linear, and
-///   vLLM never reads the type map); the type map is written empty;
+/// * global_quant_config: the spec most quantized modules resolve to (ties: c's global if it is
+///   among them), so that ORT GenAI, which reads per-layer specs by top-level name only, reads as
+///   many modules right as one global spec allows;
+/// * exclude: the entries of `c` that are plain names (no glob character `*?[`, no comma, no
+///   `re:`, not empty) in their order, then the exact name of every other module kept in float, in
+///   module order; a name in `absent` (a linear the checkpoint does not store, e.g. the lm_head of
+///   a tied model) that would resolve quantized is excluded too, so the config never declares it;
+/// * layer_quant_config: one key per quantized module whose spec is not the global one, the
+///   module's exact name, in module order (globs, comma-separated, `re:` and unused keys of `c`
+///   are replaced by the names they decided);
+/// * layer_type_quant_config: empty (vLLM never reads it; what it decided is in the above);
 /// * everything else unchanged. A canonical config is its own canonical form.
 /// Errors: as ResolveLayer.
 Result<QuarkQuantConfig> CanonicalQuarkConfig(const QuarkQuantConfig& c, const std::vector<std::string>& modules,

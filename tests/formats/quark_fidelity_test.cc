@@ -103,6 +103,27 @@ TEST(QuarkCanonical, ResolvesAlikeUnderQuarkAndExactNameRules) {
   EXPECT_EQ(*twice, *canon);
 }
 
+TEST(QuarkCanonical, TheCommonSpecBecomesGlobalSoOrtGenaiReadsIt) {
+  QuarkQuantConfig c;
+  c.global = G(128);
+  c.exclude = {"lm_head"};
+  c.layer_quant_config = {{"model.layers.*", G(64)}};
+  auto canon = nibble::CanonicalQuarkConfig(c, Modules(), {});
+  ASSERT_TRUE(canon.ok());
+  EXPECT_EQ(canon->global, G(64));
+  EXPECT_TRUE(canon->layer_quant_config.empty());
+  c.exclude.clear();  // lm_head keeps g128: one exact key, which ORT GenAI's top-level lookup finds
+  canon = nibble::CanonicalQuarkConfig(c, Modules(), {});
+  ASSERT_TRUE(canon.ok());
+  ASSERT_EQ(canon->layer_quant_config.size(), 1u);
+  EXPECT_EQ(canon->layer_quant_config[0].first, "lm_head");
+  std::vector<nibble::LinearShapeInfo> shapes;
+  for (const std::string& m : Modules()) shapes.push_back({m, 256, 256});
+  auto r = nibble::ReportEngines(*canon, shapes, false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(nibble::EngineDisagreementLines(*r).empty());
+}
+
 TEST(QuarkCanonical, AnAbsentTiedLmHeadIsNeverDeclaredQuantized) {
   QuarkQuantConfig c;
   c.global = G(128);

@@ -233,6 +233,15 @@ TEST(QuarkFlags, ExcludeOverridesAndCalibrationRecord) {
   EXPECT_FALSE(ReadConfig(tmp.sub("none"))["quantization_config"].contains("calibration"));
 }
 
+// The independent model of ONNX Runtime GenAI's group size: layer_quant_config[top-level name]
+// when that key exists, else the global spec.
+int64_t OrtGroup(const nlohmann::ordered_json& q, const std::string& name) {
+  const std::string top = name.substr(0, name.find('.'));
+  const auto& lq = q["layer_quant_config"];
+  const auto& w = lq.contains(top) ? lq[top]["weight"] : q["global_quant_config"]["weight"];
+  return w["group_size"].is_null() ? -1 : w["group_size"].get<int64_t>();
+}
+
 // The independent model of exact-name-only resolution: exclude by equality, per-layer specs by
 // exact key, else the global spec (dtype and group size compared).
 std::string ExactOnly(const nlohmann::ordered_json& q, const std::string& name) {
@@ -255,11 +264,13 @@ TEST(QuarkCanonicalExport, ReadmeFlagCombinationsResolveAlikeByExactName) {
     std::vector<std::string> overrides;
     std::string scheme = "w_uint4_per_group_asym";
     int64_t g = 128;
+    bool ort_expressible = false;  // no per-layer group size inside decoder layers
   };
   const std::vector<Case> cases = {
-      {{"lm_head"}, {}},
-      {{}, {}},
-      {{"lm_head", "*.mlp.down_proj"}, {}},
+      {{"lm_head"}, {}, "w_uint4_per_group_asym", 128, true},
+      {{}, {}, "w_uint4_per_group_asym", 64, true},
+      {{"lm_head", "*.mlp.down_proj"}, {}, "w_uint4_per_group_asym", 128, true},
+      {{}, {"model.layers.*:group_size=64"}, "w_uint4_per_group_asym", 128, true},
       {{"re:model\\.layers\\.[12]\\..*"}, {"*down_proj:group_size=32"}},
       {{"lm_head"}, {"model.layers.0.*:group_size=64,quant_scheme=w_int4_per_group_sym", "lm_head:group_size=32"}},
       {{"lm_head"}, {"model.layers.1.mlp.down_proj,model.layers.2.mlp.down_proj:group_size=32"}, "w_int4_per_group_sym", 64},
@@ -286,6 +297,9 @@ TEST(QuarkCanonicalExport, ReadmeFlagCombinationsResolveAlikeByExactName) {
                     : nibble_says.substr(0, nibble_says.find(' ')) + " g" +
                           (nibble_says.find("per_channel") != std::string::npos ? "row" : nibble_says.substr(nibble_says.rfind('g') + 1));
       EXPECT_EQ(nibble_says, ExactOnly(q, l.name)) << "case " << i - 1 << ": " << l.name;
+      if (c.ort_expressible && l.quantized)
+        EXPECT_EQ("g" + std::to_string(OrtGroup(q, l.name)), nibble_says.substr(nibble_says.find(' ') + 1))
+            << "case " << i - 1 << ": " << l.name;
     }
     for (const auto& e : q["exclude"]) EXPECT_EQ(e.get<std::string>().find_first_of("*?[,"), std::string::npos) << e;
     for (auto it = q["layer_quant_config"].begin(); it != q["layer_quant_config"].end(); ++it)
