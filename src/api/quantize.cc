@@ -109,7 +109,9 @@ Result<QuarkQuantConfig> ConfigFromRequest(const QuantizeRequest& r, std::vector
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
     if (j.is_object() && j.contains("quantization_config")) j = j["quantization_config"];
     NIBBLE_RETURN_IF_ERROR(CheckQuarkConfigKeys(j, r.quant_config_file));
-    return ParseQuarkQuantConfig(j, r.quant_config_file);
+    NIBBLE_ASSIGN_OR_RETURN(QuarkQuantConfig c, ParseQuarkQuantConfig(j, r.quant_config_file));
+    c.calibration = nullptr;  // it records a past run; this run writes its own
+    return c;
   }
   QuarkQuantConfig c;
   NIBBLE_ASSIGN_OR_RETURN(c.global, SpecForScheme(r.quant_scheme, r.group_size));

@@ -231,6 +231,11 @@ TEST(QuarkFlags, ExcludeOverridesAndCalibrationRecord) {
   EXPECT_EQ(cal["propagation"], "fp");
   EXPECT_TRUE(LoadError(tmp.sub("awq")).empty());
   EXPECT_FALSE(ReadConfig(tmp.sub("none"))["quantization_config"].contains("calibration"));
+  nibble::QuantizeRequest again;  // a config taken from that export records no calibration of its own
+  again.quant_config_file = tmp.sub("awq") + "/config.json";
+  const std::string ag = Quantize(tmp.sub("again"), again);
+  ASSERT_EQ(ag.rfind("error", 0), std::string::npos) << ag;
+  EXPECT_FALSE(ReadConfig(tmp.sub("again"))["quantization_config"].contains("calibration"));
 }
 
 // The independent model of ONNX Runtime GenAI's group size: layer_quant_config[top-level name]
