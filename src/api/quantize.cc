@@ -143,6 +143,13 @@ static Status AddConfigWarnings(const QuantizeRequest& r, const QuarkQuantConfig
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, UnusedConfigEntries(config, modules));
   std::vector<std::string> lines;
   for (const std::string& u : unused) lines.push_back("warning: " + u);
+  {  // the input's tied lm_head, as a load of it would warn
+    NIBBLE_ASSIGN_OR_RETURN(ModelConfig in_mc, LoadModelConfig(r.model_dir));
+    NIBBLE_ASSIGN_OR_RETURN(TensorStore in, TensorStore::OpenDir(r.model_dir));
+    std::vector<std::string> tied;
+    NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(in_mc, in, nullptr, &tied));
+    for (const std::string& t : tied) lines.push_back("warning: " + r.model_dir + ": " + t);
+  }
   if (r.exclude_layers_given && r.quant_config_file.empty() && lm_head_quantized)
     lines.push_back("note: --exclude_layers replaces the default lm_head exclusion: lm_head is quantized "
                     "(add lm_head to the list to keep it in float)");
