@@ -248,6 +248,7 @@ nibble::Status RunModel(const std::string& dir, const std::vector<int>& threads,
     auto m = nibble::Model::Load(dir, lo);
     if (!m.ok()) return m.error();
     const nibble::ModelInfo& info = (*m)->info();
+    PrintWarnings(dir, info.warnings);
     if (lo.activations != nibble::ActivationType::kFp32 && info.activation_linears == 0) {
       std::fprintf(stderr, "bench-model: %s skipped for %s: %s\n", act.c_str(), dir.c_str(),
                    (act == "int8" ? Int8NotServed(dir) : Bf16NotServed(dir)).c_str());

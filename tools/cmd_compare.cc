@@ -164,6 +164,7 @@ nibble::Result<nibble::ComparisonReport> RunComparison(const CompareArgs& a, con
   if (!a.kl_base.empty()) return nibble::CompareWithSavedLogits(a.kl_base, models, text, opt);
   auto base = nibble::Model::Load(a.model);
   if (!base.ok()) return base.error();
+  PrintWarnings(a.model, (*base)->info().warnings);
   opt.save_logits = a.save_logits;
   return nibble::CompareModels(**base, models, text, opt);
 }
@@ -224,6 +225,7 @@ Runner RegisterCompare(CLI::App& app) {
     for (const auto& d : a->quantized) {
       auto m = nibble::Model::Load(d);
       if (!m.ok()) return Fail(m.error().message);
+      PrintWarnings(d, (*m)->info().warnings);
       owned.push_back(std::move(m).value());
       models.push_back(owned.back().get());
     }

@@ -96,6 +96,7 @@ int RunGenerate(GenerateArgs& a) {
   if (a.bf16) lo.activations = nibble::ActivationType::kBf16;
   auto model = nibble::Model::Load(a.model, lo);
   if (!model.ok()) return Fail(model.error().message);
+  PrintWarnings(a.model, (*model)->info().warnings);
   if (const std::string err = ReportActivations(a, (*model)->info()); !err.empty()) return Fail(err);
   WarnIfBeyondContext(**model, a.opt);
   if (a.seed->count() == 0) a.opt.sampling.seed = std::random_device{}();

@@ -62,6 +62,44 @@ double BitsPerWeight(const nibble::InspectReport::Layer& l) {
   one.quantized_bytes = l.stored_bytes;
   return one.bits_per_weight();
 }
+// `inspect --engines`: per linear what each engine resolves ("=" where it agrees with the file),
+// the disagreements with the flag that avoids each, and tensor-parallel readiness.
+void PrintEngines(const nibble::InspectReport& rep) {
+  if (rep.engines.empty()) {
+    std::printf("engines: %s is a dense checkpoint; every engine reads it in float\n", rep.dir.c_str());
+    return;
+  }
+  std::printf("%-36s %-22s", "layer", "the file means");
+  for (size_t e = 1; e < rep.engines.size(); ++e) std::printf(" %-24s", rep.engines[e].c_str());
+  std::printf("\n");
+  for (const auto& row : rep.engine_rows) {
+    std::printf("%-36s %-22s", row.name.c_str(), row.meant.c_str());
+    for (size_t e = 1; e < row.readings.size(); ++e)
+      std::printf(" %-24s", row.agrees[e] ? "=" : row.readings[e].c_str());
+    std::printf("\n");
+  }
+  if (rep.engine_disagreements.empty()) std::printf("every engine resolves every linear as the file means\n");
+  for (const auto& d : rep.engine_disagreements) std::printf("disagreement: %s\n", d.c_str());
+  for (const auto& t : rep.tensor_parallel)
+    std::printf("tensor parallel %d: %s%s\n", t.tp, t.ok ? "ok" : "fails: ", t.failure.c_str());
+}
+
+nlohmann::ordered_json EnginesJson(const nibble::InspectReport& rep) {
+  nlohmann::ordered_json j;
+  j["engines"] = rep.engines;
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const auto& r : rep.engine_rows) {
+    nlohmann::ordered_json per = nlohmann::ordered_json::object();
+    for (size_t e = 0; e < r.readings.size(); ++e) per[rep.engines[e]] = {{"reads", r.readings[e]}, {"agrees", r.agrees[e]}};
+    rows.push_back({{"name", r.name}, {"means", r.meant}, {"engines", per}});
+  }
+  j["linears"] = rows;
+  j["disagreements"] = rep.engine_disagreements;
+  nlohmann::ordered_json tp = nlohmann::ordered_json::array();
+  for (const auto& t : rep.tensor_parallel) tp.push_back({{"tp", t.tp}, {"ok", t.ok}, {"failure", t.failure}});
+  j["tensor_parallel"] = tp;
+  return j;
+}
 }  // namespace
 
 Runner RegisterInspect(CLI::App& app) {
@@ -72,7 +110,11 @@ Runner RegisterInspect(CLI::App& app) {
   cmd->add_option("dir", *dir, "Model directory (optional with --kernels)");
   cmd->add_flag("--json", *as_json, "Machine-readable output");
   cmd->add_flag("--kernels", *kernels, "Show the int4 kernel ISA chosen (CPUID + XCR0, NIBBLE_ISA) and why");
-  return [dir, as_json, kernels]() {
+  auto engines = std::make_shared<bool>(false);
+  cmd->add_flag("--engines", *engines,
+                "What vLLM, ONNX Runtime GenAI, Transformers and nibble resolve per linear, their disagreements, "
+                "and tensor-parallel readiness (TP 1, 2, 4, 8)");
+  return [dir, as_json, kernels, engines]() {
     if (*kernels) {
       ShowKernels(*as_json);
       if (dir->empty()) return 0;
@@ -80,6 +122,7 @@ Runner RegisterInspect(CLI::App& app) {
     if (dir->empty()) return Fail("inspect: a model directory is required (or --kernels)");
     auto rep = nibble::Inspect(*dir);
     if (!rep.ok()) return Fail(rep.error().message);
+    PrintWarnings(*dir, rep->warnings);
     if (*as_json) {
       nlohmann::ordered_json j;
       j["dir"] = rep->dir;
@@ -95,6 +138,7 @@ Runner RegisterInspect(CLI::App& app) {
                           {"float_bytes", l.float_bytes}, {"bits_per_weight", BitsPerWeight(l)}});
       j["layers"] = layers;
       if (!rep->quantization_config_json.empty()) j["quantization_config"] = nlohmann::ordered_json::parse(rep->quantization_config_json);
+      if (*engines) j["engines"] = EnginesJson(*rep);
       std::printf("%s\n", j.dump(2).c_str());
       return 0;
     }
@@ -107,6 +151,7 @@ Runner RegisterInspect(CLI::App& app) {
       std::printf("%-36s %-22s %6lld %6lld %10lld %7.2f  %s\n", l.name.c_str(), l.scheme.c_str(), static_cast<long long>(l.n),
                   static_cast<long long>(l.k), static_cast<long long>(l.stored_bytes), BitsPerWeight(l), l.rule.c_str());
     std::printf("size: %s\n", nibble::FormatSize(rep->size).c_str());
+    if (*engines) PrintEngines(*rep);
     return 0;
   };
 }

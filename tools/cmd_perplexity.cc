@@ -63,6 +63,7 @@ nibble::Result<nibble::ComparisonReport> CompareWithBase(const Run& run) {
   }
   auto base = nibble::Model::Load(a->kl_base);
   if (!base.ok()) return base.error();
+  PrintWarnings(a->kl_base, (*base)->info().warnings);
   co.save_logits = a->save_logits;
   return nibble::CompareModels(**base, models, run.text, co);
 }
@@ -182,6 +183,7 @@ Runner RegisterPerplexity(CLI::App& app) {
     if (const std::string err = ReadTextFile(a->text, &run.text); !err.empty()) return Fail(err);
     auto model = nibble::Model::Load(a->model);
     if (!model.ok()) return Fail(model.error().message);
+    PrintWarnings(a->model, (*model)->info().warnings);
     run.model = model->get();
     if (a->int8) run.opt_in = {true, "int8 activations (W4A8", "int8", nibble::ActivationType::kInt8};
     if (a->bf16) run.opt_in = {true, "bf16 activations (W4A16 bf16", "bf16", nibble::ActivationType::kBf16};

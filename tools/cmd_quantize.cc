@@ -100,6 +100,9 @@ void PrintExportSummary(std::FILE* out, const nibble::QuantizeRequest& r, const 
   if (quantized_by.size() > 1)
     for (const auto& [rule, names] : quantized_by)
       std::fprintf(out, "  quantized by %s: %s\n", rule.c_str(), Plural(names.size(), "layer").c_str());
+  for (const auto& l : s.layers)
+    if (l.name == "lm_head" && l.quantized && r.exclude_layers_given)
+      std::fprintf(out, "  lm_head quantized: --exclude_layers replaced the default lm_head exclusion\n");
   for (const auto& [rule, names] : kept_by) {
     std::string list;
     for (size_t i = 0; i < names.size() && i < 3; ++i) list += (i ? ", " : "") + names[i];
@@ -197,11 +200,13 @@ Runner RegisterQuantize(CLI::App& app) {
   cmd->add_option("--misaligned", r.misaligned,
                   "Layers whose in_features is not a multiple of group_size: error | exclude | per_channel")
       ->capture_default_str();
+  cmd->add_option("--tp", r.tp, "Refuse up front a configuration vLLM would refuse at this tensor-parallel size");
   cmd->add_option("--max_shard_size", a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB, 200MiB")->capture_default_str();
   cmd->add_flag("--overwrite", r.overwrite, "Replace an existing output directory");
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
   return [a, cmd, scheme, gs, pm, ex, lqc]() {
     auto& r = a->req;
+    r.exclude_layers_given = ex->count() > 0;
     if (!ParseSize(a->max_shard_size, &r.max_shard_size)) return Fail("--max_shard_size \"" + a->max_shard_size + "\" is not a size like 5GB or 200MiB");
     if (!r.quant_config_file.empty()) {
       for (CLI::Option* o : {scheme, gs, pm, ex, lqc})
@@ -236,13 +241,6 @@ Runner RegisterQuantize(CLI::App& app) {
     auto s = nibble::Quantize(r);
     bar.reset();
     if (!s.ok()) return Fail(s.error().message);
-    // Overrides that decided no layer are almost always a typo in the pattern: say so.
-    for (const std::string& o : r.layer_quant_config) {
-      const std::string pattern = o.substr(0, o.rfind(':'));
-      bool used = false;
-      for (const auto& l : s->layers) used = used || l.rule == "layer_quant_config[\"" + pattern + "\"]";
-      if (!used) std::fprintf(stderr, "warning: --layer_quant_config pattern \"%s\" matched no layer\n", pattern.c_str());
-    }
     if (!std::filesystem::exists(std::filesystem::path(r.model_dir) / "tokenizer.model"))
       std::fprintf(stderr, "warning: %s has no tokenizer.model; the output cannot run generate or perplexity\n",
                    r.model_dir.c_str());

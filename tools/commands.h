@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -29,6 +30,9 @@ std::string BuildCommit();
 
 /// Prints "nibble: error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);
+
+/// Prints each of a loaded model's warnings to stderr as "warning: <dir>: <text>".
+void PrintWarnings(const std::string& dir, const std::vector<std::string>& warnings);
 
 /// Reads a whole text file (--text) into `text`. Returns "" on success, else the error message
 /// naming the file ("cannot read text file X: is a directory" / "...: no such file or not readable").

@@ -18,6 +18,10 @@ int Fail(const std::string& message) {
   return 1;
 }
 
+void PrintWarnings(const std::string& dir, const std::vector<std::string>& warnings) {
+  for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s: %s\n", dir.c_str(), w.c_str());
+}
+
 std::string ReadTextFile(const std::string& path, std::string* text) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) return "cannot read text file " + path + ": is a directory";

@@ -50,6 +50,9 @@ struct ModelInfo {
   /// int4 linears that run the requested activations (the others, whose group size that path
   /// does not serve, keep fp32 activations); equals int4_linears for kFp32.
   int64_t activation_linears = 0;
+  /// What loaded but may not be what the checkpoint's author meant (tensors nibble does not
+  /// read, a tied lm_head that differs from the embedding), one sentence each.
+  std::vector<std::string> warnings;
 };
 
 class Model {

@@ -42,12 +42,18 @@ struct QuantizeRequest {
   std::string quant_algo = "rtn";
   std::string model_export = "hf_format";  // the checkpoint format written (hf_format: AMD Quark)
   std::string pack_method = "reorder";  // reorder | order
-  std::vector<std::string> exclude_layers = {"lm_head"};  // fnmatch patterns or "re:<regex>"
+  std::vector<std::string> exclude_layers = {"lm_head"};  // fnmatch patterns or "re:<regex>"; "" entries ignored
+  /// False: exclude_layers is the default, and a layer_quant_config pattern matching lm_head
+  /// lifts the default lm_head exclusion (an explicit override wins over a default). True (the
+  /// user gave the list): Quark semantics, exclude wins over every override.
+  bool exclude_layers_given = false;
   /// Per-layer overrides "PATTERN:key=value[,key=value]", keys: group_size, quant_scheme.
   std::vector<std::string> layer_quant_config;
   /// A Quark `quantization_config` JSON file applied as written (replaces the flags above).
   std::string quant_config_file;
   std::string misaligned = "error";   // error | exclude | per_channel
+  /// > 0: refuse, before quantizing, a configuration vLLM would refuse at this tensor-parallel size.
+  int tp = 0;
   int64_t max_shard_size = 5000000000;
   bool overwrite = false;
   int threads = 0;  // 0 = the calling thread's setting
@@ -168,6 +174,22 @@ struct InspectReport {
   std::vector<Layer> layers;
   int64_t total_tensor_bytes = 0;  // all tensors on disk
   SizeSummary size;
+  std::vector<std::string> warnings;  // as ModelInfo::warnings, plus config entries that match no layer
+  /// `inspect --engines` (quantized checkpoints): per linear what each engine resolves.
+  std::vector<std::string> engines;  // "nibble", "transformers", "vllm", ...
+  struct EngineRow {
+    std::string name, meant;            // the linear and what the file means (Quark semantics)
+    std::vector<std::string> readings;  // per engine: "uint4 per_group g128", "float", "fails to load"
+    std::vector<bool> agrees;
+  };
+  std::vector<EngineRow> engine_rows;
+  std::vector<std::string> engine_disagreements;  // one line per engine and reason
+  struct TensorParallel {
+    int tp = 1;
+    bool ok = true;
+    std::string failure;  // the first layer vLLM would refuse at this size, and why
+  };
+  std::vector<TensorParallel> tensor_parallel;  // TP = 1, 2, 4, 8
 };
 
 /// Inspects a model directory without running it. Errors: unreadable / malformed files.

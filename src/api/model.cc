@@ -69,7 +69,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOpt
   ScopedThreads threads(options.threads);
   std::unique_ptr<Model> m(new Model());
   std::string format;
-  auto llama = LoadAnyModel(dir, &format);
+  std::vector<std::string> warnings;
+  auto llama = LoadAnyModel(dir, &format, &warnings);
   if (!llama.ok()) return llama.error().WithContext("loading model " + dir);
   auto tok = Tokenizer::Load(dir);
   if (!tok.ok()) return tok.error().WithContext("loading tokenizer of " + dir);
@@ -81,6 +82,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOpt
                          " pieces but config.json vocab_size is ", c.vocab_size);
   ModelInfo& i = m->impl_->info;
   i = DescribeModel(dir, *m->impl_->llama, format);
+  i.warnings = std::move(warnings);
   i.activations = options.activations;
   switch (options.activations) {
     case ActivationType::kFp32: i.activation_linears = i.int4_linears; break;

@@ -1,4 +1,5 @@
 // Public API: flags in Quark's vocabulary -> QuarkQuantConfig -> quantize pipeline; inspect.
+#include <algorithm>
 #include <cstdlib>
 #include <tuple>
 
@@ -7,6 +8,7 @@
 #include "api/model_impl.h"
 #include "api/size.h"
 #include "formats/checkpoint_format.h"
+#include "formats/quark_engines.h"
 #include "formats/quark_config.h"
 #include "io/file.h"
 #include "io/json.h"
@@ -82,14 +84,34 @@ Result<std::pair<std::string, WeightQuantSpec>> ParseLayerOverride(const std::st
   return std::pair{pattern, *spec};
 }
 
-Result<QuarkQuantConfig> ConfigFromRequest(const QuantizeRequest& r) {
+// The request's exclude list: empty entries dropped (`--exclude_layers` with no value means
+// "exclude nothing"), and the default lm_head exclusion lifted by an override that names lm_head.
+std::vector<std::string> ExcludeFromRequest(const QuantizeRequest& r, std::vector<std::string>* notes) {
+  std::vector<std::string> out;
+  for (const std::string& e : r.exclude_layers)
+    if (!e.empty()) out.push_back(e);
+  if (r.exclude_layers_given || !r.quant_config_file.empty()) return out;
+  for (const std::string& o : r.layer_quant_config) {
+    const std::string pattern = o.substr(0, o.rfind(':'));
+    if (!LayerKeyMatches("lm_head", pattern)) continue;
+    out.erase(std::remove(out.begin(), out.end(), std::string("lm_head")), out.end());
+    notes->push_back("note: --layer_quant_config \"" + o + "\" quantizes lm_head: an explicit override lifts the "
+                     "default lm_head exclusion");
+    break;
+  }
+  return out;
+}
+
+Result<QuarkQuantConfig> ConfigFromRequest(const QuantizeRequest& r, std::vector<std::string>* notes) {
   if (!r.quant_config_file.empty()) {
     NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(r.quant_config_file));
     NIBBLE_RETURN_IF_ERROR(ParseJsonText(text, r.quant_config_file));  // duplicate keys, syntax
     nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
     if (j.is_object() && j.contains("quantization_config")) j = j["quantization_config"];
     NIBBLE_RETURN_IF_ERROR(CheckQuarkConfigKeys(j, r.quant_config_file));
-    return ParseQuarkQuantConfig(j, r.quant_config_file);
+    NIBBLE_ASSIGN_OR_RETURN(QuarkQuantConfig c, ParseQuarkQuantConfig(j, r.quant_config_file));
+    c.calibration = nullptr;  // it records a past run; this run writes its own
+    return c;
   }
   QuarkQuantConfig c;
   NIBBLE_ASSIGN_OR_RETURN(c.global, SpecForScheme(r.quant_scheme, r.group_size));
@@ -97,7 +119,7 @@ Result<QuarkQuantConfig> ConfigFromRequest(const QuantizeRequest& r) {
     NIBBLE_ASSIGN_OR_RETURN(auto entry, ParseLayerOverride(o, r.quant_scheme, r.group_size));
     c.layer_quant_config.emplace_back(entry.first, entry.second);
   }
-  c.exclude = r.exclude_layers;
+  c.exclude = ExcludeFromRequest(r, notes);
   if (r.pack_method == "reorder") c.export_config.pack_method = PackMethod::kReorder;
   else if (r.pack_method == "order") c.export_config.pack_method = PackMethod::kOrder;
   else return MakeErrorCode(ErrorCode::kUnsupported, "--pack_method \"", r.pack_method, "\" is not supported (supported: reorder, order)");
@@ -153,6 +175,43 @@ static nlohmann::ordered_json CalibLayersJson(const QuantizeSummary& s) {
     layers.push_back(lj);
   }
   return layers;
+}
+
+// Warnings about the request's config that only the model's layers reveal: entries deciding no
+// layer, and the default lm_head exclusion replaced by an explicit --exclude_layers.
+static Status AddConfigWarnings(const QuantizeRequest& r, const QuarkQuantConfig& config, QuantizeSummary& s) {
+  std::vector<std::string> modules;
+  bool lm_head_quantized = false;
+  for (const auto& l : s.layers) {
+    modules.push_back(l.name);
+    lm_head_quantized = lm_head_quantized || (l.name == "lm_head" && l.quantized);
+  }
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, UnusedConfigEntries(config, modules));
+  std::vector<std::string> lines;
+  for (const std::string& u : unused) lines.push_back("warning: " + u);
+  {  // the input's tied lm_head, as a load of it would warn
+    NIBBLE_ASSIGN_OR_RETURN(ModelConfig in_mc, LoadModelConfig(r.model_dir));
+    NIBBLE_ASSIGN_OR_RETURN(TensorStore in, TensorStore::OpenDir(r.model_dir));
+    std::vector<std::string> tied;
+    NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(in_mc, in, nullptr, &tied));
+    for (const std::string& t : tied) lines.push_back("warning: " + r.model_dir + ": " + t);
+  }
+  if (r.exclude_layers_given && r.quant_config_file.empty() && lm_head_quantized)
+    lines.push_back("note: --exclude_layers replaces the default lm_head exclusion: lm_head is quantized "
+                    "(add lm_head to the list to keep it in float)");
+  // What the written config makes other engines read (formats/quark_engines.h).
+  NIBBLE_ASSIGN_OR_RETURN(QuarkQuantConfig written, ParseQuarkQuantConfig(nlohmann::ordered_json::parse(s.quantization_config_json),
+                                                                          r.output_dir + "/config.json"));
+  NIBBLE_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(r.output_dir));
+  std::vector<LinearShapeInfo> shapes;
+  for (const auto& l : s.layers) shapes.push_back({l.name, l.n, l.k});
+  NIBBLE_ASSIGN_OR_RETURN(EnginesReport engines, ReportEngines(written, shapes, mc.tie_word_embeddings));
+  for (const std::string& d : EngineDisagreementLines(engines)) lines.push_back("warning: " + d);
+  for (const std::string& l : lines) {
+    if (r.on_message) r.on_message(l);
+    s.messages.push_back(l);
+  }
+  return Status::Ok();
 }
 
 // The `--report` JSON: request, calibration, per layer (AWQ, GPTQ), export per linear.
@@ -248,7 +307,10 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   QuantizeOptions o;
   o.model_dir = r.model_dir;
   o.output_dir = r.output_dir;
-  NIBBLE_ASSIGN_OR_RETURN(o.config, ConfigFromRequest(r));
+  std::vector<std::string> notes;
+  NIBBLE_ASSIGN_OR_RETURN(o.config, ConfigFromRequest(r, &notes));
+  for (const std::string& n : notes)
+    if (r.on_message) r.on_message(n);
   o.quant_algo = r.quant_algo == "awq+gptq" ? "awq,gptq" : r.quant_algo;
   o.model_export = r.model_export;
   if (r.misaligned == "error") o.misaligned = MisalignedPolicy::kError;
@@ -258,6 +320,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   if (r.max_shard_size <= 0) return MakeError("--max_shard_size must be positive");
   o.max_shard_size = r.max_shard_size;
   o.overwrite = r.overwrite;
+  o.tp = r.tp;
   o.progress = r.progress;
   o.on_layer = r.on_layer;
   o.message = r.on_message;
@@ -273,7 +336,8 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   NIBBLE_ASSIGN_OR_RETURN(QuantizeReport rep, QuantizeCheckpoint(o));
   QuantizeSummary s;
   s.quant_algo = o.quant_algo;
-  s.messages = rep.messages;
+  s.messages = notes;
+  s.messages.insert(s.messages.end(), rep.messages.begin(), rep.messages.end());
   s.calib_chunks = rep.calib_chunks;
   s.calib_seq_len = rep.calib_seq_len;
   s.calib_available_chunks = rep.calib_available_chunks;
@@ -298,8 +362,39 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   s.size = SizeOfQuantized(s.layers, rep.total_bytes);
   s.seconds = rep.seconds;
   s.quantization_config_json = rep.quantization_config.dump(2);
+  NIBBLE_RETURN_IF_ERROR(AddConfigWarnings(r, o.config, s));
   s.report_json = QuantizeReportJson(r, s);
   return s;
+}
+
+// The engines report of a quantized checkpoint (its config read from config.json in the file's
+// key order, which vLLM's first-match lookup depends on); unused config entries become warnings.
+static Status AddEngines(InspectReport& rep, const ModelConfig& mc, const TensorStore& store) {
+  const std::string path = JoinPath(rep.dir, "config.json");
+  NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  NIBBLE_ASSIGN_OR_RETURN(QuarkQuantConfig c, ParseQuarkQuantConfigFromConfigJson(text, path));
+  std::vector<LinearShapeInfo> shapes;
+  std::vector<std::string> names;
+  for (const std::string& name : LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr)) {
+    const auto [n, k] = LinearShape(mc, name);
+    shapes.push_back({name, n, k});
+    names.push_back(name);
+  }
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, UnusedConfigEntries(c, names));
+  rep.warnings.insert(rep.warnings.end(), unused.begin(), unused.end());
+  NIBBLE_ASSIGN_OR_RETURN(EnginesReport e, ReportEngines(c, shapes, mc.tie_word_embeddings));
+  rep.engines = e.engines;
+  for (const auto& l : e.linears) {
+    InspectReport::EngineRow row{l.shape.name, l.meant, {}, {}};
+    for (const auto& x : l.readings) {
+      row.readings.push_back(x.text);
+      row.agrees.push_back(x.agrees);
+    }
+    rep.engine_rows.push_back(std::move(row));
+  }
+  rep.engine_disagreements = EngineDisagreementLines(e);
+  for (const auto& t : e.tp) rep.tensor_parallel.push_back({t.tp, t.ok, t.failure});
+  return Status::Ok();
 }
 
 Result<InspectReport> Inspect(const std::string& dir) {
@@ -311,9 +406,13 @@ Result<InspectReport> Inspect(const std::string& dir) {
   rep.format = fmt ? fmt->name() : "dense";
   rep.torch_dtype = mc.torch_dtype;
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, fmt.get()));
+  NIBBLE_ASSIGN_OR_RETURN(std::string unread, CheckUnreadTensors(mc, store, fmt.get()));
+  if (!unread.empty()) rep.warnings.push_back(unread);
+  NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(mc, store, fmt.get(), &rep.warnings));
   if (fmt) {
     rep.format_properties = fmt->Properties();
     rep.quantization_config_json = fmt->ConfigJson().dump(2);
+    if (fmt->name() == "quark") NIBBLE_RETURN_IF_ERROR(AddEngines(rep, mc, store));
   }
   const int64_t elem = mc.torch_dtype == "float32" ? 4 : 2;
   for (const auto& name : store.Names()) rep.total_tensor_bytes += static_cast<int64_t>(store.Find(name)->nbytes);

@@ -108,11 +108,13 @@ Status InitCounts(int64_t n_tokens, const PerplexityProtocol& protocol, Comparis
 
 // One model on one window against the base rows.
 Status CompareWindow(const LlamaModel& model, const int32_t* win, int64_t seq_len, int64_t vocab, const float* base_logits,
-                     const std::vector<int64_t>& base_arg, std::vector<float>& logits, ModelComparison& mc, Accumulator& acc) {
+                     const std::vector<int64_t>& base_arg, std::vector<float>& logits, ModelComparison& mc, Accumulator& acc,
+                     const std::string& mc_name) {
   const int64_t scored = seq_len - 1;
   KvCache cache = model.NewCache(seq_len);
   NIBBLE_RETURN_IF_ERROR(model.Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true));
   mc.perplexity.window_mean_nll.push_back(MeanNll(logits.data(), vocab, win + 1, scored, &mc.perplexity.nll_sq_sum));
+  NIBBLE_RETURN_IF_ERROR(CheckWindowNll(mc.perplexity.window_mean_nll.back(), static_cast<int64_t>(mc.perplexity.window_mean_nll.size()), mc_name));
   std::vector<double> row_kl(static_cast<size_t>(scored));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < scored; ++i)
@@ -159,9 +161,11 @@ Result<ComparisonResult> Compare(const BaseWindowFn& base_window, int64_t vocab,
     const int32_t* win = tokens.data() + w * seq_len;
     NIBBLE_ASSIGN_OR_RETURN(const float* base_logits, base_window(w, win));
     b.window_mean_nll.push_back(MeanNll(base_logits, vocab, win + 1, scored, &b.nll_sq_sum));
+    NIBBLE_RETURN_IF_ERROR(CheckWindowNll(b.window_mean_nll.back(), w + 1, "the base model"));
     for (int64_t i = 0; i < scored; ++i) base_arg[i] = ArgMax(base_logits + i * vocab, vocab);
     for (size_t mi = 0; mi < models.size(); ++mi)
-      NIBBLE_RETURN_IF_ERROR(CompareWindow(*models[mi], win, seq_len, vocab, base_logits, base_arg, logits, out.models[mi], acc[mi]));
+      NIBBLE_RETURN_IF_ERROR(CompareWindow(*models[mi], win, seq_len, vocab, base_logits, base_arg, logits, out.models[mi], acc[mi],
+                                           "quantized model " + std::to_string(mi + 1)));
     if (protocol.progress) protocol.progress(w + 1, b.n_windows);
     if (protocol.on_window) protocol.on_window(w + 1, b.n_windows, RunningPerplexity(out.models[0].perplexity));
   }

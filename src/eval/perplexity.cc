@@ -32,6 +32,12 @@ double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64
   return total / static_cast<double>(n);
 }
 
+Status CheckWindowNll(double mean_nll, int64_t window, const std::string& what) {
+  if (std::isfinite(mean_nll)) return Status::Ok();
+  return MakeError(what, " produced non-finite logits in window ", window, " (mean NLL ", mean_nll,
+                   "); no perplexity can be computed");
+}
+
 double RunningPerplexity(const PerplexityResult& r) {
   double s = 0;
   for (double v : r.window_mean_nll) s += v;
@@ -78,6 +84,7 @@ Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const
     const int32_t* win = tokens.data() + w * seq_len;
     NIBBLE_RETURN_IF_ERROR(model.Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true));
     r.window_mean_nll.push_back(MeanNll(logits.data(), c.vocab_size, win + 1, seq_len - 1, &r.nll_sq_sum));
+    NIBBLE_RETURN_IF_ERROR(CheckWindowNll(r.window_mean_nll.back(), w + 1, "the model"));
     if (save) NIBBLE_RETURN_IF_ERROR(save->AddWindow(logits.data()));
     if (protocol.progress) protocol.progress(w + 1, r.n_windows);
     if (protocol.on_window) protocol.on_window(w + 1, r.n_windows, RunningPerplexity(r));

@@ -43,6 +43,11 @@ struct PerplexityResult {
 /// Fills mean_nll, ppl and ppl_stderr from window_mean_nll, nll_sq_sum and scored_tokens.
 void FinishPerplexity(PerplexityResult& r);
 
+/// Ok when a window's mean NLL is finite; otherwise an error naming `what` ("the model",
+/// "quantized model 2") and the 1-based window: non-finite logits make every perplexity and KL
+/// number meaningless, so they are never printed as a result.
+Status CheckWindowNll(double mean_nll, int64_t window, const std::string& what);
+
 /// PPL over the first windows of `r` so far (the running value after each window).
 double RunningPerplexity(const PerplexityResult& r);
 

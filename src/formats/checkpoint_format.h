@@ -57,6 +57,10 @@ class QuantizedFormat {
 /// after policy additions), which every writer translates into its own config.
 struct ExportRequest {
   QuarkQuantConfig config;
+  /// The model's linear modules as the export writes them, and those the checkpoint does not store
+  /// (a tied lm_head): the written config names each decision by exact name for these
+  /// (formats/quark_canonical.h). Empty: the config is written as requested.
+  std::vector<std::string> modules, absent_modules;
 };
 
 /// Writes one format from the native layout.

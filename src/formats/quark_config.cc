@@ -316,6 +316,10 @@ Result<QuarkQuantConfig> ParseQuarkQuantConfig(const nlohmann::ordered_json& j, 
       return p.TypeErr("algo_config", "a list of algo objects, an object or null", *v);
     }
   }
+  if (const OJ* v = Parser::Get(j, "calibration"); !Parser::AbsentOrNull(v)) {
+    if (!v->is_object()) return p.TypeErr("calibration", "an object or null", *v);
+    c.calibration = *v;
+  }
   if (const OJ* v = Parser::Get(j, "softmax_quant_spec"); !Parser::AbsentOrNull(v))
     return p.Err("softmax_quant_spec", "softmax quantization is not supported (expected null), found " + Found(*v));
   NIBBLE_ASSIGN_OR_RETURN(auto mode, p.OptString(j, "", "quant_mode"));
@@ -354,7 +358,7 @@ Status CheckQuarkConfigKeys(const OJ& j, const std::string& where) {
   static const std::vector<std::string> top = {
       "quant_method", "export", "global_quant_config", "layer_quant_config", "layer_type_quant_config",
       "kv_cache_quant_config", "exclude", "algo_config", "softmax_quant_spec", "quant_mode", "version",
-      "pre_quant_opt_config", "log_severity_level", "custom_mode"};
+      "pre_quant_opt_config", "log_severity_level", "custom_mode", "calibration"};
   static const std::vector<std::string> exp = {"pack_method", "weight_format", "kv_cache_group", "min_kv_scale",
                                                "weight_merge_groups"};
   NIBBLE_RETURN_IF_ERROR(CheckKeys(j, where, "", top));
@@ -422,7 +426,67 @@ nlohmann::ordered_json ToJson(const QuarkQuantConfig& c) {
   j["softmax_quant_spec"] = nullptr;
   j["quant_mode"] = c.quant_mode;
   if (c.version.has_value()) j["version"] = *c.version;
+  if (!c.calibration.is_null()) j["calibration"] = c.calibration;
   return j;
+}
+
+std::vector<std::string> LayerKeyPatterns(const std::string& key) {
+  std::vector<std::string> parts;
+  size_t pos = 0;
+  while (pos <= key.size()) {
+    size_t comma = key.find(',', pos);
+    if (comma == std::string::npos) comma = key.size();
+    std::string part = key.substr(pos, comma - pos);
+    const size_t b = part.find_first_not_of(" \t"), e = part.find_last_not_of(" \t");
+    if (b != std::string::npos) parts.push_back(part.substr(b, e - b + 1));
+    pos = comma + 1;
+  }
+  return parts;
+}
+
+bool LayerKeyMatches(const std::string& layer_name, const std::string& key) {
+  if (key.find(',') == std::string::npos) return FnMatch(layer_name, key);
+  for (const std::string& p : LayerKeyPatterns(key))
+    if (FnMatch(layer_name, p)) return true;
+  return false;
+}
+
+Result<std::vector<std::string>> UnusedConfigEntries(const QuarkQuantConfig& c, const std::vector<std::string>& modules) {
+  std::vector<std::string> out;
+  for (const auto& [key, spec] : c.layer_quant_config) {
+    const std::vector<std::string> parts = LayerKeyPatterns(key);
+    std::vector<std::string> matched;
+    for (const std::string& part : parts) {
+      bool any = false;
+      for (const std::string& m : modules)
+        if (FnMatch(m, part)) {
+          any = true;
+          if (std::find(matched.begin(), matched.end(), m) == matched.end()) matched.push_back(m);
+        }
+      if (!any && parts.size() > 1)
+        out.push_back("layer_quant_config key " + Quoted(key) + ": pattern " + Quoted(part) + " matched no layer");
+    }
+    if (matched.empty()) {
+      if (parts.size() <= 1) out.push_back("layer_quant_config pattern " + Quoted(key) + " matched no layer");
+      continue;
+    }
+    bool decides = false;
+    std::string excluded_by;
+    for (const std::string& m : matched) {
+      NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(c, m));
+      decides = decides || r.rule == "layer_quant_config[" + Quoted(key) + "]";
+      if (!r.spec && r.rule.rfind("excluded by ", 0) == 0 && excluded_by.empty()) excluded_by = m + " is " + r.rule;
+    }
+    if (decides) continue;
+    out.push_back("layer_quant_config pattern " + Quoted(key) + " decides no layer: " +
+                  (excluded_by.empty() ? "every layer it matches is decided by an earlier key"
+                                       : excluded_by + ", and exclude wins over layer_quant_config"));
+  }
+  for (const auto& [type, spec] : c.layer_type_quant_config)
+    if (type != "Linear")
+      out.push_back("layer_type_quant_config type " + Quoted(type) +
+                    " matches no layer (nibble's layers are Quark type \"Linear\", the only type accepted)");
+  return out;
 }
 
 Result<ResolvedLayerConfig> ResolveLayer(const QuarkQuantConfig& c, const std::string& layer_name) {
@@ -431,7 +495,7 @@ Result<ResolvedLayerConfig> ResolveLayer(const QuarkQuantConfig& c, const std::s
     if (hit) return ResolvedLayerConfig{std::nullopt, "excluded by " + Quoted(entry)};
   }
   for (const auto& [pattern, spec] : c.layer_quant_config) {
-    if (FnMatch(layer_name, pattern)) return ResolvedLayerConfig{spec, "layer_quant_config[" + Quoted(pattern) + "]"};
+    if (LayerKeyMatches(layer_name, pattern)) return ResolvedLayerConfig{spec, "layer_quant_config[" + Quoted(pattern) + "]"};
   }
   if (auto it = c.layer_type_quant_config.find("Linear"); it != c.layer_type_quant_config.end())
     return ResolvedLayerConfig{it->second, "layer_type_quant_config[\"Linear\"]"};

@@ -96,6 +96,9 @@ struct QuarkQuantConfig {
   std::vector<std::string> exclude;  // fnmatch patterns or "re:<regex>"
   QuarkExportConfig export_config;   // JSON key "export"
   nlohmann::ordered_json algo_config;  // raw: null or a list (a legacy single object is wrapped)
+  /// nibble's record of the calibration run (dataset name and sha256, num_calib_data, seq_len,
+  /// seed, propagation), a sibling of algo_config; null (key absent) for RTN. Loaders ignore it.
+  nlohmann::ordered_json calibration;
   std::string quant_mode = "eager_mode";
   std::optional<std::string> version;  // absent for quark <= 0.8
 
@@ -148,9 +151,24 @@ struct ResolvedLayerConfig {
   std::string rule;
 };
 
+/// The patterns of one layer_quant_config key. vLLM accepts a key listing several layer names
+/// separated by commas, so a key is split at ',' (blanks around each part dropped; empty parts
+/// dropped) and each part is an fnmatch pattern matched against the whole name.
+std::vector<std::string> LayerKeyPatterns(const std::string& key);
+/// Whether `layer_name` fnmatches one of the key's patterns.
+bool LayerKeyMatches(const std::string& layer_name, const std::string& key);
+
+/// Entries of `c` that decide no layer of a model whose linear modules are `modules`, one
+/// warning each: a layer_quant_config key (or one comma-separated part of it) that matches no
+/// layer ("layer_quant_config pattern \"x\" matched no layer"), a key whose layers are all
+/// excluded (exclude wins) or all decided by earlier keys, a layer_type_quant_config type other
+/// than "Linear" (the only class nibble's layers have). Errors: as ResolveLayer.
+Result<std::vector<std::string>> UnusedConfigEntries(const QuarkQuantConfig& c, const std::vector<std::string>& modules);
+
 /// Resolves the weight spec of the nn.Linear named `layer_name` (HF module name, e.g.
 /// "model.layers.0.mlp.down_proj") with Quark semantics (SPEC §1.3, TV-6): `exclude` always wins
-/// (fnmatch or `re:`); else the first `layer_quant_config` pattern (JSON order) that fnmatches;
+/// (fnmatch or `re:`); else the first `layer_quant_config` key (JSON order) that matches
+/// (LayerKeyMatches);
 /// else layer_type_quant_config["Linear"]; else global_quant_config.
 /// Errors: an invalid `re:` exclude entry (names the entry and the layer).
 Result<ResolvedLayerConfig> ResolveLayer(const QuarkQuantConfig& c, const std::string& layer_name);

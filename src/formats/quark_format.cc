@@ -1,6 +1,7 @@
 #include "formats/quark_format.h"
 
 #include "formats/float_dtype.h"
+#include "formats/quark_canonical.h"
 #include "formats/quark_pack.h"
 
 namespace nibble {
@@ -52,7 +53,7 @@ class QuarkFormat final : public QuantizedFormat {
                                            int64_t n, int64_t k) const override;
   Status CheckLinear(const TensorStore& store, const std::string& module, const LinearPlan& plan, int64_t n,
                      int64_t k) const override;
-  std::vector<std::string> TensorSuffixes() const override { return {"weight", "weight_scale", "weight_zero_point"}; }
+  std::vector<std::string> TensorSuffixes() const override { return QuarkTensorSuffixes(); }
   nlohmann::ordered_json ConfigJson() const override { return ToJson(c_); }
   std::vector<std::pair<std::string, std::string>> Properties() const override {
     return {{"pack_method", PackMethodName(c_.export_config.pack_method)}};
@@ -73,9 +74,10 @@ Result<std::optional<Int4Matrix>> QuarkFormat::Import(const TensorStore& store, 
       return MakeErrorCode(ErrorCode::kCorruptInput, store.description(), ": module ", module, " is not quantized by the config (", plan.rule,
                        ") but its weight is stored as ", DTypeName(w->dtype), " ", w->ShapeString(),
                        "; expected a float weight of shape [", n, ", ", k, "]");
-    if (store.Find(module + ".weight_scale") != nullptr)
+    NIBBLE_ASSIGN_OR_RETURN(QuarkLinearViews views, FindQuarkLinearViews(store, module));
+    if (views.weight_scale != nullptr)
       return MakeErrorCode(ErrorCode::kCorruptInput, store.description(), ": module ", module, " is not quantized by the config (", plan.rule,
-                       ") but has a weight_scale tensor");
+                       ") but has a scale tensor (", views.weight_scale->name, ")");
     return std::optional<Int4Matrix>{};
   }
   // fake_quantized: the QDQ'd float weight is stored; it runs dense (SPEC §1.4).
@@ -103,8 +105,7 @@ Status QuarkFormat::CheckLinear(const TensorStore& store, const std::string& mod
                            DTypeName(w->dtype), ", expected float [", n, ", ", k, "] from config.json");
     return Status::Ok();
   }
-  const QuarkLinearViews views{store.Find(module + ".weight"), store.Find(module + ".weight_scale"),
-                               store.Find(module + ".weight_zero_point")};
+  NIBBLE_ASSIGN_OR_RETURN(const QuarkLinearViews views, FindQuarkLinearViews(store, module));
   const Status s = CheckQuarkLinearTensors(views, module, QuarkSpecFor(*plan.spec), n, k);
   if (!s.ok() && !store.description().empty()) return s.error().WithContext(store.description());
   return s;
@@ -123,7 +124,13 @@ class QuarkWriter final : public FormatWriter {
     out.push_back(std::move(t.weight_zero_point));
     return out;
   }
-  nlohmann::ordered_json QuantizationConfig(const ExportRequest& r) const override { return ToJson(r.config); }
+  // The canonical form when the modules are known; its only error (an invalid `re:` entry) was
+  // refused when the request was parsed.
+  nlohmann::ordered_json QuantizationConfig(const ExportRequest& r) const override {
+    if (r.modules.empty()) return ToJson(r.config);
+    auto canonical = CanonicalQuarkConfig(r.config, r.modules, r.absent_modules);
+    return ToJson(canonical.ok() ? *canonical : r.config);
+  }
 
  private:
   QuarkQuantConfig c_;

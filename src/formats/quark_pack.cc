@@ -198,6 +198,38 @@ Result<QuarkLinearTensors> ExportQuarkLinear(const std::string& prefix, const In
   return t;
 }
 
+namespace {
+
+// The quantizer-submodule spelling of a flat suffix ("" for the weight, which has one spelling).
+const char* QuantizerSpelling(const std::string& flat) {
+  return flat == "weight_scale" ? "weight_quantizer.scale" : flat == "weight_zero_point" ? "weight_quantizer.zero_point" : "";
+}
+
+}  // namespace
+
+const std::vector<std::string>& QuarkTensorSuffixes() {
+  static const std::vector<std::string> s = {"weight", "weight_scale", "weight_zero_point", "weight_quantizer.scale",
+                                             "weight_quantizer.zero_point"};
+  return s;
+}
+
+Result<QuarkLinearViews> FindQuarkLinearViews(const TensorStore& store, const std::string& prefix) {
+  QuarkLinearViews v;
+  v.weight = store.Find(prefix + ".weight");
+  const TensorView** slots[2] = {&v.weight_scale, &v.weight_zero_point};
+  const char* flats[2] = {"weight_scale", "weight_zero_point"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string a = prefix + "." + flats[i], b = prefix + "." + QuantizerSpelling(flats[i]);
+    const TensorView* ta = store.Find(a);
+    const TensorView* tb = store.Find(b);
+    if (ta != nullptr && tb != nullptr)
+      return MakeErrorCode(ErrorCode::kCorruptInput, store.description(), store.description().empty() ? "" : ": ",
+                           "tensors ", a, " and ", b, " are two spellings of one tensor; a checkpoint holds one of them");
+    *slots[i] = ta != nullptr ? ta : tb;
+  }
+  return v;
+}
+
 Status CheckQuarkLinearTensors(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
                                int64_t expected_n, int64_t expected_k) {
   NIBBLE_RETURN_IF_ERROR(CheckSpec(spec, prefix));
@@ -218,8 +250,12 @@ Status CheckQuarkLinearTensors(const QuarkLinearViews& views, const std::string&
   for (const Expect& e : expects) {
     const std::string want_dtype = e.is_float ? "F32, F16 or BF16" : "I32";
     if (e.view == nullptr)
-      return MakeErrorCode(ErrorCode::kCorruptInput, "tensor ", prefix, e.suffix, ": missing; expected ", want_dtype, " ", ShapeToString(*e.shape), " (",
-                       layout, ")");
+    {
+      const std::string alt = QuantizerSpelling(e.suffix + 1);
+      return MakeErrorCode(ErrorCode::kCorruptInput, "tensor ", prefix, e.suffix, ": missing; expected ", want_dtype, " ",
+                           ShapeToString(*e.shape), " (", layout, ")",
+                           alt.empty() ? std::string() : "; nor is it stored as " + prefix + "." + alt);
+    }
     const TensorView& v = *e.view;
     const bool dtype_ok = e.is_float ? IsFloatScaleDType(v.dtype) : v.dtype == DType::kI32;
     if (!dtype_ok)
@@ -287,8 +323,7 @@ Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::s
 
 Result<Int4Matrix> ImportQuarkLinear(const TensorStore& store, const std::string& prefix, const WeightQuantSpec& spec,
                                      PackMethod pack, int64_t expected_n, int64_t expected_k) {
-  QuarkLinearViews views{store.Find(prefix + ".weight"), store.Find(prefix + ".weight_scale"),
-                         store.Find(prefix + ".weight_zero_point")};
+  NIBBLE_ASSIGN_OR_RETURN(QuarkLinearViews views, FindQuarkLinearViews(store, prefix));
   auto r = ImportQuarkLinear(views, prefix, spec, pack, expected_n, expected_k);
   if (!r.ok() && !store.description().empty()) return r.error().WithContext(store.description());
   return r;

@@ -75,6 +75,15 @@ struct QuarkLinearViews {
   const TensorView* weight_zero_point = nullptr;
 };
 
+/// Finds one layer's tensors in `store`. Real Quark exports spell the scale and zero point either
+/// flat, `P.weight_scale` / `P.weight_zero_point` (what nibble writes), or after the quantizer
+/// submodule, `P.weight_quantizer.scale` / `P.weight_quantizer.zero_point` (ONNX Runtime GenAI
+/// renames these to the flat names on load, SPEC §1.8). Either is read; a missing one stays
+/// nullptr. Errors: both spellings of one tensor stored (names both).
+Result<QuarkLinearViews> FindQuarkLinearViews(const TensorStore& store, const std::string& prefix);
+/// The suffixes FindQuarkLinearViews reads, flat spellings first.
+const std::vector<std::string>& QuarkTensorSuffixes();
+
 /// The names, dtypes, shapes and byte counts of ImportQuarkLinear's checks, without decoding.
 Status CheckQuarkLinearTensors(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
                                int64_t expected_n, int64_t expected_k);
@@ -89,7 +98,7 @@ Status CheckQuarkLinearTensors(const QuarkLinearViews& views, const std::string&
 Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
                                      PackMethod pack, int64_t expected_n, int64_t expected_k);
 
-/// Same, looking the three tensors up by name in `store` ("<prefix>.weight", ...).
+/// Same, looking the three tensors up in `store` with FindQuarkLinearViews.
 Result<Int4Matrix> ImportQuarkLinear(const TensorStore& store, const std::string& prefix, const WeightQuantSpec& spec,
                                      PackMethod pack, int64_t expected_n, int64_t expected_k);
 

@@ -39,6 +39,15 @@ std::vector<std::string> LinearModuleNames(const ModelConfig& c, bool has_lm_hea
   return names;
 }
 
+bool TiedLmHeadDiffers(const ModelConfig& c, const TensorStore& store) {
+  const TensorView* lm = store.Find("lm_head.weight");
+  const TensorView* et = store.Find("model.embed_tokens.weight");
+  if (!c.tie_word_embeddings || lm == nullptr || et == nullptr) return false;
+  if (lm->dtype != DType::kF32 && lm->dtype != DType::kF16 && lm->dtype != DType::kBF16) return false;
+  return lm->dtype != et->dtype || lm->shape != et->shape || lm->nbytes != et->nbytes ||
+         std::memcmp(lm->data, et->data, lm->nbytes) != 0;
+}
+
 Result<std::unique_ptr<Linear>> LoadDenseLinear(const TensorStore& store, const std::string& prefix, int64_t n,
                                                 int64_t k, bool has_bias) {
   std::vector<float> bias;
@@ -49,6 +58,7 @@ Result<std::unique_ptr<Linear>> LoadDenseLinear(const TensorStore& store, const 
   const Bf16GemvKernel gemv = ActiveW4Dispatch().kernels.gemv_bf16;
   if (const TensorView* t = store.Find(prefix + ".weight"); gemv != nullptr && t != nullptr && t->dtype == DType::kBF16) {
     NIBBLE_ASSIGN_OR_RETURN(t, GetShaped(store, prefix + ".weight", {n, k}));  // the store checked nbytes
+    NIBBLE_RETURN_IF_ERROR(CheckFinite(*t));
     std::vector<uint16_t> w(static_cast<size_t>(n * k));
     std::memcpy(w.data(), t->data, t->nbytes);
     return std::unique_ptr<Linear>(new Bf16DenseLinear(n, k, std::move(w), std::move(bias), gemv));
@@ -71,11 +81,12 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
   const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim,
                 kv_dim = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
   // The table stays bf16 when the checkpoint stores bf16 and no tied lm_head needs it as fp32.
-  const bool tied = c.tie_word_embeddings && store.Find("lm_head.weight") == nullptr;
+  const bool tied = c.tie_word_embeddings && (store.Find("lm_head.weight") == nullptr || TiedLmHeadDiffers(c, store));
   std::shared_ptr<const std::vector<float>> embed_shared;
   const TensorView* et = store.Find("model.embed_tokens.weight");
   if (!tied && et != nullptr && et->dtype == DType::kBF16) {
     NIBBLE_ASSIGN_OR_RETURN(et, GetShaped(store, "model.embed_tokens.weight", {c.vocab_size, h}));
+    NIBBLE_RETURN_IF_ERROR(CheckFinite(*et));
     m->embed_bf16_.resize(static_cast<size_t>(c.vocab_size * h));
     std::memcpy(m->embed_bf16_.data(), et->data, et->nbytes);
   } else {
@@ -98,7 +109,8 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
     NIBBLE_ASSIGN_OR_RETURN(layer.down_proj, loader(store, p + "mlp.down_proj", h, inter, c.mlp_bias));
     m->layers_.push_back(std::move(layer));
   }
-  // Tied embeddings: a checkpoint without lm_head reuses embed_tokens (HF tie_word_embeddings).
+  // Tied embeddings: a checkpoint without lm_head (or with one that differs, TiedLmHeadDiffers)
+  // reuses embed_tokens (HF tie_word_embeddings).
   if (tied) {
     m->lm_head_ = std::make_unique<DenseLinear>(c.vocab_size, h, embed_shared, std::vector<float>{});
   } else {

@@ -38,6 +38,12 @@ const std::vector<std::string>& DecoderLinearNames();
 /// projections of each layer, then "lm_head" unless tied without an lm_head tensor).
 std::vector<std::string> LinearModuleNames(const ModelConfig& c, bool has_lm_head);
 
+/// A tied model (tie_word_embeddings) that nevertheless stores a float lm_head.weight whose
+/// dtype, shape or bytes differ from model.embed_tokens.weight. Such a model runs the embedding as
+/// its output projection, as Transformers (tie_weights) and vLLM (which skips lm_head.weight when
+/// tied) do; a quantized (non-float) lm_head is not covered and runs as stored.
+bool TiedLmHeadDiffers(const ModelConfig& c, const TensorStore& store);
+
 /// {N = out_features, K = in_features} of a linear module named as LinearModuleNames does.
 std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, const std::string& name);
 

@@ -1,5 +1,7 @@
 #include "model/model_loader.h"
 
+#include <set>
+
 #include "model/config.h"
 #include "model/int4_linear.h"
 #include "model/weights.h"
@@ -64,12 +66,77 @@ Status CheckCheckpointShapes(const ModelConfig& c, const TensorStore& store, con
   return Status::Ok();
 }
 
-Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, std::string* format_name) {
+Result<std::string> CheckUnreadTensors(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format) {
+  std::set<std::string> known = {"model.embed_tokens.weight", "model.norm.weight"};
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    known.insert({p + "input_layernorm.weight", p + "post_attention_layernorm.weight"});
+  }
+  const std::vector<std::string> suffixes = format ? format->TensorSuffixes() : std::vector<std::string>{"weight"};
+  const std::vector<std::string> modules = LinearModuleNames(c, true);
+  for (const std::string& m : modules) {
+    known.insert(m + ".bias");
+    for (const std::string& s : suffixes) known.insert(m + "." + s);
+  }
+  std::vector<std::string> unread;
+  for (const std::string& name : store.Names()) {
+    if (known.count(name) != 0) continue;
+    for (const std::string& m : modules) {
+      if (format == nullptr || !name.starts_with(m + ".")) continue;
+      NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, format->Resolve(m));
+      if (!plan.spec) continue;
+      std::string expected;
+      for (const std::string& s : suffixes) expected += (expected.empty() ? "" : ", ") + s;
+      return MakeErrorCode(ErrorCode::kCorruptInput, store.description(), ": tensor ", name, " of quantized module ", m,
+                           " is not one nibble reads (", format->name(), " module tensors: ", expected,
+                           ", bias); it may change how the module is meant to be decoded");
+    }
+    unread.push_back(name);
+  }
+  if (unread.empty()) return std::string();
+  std::string list;
+  for (size_t i = 0; i < unread.size() && i < 8; ++i) list += (i ? ", " : "") + unread[i];
+  if (unread.size() > 8) list += ", ... (" + std::to_string(unread.size() - 8) + " more)";
+  return std::to_string(unread.size()) + (unread.size() == 1 ? " tensor" : " tensors") +
+         " in the checkpoint not read by nibble: " + list;
+}
+
+Status CheckTiedLmHead(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format,
+                       std::vector<std::string>* warnings) {
+  if (!c.tie_word_embeddings) return Status::Ok();
+  const TensorView* lm = store.Find("lm_head.weight");
+  if (format != nullptr) {
+    NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, format->Resolve("lm_head"));
+    if (lm == nullptr && plan.spec)
+      return MakeErrorCode(ErrorCode::kCorruptInput, "config.json declares lm_head quantized (", plan.rule, ": ",
+                           DescribeSpec(*plan.spec), ") but the checkpoint has no lm_head tensor (tie_word_embeddings "
+                           "is true: the output projection is the float embedding); exclude lm_head in the config");
+    if (lm != nullptr && plan.spec && lm->dtype == DType::kI32) {
+      warnings->push_back("tie_word_embeddings is true but lm_head is stored quantized: nibble runs the quantized "
+                          "lm_head, Transformers and vLLM would use model.embed_tokens.weight; set tie_word_embeddings "
+                          "false in config.json (nibble quantize writes it so)");
+      return Status::Ok();
+    }
+  }
+  if (TiedLmHeadDiffers(c, store))
+    warnings->push_back("tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight: nibble "
+                        "uses model.embed_tokens.weight as the output projection, as Transformers and vLLM do");
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, std::string* format_name,
+                                                 std::vector<std::string>* warnings) {
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> format, OpenCheckpointFormat(dir));
   NIBBLE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   NIBBLE_ASSIGN_OR_RETURN(TensorStore store, TensorStore::OpenDir(dir));
   if (format_name != nullptr) *format_name = format ? format->name() : "dense";
-  return LlamaModel::FromStore(config, store, MakeLinearLoader(std::move(format)));
+  std::vector<std::string> notes;
+  NIBBLE_ASSIGN_OR_RETURN(std::string unread, CheckUnreadTensors(config, store, format.get()));
+  if (!unread.empty()) notes.push_back(unread);
+  NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(config, store, format.get(), &notes));
+  auto m = LlamaModel::FromStore(config, store, MakeLinearLoader(std::move(format)));
+  if (m.ok() && warnings != nullptr) warnings->insert(warnings->end(), notes.begin(), notes.end());
+  return m;
 }
 
 }  // namespace nibble

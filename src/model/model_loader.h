@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/result.h"
 #include "formats/checkpoint_format.h"
@@ -22,8 +23,27 @@ LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format);
 /// at load, quantize and inspect refuse up front. Errors name the file, tensor, expected and found.
 Status CheckCheckpointShapes(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format);
 
+/// Every tensor of `store` should be one the model reads: embeddings, norms, each linear's weight
+/// and bias and, for a quantized checkpoint, the format's tensors of it. An unread tensor named
+/// after a quantized module (`<module>.<anything else>`) is an error naming it: it may change how
+/// the module's codes are meant to be decoded. The other unread tensors come back as one warning
+/// listing them ("" when none).
+Result<std::string> CheckUnreadTensors(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format);
+
+/// Tied embeddings (tie_word_embeddings true) against the lm_head the checkpoint stores:
+/// * no lm_head tensor while the config resolves lm_head to a quantized spec: error (the config
+///   declares a quantized lm_head that is not there);
+/// * a quantized lm_head: a warning that nibble runs it while Transformers and vLLM use the
+///   embedding (re-exporting writes tie_word_embeddings false);
+/// * a float lm_head whose bytes differ from the embedding's: a warning that the embedding is
+///   used, as Transformers and vLLM do (LlamaModel::FromStore).
+/// Warnings are appended to `warnings`.
+Status CheckTiedLmHead(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format,
+                       std::vector<std::string>* warnings);
+
 /// Loads a model directory of any supported format. `format_name` (optional) receives "dense" or
-/// the format's name.
-Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, std::string* format_name = nullptr);
+/// the format's name; `warnings` (optional) CheckUnreadTensors' and CheckTiedLmHead's warnings.
+Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, std::string* format_name = nullptr,
+                                                 std::vector<std::string>* warnings = nullptr);
 
 }  // namespace nibble

@@ -10,7 +10,13 @@
 
 namespace nibble {
 
-/// Converts a F32 / F16 / BF16 tensor to fp32 (exact). Errors: other dtypes (names tensor+file).
+/// Checks that a F32 / F16 / BF16 tensor holds no inf or NaN (other dtypes: Ok). Errors name the
+/// file, the tensor, the value and the index of the first one, e.g. `tensor "x" holds nan at index
+/// [3, 17]`.
+Status CheckFinite(const TensorView& t);
+
+/// Converts a F32 / F16 / BF16 tensor to fp32 (exact). Errors: other dtypes (names tensor+file),
+/// non-finite values (CheckFinite).
 Result<std::vector<float>> TensorToF32(const TensorView& t);
 
 /// The tensor `name` from `store`, checked to have `expected_shape` (from config.json).

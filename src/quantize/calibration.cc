@@ -1,10 +1,12 @@
 #include "quantize/calibration.h"
 
+#include <filesystem>
 #include <random>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "base/sha256.h"
 #include "io/file.h"
 
 namespace nibble {
@@ -79,6 +81,19 @@ Result<CalibrationData> BuildCalibrationData(const Tokenizer& tokenizer, const s
     d.tokens.insert(d.tokens.end(), stream.begin() + order[i] * seq_len, stream.begin() + (order[i] + 1) * seq_len);
   }
   return d;
+}
+
+Result<nlohmann::ordered_json> CalibrationRecord(const std::string& dataset, const CalibrationData& data, uint64_t seed,
+                                                 const std::string& propagation) {
+  NIBBLE_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(dataset));
+  nlohmann::ordered_json j;
+  j["dataset"] = std::filesystem::path(dataset).filename().string();
+  j["dataset_sha256"] = Sha256Hex(bytes);
+  j["num_calib_data"] = data.num_chunks;
+  j["seq_len"] = data.seq_len;
+  j["seed"] = seed;
+  j["propagation"] = propagation;
+  return j;
 }
 
 }  // namespace nibble

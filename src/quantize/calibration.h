@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/result.h"
 #include "tokenizer/tokenizer.h"
 
@@ -37,6 +39,13 @@ struct CalibrationData {
   std::vector<int64_t> chunk_index;  // which chunk of the stream each row is
   std::vector<std::string> warnings;
 };
+
+/// The calibration settings an export records (quantization_config "calibration"), so two
+/// exports of one model can be told apart: the dataset's file name and SHA-256, the chunks taken
+/// (num_calib_data), seq_len, seed and the propagation ("fp" | "quantized").
+/// Errors: the dataset cannot be read.
+Result<nlohmann::ordered_json> CalibrationRecord(const std::string& dataset, const CalibrationData& data, uint64_t seed,
+                                                 const std::string& propagation);
 
 /// Tokenizes and chunks `texts` as described above. Errors: seq_len < 1, num_chunks < 1, a text
 /// that is not UTF-8, fewer tokens than one chunk (names the counts).

@@ -10,6 +10,7 @@
 #include "formats/checkpoint_format.h"
 #include "formats/float_dtype.h"
 #include "formats/int4_matrix.h"
+#include "formats/quark_engines.h"
 #include "formats/quark_format.h"
 #include "formats/rtn.h"
 #include "io/checkpoint_writer.h"
@@ -252,6 +253,9 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
     produced[lt.name] = std::move(p);
     return Status::Ok();
   };
+  const Propagation prop = gptq ? report.gptq_settings.propagation : report.awq_settings.propagation;
+  NIBBLE_ASSIGN_OR_RETURN(cfg.calibration,
+                          CalibrationRecord(o.dataset, *calib, o.seed, prop == Propagation::kFp ? "fp" : "quantized"));
   if (!gptq) {
     auto r = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, sink, progress);
     if (!r.ok()) return r.error().WithContext("AWQ");
@@ -338,12 +342,19 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   NIBBLE_ASSIGN_OR_RETURN(nlohmann::ordered_json config_json, ReadConfigJson(o.model_dir));
 
   QuantizeReport report;
-  ExportRequest request{o.config};
+  ExportRequest request{o.config, {}, {}};
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, nullptr));
   const std::vector<std::string> modules = LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr);
+  request.modules = modules;
+  if (store.Find("lm_head.weight") == nullptr) request.absent_modules = {"lm_head"};
   std::map<std::string, std::string> misaligned_rule;
   NIBBLE_RETURN_IF_ERROR(ApplyMisalignedPolicy(o.misaligned, store, modules, request.config, misaligned_rule));
   NIBBLE_RETURN_IF_ERROR(CheckSomethingQuantized(request.config, modules));
+  if (o.tp > 0) {
+    std::vector<LinearShapeInfo> shapes;
+    for (const auto& m : modules) shapes.push_back({m, store.Find(m + ".weight")->shape[0], store.Find(m + ".weight")->shape[1]});
+    NIBBLE_RETURN_IF_ERROR(CheckTensorParallel(request.config, shapes, o.tp));
+  }
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<FormatWriter> writer, format->writer(request));
   ExportContext ex{&request.config, writer.get(), {}, std::move(misaligned_rule)};
   for (const auto& m : modules) ex.module_of_weight[m + ".weight"] = m;
@@ -364,6 +375,11 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   report.total_bytes = out.total_bytes();
   report.quantization_config = writer->QuantizationConfig(request);
   config_json["quantization_config"] = report.quantization_config;
+  // A quantized lm_head cannot stay tied to the float embedding (Transformers and vLLM would run
+  // the embedding instead): the output is untied.
+  for (const auto& l : report.layers)
+    if (l.name == "lm_head" && l.quantized && config_json.value("tie_word_embeddings", false))
+      config_json["tie_word_embeddings"] = false;
   NIBBLE_RETURN_IF_ERROR(out.WriteFile("config.json", config_json.dump(2) + "\n"));
   NIBBLE_ASSIGN_OR_RETURN(report.copied_files, out.CopyFiles(o.model_dir, SideFiles(o.model_dir)));
   NIBBLE_RETURN_IF_ERROR(out.Commit(o.overwrite));

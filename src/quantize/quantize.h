@@ -46,6 +46,7 @@ struct QuantizeOptions {
   GptqSettings gptq;
   std::function<void(const std::string&)> message;  // warnings / notes as they happen
   MisalignedPolicy misaligned = MisalignedPolicy::kError;
+  int tp = 0;  // > 0: refuse up front a config vLLM would refuse at this tensor-parallel size
   int64_t max_shard_size = 5000000000;  // bytes per safetensors shard (HF's "5GB")
   bool overwrite = false;
   std::function<void(int64_t done, int64_t total)> progress;

@@ -390,6 +390,32 @@ TEST(Cli, CompareMethodsQuantizesEachAndPrintsOneTable) {
   std::system(("rm -rf " + dir).c_str());
 }
 
+// What other engines would read: quantize warns in one line per engine and reason with the flag
+// that avoids it, `inspect --engines` shows the table and TP readiness, --tp refuses up front.
+TEST(Cli, EnginesReportAndTpRefusal) {
+  const std::string out = "/tmp/nibble-cli-engines-" + std::to_string(getpid());
+  RunResult q = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + out +
+                          " --layer_quant_config 'model.layers.0.self_attn.q_proj:group_size=32' --overwrite");
+  ASSERT_EQ(q.exit_code, 0) << q.out;
+  EXPECT_NE(q.out.find("warning: onnxruntime-genai misreads 1 linear"), std::string::npos) << q.out;
+  EXPECT_NE(q.out.find("warning: vllm misreads 3 linears"), std::string::npos) << q.out;
+  EXPECT_NE(q.out.find("avoid: give q/k/v_proj"), std::string::npos) << q.out;
+  RunResult e = RunNibble("inspect " + out + " --engines");
+  ASSERT_EQ(e.exit_code, 0) << e.out;
+  EXPECT_NE(e.out.find("onnxruntime-genai"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("disagreement: vllm misreads"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("tensor parallel 2: ok"), std::string::npos) << e.out;
+  EXPECT_NE(e.out.find("tensor parallel 4: fails: model.layers.0.self_attn.o_proj"), std::string::npos) << e.out;
+  RunResult j = RunNibble("inspect " + out + " --engines --json", false);
+  ASSERT_EQ(j.exit_code, 0) << j.out;
+  EXPECT_NE(j.out.find("\"tensor_parallel\""), std::string::npos) << j.out;
+  RunResult t = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + out +
+                          " --tp 8 --overwrite");
+  EXPECT_EQ(t.exit_code, 1) << t.out;
+  EXPECT_NE(t.out.find("--tp 8: model.layers.0.self_attn.o_proj"), std::string::npos) << t.out;
+  std::system(("rm -rf " + out).c_str());
+}
+
 // quantize --report and report --plot as a user runs them: the JSON and the PNG are written whole
 // (atomically), an unwritable plot path is a named error and leaves no file behind.
 TEST(Cli, AwqReportAndPlotAreWrittenWhole) {

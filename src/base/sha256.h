@@ -1,0 +1,13 @@
+// SHA-256 of a byte string (OpenSSL), for recording which file a result came from.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace nibble {
+
+/// The SHA-256 digest of `data` as 64 lowercase hex digits
+/// (Sha256Hex("abc") = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad").
+std::string Sha256Hex(std::string_view data);
+
+}  // namespace nibble
