@@ -146,7 +146,9 @@ Result<std::vector<float>> RtnDequant(const std::vector<float>& w, int64_t n, in
 
 namespace {
 
-constexpr int64_t kReportRows = 8192;  // calibration rows used for the per-linear error report
+// Calibration rows the per-linear error report uses: an eighth of them, at least 2048 and at most
+// 8192 (its two GEMMs per linear over all rows would cost as much as the fp pass itself).
+int64_t ReportRows(int64_t rows) { return std::min<int64_t>(8192, std::max<int64_t>(2048, rows / 8)); }
 
 // ||X·Wᵀ − X·Ŵᵀ||² / ||X·Wᵀ||² on rows of x.
 double RelOutputError(const float* x, int64_t rows, const std::vector<float>& w, const std::vector<float>& wq, int64_t n,
@@ -232,7 +234,7 @@ Status QuantizeLayer(const CalibLayer& L, LayerCodes& codes, CalibLayer* deq) {
 // final weights (deq) against the transformed ones on the transformed layer's inputs (fp).
 std::vector<LinearErrorReport> ErrorReport(const LayerRunner& runner, const CalibLayer& orig, const CalibLayer& L,
                                            const CalibLayer& deq, const LayerActs& fp) {
-  const int64_t report_batch = std::min<int64_t>(runner.batch(), std::max<int64_t>(1, kReportRows / runner.t()));
+  const int64_t report_batch = std::min<int64_t>(runner.batch(), std::max<int64_t>(1, ReportRows(runner.rows()) / runner.t()));
   const int64_t rr = report_batch * runner.t();
   LayerActs oa;
   runner.RunFresh(orig, report_batch, &oa);
