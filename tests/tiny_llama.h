@@ -8,11 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nibble/quantize.h>
 #include <nlohmann/json.hpp>
 
 #include "formats/float_dtype.h"
@@ -170,6 +173,41 @@ inline void WriteTinyModel(const std::string& dir, const TinyLlamaSpec& s,
   };
   WriteTinyLlama(dir, TinyLlamaConfig(s), TinyLlamaTensors(s, TinyOrder::kNormsFirst, fill),
                  tokenizer ? SharedModel("stories260K") : "");
+}
+
+/// Calibration text for tiny models: the first 60000 bytes of tinyshakespeare written to `path`
+/// (a few thousand tokens); returns `path`.
+inline std::string TinyCalibFile(const std::string& path) {
+  std::ifstream in(SharedData("tinyshakespeare.txt"), std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ofstream(path, std::ios::binary) << text.substr(0, 60000);
+  return path;
+}
+
+/// A calibrated quantize request sized for tiny models: uint4 asym g32, 4 chunks of 64 tokens.
+inline nibble::QuantizeRequest TinyCalibRequest(const std::string& algo, const std::string& model, const std::string& out,
+                                                const std::string& calib) {
+  nibble::QuantizeRequest r;
+  r.model_dir = model;
+  r.output_dir = out;
+  r.quant_algo = algo;
+  r.quant_scheme = "w_uint4_per_group_asym";
+  r.group_size = 32;
+  r.dataset = calib;
+  r.num_calib_data = 4;
+  r.seq_len = 64;
+  r.overwrite = true;
+  return r;
+}
+
+/// Every file of `dir` (not recursive): name -> bytes.
+inline std::map<std::string, std::string> DirBytes(const std::string& dir) {
+  std::map<std::string, std::string> m;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in(e.path(), std::ios::binary);
+    m[e.path().filename().string()] = std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  return m;
 }
 
 }  // namespace nibble_test

@@ -48,26 +48,12 @@ void WriteText(const std::string& p, const std::string& s) {
 using TinySpec = nibble_test::TinyLlamaSpec;
 using nibble_test::WriteTinyModel;
 
-// Calibration text: a slice of tinyshakespeare (a few thousand tokens).
-std::string CalibFile(const TempDir& tmp) {
-  const std::string text = ReadAll(nibble_test::SharedData("tinyshakespeare.txt")).substr(0, 60000);
-  const std::string p = tmp.sub("calib.txt");
-  WriteText(p, text);
-  return p;
-}
+using nibble_test::DirBytes;
+
+std::string CalibFile(const TempDir& tmp) { return nibble_test::TinyCalibFile(tmp.sub("calib.txt")); }
 
 nibble::QuantizeRequest AwqReq(const std::string& model, const std::string& out, const std::string& calib) {
-  nibble::QuantizeRequest r;
-  r.model_dir = model;
-  r.output_dir = out;
-  r.quant_algo = "awq";
-  r.quant_scheme = "w_uint4_per_group_asym";
-  r.group_size = 32;
-  r.dataset = calib;
-  r.num_calib_data = 4;
-  r.seq_len = 64;
-  r.overwrite = true;
-  return r;
+  return nibble_test::TinyCalibRequest("awq", model, out, calib);
 }
 
 bool AllFinite(const std::vector<float>& v) {
@@ -553,12 +539,6 @@ TEST(Awq, ReusedAttentionStagesGiveTheBytesOfRecomputingThem) {
 
 // ---------------------------------------------------------------------------------------------
 // Determinism
-
-std::map<std::string, std::string> DirBytes(const std::string& dir) {
-  std::map<std::string, std::string> m;
-  for (const auto& e : fs::directory_iterator(dir)) m[e.path().filename().string()] = ReadAll(e.path().string());
-  return m;
-}
 
 TEST(Awq, SameSeedGivesByteIdenticalFilesWithOneAndTwoThreads) {
   NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");

@@ -258,37 +258,12 @@ TEST(GptqSolver, ActOrderStaticKeepsNaturalGroupsAndHelpsDynamicTimingRefits) {
 // ---------------------------------------------------------------------------------------------
 // The pipeline and the export
 
-std::string CalibFile(const TempDir& tmp) {
-  std::ifstream in(nibble_test::SharedData("tinyshakespeare.txt"), std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string p = tmp.sub("calib.txt");
-  std::ofstream(p, std::ios::binary) << ss.str().substr(0, 60000);
-  return p;
-}
+using nibble_test::DirBytes;
+
+std::string CalibFile(const TempDir& tmp) { return nibble_test::TinyCalibFile(tmp.sub("calib.txt")); }
 
 nibble::QuantizeRequest GptqReq(const std::string& model, const std::string& out, const std::string& calib) {
-  nibble::QuantizeRequest r;
-  r.model_dir = model;
-  r.output_dir = out;
-  r.quant_algo = "gptq";
-  r.group_size = 32;
-  r.dataset = calib;
-  r.num_calib_data = 4;
-  r.seq_len = 64;
-  r.overwrite = true;
-  return r;
-}
-
-std::map<std::string, std::string> DirBytes(const std::string& dir) {
-  std::map<std::string, std::string> m;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    std::ifstream in(e.path(), std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    m[e.path().filename().string()] = ss.str();
-  }
-  return m;
+  return nibble_test::TinyCalibRequest("gptq", model, out, calib);
 }
 
 TEST(Gptq, OneAndTwoThreadsGiveByteIdenticalExportsWithTheSettingsRecorded) {
