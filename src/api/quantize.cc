@@ -8,7 +8,6 @@
 #include "api/model_impl.h"
 #include "api/size.h"
 #include "formats/checkpoint_format.h"
-#include "formats/quark_engines.h"
 #include "formats/quark_config.h"
 #include "io/file.h"
 #include "io/json.h"
@@ -199,13 +198,12 @@ static Status AddConfigWarnings(const QuantizeRequest& r, const QuarkQuantConfig
   if (r.exclude_layers_given && r.quant_config_file.empty() && lm_head_quantized)
     lines.push_back("note: --exclude_layers replaces the default lm_head exclusion: lm_head is quantized "
                     "(add lm_head to the list to keep it in float)");
-  // What the written config makes other engines read (formats/quark_engines.h).
-  NIBBLE_ASSIGN_OR_RETURN(QuarkQuantConfig written, ParseQuarkQuantConfig(nlohmann::ordered_json::parse(s.quantization_config_json),
-                                                                          r.output_dir + "/config.json"));
+  // What the written config makes other engines read (QuantizedFormat::Engines).
+  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> written, OpenCheckpointFormat(r.output_dir));
   NIBBLE_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(r.output_dir));
   std::vector<LinearShapeInfo> shapes;
   for (const auto& l : s.layers) shapes.push_back({l.name, l.n, l.k});
-  NIBBLE_ASSIGN_OR_RETURN(EnginesReport engines, ReportEngines(written, shapes, mc.tie_word_embeddings));
+  NIBBLE_ASSIGN_OR_RETURN(EnginesReport engines, written->Engines(shapes, mc.tie_word_embeddings));
   for (const std::string& d : EngineDisagreementLines(engines)) lines.push_back("warning: " + d);
   for (const std::string& l : lines) {
     if (r.on_message) r.on_message(l);
@@ -370,9 +368,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
 // The engines report of a quantized checkpoint (its config read from config.json in the file's
 // key order, which vLLM's first-match lookup depends on); unused config entries become warnings.
 static Status AddEngines(InspectReport& rep, const ModelConfig& mc, const TensorStore& store) {
-  const std::string path = JoinPath(rep.dir, "config.json");
-  NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  NIBBLE_ASSIGN_OR_RETURN(QuarkQuantConfig c, ParseQuarkQuantConfigFromConfigJson(text, path));
+  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> format, OpenCheckpointFormat(rep.dir));
   std::vector<LinearShapeInfo> shapes;
   std::vector<std::string> names;
   for (const std::string& name : LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr)) {
@@ -380,9 +376,9 @@ static Status AddEngines(InspectReport& rep, const ModelConfig& mc, const Tensor
     shapes.push_back({name, n, k});
     names.push_back(name);
   }
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, UnusedConfigEntries(c, names));
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, format->UnusedConfigEntries(names));
   rep.warnings.insert(rep.warnings.end(), unused.begin(), unused.end());
-  NIBBLE_ASSIGN_OR_RETURN(EnginesReport e, ReportEngines(c, shapes, mc.tie_word_embeddings));
+  NIBBLE_ASSIGN_OR_RETURN(EnginesReport e, format->Engines(shapes, mc.tie_word_embeddings));
   rep.engines = e.engines;
   for (const auto& l : e.linears) {
     InspectReport::EngineRow row{l.shape.name, l.meant, {}, {}};
@@ -412,7 +408,7 @@ Result<InspectReport> Inspect(const std::string& dir) {
   if (fmt) {
     rep.format_properties = fmt->Properties();
     rep.quantization_config_json = fmt->ConfigJson().dump(2);
-    if (fmt->name() == "quark") NIBBLE_RETURN_IF_ERROR(AddEngines(rep, mc, store));
+    NIBBLE_RETURN_IF_ERROR(AddEngines(rep, mc, store));
   }
   const int64_t elem = mc.torch_dtype == "float32" ? 4 : 2;
   for (const auto& name : store.Names()) rep.total_tensor_bytes += static_cast<int64_t>(store.Find(name)->nbytes);

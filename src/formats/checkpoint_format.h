@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/result.h"
+#include "formats/engines.h"
 #include "formats/int4_matrix.h"
 #include "formats/quant_spec.h"
 #include "formats/quark_config.h"
@@ -51,6 +52,15 @@ class QuantizedFormat {
   /// summary line (e.g. {"pack_method", "reorder"}).
   virtual nlohmann::ordered_json ConfigJson() const = 0;
   virtual std::vector<std::pair<std::string, std::string>> Properties() const = 0;
+  /// What each serving engine resolves for `linears` under this config, against what the file
+  /// means (nibble's reading first), and tensor-parallel readiness; `tied` is the model's
+  /// tie_word_embeddings. `inspect --engines` and quantize's warnings print it.
+  virtual Result<EnginesReport> Engines(const std::vector<LinearShapeInfo>& linears, bool tied) const = 0;
+  /// Config entries (rules, patterns, ignore entries) that match none of `modules`, one warning
+  /// each.
+  virtual Result<std::vector<std::string>> UnusedConfigEntries(const std::vector<std::string>& modules) const = 0;
+  /// The dtype a quantized module's scales are stored in (a conversion writes them back in it).
+  virtual Result<DType> StoredScaleDType(const TensorStore& store, const std::string& module) const = 0;
 };
 
 /// What an export is asked for: the request in Quark's vocabulary (the flags and --quant_config,
@@ -74,6 +84,9 @@ class FormatWriter {
   /// The `quantization_config` object written into config.json for the final request (an
   /// algorithm may have added its algo_config since the writer was made).
   virtual nlohmann::ordered_json QuantizationConfig(const ExportRequest& request) const = 0;
+  /// The dtype the format stores every scale in whatever the model's dtype (AutoAWQ and GPTQ:
+  /// fp16), or nullopt for the model's. quantize computes the scales in it.
+  virtual std::optional<DType> ScaleDType() const { return std::nullopt; }
 };
 
 struct FormatEntry {

@@ -10,6 +10,8 @@
 //   w[n][k] = (codes[n*K + k] - zero_points[n*G + k/g]) * scales[n*G + k/g],   G = K / g.
 // Asymmetric uint4 stores Quark's codes and zero points as is. Symmetric int4 stores the signed
 // code q ∈ [-8, 7] as q + 8 with every zero point 8, which gives the same w = q * s.
+// With a g_idx (GPTQ / compressed-tensors act-order) column k belongs to group g_idx[k] instead
+// of k / g; every group still holds exactly g columns.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,10 @@ struct Int4Matrix {
   std::vector<float> scales;         // [N, K / g] fp32 (values already rounded to the stored dtype)
   std::vector<uint8_t> zero_points;  // [N, K / g] unsigned 0..15; all 8 when symmetric
   bool symmetric = false;            // true: Quark int4 (zero points are 8)
+  std::vector<int32_t> g_idx;        // [K] group of each column; empty = natural (k / g)
+
+  /// Group of column c.
+  int64_t GroupOf(int64_t c) const { return g_idx.empty() ? c / group_size : g_idx[static_cast<size_t>(c)]; }
 
   /// Groups per row G = K / g.
   int64_t groups() const { return group_size > 0 ? k / group_size : 0; }
@@ -37,9 +43,19 @@ struct Int4Matrix {
 };
 
 /// Checks the invariants: n >= 1, k >= 1, 1 <= g <= k, k % g == 0, vector sizes N*K and N*G,
-/// codes and zero points <= 15, zero points == 8 when symmetric, scales finite. `what` names the
-/// layer in errors ("model.layers.0.mlp.up_proj: codes[3][17] = 16 out of range 0..15").
+/// codes and zero points <= 15, zero points == 8 when symmetric, scales finite; a g_idx has K
+/// entries in 0..G-1 with g columns in every group. `what` names the layer in errors
+/// ("model.layers.0.mlp.up_proj: codes[3][17] = 16 out of range 0..15").
 Status ValidateInt4Matrix(const Int4Matrix& m, const std::string& what);
+
+/// Whether the columns' groups are the natural k / g (no g_idx, or one equal to it).
+bool HasNaturalGroups(const Int4Matrix& m);
+
+/// The same weight with its columns sorted by group (stable), so the groups are the natural ones
+/// and no g_idx remains; perm[j] is the original column now at j, so y = W x equals
+/// y = sorted(W) x' with x'[j] = x[perm[j]]. perm is empty when m already has natural groups.
+/// Precondition: m satisfies ValidateInt4Matrix.
+Int4Matrix SortColumnsByGroup(const Int4Matrix& m, std::vector<int32_t>* perm);
 
 /// Dense fp32 dequantization out[n*K + k] = (code - zero) * scale (exact fp32 arithmetic:
 /// the difference is a small integer, so the only rounding is the one product).

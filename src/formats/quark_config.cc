@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "base/check.h"
 #include "base/strings.h"
 #include "formats/fnmatch.h"
 
@@ -449,6 +450,17 @@ bool LayerKeyMatches(const std::string& layer_name, const std::string& key) {
   for (const std::string& p : LayerKeyPatterns(key))
     if (FnMatch(layer_name, p)) return true;
   return false;
+}
+
+void SetScaleDType(QuarkQuantConfig& c, DType dt) {
+  NIBBLE_CHECK(dt == DType::kF32 || dt == DType::kF16 || dt == DType::kBF16);
+  const std::string scale_type = dt == DType::kF32 ? "float32" : dt == DType::kF16 ? "float16" : "bfloat16";
+  auto set = [&](std::optional<WeightQuantSpec>& s) {
+    if (s) s->scale_type = scale_type;
+  };
+  set(c.global);
+  for (auto& [name, s] : c.layer_quant_config) set(s);
+  for (auto& [name, s] : c.layer_type_quant_config) set(s);
 }
 
 Result<std::vector<std::string>> UnusedConfigEntries(const QuarkQuantConfig& c, const std::vector<std::string>& modules) {

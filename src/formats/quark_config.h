@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/result.h"
+#include "io/safetensors.h"
 
 namespace nibble {
 
@@ -163,6 +164,10 @@ bool LayerKeyMatches(const std::string& layer_name, const std::string& key);
 /// layer ("layer_quant_config pattern \"x\" matched no layer"), a key whose layers are all
 /// excluded (exclude wins) or all decided by earlier keys, a layer_type_quant_config type other
 /// than "Linear" (the only class nibble's layers have). Errors: as ResolveLayer.
+/// Sets every weight spec's scale_type (global, per layer, per type) to `dt`'s name
+/// ("float32", "float16", "bfloat16"; F32, F16 or BF16 only).
+void SetScaleDType(QuarkQuantConfig& c, DType dt);
+
 Result<std::vector<std::string>> UnusedConfigEntries(const QuarkQuantConfig& c, const std::vector<std::string>& modules);
 
 /// Resolves the weight spec of the nn.Linear named `layer_name` (HF module name, e.g.

@@ -23,10 +23,6 @@ bool SameSpec(const std::optional<WeightQuantSpec>& a, const std::optional<Weigh
   return a->dtype == b->dtype && a->qscheme == b->qscheme && a->EffectiveGroupSize(k) == b->EffectiveGroupSize(k);
 }
 
-bool EndsWith(const std::string& s, const std::string& t) {
-  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
-}
-
 // The other shards of the vLLM module a projection is fused into (q/k/v -> qkv_proj,
 // gate/up -> gate_up_proj); empty when not fused.
 std::vector<std::string> FusedShards(const std::string& name, std::string* fused) {
@@ -141,6 +137,19 @@ std::pair<std::string, std::string> Explain(const std::string& engine, const Qua
 
 }  // namespace
 
+// Quark semantics (ResolveLayer) as the neutral resolver the tensor-parallel check reads.
+SpecResolver QuarkSpecResolver(const QuarkQuantConfig& c) {
+  return [&c](const std::string& module) -> Result<std::optional<QuantSpec>> {
+    NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(c, module));
+    if (!r.spec) return std::optional<QuantSpec>{};
+    QuantSpec q;
+    q.granularity = r.spec->qscheme == QScheme::kPerChannel ? Granularity::kPerChannel : Granularity::kPerGroup;
+    q.group_size = r.spec->group_size;
+    q.symmetric = r.spec->symmetric;
+    return std::optional<QuantSpec>(q);
+  };
+}
+
 Result<EnginesReport> ReportEngines(const QuarkQuantConfig& c, const std::vector<LinearShapeInfo>& linears, bool tied) {
   EnginesReport rep;
   rep.engines = {"nibble", "transformers", "vllm", "vllm (fnmatch exclude)", "onnxruntime-genai"};
@@ -173,72 +182,12 @@ Result<EnginesReport> ReportEngines(const QuarkQuantConfig& c, const std::vector
     }
     rep.linears.push_back(std::move(out));
   }
-  for (int tp : {1, 2, 4, 8}) {
-    NIBBLE_ASSIGN_OR_RETURN(std::string f, TensorParallelFailure(c, linears, tp));
-    rep.tp.push_back({tp, f.empty(), f});
-  }
+  NIBBLE_ASSIGN_OR_RETURN(rep.tp, TensorParallelTable(QuarkSpecResolver(c), linears));
   return rep;
 }
 
-std::vector<std::string> EngineDisagreementLines(const EnginesReport& r) {
-  struct Group {
-    int64_t count = 0;
-    std::string first, avoid;
-  };
-  std::map<std::pair<std::string, std::string>, Group> groups;
-  std::vector<std::pair<std::string, std::string>> order;
-  for (const auto& l : r.linears)
-    for (size_t e = 0; e < l.readings.size(); ++e) {
-      const EngineReading& x = l.readings[e];
-      if (x.agrees) continue;
-      const auto key = std::make_pair(r.engines[e], x.why);
-      Group& g = groups[key];
-      if (g.count++ == 0) {
-        order.push_back(key);
-        g.first = l.shape.name + " (" + x.text + ", the file means " + l.meant + ")";
-        g.avoid = x.avoid;
-      }
-    }
-  std::vector<std::string> out;
-  for (const auto& key : order) {
-    const Group& g = groups[key];
-    out.push_back(key.first + " misreads " + std::to_string(g.count) + (g.count == 1 ? " linear" : " linears") + ", e.g. " +
-                  g.first + ": " + key.second + "; avoid: " + g.avoid);
-  }
-  return out;
-}
-
-Result<std::string> TensorParallelFailure(const QuarkQuantConfig& c, const std::vector<LinearShapeInfo>& linears, int tp) {
-  for (const LinearShapeInfo& l : linears) {
-    NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(c, l.name));
-    if (!r.spec) continue;
-    const std::string at = l.name + " (N = " + std::to_string(l.n) + ", K = " + std::to_string(l.k) + "): ";
-    if (EndsWith(l.name, "o_proj") || EndsWith(l.name, "down_proj")) {  // row-parallel: K is split
-      const int64_t g = r.spec->EffectiveGroupSize(l.k);
-      if (l.k % tp != 0) return at + "K is not divisible by " + std::to_string(tp);
-      if ((l.k / tp) % g != 0)
-        return at + "input_size_per_partition " + std::to_string(l.k / tp) + " is not a multiple of group_size " +
-               std::to_string(g) + " (vLLM: the input size is not aligned with the quantized weight shape)";
-    } else if (tp > 1) {  // column-parallel: N is split; one shard pads its last word only at TP 1
-      if (l.n % tp != 0 || (l.n / tp) % 8 != 0)
-        return at + "output_size_per_partition " + std::to_string(l.n) + "/" + std::to_string(tp) +
-               " is not a whole multiple of 8 (the packed int32 words)";
-    }
-  }
-  return std::string();
-}
-
 Status CheckTensorParallel(const QuarkQuantConfig& c, const std::vector<LinearShapeInfo>& linears, int tp) {
-  if (tp < 1) return MakeError("--tp ", tp, " must be at least 1");
-  NIBBLE_ASSIGN_OR_RETURN(std::string failure, TensorParallelFailure(c, linears, tp));
-  if (failure.empty()) return Status::Ok();
-  std::string working;
-  for (int t : {1, 2, 4, 8}) {
-    NIBBLE_ASSIGN_OR_RETURN(std::string f, TensorParallelFailure(c, linears, t));
-    if (f.empty()) working += (working.empty() ? "" : ", ") + std::to_string(t);
-  }
-  return MakeError("--tp ", tp, ": ", failure, "; tensor-parallel sizes that work: ",
-                   working.empty() ? std::string("none of 1, 2, 4, 8") : working);
+  return CheckTensorParallel(QuarkSpecResolver(c), linears, tp);
 }
 
 }  // namespace nibble

@@ -2,6 +2,7 @@
 
 #include "formats/float_dtype.h"
 #include "formats/quark_canonical.h"
+#include "formats/quark_engines.h"
 #include "formats/quark_pack.h"
 
 namespace nibble {
@@ -14,6 +15,9 @@ Result<QuantSpec> QuantSpecFromQuark(const WeightQuantSpec& s) {
   q.granularity = s.qscheme == QScheme::kPerChannel ? Granularity::kPerChannel : Granularity::kPerGroup;
   q.group_size = s.group_size;
   q.symmetric = s.symmetric;
+  if (s.scale_type == "float32") q.scale_dtype = DType::kF32;
+  if (s.scale_type == "float16") q.scale_dtype = DType::kF16;
+  if (s.scale_type == "bfloat16") q.scale_dtype = DType::kBF16;
   q.rounding = s.round_method == "half_even" ? Rounding::kHalfEven
                : s.round_method == "round"   ? Rounding::kRound
                                              : Rounding::kFloor;
@@ -57,6 +61,18 @@ class QuarkFormat final : public QuantizedFormat {
   nlohmann::ordered_json ConfigJson() const override { return ToJson(c_); }
   std::vector<std::pair<std::string, std::string>> Properties() const override {
     return {{"pack_method", PackMethodName(c_.export_config.pack_method)}};
+  }
+  Result<EnginesReport> Engines(const std::vector<LinearShapeInfo>& linears, bool tied) const override {
+    return ReportEngines(c_, linears, tied);
+  }
+  Result<std::vector<std::string>> UnusedConfigEntries(const std::vector<std::string>& modules) const override {
+    return nibble::UnusedConfigEntries(c_, modules);
+  }
+  Result<DType> StoredScaleDType(const TensorStore& store, const std::string& module) const override {
+    NIBBLE_ASSIGN_OR_RETURN(QuarkLinearViews views, FindQuarkLinearViews(store, module));
+    if (views.weight_scale == nullptr)
+      return MakeErrorCode(ErrorCode::kCorruptInput, store.description(), ": module ", module, " has no scale tensor");
+    return views.weight_scale->dtype;
   }
 
  private:
@@ -116,6 +132,9 @@ class QuarkWriter final : public FormatWriter {
   explicit QuarkWriter(QuarkQuantConfig c) : c_(std::move(c)) {}
   Result<std::vector<TensorToWrite>> WriteLinear(const std::string& module, const Int4Matrix& m, const QuantSpec& spec,
                                                  DType scale_dtype) const override {
+    if (!HasNaturalGroups(m))
+      return MakeErrorCode(ErrorCode::kUnsupported, module, ": its g_idx (act-order) is not the natural k / group_size, "
+                           "which Quark hf_format cannot hold (convert to gptq or compressed-tensors instead)");
     NIBBLE_ASSIGN_OR_RETURN(QuarkLinearTensors t,
                             ExportQuarkLinear(module, m, QuarkSpecFor(spec), c_.export_config.pack_method, scale_dtype));
     std::vector<TensorToWrite> out;

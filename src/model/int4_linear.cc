@@ -37,8 +37,12 @@ void ForwardPrepared(const float* x, int64_t m, int64_t k, size_t row_bytes, Pre
 
 }  // namespace
 
-Int4Linear::Int4Linear(const Int4Matrix& w, std::vector<float> bias, std::string desc)
+Int4Linear::Int4Linear(const Int4Matrix& weight, std::vector<float> bias, std::string desc)
     : bias_(std::move(bias)), desc_(std::move(desc)) {
+  NIBBLE_CHECK(weight.g_idx.empty() || ValidateInt4Matrix(weight, "Int4Linear").ok());
+  Int4Matrix sorted;
+  if (!HasNaturalGroups(weight)) sorted = SortColumnsByGroup(weight, &perm_);
+  const Int4Matrix& w = perm_.empty() ? weight : sorted;
   NIBBLE_CHECK(w.n >= 1 && w.k >= 1 && w.group_size >= 1 && w.k % w.group_size == 0);
   NIBBLE_CHECK(static_cast<int64_t>(w.codes.size()) == w.n * w.k);
   NIBBLE_CHECK(static_cast<int64_t>(w.scales.size()) == w.n * w.groups());
@@ -70,7 +74,15 @@ Int4Matrix Int4Linear::weight() const {
   m.scales.resize(static_cast<size_t>(m.n * m.groups()));
   m.zero_points.resize(m.scales.size());
   UnpackW4(pw_, m.codes.data(), m.scales.data(), m.zero_points.data());
-  return m;
+  if (perm_.empty()) return m;
+  Int4Matrix original = m;
+  original.g_idx.resize(static_cast<size_t>(m.k));
+  for (int64_t j = 0; j < m.k; ++j) {
+    const int32_t c = perm_[static_cast<size_t>(j)];
+    original.g_idx[static_cast<size_t>(c)] = static_cast<int32_t>(j / m.group_size);
+    for (int64_t r = 0; r < m.n; ++r) original.codes[r * m.k + c] = m.codes[r * m.k + j];
+  }
+  return original;
 }
 
 bool Int4Linear::SetInt8Activations(bool on) {
@@ -92,6 +104,17 @@ bool Int4Linear::SetBf16Activations(bool on) {
 }
 
 void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
+  if (perm_.empty()) return ForwardInOrder(x, m, y);
+  thread_local std::vector<float> xp;
+  const int64_t k = pw_.k;
+  xp.resize(static_cast<size_t>(m * k));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t j = 0; j < k; ++j) xp[static_cast<size_t>(r * k + j)] = x[r * k + perm_[static_cast<size_t>(j)]];
+  }
+  ForwardInOrder(xp.data(), m, y);
+}
+
+void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y) const {
   const float* const bias = bias_.empty() ? nullptr : bias_.data();
   if (int8_) {
     const int64_t parts = W4Int8Parts(pw_.group_size);

@@ -8,7 +8,9 @@
 // a thread-local fp32 scratch (exact values) and runs the dense GEMM (oneDNN), amortising the
 // dequantization over M rows. Only the packed bytes are kept (0.5 B per weight + 4–5 B per group
 // when g divides or is a multiple of 128);
-// weight() rebuilds the unpacked Int4Matrix on demand (tests, export).
+// weight() rebuilds the unpacked Int4Matrix on demand (tests, export). A weight whose g_idx is not
+// the natural one (act-order) is stored with its columns sorted by group, and Forward gathers each
+// input row into that order first (one pass over M x K floats).
 #pragma once
 
 #include <string>
@@ -27,7 +29,8 @@ class Int4Linear final : public Linear {
   static constexpr int64_t kDequantGemmMinRows = 64;
 
   /// `desc` describes the stored scheme for inspect (e.g. "uint4 per_group g128").
-  /// weight: satisfies ValidateInt4Matrix (aborts otherwise); bias: empty or [N].
+  /// weight: satisfies ValidateInt4Matrix (aborts otherwise); bias: empty or [N]. `desc` says
+  /// "act-order" when the columns were reordered.
   Int4Linear(const Int4Matrix& weight, std::vector<float> bias, std::string desc);
   /// A copy of bytes already in the W4P layout (e.g. benchmarks copying one packed matrix many
   /// times). packed: W4PackedBytes(geometry...) bytes; geometry.data is ignored.
@@ -54,7 +57,7 @@ class Int4Linear final : public Linear {
   /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight
   /// symmetric and 69/128 asymmetric.
   int64_t WeightBytes() const override { return static_cast<int64_t>(packed_.size()); }
-  /// The unpacked native layout, rebuilt from the packed bytes (exact round trip).
+  /// The unpacked native layout, rebuilt from the packed bytes (exact round trip, g_idx included).
   Int4Matrix weight() const;
   /// The packed weight (view into this object).
   const W4PackedWeight& packed() const { return pw_; }
@@ -64,10 +67,12 @@ class Int4Linear final : public Linear {
   W4PackedWeight pw_;            // geometry + pointer into packed_
   std::vector<float> bias_;
   std::string desc_;
+  std::vector<int32_t> perm_;  // column j of the packed weight is input perm_[j]; empty = identity
   bool int8_ = false;
   bool bf16_ = false;
   // The W4A32 path (fused kernel below kDequantGemmMinRows rows, else dequantize + dense GEMM).
   void ForwardW4A32(const float* x, int64_t m, float* y) const;
+  void ForwardInOrder(const float* x, int64_t m, float* y) const;
 };
 
 }  // namespace nibble

@@ -356,6 +356,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
     NIBBLE_RETURN_IF_ERROR(CheckTensorParallel(request.config, shapes, o.tp));
   }
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<FormatWriter> writer, format->writer(request));
+  if (std::optional<DType> dt = writer->ScaleDType()) SetScaleDType(request.config, *dt);
   ExportContext ex{&request.config, writer.get(), {}, std::move(misaligned_rule)};
   for (const auto& m : modules) ex.module_of_weight[m + ".weight"] = m;
   auto note = [&](const std::string& m) {

@@ -202,7 +202,7 @@ TEST(QuarkTensorParallel, RowAndColumnShardsAsVllmChecks) {
   EXPECT_NE(err.error().message.find("sizes that work: 1, 2"), std::string::npos) << err.error().message;
   // Column-parallel: N = 172 at TP 2 is 86 outputs, not whole packed words.
   c.global = G(4);
-  auto col = nibble::TensorParallelFailure(c, Shapes(256, 172), 2);
+  auto col = nibble::TensorParallelFailure(nibble::QuarkSpecResolver(c), Shapes(256, 172), 2);
   ASSERT_TRUE(col.ok());
   EXPECT_NE(col->find("gate_proj"), std::string::npos) << *col;
   EXPECT_NE(col->find("multiple of 8"), std::string::npos) << *col;

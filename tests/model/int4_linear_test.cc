@@ -31,6 +31,42 @@ Int4Matrix RandomMatrix(int64_t n, int64_t k, int64_t g, bool sym, uint32_t seed
   return m;
 }
 
+// Act-order: column k in group g_idx[k] (alternating groups, K = 256, g = 128). The dense oracle
+// dequantizes through g_idx with its own loop; weight() gives the g_idx matrix back exactly.
+TEST(Int4Linear, ActOrderGIdxRunsThroughItsGroups) {
+  Int4Matrix w = RandomMatrix(40, 256, 128, false, 11);
+  w.g_idx.resize(256);
+  for (int64_t c = 0; c < 256; ++c) w.g_idx[c] = static_cast<int32_t>(c % 2);
+  ASSERT_TRUE(ValidateInt4Matrix(w, "w").ok());
+  EXPECT_FALSE(HasNaturalGroups(w));
+  auto dense_w = std::make_shared<std::vector<float>>(40 * 256);
+  for (int64_t r = 0; r < 40; ++r)
+    for (int64_t c = 0; c < 256; ++c) {
+      const int64_t gi = r * 2 + c % 2;
+      (*dense_w)[r * 256 + c] = static_cast<float>(int{w.codes[r * 256 + c]} - int{w.zero_points[gi]}) * w.scales[gi];
+    }
+  std::vector<float> ref(40 * 256);
+  DequantizeRef(w, ref.data());
+  EXPECT_EQ(ref, *dense_w);
+  DenseLinear dense(40, 256, dense_w, {});
+  Int4Linear q(w, {}, "test");
+  EXPECT_EQ(q.weight(), w);
+  for (int64_t m : {1, 3, 70}) {
+    std::vector<float> x(m * 256), y1(m * 40), y2(m * 40);
+    std::mt19937 rng(static_cast<uint32_t>(m));
+    std::normal_distribution<float> d(0, 1);
+    for (auto& v : x) v = d(rng);
+    dense.Forward(x.data(), m, y1.data());
+    q.Forward(x.data(), m, y2.data());
+    for (size_t i = 0; i < y1.size(); ++i) ASSERT_NEAR(y1[i], y2[i], 1e-3) << "M=" << m << " element " << i;
+  }
+  // A group holding other than g columns is refused.
+  w.g_idx[0] = 1;
+  const Status bad = ValidateInt4Matrix(w, "layer");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("group_size = 128"), std::string::npos) << bad.error().message;
+}
+
 TEST(Int4Linear, MatchesDenseOnDequantizedWeightsWithBiasOnce) {
   for (int64_t m : {1, 2, 7}) {
     for (auto [n, k, g] : {std::tuple<int64_t, int64_t, int64_t>{65, 96, 32}, {130, 256, 128}, {9, 64, 64}}) {

@@ -1,0 +1,71 @@
+// What other engines make of a quantized checkpoint's config, in format-neutral terms: per linear
+// what each engine resolves against what the file means, and tensor-parallel readiness as vLLM
+// checks it at load. Each format models its engines' resolution rules itself
+// (QuantizedFormat::Engines; quark_engines.h, ...); the report shape and its summary live here.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "formats/quant_spec.h"
+
+namespace nibble {
+
+/// One linear of the model: HF module name, N = out_features, K = in_features.
+struct LinearShapeInfo {
+  std::string name;
+  int64_t n = 0, k = 0;
+};
+
+/// What one engine reads for one linear.
+struct EngineReading {
+  std::string text;        // "uint4 per_group g128", "float", "fails to load"
+  bool agrees = true;      // the same as what the file means
+  std::string why;         // when it does not: the rule that differs
+  std::string avoid;       // the quantize flag (or step) that avoids it
+};
+
+struct EnginesReport {
+  std::vector<std::string> engines;  // column names, nibble first
+  struct Linear {
+    LinearShapeInfo shape;
+    std::string meant;                   // what the file means (Quark semantics)
+    std::vector<EngineReading> readings;  // per engine, as `engines`
+  };
+  std::vector<Linear> linears;
+  /// Tensor-parallel readiness for TP = 1, 2, 4, 8.
+  struct Tp {
+    int tp = 1;
+    bool ok = true;
+    std::string failure;  // the first layer that fails, and why
+  };
+  std::vector<Tp> tp;
+};
+
+/// One line per (engine, reason) with the number of linears it affects, the first of them and the
+/// flag that avoids it ("" when every engine agrees).
+std::vector<std::string> EngineDisagreementLines(const EnginesReport& r);
+
+/// A linear's resolved spec (nullopt: float), as a format resolves it.
+using SpecResolver = std::function<Result<std::optional<QuantSpec>>(const std::string& module)>;
+
+/// Whether the quantized linears fit tensor parallelism of `tp` shards as vLLM checks at load: a
+/// row-parallel layer (o_proj, down_proj) needs K / tp to be a whole number of groups, a
+/// column-parallel one N / tp to be a multiple of 8 (its packed words). "" when they do, else the
+/// first layer that does not and why.
+Result<std::string> TensorParallelFailure(const SpecResolver& resolve, const std::vector<LinearShapeInfo>& linears, int tp);
+
+/// TensorParallelFailure for TP = 1, 2, 4, 8, as the report lists it.
+Result<std::vector<EnginesReport::Tp>> TensorParallelTable(const SpecResolver& resolve,
+                                                           const std::vector<LinearShapeInfo>& linears);
+
+/// TensorParallelFailure as an error naming the layer and the TP sizes (of 1, 2, 4, 8) that work.
+Status CheckTensorParallel(const SpecResolver& resolve, const std::vector<LinearShapeInfo>& linears, int tp);
+
+/// The same spec for an engine's purposes: dtype (symmetry), granularity and effective group size.
+bool SameEngineSpec(const std::optional<QuantSpec>& a, const std::optional<QuantSpec>& b, int64_t k);
+
+}  // namespace nibble
