@@ -1,5 +1,6 @@
-// Quantizing a float checkpoint (RTN, AWQ) into a quantized checkpoint, inspecting a checkpoint
-// without running it, and summarising quantization reports. Requests use AMD Quark's vocabulary
+// Quantizing a float checkpoint (RTN, AWQ, GPTQ) into a quantized checkpoint, converting and
+// verifying quantized checkpoints across formats, inspecting a checkpoint without running it, and
+// summarising quantization reports. Requests use AMD Quark's vocabulary
 // (quantize_quark.py flags and its quantization_config).
 #pragma once
 
@@ -194,5 +195,54 @@ struct InspectReport {
 
 /// Inspects a model directory without running it. Errors: unreadable / malformed files.
 Result<InspectReport> Inspect(const std::string& dir);
+
+/// `nibble convert`: a quantized checkpoint re-written in another format (or the same one with
+/// other packing) without re-quantizing: every code, zero point and scale is carried over, the
+/// float tensors, tokenizer files and generation_config are copied, and the output is staged and
+/// renamed into place when complete.
+struct ConvertRequest {
+  std::string input_dir;
+  std::string output_dir;
+  std::string to;           // hf_format (or quark) | compressed-tensors | awq | gptq
+  std::string pack_method;  // hf_format: reorder | order; "" = the input's when it is Quark, else reorder
+  std::string gptq_format;  // gptq: v1 | v2; "" = the writer's default
+  int64_t max_shard_size = 5000000000;
+  bool overwrite = false;
+  std::function<void(const std::string&)> on_message;
+};
+
+struct ConvertSummary {
+  std::string from, to;  // format names ("quark", "compressed-tensors", ...)
+  int64_t quantized_linears = 0;
+  int64_t float_tensors = 0;  // tensors copied as they are
+  int64_t shards = 0;
+  int64_t total_bytes = 0;
+  std::vector<std::string> copied_files;
+  std::vector<std::string> messages;  // notes and warnings, as printed
+  std::string quantization_config_json;
+  double seconds = 0;
+};
+
+/// Errors: a dense input (nothing to convert), an unknown target, whatever the target format
+/// cannot hold (named per layer by its writer), every read error of the input.
+Result<ConvertSummary> Convert(const ConvertRequest& request);
+
+/// `nibble verify A B`: whether two checkpoints of any formats hold the same weights.
+struct VerifySummary {
+  struct Entry {
+    std::string name;        // module (quantized or float linear) or tensor name
+    std::string a, b;        // what each side stores: "uint4 per_group g128", "bf16 [256]", "absent"
+    bool identical = false;  // dequantized / stored values bit for bit
+    bool same_codes = false;  // both quantized with equal codes, zero points, scales and g_idx
+    double max_abs_diff = 0;  // where not identical and comparable
+  };
+  std::string format_a, format_b;
+  std::vector<Entry> linears;  // every linear module
+  std::vector<Entry> tensors;  // every other tensor
+  bool identical = false;      // everything identical
+};
+
+/// Errors: unreadable checkpoints; models whose config.json shapes differ.
+Result<VerifySummary> Verify(const std::string& a, const std::string& b);
 
 }  // namespace nibble

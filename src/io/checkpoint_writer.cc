@@ -1,5 +1,6 @@
 #include "io/checkpoint_writer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -97,5 +98,31 @@ Status CheckpointWriter::Finish() {
 }
 
 Status CheckpointWriter::Commit(bool overwrite) { return staging_.Commit(overwrite); }
+
+std::vector<std::string> CheckpointSideFiles(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(model_dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    const std::string name = e.path().filename().string(), ext = e.path().extension().string();
+    if (name == "config.json" || name == "model.safetensors.index.json" || name == "pytorch_model.bin.index.json" ||
+        ext == ".safetensors" || ext == ".bin" || ext == ".pt" || ext == ".pth" || name.front() == '.')
+      continue;
+    names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<nlohmann::ordered_json> ReadConfigJsonOrdered(const std::string& model_dir) {
+  const std::string config_path = JoinPath(model_dir, "config.json");
+  NIBBLE_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
+  try {
+    return nlohmann::ordered_json::parse(config_text);
+  } catch (const std::exception& e) {
+    return MakeError(config_path, ": not valid JSON (", e.what(), ")");
+  }
+}
 
 }  // namespace nibble

@@ -14,11 +14,23 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "base/result.h"
 #include "io/safetensors.h"
 #include "io/staging_dir.h"
 
 namespace nibble {
+
+/// The files of a checkpoint directory that travel with it when it is re-written: every regular
+/// file but the weights (safetensors shards and their index, PyTorch pickles), config.json (written
+/// anew) and hidden files — tokenizer files, chat templates, generation config, model card, ...
+/// Sorted by name.
+std::vector<std::string> CheckpointSideFiles(const std::string& model_dir);
+
+/// dir/config.json parsed keeping its key order (it is written back with a new
+/// quantization_config). Errors: unreadable, not JSON (naming the file).
+Result<nlohmann::ordered_json> ReadConfigJsonOrdered(const std::string& model_dir);
 
 class CheckpointWriter {
  public:

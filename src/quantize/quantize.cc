@@ -29,23 +29,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The files of the input directory that travel with the checkpoint: every regular file but the
-// weights (safetensors shards and their index, PyTorch pickles) and config.json, which is
-// written anew (tokenizer files, chat templates, generation config, model card, ...).
-std::vector<std::string> SideFiles(const std::string& model_dir) {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(model_dir, ec)) {
-    if (!e.is_regular_file(ec)) continue;
-    const std::string name = e.path().filename().string(), ext = e.path().extension().string();
-    if (name == "config.json" || name == "model.safetensors.index.json" || name == "pytorch_model.bin.index.json" ||
-        ext == ".safetensors" || ext == ".bin" || ext == ".pt" || ext == ".pth" || name.front() == '.')
-      continue;
-    names.push_back(name);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
 
 // Refuses an export in which no linear is quantized (it would be a float model labelled as a
 // quantized format), naming the reasons every linear was kept in float.
@@ -296,17 +279,6 @@ Status WriteTensors(const QuantizeOptions& o, const TensorStore& store, const Ex
   return Status::Ok();
 }
 
-// Reads the input's config.json keeping its key order (it is written back with the new
-// quantization_config).
-Result<nlohmann::ordered_json> ReadConfigJson(const std::string& model_dir) {
-  const std::string config_path = JoinPath(model_dir, "config.json");
-  NIBBLE_ASSIGN_OR_RETURN(std::string config_text, ReadFileToString(config_path));
-  try {
-    return nlohmann::ordered_json::parse(config_text);
-  } catch (const std::exception& e) {
-    return MakeError(config_path, ": not valid JSON (", e.what(), ")");
-  }
-}
 
 Status CheckRequest(const QuantizeOptions& o) {
   if (o.quant_algo != "rtn" && o.quant_algo != "awq" && o.quant_algo != "gptq" && o.quant_algo != "awq,gptq")
@@ -339,7 +311,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* format, FindExportFormat(o.model_export));
   NIBBLE_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(TensorStore store, TensorStore::OpenDir(o.model_dir));
-  NIBBLE_ASSIGN_OR_RETURN(nlohmann::ordered_json config_json, ReadConfigJson(o.model_dir));
+  NIBBLE_ASSIGN_OR_RETURN(nlohmann::ordered_json config_json, ReadConfigJsonOrdered(o.model_dir));
 
   QuantizeReport report;
   ExportRequest request{o.config, {}, {}};
@@ -382,7 +354,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
     if (l.name == "lm_head" && l.quantized && config_json.value("tie_word_embeddings", false))
       config_json["tie_word_embeddings"] = false;
   NIBBLE_RETURN_IF_ERROR(out.WriteFile("config.json", config_json.dump(2) + "\n"));
-  NIBBLE_ASSIGN_OR_RETURN(report.copied_files, out.CopyFiles(o.model_dir, SideFiles(o.model_dir)));
+  NIBBLE_ASSIGN_OR_RETURN(report.copied_files, out.CopyFiles(o.model_dir, CheckpointSideFiles(o.model_dir)));
   NIBBLE_RETURN_IF_ERROR(out.Commit(o.overwrite));
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
