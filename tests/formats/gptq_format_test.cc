@@ -303,6 +303,35 @@ TEST(AutoAwqFormat, Tv1WordsAndVariants) {
   EXPECT_NE(refused.error().message.find("--model_export gptq or compressed-tensors"), std::string::npos);
 }
 
+// The engines report of an AutoAWQ config with modules_to_not_convert against a model of the
+// substring rule written here: nibble and Transformers keep a module float exactly when an entry
+// is a substring of its name; vLLM fails on a fused module whose shards disagree.
+TEST(AutoAwqFormat, EnginesFollowTheSubstringRule) {
+  const std::vector<std::string> entries = {"layers.1.", "self_attn.q_proj", "mlp.down"};
+  const nlohmann::json qc = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}, {"zero_point", true},
+                             {"version", "gemm"}, {"modules_to_not_convert", entries}};
+  auto f = AutoAwqFormatEntry().open(nlohmann::json{{"quantization_config", qc}}.dump(), "x/config.json");
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  std::vector<LinearShapeInfo> linears;
+  for (int l = 0; l < 11; ++l)
+    for (const char* leaf : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                             "mlp.up_proj", "mlp.down_proj"})
+      linears.push_back({"model.layers." + std::to_string(l) + "." + leaf, 256, 256});
+  auto rep = (*f)->Engines(linears, false);
+  ASSERT_TRUE(rep.ok()) << rep.error().message;
+  ASSERT_EQ(rep->engines[2], "vllm");
+  for (const auto& l : rep->linears) {
+    bool skip = false;
+    for (const std::string& e : entries) skip = skip || l.shape.name.find(e) != std::string::npos;
+    EXPECT_EQ(l.meant == "float", skip) << l.shape.name;
+    EXPECT_EQ(l.readings[1].text == "float", skip) << l.shape.name;
+    const bool qkv = l.shape.name.find("_proj") != std::string::npos && l.shape.name.find("self_attn.o_proj") == std::string::npos &&
+                     l.shape.name.find("self_attn") != std::string::npos;
+    const bool split = qkv && l.shape.name.find("layers.1.") == std::string::npos;  // q float, k/v quantized
+    EXPECT_EQ(l.readings[2].text == "fails to load", split) << l.shape.name;
+  }
+}
+
 // The embedded model exported RTN g128 to awq and gptq loads as the hf_format export with fp16
 // scales (scale_type float16 through a Quark config) does, linear by linear.
 void ExpectSameAsHfFormat(const std::string& model_export, const std::string& scheme, const std::string& gptq_format) {
