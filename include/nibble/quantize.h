@@ -42,6 +42,7 @@ struct QuantizeRequest {
   int64_t group_size = 128;           // per_group schemes
   std::string quant_algo = "rtn";
   std::string model_export = "hf_format";  // the checkpoint format written (hf_format: AMD Quark)
+  std::string gptq_format = "v1";  // --model_export gptq: v1 (stores z - 1) | v2 (stores z)
   std::string pack_method = "reorder";  // reorder | order
   std::vector<std::string> exclude_layers = {"lm_head"};  // fnmatch patterns or "re:<regex>"; "" entries ignored
   /// False: exclude_layers is the default, and a layer_quant_config pattern matching lm_head

@@ -311,6 +311,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
     if (r.on_message) r.on_message(n);
   o.quant_algo = r.quant_algo == "awq+gptq" ? "awq,gptq" : r.quant_algo;
   o.model_export = r.model_export;
+  o.gptq_format = r.gptq_format;
   if (r.misaligned == "error") o.misaligned = MisalignedPolicy::kError;
   else if (r.misaligned == "exclude") o.misaligned = MisalignedPolicy::kExclude;
   else if (r.misaligned == "per_channel") o.misaligned = MisalignedPolicy::kPerChannel;
@@ -418,7 +419,7 @@ Result<InspectReport> Inspect(const std::string& dir) {
     InspectReport::Layer l;
     l.name = name;
     std::tie(l.n, l.k) = LinearShape(mc, name);
-    NIBBLE_ASSIGN_OR_RETURN(const TensorView* w, store.Get(name + ".weight"));
+    const TensorView* w = store.Find(name + ".weight");  // absent for formats storing qweight / weight_packed
     for (const std::string& suffix : suffixes)
       if (const TensorView* t = store.Find(name + "." + suffix)) l.stored_bytes += static_cast<int64_t>(t->nbytes);
     if (fmt) {
@@ -426,12 +427,12 @@ Result<InspectReport> Inspect(const std::string& dir) {
       l.rule = r.rule;
       if (r.spec) {
         l.quantized = true;
-        l.scheme = DescribeSpec(*r.spec);
+        l.scheme = DescribeSpec(*r.spec) + (r.spec->act_order ? " act-order (desc_act)" : "");
       }
     } else {
       l.rule = "not quantized (dense checkpoint)";
     }
-    if (!l.quantized) l.scheme = std::string("float (") + DTypeName(w->dtype) + ")";
+    if (!l.quantized) l.scheme = std::string("float (") + (w ? DTypeName(w->dtype) : "missing") + ")";
     l.float_bytes = l.n * l.k * elem;
     rep.layers.push_back(l);
   }

@@ -1,5 +1,7 @@
 #include "formats/checkpoint_format.h"
 
+#include "formats/autoawq_format.h"
+#include "formats/gptq_format.h"
 #include "formats/quark_format.h"
 #include "io/file.h"
 #include "io/json.h"
@@ -7,7 +9,7 @@
 namespace nibble {
 
 const std::vector<FormatEntry>& Formats() {
-  static const std::vector<FormatEntry> formats = {QuarkFormatEntry()};
+  static const std::vector<FormatEntry> formats = {QuarkFormatEntry(), AutoAwqFormatEntry(), GptqFormatEntry()};
   return formats;
 }
 
@@ -20,13 +22,32 @@ Result<const FormatEntry*> FindExportFormat(const std::string& export_name) {
   return MakeErrorCode(ErrorCode::kUnsupported, "--model_export \"", export_name, "\" is not supported (supported: ", names, ")");
 }
 
+namespace {
+
+// AutoGPTQ-era checkpoints keep their config only in quantize_config.json; without one the
+// checkpoint is dense (nullptr).
+Result<std::unique_ptr<QuantizedFormat>> OpenSideConfig(const std::string& dir, const std::string& config_text,
+                                                        const std::string& config_path) {
+  const std::string side = JoinPath(dir, "quantize_config.json");
+  if (!PathExists(side)) return std::unique_ptr<QuantizedFormat>{};
+  NIBBLE_ASSIGN_OR_RETURN(nlohmann::json q, ReadJsonFile(side));
+  const std::string method = q.is_object() && q.contains("quant_method") && q["quant_method"].is_string()
+                                 ? q["quant_method"].get<std::string>() : "gptq";
+  for (const FormatEntry& e : Formats())
+    if (method == "gptq" && method == e.quant_method) return e.open(config_text, config_path);
+  return MakeErrorCode(ErrorCode::kUnsupported, side, ": quant_method \"", method, "\" without a quantization_config in ",
+                       config_path, " is not supported (only GPTQ keeps its config in quantize_config.json alone)");
+}
+
+}  // namespace
+
 Result<std::unique_ptr<QuantizedFormat>> OpenCheckpointFormat(const std::string& dir) {
   NIBBLE_RETURN_IF_ERROR(CheckModelDir(dir));
   const std::string path = JoinPath(dir, "config.json");
   NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   NIBBLE_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonText(text, path));
   if (!j.is_object() || !j.contains("quantization_config") || j["quantization_config"].is_null())
-    return std::unique_ptr<QuantizedFormat>{};
+    return OpenSideConfig(dir, text, path);
   const auto& qc = j["quantization_config"];
   if (!qc.is_object()) return MakeError(path, ": key \"quantization_config\": expected an object, found ", qc.type_name());
   const std::string method = qc.contains("quant_method") && qc["quant_method"].is_string() ? qc["quant_method"].get<std::string>() : "";

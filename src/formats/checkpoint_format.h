@@ -71,6 +71,9 @@ struct ExportRequest {
   /// (a tied lm_head): the written config names each decision by exact name for these
   /// (formats/quark_canonical.h). Empty: the config is written as requested.
   std::vector<std::string> modules, absent_modules;
+  /// GPTQ zero-point convention: "v1" (checkpoint_format "gptq", stores z − 1; cannot hold z = 0)
+  /// or "v2" ("gptq_v2", stores z). Other formats ignore it.
+  std::string gptq_format = "v1";
 };
 
 /// Writes one format from the native layout.
@@ -82,8 +85,12 @@ class FormatWriter {
   virtual Result<std::vector<TensorToWrite>> WriteLinear(const std::string& module, const Int4Matrix& m,
                                                          const QuantSpec& spec, DType scale_dtype) const = 0;
   /// The `quantization_config` object written into config.json for the final request (an
-  /// algorithm may have added its algo_config since the writer was made).
+  /// algorithm may have added its algo_config since the writer was made). Called after every
+  /// WriteLinear (GPTQ's desc_act says whether any of them had an act-order g_idx).
   virtual nlohmann::ordered_json QuantizationConfig(const ExportRequest& request) const = 0;
+  /// Files the format keeps next to config.json, as (file name, text), for the final request
+  /// (GPTQ: quantize_config.json). Called after QuantizationConfig.
+  virtual std::vector<std::pair<std::string, std::string>> ExtraFiles(const ExportRequest&) const { return {}; }
   /// The dtype the format stores every scale in whatever the model's dtype (AutoAWQ and GPTQ:
   /// fp16), or nullopt for the model's. quantize computes the scales in it.
   virtual std::optional<DType> ScaleDType() const { return std::nullopt; }

@@ -13,6 +13,20 @@ bool EndsWith(const std::string& s, const std::string& t) {
 
 }  // namespace
 
+std::vector<std::string> FusedShards(const std::string& name, std::string* fused) {
+  const size_t dot = name.rfind('.');
+  const std::string prefix = name.substr(0, dot + 1), leaf = name.substr(dot + 1);
+  if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj") {
+    *fused = prefix + "qkv_proj";
+    return {prefix + "q_proj", prefix + "k_proj", prefix + "v_proj"};
+  }
+  if (leaf == "gate_proj" || leaf == "up_proj") {
+    *fused = prefix + "gate_up_proj";
+    return {prefix + "gate_proj", prefix + "up_proj"};
+  }
+  return {};
+}
+
 bool SameEngineSpec(const std::optional<QuantSpec>& a, const std::optional<QuantSpec>& b, int64_t k) {
   if (!a || !b) return !a && !b;
   return a->symmetric == b->symmetric && a->granularity == b->granularity &&

@@ -65,6 +65,11 @@ Result<std::vector<EnginesReport::Tp>> TensorParallelTable(const SpecResolver& r
 /// TensorParallelFailure as an error naming the layer and the TP sizes (of 1, 2, 4, 8) that work.
 Status CheckTensorParallel(const SpecResolver& resolve, const std::vector<LinearShapeInfo>& linears, int tp);
 
+/// The shards of the vLLM module a Llama projection is fused into: for
+/// "model.layers.0.self_attn.q_proj" sets `fused` to "model.layers.0.self_attn.qkv_proj" and returns
+/// the q/k/v_proj names; gate/up_proj → gate_up_proj; empty (fused untouched) when not fused.
+std::vector<std::string> FusedShards(const std::string& module, std::string* fused);
+
 /// The same spec for an engine's purposes: dtype (symmetry), granularity and effective group size.
 bool SameEngineSpec(const std::optional<QuantSpec>& a, const std::optional<QuantSpec>& b, int64_t k);
 

@@ -23,22 +23,6 @@ bool SameSpec(const std::optional<WeightQuantSpec>& a, const std::optional<Weigh
   return a->dtype == b->dtype && a->qscheme == b->qscheme && a->EffectiveGroupSize(k) == b->EffectiveGroupSize(k);
 }
 
-// The other shards of the vLLM module a projection is fused into (q/k/v -> qkv_proj,
-// gate/up -> gate_up_proj); empty when not fused.
-std::vector<std::string> FusedShards(const std::string& name, std::string* fused) {
-  const size_t dot = name.rfind('.');
-  const std::string prefix = name.substr(0, dot + 1), leaf = name.substr(dot + 1);
-  if (leaf == "q_proj" || leaf == "k_proj" || leaf == "v_proj") {
-    *fused = prefix + "qkv_proj";
-    return {prefix + "q_proj", prefix + "k_proj", prefix + "v_proj"};
-  }
-  if (leaf == "gate_proj" || leaf == "up_proj") {
-    *fused = prefix + "gate_up_proj";
-    return {prefix + "gate_proj", prefix + "up_proj"};
-  }
-  return {};
-}
-
 // An engine's resolution of one name: a spec, or a refusal to load.
 struct Read {
   std::optional<WeightQuantSpec> spec;

@@ -19,7 +19,9 @@ LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format) {
     if (has_bias) {
       NIBBLE_ASSIGN_OR_RETURN(bias, LoadF32(store, prefix + ".bias", {n}));
     }
-    return std::unique_ptr<Linear>(new Int4Linear(std::move(*m), std::move(bias), DescribeSpec(*plan.spec)));
+    // Readers keep a g_idx only when it is not the natural one.
+    const std::string desc = DescribeSpec(*plan.spec) + (m->g_idx.empty() ? "" : " act-order");
+    return std::unique_ptr<Linear>(new Int4Linear(std::move(*m), std::move(bias), desc));
   };
 }
 

@@ -315,6 +315,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
 
   QuantizeReport report;
   ExportRequest request{o.config, {}, {}};
+  request.gptq_format = o.gptq_format;
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, nullptr));
   const std::vector<std::string> modules = LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr);
   request.modules = modules;
@@ -354,6 +355,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
     if (l.name == "lm_head" && l.quantized && config_json.value("tie_word_embeddings", false))
       config_json["tie_word_embeddings"] = false;
   NIBBLE_RETURN_IF_ERROR(out.WriteFile("config.json", config_json.dump(2) + "\n"));
+  for (const auto& [file, text] : writer->ExtraFiles(request)) NIBBLE_RETURN_IF_ERROR(out.WriteFile(file, text));
   NIBBLE_ASSIGN_OR_RETURN(report.copied_files, out.CopyFiles(o.model_dir, CheckpointSideFiles(o.model_dir)));
   NIBBLE_RETURN_IF_ERROR(out.Commit(o.overwrite));
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -34,6 +34,7 @@ struct QuantizeOptions {
   QuarkQuantConfig config;          // as the user asked; policy additions are made on a copy
   std::string quant_algo = "rtn";   // "rtn" | "awq" | "gptq" | "awq,gptq"
   std::string model_export = "hf_format";  // FormatEntry::export_name
+  std::string gptq_format = "v1";          // ExportRequest::gptq_format
   // AWQ (quant_algo "awq"): calibration data (quantize/calibration.h) and settings. An "awq"
   // entry in config.algo_config (e.g. from --quant_config) overrides `awq` key by key, notably
   // its scaling_layers.

@@ -207,7 +207,7 @@ TEST(ErrorCodes, LoadErrorsSayWhatKindOfFailure) {
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.error().code, nibble::ErrorCode::kNotFound) << missing.error().message;
   std::filesystem::create_directories(tmp.sub("gptq"));
-  tmp.Write("gptq/config.json", R"({"architectures": ["LlamaForCausalLM"], "quantization_config": {"quant_method": "gptq"}})");
+  tmp.Write("gptq/config.json", R"({"architectures": ["LlamaForCausalLM"], "quantization_config": {"quant_method": "gptq", "checkpoint_format": "marlin"}})");
   auto gptq = nibble::Model::Load(tmp.sub("gptq"));
   ASSERT_FALSE(gptq.ok());
   EXPECT_EQ(gptq.error().code, nibble::ErrorCode::kUnsupported) << gptq.error().message;
