@@ -186,7 +186,7 @@ Runner RegisterQuantize(CLI::App& app) {
   cmd->add_option("--n_grid", r.n_grid, "AWQ grid points")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print the summary as a JSON object on stdout (the human text goes to stderr)");
   cmd->add_option("--report", a->report, "Write a JSON report (per layer AWQ ratios, losses, per-linear errors)");
-  cmd->add_option("--model_export", r.model_export, "Export format: hf_format")->capture_default_str();
+  cmd->add_option("--model_export", r.model_export, "Export format: hf_format (AMD Quark), compressed-tensors (llm-compressor pack-quantized)")->capture_default_str();
   auto* pm = cmd->add_option("--pack_method", r.pack_method, "Nibble order: reorder (AWQ order) | order")->capture_default_str();
   auto* ex = cmd->add_option("--exclude_layers", r.exclude_layers,
                              "Layers kept in float: fnmatch patterns or re:REGEX (default: lm_head; give no value to exclude nothing)")

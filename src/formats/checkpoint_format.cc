@@ -1,5 +1,6 @@
 #include "formats/checkpoint_format.h"
 
+#include "formats/compressed_tensors_format.h"
 #include "formats/quark_format.h"
 #include "io/file.h"
 #include "io/json.h"
@@ -7,7 +8,7 @@
 namespace nibble {
 
 const std::vector<FormatEntry>& Formats() {
-  static const std::vector<FormatEntry> formats = {QuarkFormatEntry()};
+  static const std::vector<FormatEntry> formats = {QuarkFormatEntry(), CompressedTensorsFormatEntry()};
   return formats;
 }
 
