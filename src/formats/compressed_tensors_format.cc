@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 
 #include "formats/compressed_tensors_engines.h"
 #include "formats/float_dtype.h"
@@ -28,6 +29,14 @@ uint32_t LoadWord(const uint8_t* base, int64_t idx) {
   uint32_t w;
   std::memcpy(&w, base + idx * 4, 4);
   return w;
+}
+
+// A float as the shortest text that reads back to it (9 significant digits at most).
+std::string FloatText(float v) {
+  std::ostringstream os;
+  os.precision(9);
+  os << v;
+  return os.str();
 }
 
 std::string Label(const TensorView& t) { return "tensor " + t.name + (t.file.empty() ? "" : " (" + t.file + ")"); }
@@ -170,7 +179,7 @@ Status ReadScales(const TensorView& t, const CtLayout& l, Int4Matrix& m) {
   for (size_t i = 0; i < m.scales.size(); ++i) {
     const float s = LoadFloatAs(t.data + i * es, t.dtype);
     if (!std::isfinite(s) || s < 0)
-      return MakeErrorCode(ErrorCode::kCorruptInput, Label(t), ": scale [", i / l.groups, "][", i % l.groups, "] = ", s,
+      return MakeErrorCode(ErrorCode::kCorruptInput, Label(t), ": scale [", i / l.groups, "][", i % l.groups, "] = ", FloatText(s),
                            ", expected a finite value >= 0");
     m.scales[i] = s;
   }
@@ -270,7 +279,7 @@ Result<std::vector<TensorToWrite>> ExportCtLinear(const std::string& prefix, con
   for (size_t i = 0; i < m.scales.size(); ++i) {
     const float s = m.scales[i];
     if (!(RoundToDType(s, scale_dtype) == s))
-      return MakeErrorCode(ErrorCode::kUnsupported, prefix, ": scale [", i / G, "][", i % G, "] = ", s, " is not exactly representable in ",
+      return MakeErrorCode(ErrorCode::kUnsupported, prefix, ": scale [", i / G, "][", i % G, "] = ", FloatText(s), " is not exactly representable in ",
                            DTypeName(scale_dtype), " (compressed-tensors stores weight_scale in it)");
     StoreFloatAs(s, scale_dtype, scale.bytes.data() + i * DTypeSize(scale_dtype));
   }
