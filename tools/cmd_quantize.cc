@@ -187,7 +187,8 @@ Runner RegisterQuantize(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print the summary as a JSON object on stdout (the human text goes to stderr)");
   cmd->add_option("--report", a->report, "Write a JSON report (per layer AWQ ratios, losses, per-linear errors)");
   cmd->add_option("--model_export", r.model_export,
-                  "Export format: hf_format (AMD Quark) | awq (AutoAWQ GEMM) | gptq (AutoGPTQ / GPTQModel)")
+                  "Export format: hf_format (AMD Quark) | compressed-tensors (llm-compressor pack-quantized) | awq (AutoAWQ GEMM) | "
+                  "gptq (AutoGPTQ / GPTQModel)")
       ->capture_default_str();
   cmd->add_option("--gptq_format", r.gptq_format,
                   "--model_export gptq zero points: v1 (checkpoint_format gptq, stores z - 1; no zero point 0) | v2 (gptq_v2)")

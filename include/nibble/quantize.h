@@ -1,5 +1,5 @@
-// Quantizing a float checkpoint (RTN, AWQ, GPTQ) into a quantized checkpoint, converting and
-// verifying quantized checkpoints across formats, inspecting a checkpoint without running it, and
+// Quantizing a float checkpoint (RTN, AWQ, GPTQ) into a quantized checkpoint, converting
+// quantized checkpoints between formats, inspecting a checkpoint without running it, and
 // summarising quantization reports. Requests use AMD Quark's vocabulary
 // (quantize_quark.py flags and its quantization_config).
 #pragma once
@@ -227,23 +227,5 @@ struct ConvertSummary {
 /// Errors: a dense input (nothing to convert), an unknown target, whatever the target format
 /// cannot hold (named per layer by its writer), every read error of the input.
 Result<ConvertSummary> Convert(const ConvertRequest& request);
-
-/// `nibble verify A B`: whether two checkpoints of any formats hold the same weights.
-struct VerifySummary {
-  struct Entry {
-    std::string name;        // module (quantized or float linear) or tensor name
-    std::string a, b;        // what each side stores: "uint4 per_group g128", "bf16 [256]", "absent"
-    bool identical = false;  // dequantized / stored values bit for bit
-    bool same_codes = false;  // both quantized with equal codes, zero points, scales and g_idx
-    double max_abs_diff = 0;  // where not identical and comparable
-  };
-  std::string format_a, format_b;
-  std::vector<Entry> linears;  // every linear module
-  std::vector<Entry> tensors;  // every other tensor
-  bool identical = false;      // everything identical
-};
-
-/// Errors: unreadable checkpoints; models whose config.json shapes differ.
-Result<VerifySummary> Verify(const std::string& a, const std::string& b);
 
 }  // namespace nibble

@@ -372,7 +372,7 @@ static Status AddEngines(InspectReport& rep, const ModelConfig& mc, const Tensor
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> format, OpenCheckpointFormat(rep.dir));
   std::vector<LinearShapeInfo> shapes;
   std::vector<std::string> names;
-  for (const std::string& name : LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr)) {
+  for (const std::string& name : LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr || !mc.tie_word_embeddings)) {
     const auto [n, k] = LinearShape(mc, name);
     shapes.push_back({name, n, k});
     names.push_back(name);
@@ -413,13 +413,13 @@ Result<InspectReport> Inspect(const std::string& dir) {
   }
   const int64_t elem = mc.torch_dtype == "float32" ? 4 : 2;
   for (const auto& name : store.Names()) rep.total_tensor_bytes += static_cast<int64_t>(store.Find(name)->nbytes);
-  const bool has_lm_head = store.Find("lm_head.weight") != nullptr;
+  // As CheckCheckpointShapes: an untied model has an lm_head, whatever its tensors are called.
+  const bool has_lm_head = store.Find("lm_head.weight") != nullptr || !mc.tie_word_embeddings;
   const std::vector<std::string> suffixes = fmt ? fmt->TensorSuffixes() : std::vector<std::string>{"weight"};
   for (const std::string& name : LinearModuleNames(mc, has_lm_head)) {
     InspectReport::Layer l;
     l.name = name;
     std::tie(l.n, l.k) = LinearShape(mc, name);
-    const TensorView* w = store.Find(name + ".weight");  // absent for formats storing qweight / weight_packed
     for (const std::string& suffix : suffixes)
       if (const TensorView* t = store.Find(name + "." + suffix)) l.stored_bytes += static_cast<int64_t>(t->nbytes);
     if (fmt) {
@@ -432,7 +432,10 @@ Result<InspectReport> Inspect(const std::string& dir) {
     } else {
       l.rule = "not quantized (dense checkpoint)";
     }
-    if (!l.quantized) l.scheme = std::string("float (") + (w ? DTypeName(w->dtype) : "missing") + ")";
+    if (!l.quantized) {  // a quantized module may store no `weight` (compressed-tensors: weight_packed)
+      NIBBLE_ASSIGN_OR_RETURN(const TensorView* w, store.Get(name + ".weight"));
+      l.scheme = std::string("float (") + DTypeName(w->dtype) + ")";
+    }
     l.float_bytes = l.n * l.k * elem;
     rep.layers.push_back(l);
   }

@@ -1,6 +1,7 @@
 #include "formats/checkpoint_format.h"
 
 #include "formats/autoawq_format.h"
+#include "formats/compressed_tensors_format.h"
 #include "formats/gptq_format.h"
 #include "formats/quark_format.h"
 #include "io/file.h"
@@ -9,7 +10,8 @@
 namespace nibble {
 
 const std::vector<FormatEntry>& Formats() {
-  static const std::vector<FormatEntry> formats = {QuarkFormatEntry(), AutoAwqFormatEntry(), GptqFormatEntry()};
+  static const std::vector<FormatEntry> formats = {QuarkFormatEntry(), CompressedTensorsFormatEntry(), AutoAwqFormatEntry(),
+                                                   GptqFormatEntry()};
   return formats;
 }
 
