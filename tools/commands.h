@@ -22,6 +22,7 @@ Runner RegisterSynth(CLI::App& app);
 Runner RegisterCompare(CLI::App& app);
 Runner RegisterReport(CLI::App& app);
 Runner RegisterBenchModel(CLI::App& app);
+Runner RegisterConvert(CLI::App& app);
 
 /// `nibble --version`: "nibble X.Y.Z (commit abc1234)", the kernels compiled in and those chosen.
 std::string VersionText();
