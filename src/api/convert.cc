@@ -127,17 +127,6 @@ Result<std::optional<DType>> ChooseScaleDType(const std::vector<SourceLinear>& l
   return std::optional<DType>(*stored.begin());
 }
 
-// An input tensor written unchanged, borrowed from the memory-mapped input.
-TensorToWrite Borrowed(const TensorView& t) {
-  TensorToWrite w;
-  w.name = t.name;
-  w.dtype = t.dtype;
-  w.shape = t.shape;
-  w.borrowed = t.data;
-  w.borrowed_size = t.nbytes;
-  return w;
-}
-
 // Output order: each tensor at its own name, a quantized module's tensors at "<module>.weight"
 // (where quantize writes them); value = the module ("" for a tensor copied as it is).
 std::map<std::string, std::string> OutputOrder(const QuantizedFormat& src, const TensorStore& store,
@@ -162,7 +151,7 @@ Status WriteConverted(const QuantizedFormat& src, const FormatWriter& writer, co
   for (const SourceLinear& l : linears) by_module[l.module] = &l;
   for (const auto& [name, module] : OutputOrder(src, store, linears)) {
     if (module.empty()) {
-      NIBBLE_RETURN_IF_ERROR(out.Add(Borrowed(*store.Find(name))));
+      NIBBLE_RETURN_IF_ERROR(out.Add(BorrowTensor(*store.Find(name))));
       ++s.float_tensors;
       continue;
     }

@@ -151,13 +151,7 @@ Result<Int4Matrix> DecodeAwq(const AutoAwqConfig& c, const AwqViews& v, const Qu
 
 std::optional<QuantSpec> SpecOf(const LinearPlan& p) { return p.spec; }
 
-std::string SpecText(const std::optional<QuantSpec>& s) { return s ? DescribeSpec(*s) : "float"; }
-
-// An engine's reading of one module: a spec (nullopt = float) or a refusal to load.
-struct Read {
-  std::optional<QuantSpec> spec;
-  std::string fails{}, why{}, avoid{};
-};
+using Read = EngineRead;
 
 // vLLM: skipped when an entry is a substring of the layer's name; q/k/v and gate/up are fused and
 // each shard is tested (they must agree, else ValueError); lm_head only with "lm_head": true.
@@ -245,18 +239,9 @@ Result<EnginesReport> AutoAwqFormat::Engines(const std::vector<LinearShapeInfo>&
   rep.engines = {"nibble", "transformers", "vllm", "onnxruntime-genai"};
   for (const LinearShapeInfo& l : linears) {
     const std::optional<QuantSpec> meant = SpecOf(ResolveAwq(c_, l.name));
-    EnginesReport::Linear out{l, SpecText(meant), {}};
+    EnginesReport::Linear out{l, EngineSpecText(meant, l.k), {}};
     const Read reads[4] = {{meant}, ReadTransformers(c_, l.name, tied), ReadVllm(c_, l.name, tied), ReadOrt(c_, meant)};
-    for (const Read& got : reads) {
-      EngineReading r;
-      r.text = got.fails.empty() ? SpecText(got.spec) : "fails to load";
-      r.agrees = got.fails.empty() && got.why.empty() && SameEngineSpec(got.spec, meant, l.k);
-      if (!r.agrees) {
-        r.why = !got.fails.empty() ? got.fails : !got.why.empty() ? got.why : "tie_word_embeddings is true: runs the embedding";
-        r.avoid = got.avoid.empty() ? "untie lm_head or keep it float" : got.avoid;
-      }
-      out.readings.push_back(std::move(r));
-    }
+    for (const Read& got : reads) out.readings.push_back(EngineCell(got, meant, l.k, "untie lm_head or keep it float"));
     rep.linears.push_back(std::move(out));
   }
   const AutoAwqConfig& c = c_;

@@ -11,23 +11,13 @@ namespace nibble {
 
 namespace {
 
-struct Read {
-  std::optional<QuantSpec> spec;
-  std::string fails;  // non-empty: the engine refuses the checkpoint
-};
+using Read = EngineRead;
 
 bool IsRegex(const std::string& e) { return e.rfind("re:", 0) == 0; }
 
 std::string Lower(std::string s) {
   for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return s;
-}
-
-std::string SpecText(const std::optional<QuantSpec>& s, int64_t k) {
-  if (!s) return "float";
-  QuantSpec e = *s;
-  if (e.granularity == Granularity::kPerGroup && e.group_size > k) e.group_size = k;  // one group
-  return DescribeSpec(e);
 }
 
 std::optional<QuantSpec> GroupSpec(const CtConfig& c, size_t gi) {
@@ -180,7 +170,7 @@ Result<EnginesReport> ReportCtEngines(const CtConfig& c, const std::vector<Linea
     NIBBLE_ASSIGN_OR_RETURN(CtResolved meant, ResolveCt(c, l.name));
     EnginesReport::Linear out;
     out.shape = l;
-    out.meant = SpecText(meant.spec, l.k);
+    out.meant = EngineSpecText(meant.spec, l.k);
     std::vector<Read> reads(4);
     reads[0] = Read{meant.spec, ""};
     NIBBLE_ASSIGN_OR_RETURN(reads[1], ReadTransformers(c, l.name, tied));
@@ -189,7 +179,7 @@ Result<EnginesReport> ReportCtEngines(const CtConfig& c, const std::vector<Linea
     for (size_t e = 0; e < reads.size(); ++e) {
       EngineReading r;
       const Read& got = reads[e];
-      r.text = got.fails.empty() ? SpecText(got.spec, l.k) : "fails to load";
+      r.text = got.fails.empty() ? EngineSpecText(got.spec, l.k) : "fails to load";
       r.agrees = got.fails.empty() && SameSpec(got.spec, meant.spec, l.k);
       if (!r.agrees) std::tie(r.why, r.avoid) = Explain(e, l.name, got, tied, meant.spec);
       out.readings.push_back(std::move(r));

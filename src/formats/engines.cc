@@ -13,6 +13,25 @@ bool EndsWith(const std::string& s, const std::string& t) {
 
 }  // namespace
 
+std::string EngineSpecText(const std::optional<QuantSpec>& s, int64_t k) {
+  if (!s) return "float";
+  QuantSpec e = *s;
+  if (e.granularity == Granularity::kPerGroup && e.group_size > k) e.group_size = k;  // one group
+  return DescribeSpec(e);
+}
+
+EngineReading EngineCell(const EngineRead& got, const std::optional<QuantSpec>& meant, int64_t k,
+                         const std::string& tied_avoid) {
+  EngineReading r;
+  r.text = got.fails.empty() ? EngineSpecText(got.spec, k) : "fails to load";
+  r.agrees = got.fails.empty() && got.why.empty() && SameEngineSpec(got.spec, meant, k);
+  if (!r.agrees) {
+    r.why = !got.fails.empty() ? got.fails : !got.why.empty() ? got.why : "tie_word_embeddings is true: runs the embedding";
+    r.avoid = got.avoid.empty() ? tied_avoid : got.avoid;
+  }
+  return r;
+}
+
 std::vector<std::string> FusedShards(const std::string& name, std::string* fused) {
   const size_t dot = name.rfind('.');
   const std::string prefix = name.substr(0, dot + 1), leaf = name.substr(dot + 1);

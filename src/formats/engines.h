@@ -45,6 +45,23 @@ struct EnginesReport {
   std::vector<Tp> tp;
 };
 
+/// An engine model's reading of one module: a spec (nullopt = float) or a refusal to load
+/// (`fails`), and where the reading differs from the file for another reason, why and the flag or
+/// step that avoids it.
+struct EngineRead {
+  std::optional<QuantSpec> spec;
+  std::string fails{}, why{}, avoid{};
+};
+
+/// "float", or DescribeSpec with a group larger than K shown as the one group it is.
+std::string EngineSpecText(const std::optional<QuantSpec>& s, int64_t k);
+
+/// The report cell for `got` against what the file means: it agrees when it loads, names no
+/// reason and has the same spec (SameEngineSpec); a disagreement with no reason of its own is the
+/// tied embedding run as lm_head, avoided by `tied_avoid` unless `got` names its own avoidance.
+EngineReading EngineCell(const EngineRead& got, const std::optional<QuantSpec>& meant, int64_t k,
+                         const std::string& tied_avoid);
+
 /// One line per (engine, reason) with the number of linears it affects, the first of them and the
 /// flag that avoids it ("" when every engine agrees).
 std::vector<std::string> EngineDisagreementLines(const EnginesReport& r);

@@ -119,8 +119,6 @@ Result<Int4Matrix> DecodeGptq(const GptqConfig& c, const GptqViews& v, const Qua
   return m;
 }
 
-std::string SpecText(const std::optional<QuantSpec>& s) { return s ? DescribeSpec(*s) : "float"; }
-
 const std::vector<std::string>& PackedSuffixes() {
   static const std::vector<std::string> s = {"qweight", "qzeros", "scales", "g_idx"};
   return s;
@@ -135,10 +133,7 @@ Result<const GptqOverride*> FirstOverride(const GptqConfig& c, const std::string
   return static_cast<const GptqOverride*>(nullptr);
 }
 
-struct Read {
-  std::optional<QuantSpec> spec;
-  std::string fails{}, why{}, avoid{};
-};
+using Read = EngineRead;
 
 // vLLM: dynamic matched against its own layer name, which for q/k/v and gate/up is the fused
 // module (qkv_proj, gate_up_proj); lm_head as the config says.
@@ -149,7 +144,7 @@ Result<Read> ReadVllm(const GptqConfig& c, const std::string& name, const std::o
   const std::string vname = fused.empty() ? name : fused;
   NIBBLE_ASSIGN_OR_RETURN(std::optional<QuantSpec> got, ResolveGptqSpec(c, vname));
   if (SameEngineSpec(got, meant, 0) || fused.empty()) return Read{got};
-  return Read{std::nullopt, "dynamic is matched against vLLM's fused module " + fused + " (" + SpecText(got) + ")", "",
+  return Read{std::nullopt, "dynamic is matched against vLLM's fused module " + fused + " (" + (got ? DescribeSpec(*got) : std::string("float")) + ")", "",
               "a dynamic entry that also matches " + fused + " (nibble quantize writes them so when every shard agrees)"};
 }
 
@@ -230,22 +225,13 @@ Result<EnginesReport> GptqFormat::Engines(const std::vector<LinearShapeInfo>& li
   rep.engines = {"nibble", "transformers (gptqmodel)", "vllm", "onnxruntime-genai"};
   for (const LinearShapeInfo& l : linears) {
     NIBBLE_ASSIGN_OR_RETURN(std::optional<QuantSpec> meant, ResolveGptqSpec(c_, l.name));
-    EnginesReport::Linear out{l, SpecText(meant), {}};
+    EnginesReport::Linear out{l, EngineSpecText(meant, l.k), {}};
     Read reads[4];
     reads[0] = Read{meant};
     reads[1] = (l.name == "lm_head" && tied) ? Read{} : Read{meant};
     NIBBLE_ASSIGN_OR_RETURN(reads[2], ReadVllm(c_, l.name, meant, tied));
     NIBBLE_ASSIGN_OR_RETURN(reads[3], ReadOrt(c_, l.name, meant));
-    for (const Read& got : reads) {
-      EngineReading r;
-      r.text = got.fails.empty() ? SpecText(got.spec) : "fails to load";
-      r.agrees = got.fails.empty() && got.why.empty() && SameEngineSpec(got.spec, meant, l.k);
-      if (!r.agrees) {
-        r.why = !got.fails.empty() ? got.fails : !got.why.empty() ? got.why : "tie_word_embeddings is true: runs the embedding";
-        r.avoid = got.avoid.empty() ? "re-export with nibble quantize (it unties a quantized lm_head)" : got.avoid;
-      }
-      out.readings.push_back(std::move(r));
-    }
+    for (const Read& got : reads) out.readings.push_back(EngineCell(got, meant, l.k, "re-export with nibble quantize (it unties a quantized lm_head)"));
     rep.linears.push_back(std::move(out));
   }
   const GptqConfig& c = c_;

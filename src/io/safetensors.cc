@@ -308,4 +308,14 @@ Status WriteSafetensors(const std::string& path, const std::vector<const TensorT
   return WriteFileAtomicParts(path, parts);
 }
 
+TensorToWrite BorrowTensor(const TensorView& t) {
+  TensorToWrite w;
+  w.name = t.name;
+  w.dtype = t.dtype;
+  w.shape = t.shape;
+  w.borrowed = t.data;
+  w.borrowed_size = t.nbytes;
+  return w;
+}
+
 }  // namespace nibble

@@ -116,6 +116,9 @@ struct TensorToWrite {
   }
 };
 
+/// A tensor written unchanged: its data borrowed from the memory-mapped input, never copied.
+TensorToWrite BorrowTensor(const TensorView& t);
+
 /// Serialises tensors (in the given order) with optional __metadata__ into a safetensors image.
 /// Header padded with spaces to a multiple of 8 bytes. Errors: duplicate names, a tensor named
 /// "__metadata__", negative dimension, size overflow, byte count not matching shape x dtype, a name

@@ -50,17 +50,6 @@ Status CheckSomethingQuantized(const QuarkQuantConfig& cfg, const std::vector<st
                    "); nothing to export as a quantized checkpoint");
 }
 
-// An input tensor written unchanged: borrowed from the memory-mapped input, never copied.
-TensorToWrite BorrowTensor(const TensorView& t) {
-  TensorToWrite w;
-  w.name = t.name;
-  w.dtype = t.dtype;
-  w.shape = t.shape;
-  w.borrowed = t.data;
-  w.borrowed_size = t.nbytes;
-  return w;
-}
-
 // What one input tensor becomes in the output: the tensors to write (one, or the format's
 // tensors of a quantized linear) and, for a linear's weight, its report line.
 struct Produced {
