@@ -52,7 +52,7 @@ Status CheckOutput(const ConvertRequest& r) {
 Result<std::vector<SourceLinear>> ReadSourceLinears(const QuantizedFormat& src, const ModelConfig& mc,
                                                     const TensorStore& store, DType model_dtype) {
   std::vector<SourceLinear> out;
-  for (const std::string& m : LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr)) {
+  for (const std::string& m : LinearModuleNames(mc, HasLmHead(mc, store))) {
     SourceLinear l;
     l.module = m;
     NIBBLE_ASSIGN_OR_RETURN(l.plan, src.Resolve(m));
@@ -197,7 +197,7 @@ Result<ConvertSummary> Convert(const ConvertRequest& r) {
   }
   if (!r.gptq_format.empty()) request.gptq_format = r.gptq_format;
   for (const SourceLinear& l : linears) request.modules.push_back(l.module);
-  if (store.Find("lm_head.weight") == nullptr) request.absent_modules = {"lm_head"};
+  if (!HasLmHead(mc, store)) request.absent_modules = {"lm_head"};
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<FormatWriter> writer, target->writer(request));
   NIBBLE_ASSIGN_OR_RETURN(std::optional<DType> scale_dtype, ChooseScaleDType(linears, model_dtype, *writer));
   if (scale_dtype && *scale_dtype != model_dtype) SetScaleDType(request.config, *scale_dtype);

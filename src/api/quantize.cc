@@ -372,7 +372,7 @@ static Status AddEngines(InspectReport& rep, const ModelConfig& mc, const Tensor
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> format, OpenCheckpointFormat(rep.dir));
   std::vector<LinearShapeInfo> shapes;
   std::vector<std::string> names;
-  for (const std::string& name : LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr || !mc.tie_word_embeddings)) {
+  for (const std::string& name : LinearModuleNames(mc, HasLmHead(mc, store))) {
     const auto [n, k] = LinearShape(mc, name);
     shapes.push_back({name, n, k});
     names.push_back(name);
@@ -413,8 +413,7 @@ Result<InspectReport> Inspect(const std::string& dir) {
   }
   const int64_t elem = mc.torch_dtype == "float32" ? 4 : 2;
   for (const auto& name : store.Names()) rep.total_tensor_bytes += static_cast<int64_t>(store.Find(name)->nbytes);
-  // As CheckCheckpointShapes: an untied model has an lm_head, whatever its tensors are called.
-  const bool has_lm_head = store.Find("lm_head.weight") != nullptr || !mc.tie_word_embeddings;
+  const bool has_lm_head = HasLmHead(mc, store);
   const std::vector<std::string> suffixes = fmt ? fmt->TensorSuffixes() : std::vector<std::string>{"weight"};
   for (const std::string& name : LinearModuleNames(mc, has_lm_head)) {
     InspectReport::Layer l;

@@ -44,10 +44,16 @@ bool HasBias(const ModelConfig& c, const std::string& module) {
 
 }  // namespace
 
+bool HasLmHead(const ModelConfig& c, const TensorStore& store) {
+  if (!c.tie_word_embeddings) return true;
+  for (const std::string& name : store.Names())
+    if (name.starts_with("lm_head.")) return true;
+  return false;
+}
+
 Status CheckCheckpointShapes(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format) {
   const int64_t h = c.hidden_size;
-  // A tied model may omit lm_head; an untied one must have it.
-  const bool has_lm_head = store.Find("lm_head.weight") != nullptr || !c.tie_word_embeddings;
+  const bool has_lm_head = HasLmHead(c, store);
   NIBBLE_RETURN_IF_ERROR(CheckFloat(store, "model.embed_tokens.weight", {c.vocab_size, h}));
   NIBBLE_RETURN_IF_ERROR(CheckFloat(store, "model.norm.weight", {h}));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {

@@ -17,6 +17,10 @@ namespace nibble {
 /// Int4Linear, the others dense; errors as QuantizedFormat::Import.
 LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format);
 
+/// Whether the checkpoint has an lm_head linear: always when the embeddings are untied (whatever
+/// its tensors are called in the format), else only when some "lm_head.*" tensor is stored.
+bool HasLmHead(const ModelConfig& c, const TensorStore& store);
+
 /// Checks, without converting any data, that `store` holds every tensor a model with config `c`
 /// reads, with the shape config.json implies: embeddings, norms and biases as float tensors, each
 /// linear as `format` stores it (nullptr: dense, float [N, K]). What `nibble generate` would refuse

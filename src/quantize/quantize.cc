@@ -306,9 +306,9 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   ExportRequest request{o.config, {}, {}};
   request.gptq_format = o.gptq_format;
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, nullptr));
-  const std::vector<std::string> modules = LinearModuleNames(mc, store.Find("lm_head.weight") != nullptr);
+  const std::vector<std::string> modules = LinearModuleNames(mc, HasLmHead(mc, store));
   request.modules = modules;
-  if (store.Find("lm_head.weight") == nullptr) request.absent_modules = {"lm_head"};
+  if (!HasLmHead(mc, store)) request.absent_modules = {"lm_head"};
   std::map<std::string, std::string> misaligned_rule;
   NIBBLE_RETURN_IF_ERROR(ApplyMisalignedPolicy(o.misaligned, store, modules, request.config, misaligned_rule));
   NIBBLE_RETURN_IF_ERROR(CheckSomethingQuantized(request.config, modules));
