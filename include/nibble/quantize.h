@@ -228,4 +228,33 @@ struct ConvertSummary {
 /// cannot hold (named per layer by its writer), every read error of the input.
 Result<ConvertSummary> Convert(const ConvertRequest& request);
 
+/// `nibble verify A B`: two checkpoints of any formats (dense included) compared as the model
+/// sees them: each linear's dequantized weight and every other tensor's values.
+struct VerifyRequest {
+  std::string a_dir, b_dir;
+};
+
+struct VerifyEntry {
+  std::string name;        // a linear module, or a tensor name
+  bool linear = false;     // a linear's (dequantized) weight, else a tensor copied as it is
+  bool identical = false;  // every value equal (and, for a tensor, same dtype and shape)
+  double max_abs_diff = 0; // over the values that differ
+  int64_t differing = 0, total = 0;
+  std::string a, b;        // how each side stores it ("uint4 asym g128", "float BF16 [64, 64]", "absent")
+};
+
+struct VerifyReport {
+  std::string a_format, b_format;  // "quark", "gptq", ..., "dense"
+  std::vector<VerifyEntry> entries;  // linears in model order, then tensors by name
+  bool identical() const {
+    for (const VerifyEntry& e : entries)
+      if (!e.identical) return false;
+    return true;
+  }
+};
+
+/// Errors: either side unreadable (every load error of a checkpoint, named by file and tensor),
+/// or the two configs giving a linear different shapes.
+Result<VerifyReport> Verify(const VerifyRequest& request);
+
 }  // namespace nibble

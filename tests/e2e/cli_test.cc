@@ -18,43 +18,17 @@
 
 #include <nlohmann/json.hpp>
 
+#include "e2e/run_nibble.h"
 #include "support/openmp_wait.h"
 #include "test_paths.h"
 #include "test_util.h"
 
 namespace {
 
-struct RunResult {
-  int exit_code = -1;  // -1: killed by a signal
-  std::string out;     // stdout + stderr
-  std::string stdout_only;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-RunResult RunNibble(const std::string& args, bool merge_stderr = true) {
-  const std::string cmd = Quote(nibble_test::NibbleBinary()) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  int st = pclose(p);
-  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using nibble_test::Quote;
+using nibble_test::ReadFile;
+using nibble_test::RunNibble;
+using nibble_test::RunResult;
 
 double ParsePerplexity(const std::string& out) {
   std::smatch m;
@@ -641,36 +615,5 @@ TEST(Cli, RtnReportIsSummarizedAndPlotted) {
 }  // namespace
 
 namespace {
-
-// Quark export -> each other format -> back to Quark reproduces the export byte for byte, for
-// both pack methods, asymmetric and symmetric (AutoAWQ GEMM holds asymmetric only).
-TEST(Cli, ConvertRoundTripsEveryFormatByteForByte) {
-  const std::string model = nibble_test::EmbeddedModel();
-  nibble_test::TempDir dir("nibble_convert_");
-  struct Case {
-    std::string scheme, pack;
-    int64_t group;
-  };
-  for (const Case& c : {Case{"w_uint4_per_group_asym", "reorder", 128}, Case{"w_int4_per_group_sym", "order", 32}}) {
-    const std::string q = dir.path() + "/q-" + c.pack;
-    RunResult r = RunNibble("quantize --model_dir " + Quote(model) + " --output_dir " + Quote(q) + " --quant_scheme " + c.scheme +
-                            " --group_size " + std::to_string(c.group) + " --pack_method " + c.pack);
-    ASSERT_EQ(r.exit_code, 0) << r.out;
-    for (const std::string to : {"compressed-tensors", "awq", "gptq"}) {
-      if (to == "awq" && c.scheme.find("sym") != std::string::npos && c.scheme.find("asym") == std::string::npos) continue;
-      const std::string mid = q + "-" + to, back = mid + "-back";
-      r = RunNibble("convert --in " + Quote(q) + " --out " + Quote(mid) + " --to " + to + " --gptq_format v2");
-      ASSERT_EQ(r.exit_code, 0) << to << ": " << r.out;
-      r = RunNibble("convert --in " + Quote(mid) + " --out " + Quote(back) + " --to hf_format --pack_method " + c.pack);
-      ASSERT_EQ(r.exit_code, 0) << to << ": " << r.out;
-      for (const char* f : {"/model.safetensors", "/config.json"})
-        EXPECT_EQ(ReadFile(q + f), ReadFile(back + f)) << c.scheme << " via " << to << ": " << f << " differs";
-    }
-  }
-  // A dense input has nothing to convert.
-  RunResult dense = RunNibble("convert --in " + Quote(model) + " --out " + Quote(dir.path() + "/x") + " --to awq");
-  EXPECT_NE(dense.exit_code, 0);
-  EXPECT_NE(dense.out.find("dense checkpoint"), std::string::npos) << dense.out;
-}
 
 }  // namespace
