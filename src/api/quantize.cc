@@ -268,9 +268,9 @@ static Status AlgorithmOptions(const QuantizeRequest& r, QuantizeOptions& o) {
   NIBBLE_ASSIGN_OR_RETURN(o.gptq.scale_timing, ParseGptqScaleTiming(r.gptq_scale_timing, "--gptq_scale_timing"));
   NIBBLE_ASSIGN_OR_RETURN(o.gptq.actorder, ParseGptqActOrder(r.actorder, "--actorder"));
   o.gptq.true_sequential = r.true_sequential;
-  if (o.gptq.scale_timing == GptqScaleTiming::kDynamic && o.gptq.actorder != GptqActOrder::kNone)
-    return MakeError("--gptq_scale_timing dynamic with --actorder ", r.actorder,
-                     " forms groups in the permuted order (a non-natural g_idx); use --actorder none with dynamic");
+  if (o.gptq.scale_timing == GptqScaleTiming::kDynamic && o.gptq.actorder == GptqActOrder::kStatic)
+    return MakeError("--gptq_scale_timing dynamic with --actorder static would refit groups in the permuted order "
+                     "while they stay on the natural columns; use --actorder group (a g_idx) or none with dynamic");
   return Status::Ok();
 }
 

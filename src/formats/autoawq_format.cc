@@ -370,7 +370,7 @@ Result<std::unique_ptr<FormatWriter>> MakeAutoAwqWriter(const ExportRequest& r) 
 }  // namespace
 
 const FormatEntry& AutoAwqFormatEntry() {
-  static const FormatEntry e{"awq", "awq", "AutoAWQ GEMM", OpenAutoAwq, MakeAutoAwqWriter};
+  static const FormatEntry e{"awq", "awq", "AutoAWQ GEMM", OpenAutoAwq, MakeAutoAwqWriter, false};
   return e;
 }
 

@@ -103,6 +103,7 @@ struct FormatEntry {
   /// Parses config.json's text (`path` names it) into the format's config.
   Result<std::unique_ptr<QuantizedFormat>> (*open)(const std::string& config_text, const std::string& path);
   Result<std::unique_ptr<FormatWriter>> (*writer)(const ExportRequest& request);
+  bool holds_g_idx;  // stores an act-order g_idx (a column order other than k / group_size)
 };
 
 /// Every format, in the order they are tried.

@@ -495,7 +495,7 @@ std::unique_ptr<QuantizedFormat> MakeCompressedTensorsFormat(CtConfig config) {
 
 const FormatEntry& CompressedTensorsFormatEntry() {
   static const FormatEntry e{"compressed-tensors", "compressed-tensors", "compressed-tensors pack-quantized (llm-compressor)", OpenCt,
-                             MakeCtWriter};
+                             MakeCtWriter, true};
   return e;
 }
 

@@ -270,7 +270,7 @@ Result<std::unique_ptr<QuantizedFormat>> OpenGptq(const std::string& text, const
 }  // namespace
 
 const FormatEntry& GptqFormatEntry() {
-  static const FormatEntry e{"gptq", "gptq", "GPTQ (AutoGPTQ / GPTQModel, v1 and v2)", OpenGptq, MakeGptqWriter};
+  static const FormatEntry e{"gptq", "gptq", "GPTQ (AutoGPTQ / GPTQModel, v1 and v2)", OpenGptq, MakeGptqWriter, true};
   return e;
 }
 

@@ -171,7 +171,7 @@ std::unique_ptr<QuantizedFormat> MakeQuarkFormat(QuarkQuantConfig config) {
 }
 
 const FormatEntry& QuarkFormatEntry() {
-  static const FormatEntry e{"quark", "hf_format", "AMD Quark hf_format", OpenQuark, MakeQuarkWriter};
+  static const FormatEntry e{"quark", "hf_format", "AMD Quark hf_format", OpenQuark, MakeQuarkWriter, false};
   return e;
 }
 

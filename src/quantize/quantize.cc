@@ -279,9 +279,11 @@ Status CheckRequest(const QuantizeOptions& o) {
     NIBBLE_ASSIGN_OR_RETURN(std::optional<GptqSettings> g, ParseGptqAlgoConfig(o.config.algo_config, o.gptq));
     const GptqSettings s = g ? *g : o.gptq;
     NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, "GPTQ"));
-    if (s.actorder == GptqActOrder::kGroup)
+    NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* format, FindExportFormat(o.model_export));
+    if (s.actorder == GptqActOrder::kGroup && !format->holds_g_idx)
       return MakeErrorCode(ErrorCode::kUnsupported, "--actorder group needs a g_idx in the checkpoint; --model_export ",
-                           o.model_export, " (AMD Quark) cannot hold one; use --actorder static (natural g_idx) or none");
+                           o.model_export, " (", format->description, ") cannot hold one; use --model_export gptq or "
+                           "compressed-tensors, or --actorder static (groups on the natural columns) or none");
   }
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> fmt, OpenCheckpointFormat(o.model_dir));
   if (fmt != nullptr) return MakeError(o.model_dir, ": the checkpoint is already quantized; quantize a float checkpoint");

@@ -255,6 +255,45 @@ TEST(GptqSolver, ActOrderStaticKeepsNaturalGroupsAndHelpsDynamicTimingRefits) {
   EXPECT_FALSE(nibble::ValidateGptqSettings(st, "test").ok());
 }
 
+// Act-order group is natural-order GPTQ on the problem with its columns sorted by descending
+// diag(H) (weights, inputs and H permuted alike), groups formed in that order, the codes put back
+// at their own columns with g_idx[perm[i]] = i / g: the textbook reference on the permuted problem,
+// un-permuted, is the oracle.
+TEST(GptqSolver, ActOrderGroupIsTheReferenceOnThePermutedProblem) {
+  const Problem p = Correlated(24, 96, 384, 23);
+  for (bool sym : {false, true}) {
+    const nibble::QuantSpec spec = Spec(32, sym);
+    nibble::GptqSettings st;
+    st.actorder = nibble::GptqActOrder::kGroup;
+    st.block_size = 16;
+    nibble::GptqFactor f;
+    const nibble::Int4Matrix q = RunSolver(p, spec, st, &f);
+    ASSERT_TRUE(nibble::ValidateInt4Matrix(q, "act-order group").ok());
+    ASSERT_EQ(q.g_idx.size(), static_cast<size_t>(p.k));
+    for (int64_t i = 0; i < p.k; ++i) EXPECT_EQ(q.g_idx[f.perm[i]], i / 32) << "position " << i;
+    EXPECT_FALSE(nibble::HasNaturalGroups(q));
+    Problem pp = p;  // columns in the loop's order
+    for (int64_t i = 0; i < p.k; ++i) {
+      for (int64_t o = 0; o < p.n; ++o) pp.w[o * p.k + i] = p.w[o * p.k + f.perm[i]];
+      for (int64_t r = 0; r < p.rows; ++r) pp.x[r * p.k + i] = p.x[r * p.k + f.perm[i]];
+      for (int64_t j = 0; j < p.k; ++j) pp.h[i * p.k + j] = p.h[f.perm[i] * p.k + f.perm[j]];
+    }
+    const double e_ref = OutputError(pp, ReferenceGptq(pp, spec));
+    const double e_gptq = OutputError(p, Deq(q));
+    EXPECT_GT(e_gptq, 0.95 * e_ref) << "sym " << sym;
+    EXPECT_LT(e_gptq, 1.05 * e_ref) << "sym " << sym;
+    auto rtn = nibble::QuantizeRtnRef(p.w.data(), p.n, p.k, spec, nibble::DType::kF32);
+    ASSERT_TRUE(rtn.ok());
+    EXPECT_LT(e_gptq, 0.7 * OutputError(p, Deq(*rtn))) << "sym " << sym;
+    // Dynamic timing refits each group at its first position in the loop's order.
+    st.scale_timing = nibble::GptqScaleTiming::kDynamic;
+    const nibble::Int4Matrix d = RunSolver(p, spec, st);
+    EXPECT_EQ(d.g_idx, q.g_idx);
+    EXPECT_NE(d.scales, q.scales);
+    EXPECT_LT(OutputError(p, Deq(d)), 0.7 * OutputError(p, Deq(*rtn))) << "sym " << sym;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The pipeline and the export
 
@@ -363,7 +402,10 @@ TEST(Gptq, FewCalibrationTokensWarnAndBadRequestsAreNamedBeforeAnyWork) {
   };
   auto r = GptqReq(tmp.sub("m"), "", CalibFile(tmp));
   r.actorder = "group";
-  fails(r, "--model_export hf_format");
+  fails(r, "--model_export hf_format (AMD Quark hf_format) cannot hold one");
+  r.model_export = "awq";
+  fails(r, "--model_export awq (AutoAWQ GEMM) cannot hold one");
+  r.model_export = "hf_format";
   r.actorder = "sideways";
   fails(r, "supported: none, static, group");
   r.actorder = "none";

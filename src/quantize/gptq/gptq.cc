@@ -22,8 +22,6 @@ std::vector<int> LinearsOf(LayerInput in) {
 
 Result<std::unique_ptr<GptqAlgorithm>> GptqAlgorithm::Create(const GptqSettings& s, std::unique_ptr<AwqAlgorithm> awq) {
   NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, "GPTQ"));
-  if (s.actorder == GptqActOrder::kGroup)
-    return MakeErrorCode(ErrorCode::kUnsupported, "GPTQ act-order group needs a g_idx, which this export cannot hold");
   return std::unique_ptr<GptqAlgorithm>(new GptqAlgorithm(s, std::move(awq)));
 }
 

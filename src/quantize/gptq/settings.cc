@@ -30,10 +30,10 @@ Status ValidateGptqSettings(const GptqSettings& s, const std::string& what) {
   if (!(s.dampening_frac > 0 && s.dampening_frac < 1))
     return MakeError(what, ": dampening_frac ", s.dampening_frac, " must be in (0, 1)");
   if (s.block_size < 1) return MakeError(what, ": block_size ", s.block_size, " must be at least 1");
-  if (s.scale_timing == GptqScaleTiming::kDynamic && s.actorder != GptqActOrder::kNone)
-    return MakeError(what, ": scale timing dynamic with act-order ", GptqActOrderName(s.actorder),
-                     " forms groups in the permuted order, which needs a g_idx; use act-order none with dynamic, "
-                     "or up_front scale timing with act-order static");
+  if (s.scale_timing == GptqScaleTiming::kDynamic && s.actorder == GptqActOrder::kStatic)
+    return MakeError(what, ": scale timing dynamic with act-order static would refit groups in the permuted order "
+                     "while they stay on the natural columns; use act-order group with dynamic (a g_idx), or "
+                     "up_front scale timing with act-order static");
   return Status::Ok();
 }
 

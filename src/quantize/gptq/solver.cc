@@ -32,8 +32,6 @@ bool InverseCholeskyUpper(std::vector<float>& a, int64_t k) {
 }  // namespace
 
 Result<GptqFactor> FactorGptqHessian(std::vector<float> h, int64_t k, const GptqSettings& s) {
-  if (s.actorder == GptqActOrder::kGroup)
-    return MakeErrorCode(ErrorCode::kUnsupported, "GPTQ act-order group needs a g_idx, which this export cannot hold");
   if (k < 1 || static_cast<int64_t>(h.size()) != k * k)
     return MakeError("GPTQ Hessian has ", h.size(), " entries, expected ", k, " x ", k);
   for (size_t i = 0; i < h.size(); ++i)
@@ -47,7 +45,7 @@ Result<GptqFactor> FactorGptqHessian(std::vector<float> h, int64_t k, const Gptq
     }
   f.perm.resize(static_cast<size_t>(k));
   std::iota(f.perm.begin(), f.perm.end(), int64_t{0});
-  if (s.actorder == GptqActOrder::kStatic) {
+  if (s.actorder != GptqActOrder::kNone) {
     std::stable_sort(f.perm.begin(), f.perm.end(), [&](int64_t a, int64_t b) { return h[a * k + a] > h[b * k + b]; });
     std::vector<float> p(h.size());
     for (int64_t i = 0; i < k; ++i)
@@ -75,9 +73,11 @@ Result<GptqFactor> FactorGptqHessian(std::vector<float> h, int64_t k, const Gptq
 namespace {
 
 // The column loop's state: Wᵀ in the processing order, group parameters as the loop uses them.
+// by_position: act-order group, where position i of the order is in group i / g (else column
+// perm[i] is in group perm[i] / g).
 struct ColumnLoop {
   int64_t n, k, g, groups;
-  bool sym;
+  bool sym, by_position;
   std::vector<float> wt;   // [K, N], row i = column perm[i] of W
   std::vector<float> inv;  // [N, G] fp32(1 / scale)
   std::vector<float> z;    // [N, G] zero point added before rounding (uint4), 0 for int4
@@ -91,16 +91,16 @@ void SetGroupParams(ColumnLoop& L, const Int4Matrix& m, int64_t gi, int64_t r0, 
   }
 }
 
-// GPTQModel's refit at a group's first column (natural order), for rows [r0, r1): from W as it
-// stood at the start of the current block for the block's columns (in-block updates not yet
-// applied), the current W beyond it.
+// GPTQModel's refit at a group's first position in the loop's order (act-order none or group),
+// for rows [r0, r1): from W as it stood at the start of the current block for the block's
+// positions (in-block updates not yet applied), the current W beyond it.
 Status RefitGroup(ColumnLoop& L, Int4Matrix& m, int64_t gi, int64_t i1, int64_t i2, const std::vector<float>& start,
                   const QuantSpec& spec, DType dt, int64_t r0, int64_t r1) {
   const int64_t rows = r1 - r0;
   std::vector<float> buf(static_cast<size_t>(rows * L.g));
   for (int64_t t = 0; t < L.g; ++t) {
-    const int64_t c = gi * L.g + t;
-    const float* src = c < i2 ? &start[(c - i1) * L.n] : &L.wt[c * L.n];
+    const int64_t p = gi * L.g + t;
+    const float* src = p < i2 ? &start[(p - i1) * L.n] : &L.wt[p * L.n];
     for (int64_t r = r0; r < r1; ++r) buf[(r - r0) * L.g + t] = src[r];
   }
   QuantSpec one = spec;
@@ -118,7 +118,7 @@ Status RefitGroup(ColumnLoop& L, Int4Matrix& m, int64_t gi, int64_t i1, int64_t 
 // then the block's later columns j < i2 updated by e · U[i][j].
 void QuantizeColumn(ColumnLoop& L, Int4Matrix& m, const std::vector<float>& u, int64_t i, int64_t c, int64_t i2,
                     float* e, int64_t r0, int64_t r1) {
-  const int64_t gi = c / L.g;
+  const int64_t gi = L.by_position ? i / L.g : c / L.g;
   const float d = u[i * L.k + i];
   const float* row = &L.wt[i * L.n];
   for (int64_t r = r0; r < r1; ++r) {
@@ -147,8 +147,8 @@ Status RunBlock(ColumnLoop& L, Int4Matrix& m, const GptqFactor& f, int64_t i1, i
     const int64_t r0 = t * kRows, r1 = std::min(L.n, r0 + kRows);
     for (int64_t i = i1; i < i2; ++i) {
       const int64_t c = f.perm[i];
-      if (dynamic && c % L.g == 0) {
-        status[t] = RefitGroup(L, m, c / L.g, i1, i2, start, spec, dt, r0, r1);
+      if (dynamic && i % L.g == 0) {  // dynamic runs in natural or act-order group order only
+        status[t] = RefitGroup(L, m, i / L.g, i1, i2, start, spec, dt, r0, r1);
         if (!status[t].ok()) break;
       }
       QuantizeColumn(L, m, f.u, i, c, i2, &err[(i - i1) * L.n], r0, r1);
@@ -171,15 +171,35 @@ void LazyBlockUpdate(ColumnLoop& L, const std::vector<float>& u, int64_t i1, int
   }
 }
 
+// Act-order group's up-front parameters: RTN over W with its columns in the loop's order, so
+// group j holds positions [j g, (j + 1) g); the codes come back at their own columns with
+// g_idx[perm[i]] = i / g.
+Result<Int4Matrix> ActOrderGroupRtn(const float* w, int64_t n, int64_t k, const std::vector<int64_t>& perm,
+                                    const QuantSpec& spec, DType dt) {
+  std::vector<float> wp(static_cast<size_t>(n * k));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i) wp[r * k + i] = w[r * k + perm[i]];
+  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix m, QuantizeRtnRef(wp.data(), n, k, spec, dt));
+  std::vector<uint8_t> codes(m.codes.size());
+  m.g_idx.resize(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) {
+    m.g_idx[perm[i]] = static_cast<int32_t>(i / m.group_size);
+    for (int64_t r = 0; r < n; ++r) codes[r * k + perm[i]] = m.codes[r * k + i];
+  }
+  m.codes = std::move(codes);
+  return m;
+}
+
 }  // namespace
 
 Result<Int4Matrix> GptqQuantize(const float* w, int64_t n, int64_t k, const GptqFactor& f, const QuantSpec& spec,
                                 DType dt, const GptqSettings& s) {
-  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix m, QuantizeRtnRef(w, n, k, spec, dt));
-  if (f.fallback_rtn) return m;
-  if (f.k != k || static_cast<int64_t>(f.u.size()) != k * k || static_cast<int64_t>(f.perm.size()) != k)
+  if (f.k != k || static_cast<int64_t>(f.perm.size()) != k || (!f.fallback_rtn && static_cast<int64_t>(f.u.size()) != k * k))
     return MakeError("GPTQ factor is for K = ", f.k, ", the weight has K = ", k);
-  ColumnLoop L{n, k, m.group_size, m.groups(), m.symmetric, {}, {}, {}};
+  const bool by_position = s.actorder == GptqActOrder::kGroup;
+  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix m, by_position ? ActOrderGroupRtn(w, n, k, f.perm, spec, dt) : QuantizeRtnRef(w, n, k, spec, dt));
+  if (f.fallback_rtn) return m;
+  ColumnLoop L{n, k, m.group_size, m.groups(), m.symmetric, by_position, {}, {}, {}};
   L.inv.resize(static_cast<size_t>(n * L.groups));
   L.z.resize(L.inv.size());
   for (int64_t gi = 0; gi < L.groups; ++gi) SetGroupParams(L, m, gi, 0, n);
