@@ -616,6 +616,8 @@ def gptq_config(cfg_qc, file_qc):
 def gptq_spec(qc, name):
     """(quantized, bits, group_size, sym, desc_act, rule) for module `name`."""
     spec = {k: qc.get(k) for k in ("bits", "group_size", "sym", "desc_act")}
+    if name.split(".")[-1] == "lm_head" and not qc.get("lm_head"):
+        return None, "lm_head false"
     for key, over in (qc.get("dynamic") or {}).items():
         neg, pat = key.startswith("-:"), key[2:] if key[:2] in ("+:", "-:") else key
         if re.match(pat, name):
@@ -623,8 +625,6 @@ def gptq_spec(qc, name):
                 return None, "dynamic %r" % key
             spec.update({k: v for k, v in over.items() if k in spec})
             return spec, "dynamic %r" % key
-    if name.split(".")[-1] == "lm_head" and not qc.get("lm_head"):
-        return None, "lm_head false"
     return spec, "the global spec"
 
 
@@ -803,6 +803,11 @@ def self_test():
                  _t("m.scales", "F32", [1, 2], [0.25, 0.25]), _t("m.qzeros", "I32", [1, 1], [0x73])]
     _expect("TV-1 codes, one group, GPTQ v1 zeros 4 and 8 stored as 3 and 7", gptq_load,
             dict(qc, group_size=16, __v1__=True), one_group, [(q - (4, 8)[i // 16]) * 0.25 for i, q in enumerate(codes)])
+    swapped = [_t("m.g_idx", "I32", [16], [1 - c // 8 for c in range(16)])]  # act-order: groups swapped
+    zeros = ((4, 0), (8, 15))  # [out][group], TV-1
+    _expect("TV-1 codes, GPTQ v2 with a non-natural g_idx", gptq_load, dict(qc, desc_act=True, __v1__=False),
+            gptq[:2] + swapped + [_t("m.qzeros", "I32", [2, 1], [0x84, 0xF0])],
+            [(q - zeros[i // 16][1 - (i % 16) // 8]) * 0.25 for i, q in enumerate(codes)])
     try:  # TV-1's v1 words: out0 of group 1 has z = 0, stored as 15 (SPEC §9.1)
         _expect("TV-1 GPTQ v1", gptq_load, dict(qc, __v1__=True),
                 gptq + [_t("m.qzeros", "I32", [2, 1], [0xEEEEEF73, 0xEEEEEFDF])], _TV1_W)
