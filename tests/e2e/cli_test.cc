@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -25,16 +27,12 @@
 
 namespace {
 
+using nibble_test::ParsePerplexity;
 using nibble_test::Quote;
 using nibble_test::ReadFile;
 using nibble_test::RunNibble;
 using nibble_test::RunResult;
-
-double ParsePerplexity(const std::string& out) {
-  std::smatch m;
-  if (!std::regex_search(out, m, std::regex("perplexity: ([0-9.]+)"))) return -1;
-  return std::stod(m[1]);
-}
+using nibble_test::RunCommand;
 
 TEST(Cli, Stories260KGreedyMatchesPublishedText) {
   NIBBLE_NEEDS_SHARED("models/stories260K");
@@ -611,9 +609,5 @@ TEST(Cli, RtnReportIsSummarizedAndPlotted) {
   EXPECT_EQ(ReadFile(dir + "/p.png").substr(0, 4), "\x89PNG");
   std::system(("rm -rf " + dir).c_str());
 }
-
-}  // namespace
-
-namespace {
 
 }  // namespace

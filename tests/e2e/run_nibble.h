@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 
@@ -25,8 +26,8 @@ inline std::string Quote(const std::string& s) {
   return q + "'";
 }
 
-inline RunResult RunNibble(const std::string& args, bool merge_stderr = true) {
-  const std::string cmd = Quote(NibbleBinary()) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
+// A shell command line; its stdout (and whatever it redirects there) and exit code.
+inline RunResult RunCommand(const std::string& cmd) {
   RunResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -38,11 +39,22 @@ inline RunResult RunNibble(const std::string& args, bool merge_stderr = true) {
   return r;
 }
 
+inline RunResult RunNibble(const std::string& args, bool merge_stderr = true) {
+  return RunCommand(Quote(NibbleBinary()) + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
+}
+
 inline std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+// The value of "perplexity: X" in nibble's output; -1 when there is none.
+inline double ParsePerplexity(const std::string& out) {
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex("perplexity: ([0-9.]+)"))) return -1;
+  return std::stod(m[1]);
 }
 
 }  // namespace nibble_test
