@@ -33,7 +33,8 @@ std::string BuildCommit();
 /// Prints "nibble: error: <message>" to stderr and returns exit code 1.
 int Fail(const std::string& message);
 
-/// Prints each of a loaded model's warnings to stderr as "warning: <dir>: <text>".
+/// Prints each of a loaded model's warnings to stderr as "warning: <dir>: <text>" (a text that
+/// starts with "note: " as "note: <dir>: <rest>").
 void PrintWarnings(const std::string& dir, const std::vector<std::string>& warnings);
 
 /// Reads a whole text file (--text) into `text`. Returns "" on success, else the error message

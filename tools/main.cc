@@ -19,7 +19,13 @@ int Fail(const std::string& message) {
 }
 
 void PrintWarnings(const std::string& dir, const std::vector<std::string>& warnings) {
-  for (const std::string& w : warnings) std::fprintf(stderr, "warning: %s: %s\n", dir.c_str(), w.c_str());
+  for (const std::string& w : warnings) {
+    if (w.starts_with("note: ")) {
+      std::fprintf(stderr, "note: %s: %s\n", dir.c_str(), w.c_str() + 6);
+    } else {
+      std::fprintf(stderr, "warning: %s: %s\n", dir.c_str(), w.c_str());
+    }
+  }
 }
 
 std::string ReadTextFile(const std::string& path, std::string* text) {

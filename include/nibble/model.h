@@ -51,7 +51,8 @@ struct ModelInfo {
   /// does not serve, keep fp32 activations); equals int4_linears for kFp32.
   int64_t activation_linears = 0;
   /// What loaded but may not be what the checkpoint's author meant (tensors nibble does not
-  /// read, a tied lm_head that differs from the embedding), one sentence each.
+  /// read, a tied lm_head that differs from the embedding), one sentence each; a sentence that
+  /// starts with "note: " says how the model is run (act-order linears sorted at load).
   std::vector<std::string> warnings;
 };
 

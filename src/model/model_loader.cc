@@ -8,9 +8,10 @@
 
 namespace nibble {
 
-LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format) {
+LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format,
+                              std::shared_ptr<std::atomic<int64_t>> act_order) {
   if (format == nullptr) return LoadDenseLinear;
-  return [format](const TensorStore& store, const std::string& prefix, int64_t n, int64_t k,
+  return [format, act_order](const TensorStore& store, const std::string& prefix, int64_t n, int64_t k,
                   bool has_bias) -> Result<std::unique_ptr<Linear>> {
     NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, format->Resolve(prefix));
     NIBBLE_ASSIGN_OR_RETURN(std::optional<Int4Matrix> m, format->Import(store, prefix, plan, n, k));
@@ -21,6 +22,7 @@ LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format) {
     }
     // Readers keep a g_idx only when it is not the natural one.
     const std::string desc = DescribeSpec(*plan.spec) + (m->g_idx.empty() ? "" : " act-order");
+    if (act_order && !m->g_idx.empty()) ++*act_order;
     return std::unique_ptr<Linear>(new Int4Linear(std::move(*m), std::move(bias), desc));
   };
 }
@@ -142,7 +144,11 @@ Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, std::st
   NIBBLE_ASSIGN_OR_RETURN(std::string unread, CheckUnreadTensors(config, store, format.get()));
   if (!unread.empty()) notes.push_back(unread);
   NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(config, store, format.get(), &notes));
-  auto m = LlamaModel::FromStore(config, store, MakeLinearLoader(std::move(format)));
+  auto act_order = std::make_shared<std::atomic<int64_t>>(0);
+  auto m = LlamaModel::FromStore(config, store, MakeLinearLoader(std::move(format), act_order));
+  if (*act_order > 0)
+    notes.push_back("note: " + std::to_string(act_order->load()) + " int4 linears have an act-order g_idx: their columns are "
+                    "sorted by group once at load and each input gathered to match (the kernels see natural groups)");
   if (m.ok() && warnings != nullptr) warnings->insert(warnings->end(), notes.begin(), notes.end());
   return m;
 }

@@ -3,6 +3,8 @@
 // into the native Int4Matrix and run as an Int4Linear, or loaded dense.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,8 +16,10 @@
 namespace nibble {
 
 /// The loader for a checkpoint in `format` (nullptr: dense): quantized modules become
-/// Int4Linear, the others dense; errors as QuantizedFormat::Import.
-LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format);
+/// Int4Linear, the others dense; errors as QuantizedFormat::Import. `act_order`, when set, counts
+/// the linears whose non-natural g_idx Int4Linear sorts by group at load.
+LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format,
+                              std::shared_ptr<std::atomic<int64_t>> act_order = nullptr);
 
 /// Whether the checkpoint has an lm_head linear: always when the embeddings are untied (whatever
 /// its tensors are called in the format), else only when some "lm_head.*" tensor is stored.
@@ -46,7 +50,8 @@ Status CheckTiedLmHead(const ModelConfig& c, const TensorStore& store, const Qua
                        std::vector<std::string>* warnings);
 
 /// Loads a model directory of any supported format. `format_name` (optional) receives "dense" or
-/// the format's name; `warnings` (optional) CheckUnreadTensors' and CheckTiedLmHead's warnings.
+/// the format's name; `warnings` (optional) CheckUnreadTensors' and CheckTiedLmHead's warnings, and a "note: "
+/// naming the act-order linears sorted at load.
 Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, std::string* format_name = nullptr,
                                                  std::vector<std::string>* warnings = nullptr);
 
