@@ -13,6 +13,7 @@
 #include <nibble/quantize.h>
 
 #include "formats/checkpoint_format.h"
+#include "formats/float_dtype.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/llama.h"
@@ -109,8 +110,7 @@ Result<VerifyEntry> CompareTensor(const TensorView* ta, const TensorView* tb, co
     e.total = ta->numel();
     return e;
   }
-  auto is_float = [](DType d) { return d == DType::kF32 || d == DType::kF16 || d == DType::kBF16; };
-  if (!is_float(ta->dtype) || !is_float(tb->dtype)) {
+  if (!IsFloatScaleDType(ta->dtype) || !IsFloatScaleDType(tb->dtype)) {
     e.total = e.differing = ta->numel();
     return e;
   }
