@@ -2,9 +2,10 @@
 # Builds nibble and runs the whole test suite (installs what it needs first):
 #   1. include-layering check
 #   2. release build + every test (CI: warnings are errors, preset `ci`)
-#   3. AddressSanitizer + UndefinedBehaviorSanitizer build + the unit and kernel tests not labelled
-#      slow (no e2e)
-#   4. fuzz targets: seed corpora as regression tests, then FUZZ_SECONDS (default 30) each
+#   3. AddressSanitizer + UndefinedBehaviorSanitizer build (clang, preset asan) + the unit and kernel
+#      tests not labelled slow (no e2e)
+#   4. fuzz targets, linked in the same build (its libraries are compiled once for both stages):
+#      seed corpora as regression tests, then FUZZ_SECONDS (default 30) each
 # NIBBLE_TEST_STAGES selects stages (default "release asan fuzz"); extra arguments go to the
 # release-stage ctest (e.g. -R Quark).
 set -euo pipefail

@@ -29,4 +29,6 @@ std::string ClosestOf(const std::string& word, const std::vector<std::string>& c
   return best_d <= std::max<size_t>(2, word.size() / 3) ? best : "";
 }
 
+std::string Quoted(const std::string& s) { return "\"" + s + "\""; }
+
 }  // namespace nibble

@@ -1,4 +1,5 @@
-// Suggestions for misspelt names ("did you mean ...?"): flags, config keys.
+// Text helpers for messages: suggestions for misspelt names ("did you mean ...?": flags, config
+// keys) and quoting of names and values.
 #pragma once
 
 #include <cstddef>
@@ -12,5 +13,8 @@ size_t EditDistance(const std::string& a, const std::string& b);
 
 /// The candidate closest to `word` when it is within max(2, |word| / 3) edits, else "".
 std::string ClosestOf(const std::string& word, const std::vector<std::string>& candidates);
+
+/// `s` in double quotes, as error messages show names and values: Quoted("g128") == "\"g128\"".
+std::string Quoted(const std::string& s);
 
 }  // namespace nibble

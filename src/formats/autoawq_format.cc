@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "base/strings.h"
 #include "formats/packed_linear.h"
 #include "formats/quark_format.h"
 #include "formats/quark_pack.h"
@@ -11,8 +12,6 @@
 
 namespace nibble {
 namespace {
-
-std::string Quoted(const std::string& s) { return "\"" + s + "\""; }
 
 struct AutoAwqConfig {
   int64_t group_size = 128;

@@ -158,8 +158,6 @@ Status CheckTopLevel(const OJ& qc, const std::string& where) {
   return Status::Ok();
 }
 
-bool IsRegex(const std::string& e) { return e.rfind("re:", 0) == 0; }
-
 }  // namespace
 
 Result<CtConfig> ParseCtConfig(const OJ& qc, const std::string& where) {
@@ -199,7 +197,7 @@ QuantSpec CtSpecFor(const CtWeightArgs& a) {
 bool IsCtLinearClass(const std::string& entry) { return entry == "Linear" || entry == "Module"; }
 
 Result<bool> CtEntryMatches(const std::string& name, const std::string& entry, bool class_names) {
-  if (IsRegex(entry)) return MatchesExcludeEntry(name, entry);
+  if (IsRegexEntry(entry)) return MatchesExcludeEntry(name, entry);
   return entry == name || (class_names && IsCtLinearClass(entry));
 }
 

@@ -13,8 +13,6 @@ namespace {
 
 using Read = EngineRead;
 
-bool IsRegex(const std::string& e) { return e.rfind("re:", 0) == 0; }
-
 std::string Lower(std::string s) {
   for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return s;
@@ -38,7 +36,7 @@ Result<Read> ReadTransformers(const CtConfig& c, const std::string& name, bool t
     int kind = -1;
     if (t == name) kind = 0;
     else if (IsCtLinearClass(t)) kind = 2;
-    else if (IsRegex(t)) {
+    else if (IsRegexEntry(t)) {
       NIBBLE_ASSIGN_OR_RETURN(bool hit, MatchesExcludeEntry(name, t));
       if (hit) kind = 1;
     }
@@ -78,7 +76,7 @@ Result<bool> VllmIgnored(const CtConfig& c, const std::string& name) {
 Result<std::optional<size_t>> VllmFirstMatch(const CtConfig& c, const std::string& value, bool contains) {
   for (const auto& [t, gi] : c.targets) {
     bool hit = false;
-    if (IsRegex(t)) {
+    if (IsRegexEntry(t)) {
       NIBBLE_ASSIGN_OR_RETURN(hit, MatchesExcludeEntry(value, t));
     } else {
       hit = contains ? Lower(value).find(Lower(t)) != std::string::npos : t == value;

@@ -183,8 +183,10 @@ const RE2& CompiledRegex(const std::string& pattern) {
 
 }  // namespace
 
+bool IsRegexEntry(std::string_view entry) { return entry.substr(0, 3) == "re:"; }
+
 Status ValidateExcludeEntry(const std::string& entry) {
-  if (entry.rfind("re:", 0) != 0) return Status::Ok();
+  if (!IsRegexEntry(entry)) return Status::Ok();
   const RE2& re = CompiledRegex(entry.substr(3));
   if (!re.ok())
     return MakeError("exclude entry \"", entry, "\": invalid regular expression (RE2 syntax): ", re.error());
@@ -192,7 +194,7 @@ Status ValidateExcludeEntry(const std::string& entry) {
 }
 
 Result<bool> MatchesExcludeEntry(const std::string& name, const std::string& entry) {
-  if (entry.rfind("re:", 0) != 0) return FnMatch(name, entry);
+  if (!IsRegexEntry(entry)) return FnMatch(name, entry);
   const RE2& re = CompiledRegex(entry.substr(3));
   if (!re.ok())
     return MakeError("exclude entry \"", entry, "\" against layer \"", name,

@@ -36,6 +36,9 @@ bool FnMatch(std::string_view name, std::string_view pattern);
 /// (RE2 syntax): missing ): ("). Never throws.
 Result<bool> MatchesExcludeEntry(const std::string& name, const std::string& entry);
 
+/// Whether an exclude or target entry is a `re:` regex (else an fnmatch pattern).
+bool IsRegexEntry(std::string_view entry);
+
 /// Checks that a `re:` entry compiles (no-op Ok for glob entries). Used when parsing a config so
 /// that a bad entry is reported once, with its JSON location, before any layer is resolved.
 Status ValidateExcludeEntry(const std::string& entry);

@@ -1,13 +1,12 @@
 // GPTQ config parsing and per-module resolution (see gptq_config.h).
 #include "formats/gptq_config.h"
 
+#include "base/strings.h"
 #include "formats/fnmatch.h"
 #include "formats/packed_linear.h"
 
 namespace nibble {
 namespace {
-
-std::string Quoted(const std::string& s) { return "\"" + s + "\""; }
 
 Result<GptqOverride> ParseOverride(const std::string& key, const nlohmann::json& v, const std::string& where) {
   GptqOverride o;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "base/strings.h"
 #include "formats/fnmatch.h"
 #include "formats/gptq_config.h"
 #include "formats/packed_linear.h"
@@ -13,8 +14,6 @@
 
 namespace nibble {
 namespace {
-
-std::string Quoted(const std::string& s) { return "\"" + s + "\""; }
 
 std::string Layout(const GptqConfig& c, int64_t n, int64_t k, int64_t g) {
   return std::string("GPTQ ") + (c.v2 ? "gptq_v2" : "gptq (v1)") + " g=" + std::to_string(g) + ", N=" + std::to_string(n) +

@@ -20,8 +20,6 @@ std::string Found(const OJ& j) {
   return std::string(j.type_name()) + " " + v;
 }
 
-std::string Quoted(const std::string& s) { return "\"" + s + "\""; }
-
 // "a.b" key paths; top-level keys have an empty parent path.
 std::string Join(const std::string& path, const char* key) { return path.empty() ? key : path + "." + key; }
 

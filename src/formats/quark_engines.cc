@@ -4,13 +4,12 @@
 #include <map>
 #include <tuple>
 
+#include "base/strings.h"
 #include "formats/fnmatch.h"
 
 namespace nibble {
 
 namespace {
-
-std::string Quoted(const std::string& s) { return "\"" + s + "\""; }
 
 std::string SpecText(const std::optional<WeightQuantSpec>& s, int64_t k) {
   if (!s) return "float";
@@ -24,7 +23,7 @@ bool SameSpec(const std::optional<WeightQuantSpec>& a, const std::optional<Weigh
 }
 
 // An engine's resolution of one name: a spec, or a refusal to load.
-struct Read {
+struct QuarkRead {
   std::optional<WeightQuantSpec> spec;
   std::string fails;  // non-empty: the engine refuses the checkpoint
 };
@@ -50,53 +49,53 @@ std::optional<WeightQuantSpec> VllmLayerSpec(const QuarkQuantConfig& c, const st
   return c.global;
 }
 
-Result<Read> ReadVllm(const QuarkQuantConfig& c, const std::string& name, bool glob_exclude, bool tied) {
-  if (name == "lm_head" && tied) return Read{};
+Result<QuarkRead> ReadVllm(const QuarkQuantConfig& c, const std::string& name, bool glob_exclude, bool tied) {
+  if (name == "lm_head" && tied) return QuarkRead{};
   std::string fused;
   std::vector<std::string> shards = FusedShards(name, &fused);
   if (shards.empty()) shards = {name};
   NIBBLE_ASSIGN_OR_RETURN(bool ignored, VllmIgnored(c, name, glob_exclude));
   for (const std::string& s : shards) {
     NIBBLE_ASSIGN_OR_RETURN(bool other, VllmIgnored(c, s, glob_exclude));
-    if (other != ignored) return Read{std::nullopt, "fused " + fused + ": some shards excluded, others not (ValueError)"};
+    if (other != ignored) return QuarkRead{std::nullopt, "fused " + fused + ": some shards excluded, others not (ValueError)"};
   }
-  if (ignored) return Read{};
+  if (ignored) return QuarkRead{};
   const std::optional<WeightQuantSpec> spec = VllmLayerSpec(c, name);
   for (const std::string& s : shards)
-    if (VllmLayerSpec(c, s) != spec) return Read{std::nullopt, "fused " + fused + ": shards resolve to different specs (ValueError)"};
+    if (VllmLayerSpec(c, s) != spec) return QuarkRead{std::nullopt, "fused " + fused + ": shards resolve to different specs (ValueError)"};
   if (spec && spec->group_size <= 0)
-    return Read{std::nullopt, "group_size " + std::string(spec->qscheme == QScheme::kPerChannel ? "null (per_channel)" : "-1") +
+    return QuarkRead{std::nullopt, "group_size " + std::string(spec->qscheme == QScheme::kPerChannel ? "null (per_channel)" : "-1") +
                                   ": vLLM's W4A16 scheme needs a positive group_size"};
-  return Read{spec, ""};
+  return QuarkRead{spec, ""};
 }
 
-Read ReadTransformers(const QuarkQuantConfig& c, const std::string& name, bool tied) {
-  if (name == "lm_head" && tied) return Read{};
+QuarkRead ReadTransformers(const QuarkQuantConfig& c, const std::string& name, bool tied) {
+  if (name == "lm_head" && tied) return QuarkRead{};
   for (const std::string& e : c.exclude)
-    if (FnMatch(name, e)) return Read{};
+    if (FnMatch(name, e)) return QuarkRead{};
   for (const auto& [key, spec] : c.layer_quant_config)
-    if (FnMatch(name, key)) return Read{spec, ""};
-  if (auto it = c.layer_type_quant_config.find("Linear"); it != c.layer_type_quant_config.end()) return Read{it->second, ""};
-  return Read{c.global, ""};
+    if (FnMatch(name, key)) return QuarkRead{spec, ""};
+  if (auto it = c.layer_type_quant_config.find("Linear"); it != c.layer_type_quant_config.end()) return QuarkRead{it->second, ""};
+  return QuarkRead{c.global, ""};
 }
 
 // ORT GenAI decodes what is stored: `meant` says whether the module's tensors are quantized.
-Read ReadOrt(const QuarkQuantConfig& c, const std::string& name, const std::optional<WeightQuantSpec>& meant) {
-  if (!meant) return Read{};
+QuarkRead ReadOrt(const QuarkQuantConfig& c, const std::string& name, const std::optional<WeightQuantSpec>& meant) {
+  if (!meant) return QuarkRead{};
   const std::string top = name.substr(0, name.find('.'));
   std::optional<WeightQuantSpec> spec = c.global;
   for (const auto& [key, s] : c.layer_quant_config)
     if (key == top) spec = s;
-  if (!spec) return Read{std::nullopt, "no weight spec for top-level module " + Quoted(top)};
+  if (!spec) return QuarkRead{std::nullopt, "no weight spec for top-level module " + Quoted(top)};
   WeightQuantSpec r = *spec;
   r.dtype = QuantDType::kUint4;  // codes are never sign-extended
   r.qscheme = QScheme::kPerGroup;
-  return Read{r, ""};
+  return QuarkRead{r, ""};
 }
 
 // Why an engine's reading differs from the file's meaning, and what avoids it.
 std::pair<std::string, std::string> Explain(const std::string& engine, const QuarkQuantConfig& c, const std::string& name,
-                                            const std::optional<WeightQuantSpec>& meant, const Read& got, bool tied) {
+                                            const std::optional<WeightQuantSpec>& meant, const QuarkRead& got, bool tied) {
   if (!got.fails.empty()) {
     if (got.fails.rfind("fused", 0) == 0)
       return {got.fails, "give q/k/v_proj (gate/up_proj) of a layer the same --layer_quant_config and --exclude_layers"};
@@ -143,15 +142,15 @@ Result<EnginesReport> ReportEngines(const QuarkQuantConfig& c, const std::vector
     EnginesReport::Linear out;
     out.shape = l;
     out.meant = SpecText(meant.spec, l.k);
-    std::vector<Read> reads(5);
-    reads[0] = Read{meant.spec, ""};
+    std::vector<QuarkRead> reads(5);
+    reads[0] = QuarkRead{meant.spec, ""};
     reads[1] = ReadTransformers(c, l.name, tied);
     NIBBLE_ASSIGN_OR_RETURN(reads[2], ReadVllm(c, l.name, false, tied));
     NIBBLE_ASSIGN_OR_RETURN(reads[3], ReadVllm(c, l.name, true, tied));
     reads[4] = ReadOrt(c, l.name, meant.spec);
     for (size_t e = 0; e < reads.size(); ++e) {
       EngineReading r;
-      const Read& got = reads[e];
+      const QuarkRead& got = reads[e];
       r.text = got.fails.empty() ? SpecText(got.spec, l.k) : "fails to load";
       r.agrees = got.fails.empty() && SameSpec(got.spec, meant.spec, l.k);
       if (e == 4 && meant.spec && (meant.spec->dtype == QuantDType::kInt4 || meant.spec->qscheme == QScheme::kPerChannel))
