@@ -52,9 +52,14 @@ Runner RegisterVerify(CLI::App& app) {
         if (!e.identical || !*only_differences) PrintEntry(e);
       }
     }
-    std::printf("%s: %lld of %lld linears and %lld of %lld other tensors identical\n",
-                rep->identical() ? "identical" : "DIFFERENT", static_cast<long long>(same_linears),
-                static_cast<long long>(linears), static_cast<long long>(same_tensors), static_cast<long long>(tensors));
+    if (rep->identical()) {
+      std::printf("identical: all %lld linears and %lld other tensors\n", static_cast<long long>(linears),
+                  static_cast<long long>(tensors));
+    } else {
+      std::printf("DIFFERENT: %lld of %lld linears and %lld of %lld other tensors differ\n",
+                  static_cast<long long>(linears - same_linears), static_cast<long long>(linears),
+                  static_cast<long long>(tensors - same_tensors), static_cast<long long>(tensors));
+    }
     return rep->identical() ? 0 : 1;
   };
 }

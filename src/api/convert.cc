@@ -160,12 +160,28 @@ Status WriteConverted(const QuantizedFormat& src, const FormatWriter& writer, co
     NIBBLE_ASSIGN_OR_RETURN(std::optional<Int4Matrix> q, src.Import(store, module, l.plan, n, k));
     QuantSpec spec = *l.plan.spec;
     spec.scale_dtype = scale_dtype;
-    auto tensors = writer.WriteLinear(module, *q, spec, scale_dtype.value_or(model_dtype));
-    if (!tensors.ok()) return tensors.error().WithContext("layer " + module);
-    for (auto& t : *tensors) NIBBLE_RETURN_IF_ERROR(out.Add(std::move(t)));
+    NIBBLE_ASSIGN_OR_RETURN(std::vector<TensorToWrite> tensors, writer.WriteLinear(module, *q, spec, scale_dtype.value_or(model_dtype)));
+    for (auto& t : tensors) NIBBLE_RETURN_IF_ERROR(out.Add(std::move(t)));
     ++s.quantized_linears;
   }
   return Status::Ok();
+}
+
+// A GPTQ input re-written as GPTQ keeps the quantizer settings its config records (GPTQ's writer
+// reads them from a "gptq" algo_config entry, as after a nibble GPTQ run).
+nlohmann::ordered_json GptqSettingsOf(const QuantizedFormat& src) {
+  const nlohmann::ordered_json qc = src.ConfigJson();
+  nlohmann::ordered_json e = {{"name", "gptq"}};
+  for (const char* key : {"damp_percent", "true_sequential"})
+    if (qc.contains(key)) e[key] = qc[key];
+  return nlohmann::ordered_json::array({e});
+}
+
+// Writers phrase what they cannot hold for quantize (--model_export); convert's flag is --to.
+Error InConvertTerms(const Error& e) {
+  Error out = e;
+  for (size_t at = 0; (at = out.message.find("--model_export", at)) != std::string::npos;) out.message.replace(at, 14, "--to");
+  return out;
 }
 
 DType ModelDType(const ModelConfig& mc) {
@@ -174,7 +190,7 @@ DType ModelDType(const ModelConfig& mc) {
 
 }  // namespace
 
-Result<ConvertSummary> Convert(const ConvertRequest& r) {
+static Result<ConvertSummary> ConvertChecked(const ConvertRequest& r) {
   const auto t0 = std::chrono::steady_clock::now();
   NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* target, FindTarget(r.to));
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> src, OpenCheckpointFormat(r.input_dir));
@@ -196,6 +212,7 @@ Result<ConvertSummary> Convert(const ConvertRequest& r) {
     request.config.export_config.pack_method = r.pack_method == "order" ? PackMethod::kOrder : PackMethod::kReorder;
   }
   if (!r.gptq_format.empty()) request.gptq_format = r.gptq_format;
+  if (src->name() == "gptq" && std::string(target->quant_method) == "gptq") request.config.algo_config = GptqSettingsOf(*src);
   for (const SourceLinear& l : linears) request.modules.push_back(l.module);
   if (!HasLmHead(mc, store)) request.absent_modules = {"lm_head"};
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<FormatWriter> writer, target->writer(request));
@@ -227,6 +244,12 @@ Result<ConvertSummary> Convert(const ConvertRequest& r) {
     if (r.on_message) r.on_message(m);
   NIBBLE_RETURN_IF_ERROR(out.Commit(r.overwrite));
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
+Result<ConvertSummary> Convert(const ConvertRequest& r) {
+  Result<ConvertSummary> s = ConvertChecked(r);
+  if (!s.ok()) return InConvertTerms(s.error());
   return s;
 }
 

@@ -88,6 +88,31 @@ TEST(Convert, EveryOrderedPairRoundTripsByteForByte) {
   EXPECT_NE(dense.out.find("dense checkpoint"), std::string::npos) << dense.out;
 }
 
+// GPTQ's settings survive a GPTQ -> GPTQ conversion, and convert's errors name convert's flags.
+TEST(Convert, GptqSettingsSurviveAndErrorsNameConvertsFlags) {
+  const std::string model = nibble_test::EmbeddedModel();
+  nibble_test::TempDir dir("nibble_convert_");
+  const std::string q = dir.sub("gptq"), v2 = dir.sub("v2");
+  RunResult r = RunNibble("quantize --model_dir " + Quote(model) + " --output_dir " + Quote(q) +
+                          " --quant_scheme w_int4_per_group_sym --group_size 128 --quant_algo gptq --dampening_frac 0.05"
+                          " --num_calib_data 4 --seq_len 64 --model_export gptq --dataset " +
+                          Quote(nibble_test::SharedData("prose-calib.txt")));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = RunNibble("convert --in " + Quote(q) + " --out " + Quote(v2) + " --to gptq --gptq_format v2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const nlohmann::json qc = nlohmann::json::parse(ReadFile(v2 + "/quantize_config.json"));
+  EXPECT_EQ(qc["damp_percent"], 0.05) << qc.dump();
+  EXPECT_EQ(qc["checkpoint_format"], "gptq_v2") << qc.dump();
+  r = RunNibble("convert --in " + Quote(q) + " --out " + Quote(dir.sub("x")) + " --to gguf");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--to \"gguf\" is not supported"), std::string::npos) << r.out;
+  r = RunNibble("convert --in " + Quote(q) + " --out " + Quote(dir.sub("x")) + " --to awq");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.out.find("--model_export"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("symmetric"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir.sub("x")));
+}
+
 // Flips the lowest bit of the first data byte of `tensor` in a safetensors file: the first code
 // of the packed word moves by one.
 void FlipFirstBit(const std::string& file, const std::string& tensor) {
@@ -121,19 +146,19 @@ TEST(Verify, NamesTheOneLinearWhoseCodeChanged) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("model.layers.0.mlp.up_proj"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("1 of 196608 values"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("42 of 43 linears and 14 of 14 other tensors identical"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DIFFERENT: 1 of 43 linears and 0 of 14 other tensors differ"), std::string::npos) << r.out;
   // A norm weight changed: an "other tensor" differs, every linear is identical.
   std::filesystem::remove_all(changed);
   std::filesystem::copy(q, changed, std::filesystem::copy_options::recursive);
   FlipFirstBit(changed + "/model.safetensors", "model.norm.weight");
   r = RunNibble("verify " + Quote(q) + " " + Quote(changed));
   EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("43 of 43 linears and 13 of 14 other tensors identical"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DIFFERENT: 0 of 43 linears and 1 of 14 other tensors differ"), std::string::npos) << r.out;
   // Against the float model every quantized linear differs; the float lm_head and tensors do not.
   r = RunNibble("verify " + Quote(q) + " " + Quote(model));
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("B: " + model + " (dense)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("1 of 43 linears and 14 of 14 other tensors identical"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DIFFERENT: 42 of 43 linears and 0 of 14 other tensors differ"), std::string::npos) << r.out;
   // An unreadable side is exit code 2, naming which.
   r = RunNibble("verify " + Quote(q) + " " + Quote(dir.sub("missing")));
   EXPECT_EQ(r.exit_code, 2) << r.out;
