@@ -238,6 +238,10 @@ static Result<ConvertSummary> ConvertChecked(const ConvertRequest& r) {
   for (const std::string& f : CheckpointSideFiles(r.input_dir))
     if (f != "quantize_config.json" && !written.count(f)) side.push_back(f);
   NIBBLE_ASSIGN_OR_RETURN(s.copied_files, out.CopyFiles(r.input_dir, side));
+  if (!r.gptq_format.empty() && s.to != "gptq")
+    s.messages.push_back("warning: --gptq_format " + r.gptq_format + " is used only by --to gptq");
+  if (!r.pack_method.empty() && s.to != "quark")
+    s.messages.push_back("warning: --pack_method " + r.pack_method + " is used only by --to hf_format");
   if (s.from == "quark" && s.to != "quark" && !request.config.algo_config.is_null())
     s.messages.push_back("note: the input's algo_config is not written: " + std::string(target->description) + " has no place for it");
   for (const std::string& m : s.messages)

@@ -138,7 +138,9 @@ std::pair<std::string, std::string> Explain(size_t engine, const std::string& na
                                             const std::optional<QuantSpec>& meant) {
   if (engine == 3)
     return {"its builder does not read quant_method \"compressed-tensors\" (NotImplementedError)",
-            "--model_export hf_format (ONNX Runtime GenAI reads Quark uint4)"};
+            meant && meant->act_order
+                ? "re-quantize without --actorder group, --model_export hf_format (ONNX Runtime GenAI reads Quark uint4, which has no g_idx)"
+                : "--model_export hf_format or nibble convert --to hf_format (ONNX Runtime GenAI reads Quark uint4)"};
   if (name == "lm_head" && tied && meant)
     return {"tie_word_embeddings is true: runs the embedding", "re-export with nibble quantize (it unties a quantized lm_head)"};
   if (got.fails.rfind("fused", 0) == 0)

@@ -328,6 +328,11 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
     if (o.message) o.message(m);
   };
   if (o.quant_algo == "rtn" && !o.dataset.empty()) note("warning: --dataset " + o.dataset + " is not used by --quant_algo rtn");
+  if (o.quant_algo.find("gptq") == std::string::npos && o.gptq.actorder != GptqActOrder::kNone)
+    note(std::string("warning: --actorder ") + GptqActOrderName(o.gptq.actorder) + " is used only by GPTQ; --quant_algo " +
+         o.quant_algo + " ignores it");
+  if (o.model_export != "gptq" && o.gptq_format != "v1")
+    note("warning: --gptq_format " + o.gptq_format + " is used only by --model_export gptq");
   std::map<std::string, Produced> produced;
   if (o.quant_algo != "rtn") {
     NIBBLE_ASSIGN_OR_RETURN(produced, RunCalibratedExport(o, mc, store, ex, request.config, report, note));

@@ -98,8 +98,9 @@ TEST(Convert, GptqSettingsSurviveAndErrorsNameConvertsFlags) {
                           " --num_calib_data 4 --seq_len 64 --model_export gptq --dataset " +
                           Quote(nibble_test::SharedData("prose-calib.txt")));
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  r = RunNibble("convert --in " + Quote(q) + " --out " + Quote(v2) + " --to gptq --gptq_format v2");
+  r = RunNibble("convert --in " + Quote(q) + " --out " + Quote(v2) + " --to gptq --gptq_format v2 --pack_method order");
   ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: --pack_method order is used only by --to hf_format"), std::string::npos) << r.out;
   const nlohmann::json qc = nlohmann::json::parse(ReadFile(v2 + "/quantize_config.json"));
   EXPECT_EQ(qc["damp_percent"], 0.05) << qc.dump();
   EXPECT_EQ(qc["checkpoint_format"], "gptq_v2") << qc.dump();
@@ -111,6 +112,12 @@ TEST(Convert, GptqSettingsSurviveAndErrorsNameConvertsFlags) {
   EXPECT_EQ(r.out.find("--model_export"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("symmetric"), std::string::npos) << r.out;
   EXPECT_FALSE(std::filesystem::exists(dir.sub("x")));
+  // Flags the run does not use are named, not silently dropped.
+  r = RunNibble("quantize --model_dir " + Quote(model) + " --output_dir " + Quote(dir.sub("rtn")) +
+                " --actorder group --gptq_format v2 --model_export compressed-tensors");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("warning: --actorder group is used only by GPTQ; --quant_algo rtn ignores it"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("warning: --gptq_format v2 is used only by --model_export gptq"), std::string::npos) << r.out;
 }
 
 // Flips the lowest bit of the first data byte of `tensor` in a safetensors file: the first code
