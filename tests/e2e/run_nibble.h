@@ -17,7 +17,6 @@ namespace nibble_test {
 struct RunResult {
   int exit_code = -1;  // -1: killed by a signal
   std::string out;     // stdout + stderr
-  std::string stdout_only;
 };
 
 inline std::string Quote(const std::string& s) {
