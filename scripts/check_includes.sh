@@ -51,12 +51,13 @@ declare -A allow=(
   [kernels]="base kernels"
   [tokenizer]="base io tokenizer"
   [model]="base io formats kernels model"
+  [onnx]="base io formats kernels model onnx"
   [eval]="base io formats kernels model tokenizer eval"
   [quantize]="base io formats kernels model tokenizer quantize"
-  [api]="base io formats kernels model tokenizer eval quantize api"
+  [api]="base io formats kernels model tokenizer onnx eval quantize api"
 )
 # Include-path prefixes that name a project layer (anything else is system / third-party).
-layers=" base io formats kernels tokenizer model eval quantize api "
+layers=" base io formats kernels tokenizer model onnx eval quantize api "
 
 offenders=0
 report() {  # file line include why

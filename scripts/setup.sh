@@ -7,7 +7,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config nlohmann-json3-dev libsentencepiece-dev
       libcli11-dev libdnnl-dev ocl-icd-opencl-dev libgtest-dev libgmock-dev libssl-dev
       clang libclang-rt-14-dev libcairo2-dev libre2-dev liblapacke-dev libopenblas0-serial
-      python3)
+      libonnx-dev libprotobuf-dev python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

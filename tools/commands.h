@@ -24,6 +24,7 @@ Runner RegisterReport(CLI::App& app);
 Runner RegisterBenchModel(CLI::App& app);
 Runner RegisterConvert(CLI::App& app);
 Runner RegisterVerify(CLI::App& app);
+Runner RegisterExportOnnx(CLI::App& app);
 
 /// `nibble --version`: "nibble X.Y.Z (commit abc1234)", the kernels compiled in and those chosen.
 std::string VersionText();

@@ -257,4 +257,5 @@ struct VerifyReport {
 /// or the two configs giving a linear different shapes.
 Result<VerifyReport> Verify(const VerifyRequest& request);
 
+
 }  // namespace nibble

@@ -1,0 +1,119 @@
+// nibble export-onnx run by a real ONNX Runtime (onnxruntime-node, CPU) against nibble itself.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include <nibble/nibble.h>
+
+#include "e2e/run_nibble.h"
+#include "test_paths.h"
+
+namespace nibble_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Where scripts/test.sh installs onnxruntime-node (npm install --ignore-scripts).
+std::string OrtNodeModules() { return SourceDir() + "/build/npm/node_modules"; }
+
+// Greedy ids and the prefill's last logits from tests/reference/ort_decode.js.
+nlohmann::json RunOrt(const std::string& dir, const std::vector<int32_t>& prompt, int steps) {
+  const std::string cmd = "NODE_PATH=" + Quote(OrtNodeModules()) + " node " +
+                          Quote(SourceDir() + "/tests/reference/ort_decode.js") + " " + Quote(dir) + " " +
+                          Quote(nlohmann::json(prompt).dump()) + " " + std::to_string(steps) + " 2 2>&1";
+  RunResult r = RunCommand(cmd);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  // ONNX Runtime prints its own warnings ([W:onnxruntime...]) to stderr; none are expected.
+  EXPECT_EQ(r.out.find("[W:onnxruntime"), std::string::npos) << r.out;
+  return nlohmann::json::parse(r.out.substr(r.out.find('{')), nullptr, false);
+}
+
+// nibble's greedy ids and prefill logits for the same prompt.
+void RunNibbleGreedy(const std::string& dir, const std::vector<int32_t>& prompt, int steps, std::vector<int32_t>* ids,
+                     std::vector<float>* prefill) {
+  auto model = nibble::Model::Load(dir);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  auto s = nibble::Session::Create(**model);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  ASSERT_TRUE((*s)->Prefill(prompt).ok());
+  *prefill = (*s)->logits();
+  nibble::SamplingOptions greedy;
+  greedy.temperature = 0;
+  for (int i = 0; i < steps; ++i) {
+    auto t = (*s)->Sample(greedy);
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    ids->push_back(*t);
+    if (i + 1 < steps) {
+      ASSERT_TRUE((*s)->Step(*t).ok());
+    }
+  }
+}
+
+class OnnxExport : public ::testing::TestWithParam<std::string> {};
+
+// Both runtimes accumulate in fp32 (accuracy_level 1: no int8 activations), in different orders:
+// over K <= 688 products of |a·w| below ~10 the rounding is ~K·2^-24·10 per dot product, growing
+// through 6 layers; 2e-3 on logits of magnitude ~10 is about 40x that and far below the gaps
+// greedy decoding turns on.
+TEST_P(OnnxExport, OnnxRuntimeAgreesWithNibbleOnLogitsAndGreedyText) {
+  if (RunCommand("command -v node >/dev/null 2>&1").exit_code != 0) GTEST_SKIP() << "node not found in PATH";
+  if (!fs::exists(OrtNodeModules() + "/onnxruntime-node"))
+    GTEST_SKIP() << "onnxruntime-node not installed in " << OrtNodeModules() << " (scripts/test.sh installs it with npm)";
+  const fs::path tmp = fs::temp_directory_path() / ("nibble_onnx_" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  const std::string q = (tmp / "q").string(), onnx = (tmp / "onnx").string();
+  RunResult r = RunNibble("quantize --model_dir " + Quote(EmbeddedModel()) + " --output_dir " + Quote(q) + " " + GetParam());
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = RunNibble("export-onnx --model " + Quote(q) + " --out " + Quote(onnx) + " --accuracy_level 1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto model = nibble::Model::Load(q);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  auto prompt = (*model)->Tokenize("Once upon a time, the old lighthouse keeper");
+  ASSERT_TRUE(prompt.ok());
+  std::vector<int32_t> ids;
+  std::vector<float> prefill;
+  RunNibbleGreedy(q, *prompt, 64, &ids, &prefill);
+  const nlohmann::json ort = RunOrt(onnx, *prompt, 64);
+  ASSERT_TRUE(ort.is_object());
+  const std::vector<float> ort_logits = ort["prefill_logits"].get<std::vector<float>>();
+  ASSERT_EQ(ort_logits.size(), prefill.size());
+  double max_diff = 0;
+  for (size_t i = 0; i < prefill.size(); ++i) max_diff = std::max(max_diff, std::fabs(double(ort_logits[i]) - prefill[i]));
+  EXPECT_LT(max_diff, 2e-3) << GetParam();
+  EXPECT_EQ(ort["ids"].get<std::vector<int32_t>>(), ids) << GetParam();
+  fs::remove_all(tmp);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schemes, OnnxExport,
+    ::testing::Values("--quant_scheme w_uint4_per_group_asym --group_size 128 --exclude_layers '' "
+                      "--layer_quant_config lm_head:group_size=32",
+                      "--quant_scheme w_int4_per_group_sym --group_size 32",
+                      "--quant_scheme w_uint4_per_group_asym --group_size 64 --model_export compressed-tensors"));
+
+TEST(OnnxExportCli, RefusesWhatTheGraphCannotHoldBeforeWriting) {
+  const fs::path tmp = fs::temp_directory_path() / ("nibble_onnx_bad_" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  RunResult r = RunNibble("export-onnx --model " + Quote(EmbeddedModel()) + " --out " + Quote((tmp / "o").string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("dense checkpoint has no int4 codes"), std::string::npos) << r.out;
+  const std::string q = (tmp / "q").string();
+  r = RunNibble("quantize --model_dir " + Quote(EmbeddedModel()) + " --output_dir " + Quote(q) +
+                " --quant_scheme w_uint4_per_group_asym --group_size 48 --misaligned per_channel");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = RunNibble("export-onnx --model " + Quote(q) + " --out " + Quote((tmp / "o").string()));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("has group_size 48"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(tmp / "o"));
+  r = RunNibble("export-onnx --model " + Quote(q) + " --out " + Quote((tmp / "o").string()) + " --io_dtype bf16");
+  EXPECT_NE(r.out.find("--io_dtype \"bf16\" is not supported"), std::string::npos) << r.out;
+  fs::remove_all(tmp);
+}
+
+}  // namespace
+}  // namespace nibble_test

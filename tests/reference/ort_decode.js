@@ -1,0 +1,39 @@
+// Runs an exported decoder (nibble export-onnx) in ONNX Runtime (onnxruntime-node, CPU):
+// prefill of the prompt ids, then greedy decode with the KV cache fed back.
+// Usage: node ort_decode.js MODEL_DIR '[ids]' STEPS [THREADS]
+// Prints JSON {ids: [generated ids], prefill_logits: [last position's logits]}.
+const ort = require('onnxruntime-node');
+const fs = require('fs');
+
+async function main() {
+  const [dir, idsText, stepsText, threadsText] = process.argv.slice(2);
+  const cfg = JSON.parse(fs.readFileSync(dir + '/genai_config.json')).model.decoder;
+  const opts = { executionProviders: ['cpu'], intraOpNumThreads: Number(threadsText || 1) };
+  const session = await ort.InferenceSession.create(dir + '/model.onnx', opts);
+  let ids = JSON.parse(idsText).map(BigInt);
+  const steps = Number(stepsText);
+  const kv = cfg.num_key_value_heads, hs = cfg.head_size;
+  let past = {};
+  for (let i = 0; i < cfg.num_hidden_layers; ++i)
+    for (const kind of ['key', 'value'])
+      past[`past_key_values.${i}.${kind}`] = new ort.Tensor('float32', new Float32Array(0), [1, kv, 0, hs]);
+  let total = 0, out = [], prefill = null, input = ids;
+  for (let step = 0; step < steps; ++step) {
+    total += input.length;
+    const feeds = Object.assign({}, past, {
+      input_ids: new ort.Tensor('int64', BigInt64Array.from(input), [1, input.length]),
+      attention_mask: new ort.Tensor('int64', new BigInt64Array(total).fill(1n), [1, total]),
+    });
+    const r = await session.run(feeds);
+    const vocab = r.logits.dims[2], last = r.logits.data.subarray((input.length - 1) * vocab, input.length * vocab);
+    if (step === 0) prefill = Array.from(last);
+    let best = 0;
+    for (let v = 1; v < vocab; ++v) if (last[v] > last[best]) best = v;
+    out.push(best);
+    for (let i = 0; i < cfg.num_hidden_layers; ++i)
+      for (const kind of ['key', 'value']) past[`past_key_values.${i}.${kind}`] = r[`present.${i}.${kind}`];
+    input = [BigInt(best)];
+  }
+  process.stdout.write(JSON.stringify({ ids: out, prefill_logits: prefill }) + '\n');
+}
+main().catch((e) => { console.error(String(e)); process.exit(1); });

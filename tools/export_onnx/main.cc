@@ -1,0 +1,35 @@
+// nibble-export-onnx (run as `nibble export-onnx`): an int4 checkpoint as an ONNX Runtime GenAI
+// model. A program of its own: see include/nibble/export_onnx.h for why.
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <nibble/export_onnx.h>
+
+int main(int argc, char** argv) {
+  nibble::ExportOnnxRequest r;
+  CLI::App app("nibble export-onnx: write an int4 checkpoint as an ONNX Runtime GenAI model (MatMulNBits)",
+               "nibble export-onnx");
+  app.add_option("--model", r.input_dir, "Quantized checkpoint directory (hf_format, compressed-tensors, awq, gptq)")->required();
+  app.add_option("--out", r.output_dir, "Output directory (written staged, renamed when complete)")->required();
+  app.add_option("--accuracy_level", r.accuracy_level, "MatMulNBits accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 (default 4)");
+  app.add_option("--io_dtype", r.io_dtype, "Activation / KV cache / scale dtype: fp32 | fp16 (default fp32)");
+  app.add_option("--execution_provider", r.execution_provider, "ONNX Runtime execution provider: cpu (default)");
+  app.add_flag("--overwrite", r.overwrite, "Replace an existing output directory");
+  CLI11_PARSE(app, argc, argv);
+  auto s = nibble::ExportOnnx(r);
+  if (!s.ok()) {
+    std::fprintf(stderr, "nibble: error: %s\n", s.error().message.c_str());
+    return 1;
+  }
+  for (const std::string& m : s->messages) std::fprintf(stderr, "%s\n", m.c_str());
+  std::string blocks;
+  for (const auto& [b, count] : s->block_sizes)
+    blocks += (blocks.empty() ? "" : ", ") + std::to_string(count) + " x block_size " + std::to_string(b);
+  const std::string head = s->lm_head_block_size > 0 ? "block_size " + std::to_string(s->lm_head_block_size) : "float";
+  std::printf("exported %s (%s) -> %s: %lld MatMulNBits (%s), %lld float MatMul, lm_head %s, %.1f MB of weights, %.1f s\n",
+              r.input_dir.c_str(), s->from.c_str(), r.output_dir.c_str(), static_cast<long long>(s->matmul_nbits),
+              blocks.c_str(), static_cast<long long>(s->matmul_float), head.c_str(),
+              static_cast<double>(s->data_bytes) / 1e6, s->seconds);
+  return 0;
+}
