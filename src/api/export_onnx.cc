@@ -9,6 +9,7 @@
 #include "formats/checkpoint_format.h"
 #include "io/checkpoint_writer.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "model/config.h"
 #include "model/model_loader.h"
 #include "onnx/decoder_graph.h"
@@ -61,12 +62,10 @@ Status CheckWrittenModel(const std::string& path) {
   return Status::Ok();
 }
 
+// A JSON file of the model dir through io/json.h, or an empty object when the file is absent.
 Result<nlohmann::json> ReadJsonOrEmpty(const std::string& path) {
   if (!PathExists(path)) return nlohmann::json::object();
-  NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return MakeErrorCode(ErrorCode::kCorruptInput, path, ": not a JSON object");
-  return j;
+  return ReadJsonFile(path);
 }
 
 void Summarize(const DecoderGraphStats& g, ExportOnnxSummary& s) {
