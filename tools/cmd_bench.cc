@@ -63,6 +63,17 @@ Runner RegisterBench(CLI::App& app) {
       std::printf("DRAM read bandwidth: %.2f GB/s (%.2f GiB buffer, best of %d passes, %.3f s)\n", r.gb_per_s,
                   static_cast<double>(r.bytes) / (1 << 30), r.passes, r.seconds);
     }
+    double peak = 0;  // bf16 dot-product peak of all threads, for the bf16 rows' %pk column
+    if (a->bf16) {
+      auto pk = nibble::MeasureBf16DotPeak(0.3);
+      if (pk.ok()) {
+        peak = pk->gflop_per_s;
+        std::printf("bf16 dot-product peak (vdpbf16ps, %d threads): %.1f GFLOP/s (%.1f per thread)\n", pk->threads,
+                    pk->gflop_per_s, pk->per_thread_gflop_per_s);
+      } else {
+        std::printf("bf16 dot-product peak: not measured: %s\n", pk.error().message.c_str());
+      }
+    }
     if (a->skip_gemm) return 0;
     // Group sizes an opt-in path cannot serve are refused before anything is timed.
     for (int64_t g : a->groups) {
@@ -71,8 +82,8 @@ Runner RegisterBench(CLI::App& app) {
     }
     // Each case's % is against the bandwidth measured right before it (column bw): the machine's
     // bandwidth can move by tens of percent between the first measurement and a case a minute later.
-    std::printf("%-11s %5s %4s %-26s %6s %9s %10s %9s %7s %7s %9s %10s\n", "KxN", "g", "M", "path", "mats", "MB/mat",
-                "ms/call", "GB/s", "bw", "%bw", "GFLOP/s", "mean GB/s");
+    std::printf("%-11s %5s %4s %-26s %6s %9s %10s %9s %7s %7s %9s %10s %6s\n", "KxN", "g", "M", "path", "mats",
+                "MB/mat", "ms/call", "GB/s", "bw", "%bw", "GFLOP/s", "mean GB/s", "%pk");
     double bw_min = 1e300, bw_max = 0;
     for (const std::string& sh : a->shapes) {
       nibble::GemmBenchCase c;
@@ -90,14 +101,16 @@ Runner RegisterBench(CLI::App& app) {
             bw_max = std::max(bw_max, bw);
             auto r = nibble::BenchW4Gemm(c, static_cast<int64_t>(a->cycle_gib * (1 << 30)), a->seconds);
             if (!r.ok()) return Fail(r.error().message);
-            char bws[16] = "-", pct[16] = "-";
+            char bws[16] = "-", pct[16] = "-", pks[16] = "-";
+            if (c.bf16_activations && peak > 0) std::snprintf(pks, sizeof pks, "%.1f", 100.0 * r->gflop_per_s / peak);
             if (bw > 0) {
               std::snprintf(bws, sizeof bws, "%.1f", bw);
               std::snprintf(pct, sizeof pct, "%.1f", 100.0 * r->weight_gb_per_s / bw);
             }
-            std::printf("%-11s %5ld %4ld %-26s %6ld %9.2f %10.3f %9.2f %7s %7s %9.1f %10.2f\n", sh.c_str(), g, m,
+            std::printf("%-11s %5ld %4ld %-26s %6ld %9.2f %10.3f %9.2f %7s %7s %9.1f %10.2f %6s\n", sh.c_str(), g, m,
                         r->path.c_str(), r->matrices, r->weight_bytes / 1e6, r->seconds_per_call * 1e3,
-                        r->weight_gb_per_s, bws, pct, r->gflop_per_s, r->weight_bytes / r->mean_seconds_per_call / 1e9);
+                        r->weight_gb_per_s, bws, pct, r->gflop_per_s, r->weight_bytes / r->mean_seconds_per_call / 1e9,
+                        pks);
             std::fflush(stdout);
           }
         }

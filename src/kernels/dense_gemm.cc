@@ -1,6 +1,11 @@
 #include "kernels/dense_gemm.h"
 
+#include <map>
+#include <string>
+#include <utility>
+
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include "base/check.h"
 
@@ -25,6 +30,55 @@ void SgemmAtB(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
   NIBBLE_CHECK(m > 0 && n > 0 && k > 0 && lda >= m && ldb >= n && ldy >= n);
   dnnl_status_t st = dnnl_sgemm('T', 'N', m, n, k, 1.0f, a, lda, b, ldb, beta, y, ldy);
   NIBBLE_CHECK_MSG(st == dnnl_success, "dnnl_sgemm status %d", static_cast<int>(st));
+}
+
+namespace {
+
+// A bf16 matmul primitive for one (N, K) with M left to run time, or none (usable == false) when
+// oneDNN would run its reference implementation, which is far slower than widening to fp32.
+struct Bf16Matmul {
+  bool usable = false;
+  dnnl::matmul prim;
+};
+
+const Bf16Matmul& Bf16MatmulFor(const dnnl::engine& eng, int64_t n, int64_t k) {
+  thread_local std::map<std::pair<int64_t, int64_t>, Bf16Matmul> cache;
+  auto it = cache.find({n, k});
+  if (it != cache.end()) return it->second;
+  Bf16Matmul& mm = cache[{n, k}];
+  using md = dnnl::memory::desc;
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  try {
+    const md x({DNNL_RUNTIME_DIM_VAL, k}, dt::bf16, tag::ab);
+    const md w({k, n}, dt::bf16, tag::ba);  // w[N,K] row-major is the K x N matrix in "ba" order
+    const md y({DNNL_RUNTIME_DIM_VAL, n}, dt::f32, tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x, w, y), eng);
+    mm.usable = std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+    if (mm.usable) mm.prim = dnnl::matmul(pd);
+  } catch (const dnnl::error&) {
+    mm.usable = false;
+  }
+  return mm;
+}
+
+}  // namespace
+
+bool GemmBf16XWt(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* w, float* y) {
+  NIBBLE_CHECK(m > 0 && n > 0 && k > 0 && x != nullptr && w != nullptr && y != nullptr);
+  thread_local dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  thread_local dnnl::stream stream(eng);
+  const Bf16Matmul& mm = Bf16MatmulFor(eng, n, k);
+  if (!mm.usable) return false;
+  using md = dnnl::memory::desc;
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  dnnl::memory xm(md({m, k}, dt::bf16, tag::ab), eng, const_cast<uint16_t*>(x));
+  dnnl::memory wm(md({k, n}, dt::bf16, tag::ba), eng, const_cast<uint16_t*>(w));
+  dnnl::memory ym(md({m, n}, dt::f32, tag::ab), eng, y);
+  mm.prim.execute(stream, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, ym}});
+  stream.wait();
+  return true;
 }
 
 }  // namespace nibble

@@ -22,4 +22,10 @@ void SgemmXW(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const
 void SgemmAtB(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
               int64_t ldb, float beta, float* y, int64_t ldy);
 
+/// y[M,N] = x[M,K] · w[N,K]ᵀ for bf16 bit patterns x and w (row-major, dense), fp32 products
+/// (exact for bf16 inputs) and fp32 accumulation, through oneDNN's bf16 matmul (AMX or AVX-512
+/// BF16 where the CPU has them; one primitive per (N, K) and thread, M a runtime dimension).
+/// Returns false and writes nothing when oneDNN has no optimized bf16 kernel for this CPU.
+bool GemmBf16XWt(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* w, float* y);
+
 }  // namespace nibble

@@ -12,6 +12,7 @@
 #include "kernels/x86_avx2/vec_ops_avx2.h"
 #include "kernels/x86_avx512/int4_gemm_avx512.h"
 #include "kernels/x86_avx512/vec_ops_avx512.h"
+#include "kernels/x86_avx512bf16/bf16_peak.h"
 #include "kernels/x86_avx512bf16/int4_gemm_bf16.h"
 #include "kernels/x86_avx512vnni/int4_gemm_i8_vnni.h"
 #endif
@@ -88,6 +89,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
   k.isa = isa;
   k.gemm = GemmW4A32PackedScalar;
   k.dequant = DequantW4PackedScalar;
+  k.dequant_bf16 = DequantW4PackedBf16Scalar;
   k.stream_read = StreamReadScalar;
   k.gemm_i8 = GemmW4A8PackedScalar;
   k.gemm_i8_name = "scalar";
@@ -102,12 +104,14 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
   } else if (isa == Isa::kAvx512) {
     k.gemm = GemmW4A32Avx512;
     k.dequant = DequantW4Avx512;
+    k.dequant_bf16 = DequantW4Bf16Avx512;
     k.stream_read = StreamReadAvx512;
     k.gemv_bf16 = GemvBf16Avx512;
     k.vec = VecKernelsAvx512();
     if (cpu.avx512bf16 && cpu.avx512vbmi) {
       k.gemm_bf16 = GemmW4Bf16Avx512;
       k.gemm_bf16_name = "avx512_bf16";
+      k.bf16_dot_peak = Bf16DotPeakAvx512;
       breason = "avx512 with avx512_bf16 and avx512_vbmi";
     } else {
       breason = std::string("CPU lacks ") + (cpu.avx512bf16 ? "avx512_vbmi" : "avx512_bf16") + kRounded;

@@ -43,6 +43,7 @@ struct W4Kernels {
   Isa isa = Isa::kScalar;
   W4GemmKernel gemm = nullptr;
   W4DequantKernel dequant = nullptr;
+  W4DequantBf16Kernel dequant_bf16 = nullptr;
   StreamReadKernel stream_read = nullptr;
   /// Opt-in W4A8 GEMV (int8 activations): AVX-512 VNNI when the ISA is avx512 and the CPU has
   /// avx512_vnni, else the scalar kernel (same results, bit for bit).
@@ -53,6 +54,8 @@ struct W4Kernels {
   /// bf16 and runs `gemm`: the same inputs, a different fp32 summation order).
   W4GemmBf16Kernel gemm_bf16 = nullptr;
   const char* gemm_bf16_name = "w4a32_rounded";  // "avx512_bf16" | "w4a32_rounded" (none: W4A32 on rounded inputs)
+  /// The bf16 dot-product peak loop (x86_avx512bf16/bf16_peak.h) where gemm_bf16 is AVX-512 BF16.
+  float (*bf16_dot_peak)(int64_t iters, float seed) = nullptr;
   /// bf16-weight GEMV of dense linears kept as bf16 (avx512 only; GemvBf16Scalar is the test
   /// oracle). nullptr for scalar / avx2: bf16 linears are then widened to fp32 at load and run
   /// through the dense sgemm (model/linear.h).

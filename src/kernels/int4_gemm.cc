@@ -71,4 +71,15 @@ void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kerne
   }
 }
 
+void DequantW4PackedBf16(const W4PackedWeight& w, uint16_t* out, const W4Kernels* kernels) {
+  NIBBLE_CHECK(out != nullptr && w.data != nullptr);
+  const W4DequantBf16Kernel dq = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).dequant_bf16;
+  const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
+#pragma omp parallel for schedule(static) if (nblocks > 1)
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const int64_t n0 = b * kW4BlockRows;
+    dq(w, n0, std::min(w.n, n0 + kW4BlockRows), out + n0 * w.k);
+  }
+}
+
 }  // namespace nibble

@@ -34,5 +34,8 @@ void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
                       const W4Kernels* kernels = nullptr);
 /// out[N,K] fp32 = dequant(W), threaded like GemmW4A32Packed; values exact as DequantizeRef.
 void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels = nullptr);
+/// out[N,K] bf16 bit patterns = bf16(dequant(W)) (the exact fp32 value rounded to nearest even),
+/// threaded like DequantW4Packed: the weights a W4A16 engine multiplies bf16 activations with.
+void DequantW4PackedBf16(const W4PackedWeight& w, uint16_t* out, const W4Kernels* kernels = nullptr);
 
 }  // namespace nibble

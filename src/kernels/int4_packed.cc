@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <vector>
 
 #include "base/check.h"
 #include "base/half.h"
@@ -130,6 +131,14 @@ void DequantW4PackedScalar(const W4PackedWeight& w, int64_t n0, int64_t n1, floa
           out[(r - n0) * w.k + k0 + o] = static_cast<float>(w4p::CodeAt(w, rec, o) - zero) * scale;
       }
     }
+}
+
+void DequantW4PackedBf16Scalar(const W4PackedWeight& w, int64_t n0, int64_t n1, uint16_t* out) {
+  std::vector<float> row(static_cast<size_t>(w.k));
+  for (int64_t r = n0; r < n1; ++r) {
+    DequantW4PackedScalar(w, r, r + 1, row.data());
+    ToBf16Bits(row.data(), w.k, out + (r - n0) * w.k);
+  }
 }
 
 bool W4Int8ServesGroupSize(int64_t group_size) {
@@ -298,6 +307,10 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
 
 void RoundToBf16(const float* x, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(F32ToBf16(x[i]));
+}
+
+void ToBf16Bits(const float* x, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = F32ToBf16(x[i]);
 }
 
 uint64_t StreamReadScalar(const uint64_t* p, int64_t words) {

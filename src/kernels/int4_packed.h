@@ -72,6 +72,8 @@ using W4GemmKernel = void (*)(const W4PackedGemmArgs& args, int64_t n0, int64_t 
 /// One ISA's dequantizer: out[(n − n0) * K + k] = (q − z) · s for rows n0..n1 (fp32, exact as
 /// DequantizeRef). Single-threaded, no allocation.
 using W4DequantKernel = void (*)(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
+/// The same rows as bf16 bit patterns: F32ToBf16 of each exact fp32 value (bit-identical on every ISA).
+using W4DequantBf16Kernel = void (*)(const W4PackedWeight& w, int64_t n0, int64_t n1, uint16_t* out);
 
 /// One ISA's streaming read: the wrapping sum of `words` 64-bit words at `p` (any alignment),
 /// read with the ISA's widest loads. The bandwidth roofline of `nibble bench` (reads only).
@@ -156,6 +158,8 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
 /// Rounds x[n] to bf16 and back to fp32 (round to nearest even) into out[n]; the activations the
 /// bf16 path computes with (the fallback runs the W4A32 kernel on them).
 void RoundToBf16(const float* x, int64_t n, float* out);
+/// bf16(x[i]) (round to nearest even) as bit patterns into out[n].
+void ToBf16Bits(const float* x, int64_t n, uint16_t* out);
 
 /// One ISA's bf16-activation GEMM: y[i][n] = Σ_k bf16(x_i[k]) · (q − z)·s (+ bias[n]) for the M
 /// prepared rows a[0..M) and weight rows n0..n1 (y row-major [M, N], row stride w.n). Per (i, n)
@@ -170,6 +174,7 @@ using W4GemmBf16Kernel = void (*)(const W4PackedWeight& w, const W4Bf16Acts* a, 
 /// so their results are bit-identical to it).
 void GemmW4A32PackedScalar(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
 void DequantW4PackedScalar(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
+void DequantW4PackedBf16Scalar(const W4PackedWeight& w, int64_t n0, int64_t n1, uint16_t* out);
 uint64_t StreamReadScalar(const uint64_t* p, int64_t words);
 
 namespace w4p {

@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "base/page_buffer.h"
+#include "kernels/bf16_gemv.h"
 #include "kernels/dense_gemm.h"
 #include "kernels/int4_dispatch.h"
 #include "kernels/int4_gemm.h"
@@ -92,9 +93,7 @@ bool Int4Linear::SetInt8Activations(bool on) {
 }
 
 bool Int4Linear::Bf16KernelServes(int64_t m) const {
-  // g = 32 / 64 / 96 at prefill-sized M: the kernel's blocks need g % 128 == 0, and its row tiles
-  // lose to dequantize + the dense sgemm there (docs/PERFORMANCE.md "Prefill blocks").
-  return ActiveW4Dispatch().kernels.gemm_bf16 != nullptr && (m < kDequantGemmMinRows || pw_.group_size % 128 == 0);
+  return ActiveW4Dispatch().kernels.gemm_bf16 != nullptr && m < kBf16MatmulMinRows;
 }
 
 bool Int4Linear::SetBf16Activations(bool on) {
@@ -125,6 +124,7 @@ void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y) const {
     return;
   }
   if (bf16_) {
+    if (m >= kBf16MatmulMinRows) return ForwardBf16Matmul(x, m, y);
     if (!Bf16KernelServes(m)) {
       // The same bf16 inputs through the W4A32 path.
       thread_local std::vector<float> xr;
@@ -140,6 +140,25 @@ void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y) const {
     return;
   }
   ForwardW4A32(x, m, y);
+}
+
+void Int4Linear::ForwardBf16Matmul(const float* x, int64_t m, float* y) const {
+  const int64_t n = pw_.n, k = pw_.k;
+  thread_local std::vector<uint16_t> xb, wb;  // reused across calls and layers
+  xb.resize(static_cast<size_t>(m * k));
+  wb.resize(static_cast<size_t>(n * k));
+  ToBf16Bits(x, m * k, xb.data());
+  DequantW4PackedBf16(pw_, wb.data());
+  if (!GemmBf16XWt(m, n, k, xb.data(), wb.data(), y)) {
+    // No bf16 matmul on this CPU: the same bf16 inputs widened exactly, through the fp32 GEMM.
+    thread_local std::vector<float> xf, wf;
+    xf.resize(xb.size());
+    wf.resize(wb.size());
+    Bf16ToF32Rows(xb.data(), m, k, xf.data());
+    Bf16ToF32Rows(wb.data(), n, k, wf.data());
+    SgemmXWt(m, n, k, xf.data(), k, wf.data(), k, 0.0f, y, n);
+  }
+  if (!bias_.empty()) AddBiasRows(y, m, n, bias_.data());
 }
 
 void Int4Linear::ForwardW4A32(const float* x, int64_t m, float* y) const {

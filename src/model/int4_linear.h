@@ -27,6 +27,9 @@ class Int4Linear final : public Linear {
  public:
   /// From this many rows on, Forward dequantizes + runs the dense GEMM instead of the fused kernel.
   static constexpr int64_t kDequantGemmMinRows = 64;
+  /// With bf16 activations, from this many rows on Forward dequantizes the weight to bf16 and
+  /// runs oneDNN's bf16 matmul (AMX / AVX-512 BF16) instead of the fused bf16 kernels.
+  static constexpr int64_t kBf16MatmulMinRows = 16;
 
   /// `desc` describes the stored scheme for inspect (e.g. "uint4 per_group g128").
   /// weight: satisfies ValidateInt4Matrix (aborts otherwise); bias: empty or [N]. `desc` says
@@ -44,15 +47,15 @@ class Int4Linear final : public Linear {
   /// 128-value block (QuantizeActsInt8) and runs the int8 GEMV row by row for every M. Served
   /// when g is 32, 64 or a multiple of 128 (W4Int8Supported); otherwise stays W4A32.
   bool SetInt8Activations(bool on) override;
-  /// bf16-activation opt-in (Linear::SetBf16Activations): Forward rounds each row of x to bf16
-  /// (PrepareActsBf16) and runs the AVX-512 BF16 GEMM — at every M when g is a multiple of 128,
-  /// below kDequantGemmMinRows otherwise; larger M with other g, and CPUs without the kernel, run
-  /// the W4A32 path on the bf16-rounded rows. Served when g is a multiple of 32
-  /// (W4Bf16Supported); otherwise stays W4A32. Switching one opt-in on switches the other off.
+  /// bf16 activations (Linear::SetBf16Activations): Forward rounds each row of x to bf16. Below
+  /// kBf16MatmulMinRows rows it runs the AVX-512 BF16 kernels on the exact weights (PrepareActsBf16;
+  /// CPUs without them: the W4A32 path on the rounded rows); from there on the weight is
+  /// dequantized to bf16 and multiplied in oneDNN's bf16 matmul (the fp32 GEMM on the same bf16
+  /// values where oneDNN has none), as a W4A16 engine's GEMM does. Served when g is a multiple of
+  /// 32 (W4Bf16Supported); otherwise stays W4A32. Switching one opt-in on switches the other off.
   bool SetBf16Activations(bool on) override;
   /// With bf16 activations on: whether Forward of `m` rows runs the AVX-512 BF16 kernel (true) or
-  /// the W4A32 path on bf16-rounded rows (false: no such kernel on this CPU, or m >=
-  /// kDequantGemmMinRows with g not a multiple of 128).
+  /// not (false: no such kernel on this CPU, or m >= kBf16MatmulMinRows).
   bool Bf16KernelServes(int64_t m) const;
   /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight
   /// symmetric and 69/128 asymmetric.
@@ -72,6 +75,8 @@ class Int4Linear final : public Linear {
   bool bf16_ = false;
   // The W4A32 path (fused kernel below kDequantGemmMinRows rows, else dequantize + dense GEMM).
   void ForwardW4A32(const float* x, int64_t m, float* y) const;
+  // bf16 activations at M >= kBf16MatmulMinRows: bf16 weights and rows through the bf16 matmul.
+  void ForwardBf16Matmul(const float* x, int64_t m, float* y) const;
   void ForwardInOrder(const float* x, int64_t m, float* y) const;
 };
 

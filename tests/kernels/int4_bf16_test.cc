@@ -1,8 +1,9 @@
 // The opt-in bf16-activation path (kernels/int4_packed.h W4Bf16Acts, docs/KERNELS.md "bf16
 // activations"): the arrangement of the prepared activations, the AVX-512 BF16 kernel against an
 // independent oracle (bf16-rounded x, dequantized W, products summed in double) on shapes with
-// tails, bit-identity across activation-row tilings and thread counts, and Int4Linear with the
-// switch on (fast kernel or fallback) for decode and prefill row counts.
+// tails, bit-identity across activation-row tilings and thread counts, the prefill path's bf16
+// weights (bit-exact) and bf16 matmul (against a double sum), and Int4Linear with the switch on
+// (fast kernel, matmul or fallback) for decode and prefill row counts.
 #include <omp.h>
 
 #include <array>
@@ -16,6 +17,7 @@
 #include "base/half.h"
 #include "base/page_buffer.h"
 #include "formats/int4_matrix.h"
+#include "kernels/dense_gemm.h"
 #include "kernels/int4_dispatch.h"
 #include "kernels/int4_gemm.h"
 #include "kernels/int4_packed.h"
@@ -175,6 +177,56 @@ TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
   EXPECT_EQ(cases, 6 * 3 * 7 * 2);
 }
 
+// The prefill path's weights: bf16 bit patterns of the exact dequantized values, on every ISA.
+TEST(W4Bf16Test, DequantToBf16IsTheRoundedExactDequant) {
+  std::mt19937 rng(23);
+  int checked = 0;
+  for (int64_t g : {32, 128, -1})
+    for (int64_t n : {1, 7, 65, 130})
+      for (bool sym : {false, true}) {
+        const int64_t k = g == -1 ? 160 : g * 3;
+        const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, g == -1 ? k : g, sym);
+        Packed p(m);
+        std::vector<float> ref(static_cast<size_t>(n * k));
+        DequantizeRef(m, ref.data());
+        for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+          const W4Kernels* kern = W4KernelsFor(isa);
+          if (kern == nullptr) continue;
+          std::vector<uint16_t> out(ref.size(), 0xFFFF);
+          DequantW4PackedBf16(p.w, out.data(), kern);
+          for (size_t i = 0; i < ref.size(); ++i)
+            ASSERT_EQ(out[i], F32ToBf16(ref[i])) << IsaName(isa) << " g=" << g << " n=" << n << " i=" << i;
+          ++checked;
+        }
+      }
+  EXPECT_GE(checked, 24);
+}
+
+// Independent oracle for the bf16 matmul: products of bf16 values are exact in fp32, so any fp32
+// summation order of K terms is within γ_K · Σ|x·w| of the double sum.
+TEST(W4Bf16Test, Bf16MatmulMatchesTheDoubleSum) {
+  std::mt19937 rng(24);
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (const auto& [m, n, k] : std::vector<std::array<int64_t, 3>>{{16, 33, 96}, {70, 1000, 512}, {1, 5, 7}}) {
+    std::vector<uint16_t> x(static_cast<size_t>(m * k)), w(static_cast<size_t>(n * k));
+    for (auto& v : x) v = F32ToBf16(d(rng));
+    for (auto& v : w) v = F32ToBf16(d(rng) * 0.01f);
+    std::vector<float> y(static_cast<size_t>(m * n), -1.f);
+    if (!GemmBf16XWt(m, n, k, x.data(), w.data(), y.data())) GTEST_SKIP() << "oneDNN has no bf16 matmul on this CPU";
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0, mag = 0;
+        for (int64_t t = 0; t < k; ++t) {
+          const double p = static_cast<double>(Bf16ToF32(x[i * k + t])) * Bf16ToF32(w[j * k + t]);
+          acc += p;
+          mag += std::fabs(p);
+        }
+        ASSERT_LE(std::fabs(y[i * n + j] - acc), nibble_test::Fp32Gamma(k) * mag + 1e-30)
+            << "m=" << m << " n=" << n << " k=" << k << " y[" << i << "][" << j << "]";
+      }
+  }
+}
+
 TEST(W4Bf16Test, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
   std::mt19937 rng(22);
   std::normal_distribution<float> xd(0.f, 1.f);
@@ -202,27 +254,40 @@ TEST(W4Bf16Test, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
     }
   omp_set_num_threads(saved);
 
-  // Int4Linear with the switch on: M < kDequantGemmMinRows runs the bf16 kernel (without one, and
-  // from that M on, the W4A32 path on bf16-rounded x); both agree with the oracle (its tolerance,
-  // γ_{K/16+16} times magnitudes at least 25 times Σ|x·w|, also covers any fp32 order of K terms).
+  // Int4Linear with the switch on. Below kBf16MatmulMinRows: the bf16 kernel (without one, the
+  // W4A32 path on bf16-rounded x), within the oracle's tolerance (γ_{K/16+16} times magnitudes at
+  // least 25 times Σ|x·w|, which also covers any fp32 order of K terms). From there on the weight
+  // is rounded to bf16 too (relative error <= 2^-8 per weight) and summed in any fp32 order:
+  // |y − oracle| <= (2^-8 + γ_{K+1}·(1 + 2^-8)) · (Σ|x̂·w| + |b|).
   std::vector<float> bias(1000);
   for (auto& v : bias) v = xd(rng);
   Int4Linear lin(w, bias, "test");
   ASSERT_TRUE(lin.SetBf16Activations(true));
-  for (int64_t m : {int64_t{1}, int64_t{3}, Int4Linear::kDequantGemmMinRows + 1}) {
+  std::vector<float> wd(static_cast<size_t>(1000 * 512));
+  DequantizeRef(w, wd.data());
+  for (int64_t m : {int64_t{1}, int64_t{3}, Int4Linear::kBf16MatmulMinRows - 1, Int4Linear::kBf16MatmulMinRows, rows}) {
     std::vector<float> y(static_cast<size_t>(m * 1000));
     lin.Forward(x.data(), m, y.data());
+    const bool matmul = m >= Int4Linear::kBf16MatmulMinRows;
+    EXPECT_EQ(lin.Bf16KernelServes(m), linear_fast && !matmul) << "m=" << m;
     for (int64_t i = 0; i < m; i += std::max<int64_t>(1, m - 1)) {
       const Ref ref = Oracle(w, x.data() + i * 512, bias.data());
-      for (int64_t j = 0; j < 1000; ++j)
-        ASSERT_LE(std::fabs(y[static_cast<size_t>(i * 1000 + j)] - ref.y[static_cast<size_t>(j)]),
-                  ref.tol[static_cast<size_t>(j)])
+      for (int64_t j = 0; j < 1000; ++j) {
+        double tol = ref.tol[static_cast<size_t>(j)];
+        if (matmul) {
+          double mag = std::fabs(bias[static_cast<size_t>(j)]);
+          for (int64_t t = 0; t < 512; ++t)
+            mag += std::fabs(Bf16ToF32(F32ToBf16(x[static_cast<size_t>(i * 512 + t)])) * wd[static_cast<size_t>(j * 512 + t)]);
+          tol = (std::ldexp(1.0, -8) + nibble_test::Fp32Gamma(513) * (1 + std::ldexp(1.0, -8))) * mag;
+        }
+        ASSERT_LE(std::fabs(y[static_cast<size_t>(i * 1000 + j)] - ref.y[static_cast<size_t>(j)]), tol)
             << "m=" << m << " y[" << i << "][" << j << "]";
-      if (linear_fast && m < Int4Linear::kDequantGemmMinRows) {  // the kernel's own result for that row, bit for bit
-        std::vector<float> yr(1000);
-        GemmW4Bf16Packed(p.w, &a[static_cast<size_t>(i)], 1, bias.data(), yr.data());
-        EXPECT_EQ(std::memcmp(yr.data(), y.data() + i * 1000, 4000), 0) << "m=" << m << " row " << i;
       }
+    }
+    if (linear_fast && !matmul) {  // the kernel's own result for those rows, bit for bit
+      std::vector<float> yr(y.size());
+      GemmW4Bf16Packed(p.w, a.data(), m, bias.data(), yr.data());
+      EXPECT_EQ(std::memcmp(yr.data(), y.data(), y.size() * 4), 0) << "m=" << m;
     }
   }
   // Off again: the W4A32 result, bit for bit.

@@ -29,6 +29,7 @@
 #include "base/check.h"
 #include "kernels/int4_dispatch.h"
 #include "kernels/int4_packed.h"
+#include "kernels/x86_avx512bf16/bf16_peak.h"
 #include "model/int4_linear.h"
 
 namespace nibble {
@@ -128,6 +129,30 @@ Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes) {
   return probe->Measure(passes);
 }
 
+Result<PeakResult> MeasureBf16DotPeak(double seconds) {
+  const auto loop = ActiveW4Dispatch().kernels.bf16_dot_peak;
+  if (loop == nullptr) return MakeError("no AVX-512 BF16 kernels on this CPU (", ActiveW4Dispatch().gemm_bf16_reason, ")");
+  PeakResult r;
+  r.threads = omp_get_max_threads();
+  float sink = 0;
+  const auto round = [&](int64_t iters) {
+    const double t0 = Now();
+    float sum = 0;
+#pragma omp parallel reduction(+ : sum)
+    sum += loop(iters, static_cast<float>(omp_get_thread_num()));
+    sink += sum;
+    return Now() - t0;
+  };
+  int64_t iters = 1 << 14;
+  while (round(iters) < seconds / 3 && iters < (int64_t{1} << 40)) iters *= 2;
+  for (int i = 0; i < 3; ++i)
+    r.gflop_per_s = std::max(r.gflop_per_s, static_cast<double>(iters * kBf16DotPeakFlopsPerIter) * r.threads /
+                                                round(iters) / 1e9);
+  if (sink == 42.f) std::fputc(' ', stderr);
+  r.per_thread_gflop_per_s = r.gflop_per_s / r.threads;
+  return r;
+}
+
 std::string OptInGroupSizeRefusal(bool int8_activations, bool bf16_activations, int64_t group_size) {
   const std::string g = std::to_string(group_size);
   if (int8_activations && !W4Int8ServesGroupSize(group_size))
@@ -180,10 +205,10 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   r.shape = s;
   r.isa = IsaName(ActiveW4Dispatch().kernels.isa);
   r.path = s.int8_activations   ? std::string("w4a8:") + ActiveW4Dispatch().kernels.gemm_i8_name
-           : s.bf16_activations ? std::string("bf16:") + (mats[0]->Bf16KernelServes(s.m)
+           : s.bf16_activations ? std::string("bf16:") + (s.m >= Int4Linear::kBf16MatmulMinRows ? "dequant+matmul"
+                                                          : mats[0]->Bf16KernelServes(s.m)
                                                               ? ActiveW4Dispatch().kernels.gemm_bf16_name
-                                                              : (s.m < Int4Linear::kDequantGemmMinRows ? "rounded+fused"
-                                                                                                       : "rounded+dequant+sgemm"))
+                                                              : "rounded+fused")
                                 : (s.m < Int4Linear::kDequantGemmMinRows ? "fused" : "dequant+sgemm");
   r.matrices = count;
   r.weight_bytes = bytes;

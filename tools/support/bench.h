@@ -79,6 +79,14 @@ class ReadBandwidthProbe {
 /// Errors: bytes < 1 MiB or allocation failure.
 Result<BandwidthResult> MeasureReadBandwidth(int64_t bytes, int passes);
 
+/// The bf16 dot-product peak: every thread runs the `vdpbf16ps` loop at once for >= `seconds`;
+/// total and per-thread GFLOP/s (best of 3). Error: no AVX-512 BF16 kernels on this CPU.
+struct PeakResult {
+  int threads = 0;
+  double gflop_per_s = 0, per_thread_gflop_per_s = 0;
+};
+Result<PeakResult> MeasureBf16DotPeak(double seconds);
+
 /// One W4A32 GEMV/GEMM benchmark case: y[M,N] = x[M,K] · W[N,K]ᵀ with W int4 (asym, group g).
 struct GemmBenchCase {
   int64_t k = 4096, n = 4096, m = 1, group_size = 128;
@@ -91,7 +99,8 @@ struct GemmBenchResult {
   std::string isa;            // kernels used
   std::string path;           // "fused" (W4A32 kernel), "dequant+sgemm" (M >= Int4Linear's threshold) or
                               // "w4a8:<kernel>" (int8 activations, e.g. w4a8:avx512_vnni) or
-                              // "bf16:<kernel>" (bf16 activations: bf16:avx512_bf16, or
+                              // "bf16:<kernel>" (bf16 activations: bf16:avx512_bf16,
+                              // bf16:dequant+matmul from Int4Linear::kBf16MatmulMinRows rows, or
                               // bf16:rounded+fused / bf16:rounded+dequant+sgemm for the W4A32 path
                               // on bf16-rounded inputs)
   int64_t matrices = 0;       // distinct weight matrices cycled through

@@ -275,23 +275,51 @@ void GemmW4A32Avx512(const W4PackedGemmArgs& a, int64_t n0, int64_t n1) {
   }
 }
 
-void DequantW4Avx512(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out) {
-  if (!w4p::RunsFitGroups(w)) return DequantW4PackedScalar(w, n0, n1, out);
+namespace {
+
+// Rows n0..n1 of W, 16 exact fp32 weights at a time handed to store(row-major offset, values).
+template <class Store>
+void DequantRuns(const W4PackedWeight& w, int64_t n0, int64_t n1, Store store) {
   const int64_t rpg = w.group_size / 16;
   for (int64_t r = n0; r < n1; ++r)
     for (int64_t ri = 0; ri < w.recs; ++ri) {
       const uint8_t* rec = w.data + r * w.row_bytes + ri * w.rec_bytes;
       const int64_t k0 = ri * w.rec_weights;
       const int64_t runs = std::min(w.rec_weights, w.k - k0) / 16;
-      float* o = out + (r - n0) * w.k + k0;
+      const int64_t o = (r - n0) * w.k + k0;
       __m512 tbl = Table(w, rec, 0);
       for (int64_t t = 0; t < runs; ++t) {
         if (t > 0 && t % rpg == 0) tbl = Table(w, rec, t / rpg);
         const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(rec + w.rec_header + 64 * (t / 8)));
         const __m128i cnt = _mm_cvtsi32_si128(static_cast<int>(4 * (t % 8)));
-        _mm512_storeu_ps(o + 16 * t, _mm512_permutexvar_ps(_mm512_srl_epi32(v, cnt), tbl));
+        store(o + 16 * t, _mm512_permutexvar_ps(_mm512_srl_epi32(v, cnt), tbl));
       }
     }
+}
+
+// F32ToBf16 on 16 lanes: round to nearest even on the bits, NaN kept quiet.
+__m256i ToBf16(__m512 f) {
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+}  // namespace
+
+void DequantW4Avx512(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out) {
+  if (!w4p::RunsFitGroups(w)) return DequantW4PackedScalar(w, n0, n1, out);
+  DequantRuns(w, n0, n1, [out](int64_t o, __m512 v) { _mm512_storeu_ps(out + o, v); });
+}
+
+void DequantW4Bf16Avx512(const W4PackedWeight& w, int64_t n0, int64_t n1, uint16_t* out) {
+  if (!w4p::RunsFitGroups(w)) return DequantW4PackedBf16Scalar(w, n0, n1, out);
+  DequantRuns(w, n0, n1, [out](int64_t o, __m512 v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + o), ToBf16(v));
+  });
 }
 
 uint64_t StreamReadAvx512(const uint64_t* p, int64_t words) {

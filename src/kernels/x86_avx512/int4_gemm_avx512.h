@@ -10,6 +10,8 @@ namespace nibble {
 void GemmW4A32Avx512(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
 /// W4DequantKernel for AVX-512: rows n0..n1 of W as fp32 [(n1 − n0), K], exact as DequantizeRef.
 void DequantW4Avx512(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
+/// W4DequantBf16Kernel for AVX-512: the same values rounded as F32ToBf16 does, bit for bit.
+void DequantW4Bf16Avx512(const W4PackedWeight& w, int64_t n0, int64_t n1, uint16_t* out);
 /// StreamReadKernel for AVX-512: 64-byte loads, four independent accumulators.
 uint64_t StreamReadAvx512(const uint64_t* p, int64_t words);
 /// Bf16GemvKernel for AVX-512 (kernels/bf16_gemv.h; in bf16_gemv_avx512.cc).
