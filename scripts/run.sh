@@ -24,7 +24,7 @@ echo "== perplexity on $TEXT (seq_len 512, first $WINDOWS windows)"
 fp=$(ppl "$MODEL"); q=$(ppl "$OUT")
 echo "$fp" | grep -E '^(protocol|tokens)'
 fp_ppl=$(echo "$fp" | sed -n 's/^perplexity: //p'); q_ppl=$(echo "$q" | sed -n 's/^perplexity: //p')
-printf '%-34s %10s\n' "model" "perplexity" "FP (bf16 weights, fp32 compute)" "$fp_ppl" "Quark uint4 g128 RTN" "$q_ppl"
+printf '%-34s %10s\n' "model" "perplexity" "FP (bf16 weights, fp32 compute)" "$fp_ppl" "Quark uint4 g128 RTN (bf16 acts)" "$q_ppl"
 awk -v a="$fp_ppl" -v b="$q_ppl" 'BEGIN { printf "int4 / FP: %+.3f %%\n", (b / a - 1) * 100 }'
 
 echo "== generate from the int4 model (greedy)"

@@ -31,7 +31,7 @@ struct BenchModelArgs {
   std::vector<int64_t> n_gen = {128};
   int repetitions = 3;
   std::vector<int> threads = {0};
-  std::vector<std::string> activations = {"fp32"};
+  std::vector<std::string> activations = {"auto"};
   bool json = false;
 };
 
@@ -145,7 +145,9 @@ class TablePrinter {
 
 // The int4 kernel the activation mode runs (dense linears use oneDNN whatever the mode).
 std::string KernelOf(const std::string& activations, const nibble::KernelDispatchReport& k) {
-  return activations == "int8" ? k.int8_kernel : activations == "bf16" ? k.bf16_act_kernel : k.chosen;
+  // "auto:bf16" (auto as it resolved for the model) names its kernels like "bf16"
+  const auto is = [&](const char* m) { return activations.size() >= 4 && activations.compare(activations.size() - 4, 4, m) == 0; };
+  return is("int8") ? k.int8_kernel : is("bf16") ? k.bf16_act_kernel : k.chosen;
 }
 
 nlohmann::ordered_json ToJson(const TestResult& r, const nibble::KernelDispatchReport& k) {
@@ -232,11 +234,6 @@ nibble::Status RunThreads(const nibble::Model& m, const ModelDesc& d, const std:
   return nibble::Status::Ok();
 }
 
-bool ParseActivations(const std::string& s, nibble::ActivationType* out) {
-  for (auto a : {nibble::ActivationType::kFp32, nibble::ActivationType::kBf16, nibble::ActivationType::kInt8})
-    if (s == nibble::ActivationTypeName(a)) return *out = a, true;
-  return false;
-}
 
 // One model in every activation mode; a mode the model's int4 linears cannot run is skipped
 // with a note. `ran` counts the modes that ran.
@@ -244,12 +241,12 @@ nibble::Status RunModel(const std::string& dir, const std::vector<int>& threads,
                         std::vector<std::unique_ptr<ModelDesc>>& descs, int& ran) {
   for (const std::string& act : run.a.activations) {
     nibble::LoadOptions lo;
-    ParseActivations(act, &lo.activations);
+    nibble::ParseActivationType(act, &lo.activations);
     auto m = nibble::Model::Load(dir, lo);
     if (!m.ok()) return m.error();
     const nibble::ModelInfo& info = (*m)->info();
     PrintWarnings(dir, info.warnings);
-    if (lo.activations != nibble::ActivationType::kFp32 && info.activation_linears == 0) {
+    if ((act == "int8" || act == "bf16") && info.activation_linears == 0) {
       std::fprintf(stderr, "bench-model: %s skipped for %s: %s\n", act.c_str(), dir.c_str(),
                    (act == "int8" ? Int8NotServed(dir) : Bf16NotServed(dir)).c_str());
       continue;
@@ -258,8 +255,9 @@ nibble::Status RunModel(const std::string& dir, const std::vector<int>& threads,
       return nibble::MakeError("-p / -n ", ContextNeeded(run.a), " exceeds max_position_embeddings ",
                                info.max_position_embeddings, " of ", dir);
     if (descs.empty() || descs.back()->dir != dir) descs.push_back(std::make_unique<ModelDesc>(Describe(dir, info)));
+    const std::string shown = act == "auto" ? "auto:" + std::string(nibble::ActivationTypeName(info.activations)) : act;
     for (int t : threads)
-      if (nibble::Status st = RunThreads(**m, *descs.back(), act, t, run); !st.ok()) return st;
+      if (nibble::Status st = RunThreads(**m, *descs.back(), shown, t, run); !st.ok()) return st;
     ++ran;
   }
   return nibble::Status::Ok();
@@ -273,7 +271,8 @@ int RunBenchModel(const BenchModelArgs& a) {
     if (v < 0) return Fail("-n " + std::to_string(v) + " must be >= 0");
   nibble::ActivationType unused;
   for (const std::string& s : a.activations)
-    if (!ParseActivations(s, &unused)) return Fail("--activations: unknown mode \"" + s + "\" (fp32, bf16, int8)");
+    if (!nibble::ParseActivationType(s, &unused))
+      return Fail("--activations: unknown mode \"" + s + "\" (auto, fp32, bf16, int8)");
   std::vector<int> threads;  // 0 resolved to the count it means, so the table shows it
   for (int t : a.threads) {
     if (t == 0) nibble::SetNumThreads(0);
@@ -316,7 +315,7 @@ Runner RegisterBenchModel(CLI::App& app) {
   cmd->add_option("-r,--repetitions", a->repetitions, "Timed repetitions of each test")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "Thread counts, comma-separated (0 = all cores)")
       ->delimiter(',')->capture_default_str()->check(CLI::Range(0, 1024));
-  cmd->add_option("--activations", a->activations, "Activation modes, comma-separated: fp32, bf16, int8")
+  cmd->add_option("--activations", a->activations, "Activation modes, comma-separated: auto (bf16 where served, else fp32), fp32, bf16, int8")
       ->delimiter(',')->capture_default_str();
   cmd->add_flag("--json", a->json, "Print the results as a JSON array (with every repetition) instead of the table");
   return [a]() { return RunBenchModel(*a); };

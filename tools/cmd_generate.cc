@@ -21,7 +21,8 @@ struct GenerateArgs {
   nibble::GenerateOptions opt;
   CLI::Option* seed = nullptr;
   int threads = 0;
-  bool int8 = false;
+  nibble::ActivationType activations = nibble::ActivationType::kAuto;
+  bool int8 = false;  // aliases of --activations int8 / bf16
   bool bf16 = false;
 };
 
@@ -40,20 +41,6 @@ void AddSamplingFlags(CLI::App* cmd, GenerateArgs& a) {
   cmd->add_option("--repeat_last_n", s.repeat_last_n, "Tokens the repeat penalty looks back over; 0 = off, -1 = all")
       ->capture_default_str();
   a.seed = cmd->add_option("--seed", s.seed, "Sampling seed (default: a random one, printed on stderr)");
-}
-
-// Prints which int4 linears the opt-in activations reach; "" or the refusal.
-std::string ReportActivations(const GenerateArgs& a, const nibble::ModelInfo& info) {
-  if (!a.int8 && !a.bf16) return "";
-  const int64_t n = info.activation_linears;
-  if (n == 0) return a.int8 ? Int8NotServed(a.model) : Bf16NotServed(a.model);
-  if (a.int8) std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears\n", static_cast<long long>(n));
-  else
-    std::fprintf(stderr, "activations: bf16 in %lld int4 linears (kernel: %s)\n", static_cast<long long>(n),
-                 nibble::DescribeKernels().bf16_act_kernel.c_str());
-  const std::string kept = KeptFp32Note(a.int8, info.int4_linears, n);
-  if (!kept.empty()) std::fprintf(stderr, "activations: %s\n", kept.c_str());
-  return "";
 }
 
 // Generation ends when the context is full: the last token is sampled from the last position's
@@ -92,12 +79,13 @@ int RunGenerate(GenerateArgs& a) {
     if (s.empty()) return Fail("--stop: empty stop string");
   nibble::SetNumThreads(a.threads);
   nibble::LoadOptions lo;
+  lo.activations = a.activations;
   if (a.int8) lo.activations = nibble::ActivationType::kInt8;
   if (a.bf16) lo.activations = nibble::ActivationType::kBf16;
   auto model = nibble::Model::Load(a.model, lo);
   if (!model.ok()) return Fail(model.error().message);
   PrintWarnings(a.model, (*model)->info().warnings);
-  if (const std::string err = ReportActivations(a, (*model)->info()); !err.empty()) return Fail(err);
+  if (const std::string err = ReportActivations(a.model, lo.activations, (*model)->info()); !err.empty()) return Fail(err);
   WarnIfBeyondContext(**model, a.opt);
   if (a.seed->count() == 0) a.opt.sampling.seed = std::random_device{}();
   std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(a.opt.sampling.seed));
@@ -132,14 +120,11 @@ Runner RegisterGenerate(CLI::App& app) {
       ->allow_extra_args(false);
   cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
   cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 1024));
-  cmd->add_flag("--int8_activations", args->int8,
-                "Opt-in W4A8: int8 activations in the int4 linears (faster decode, costs perplexity: measure it "
-                "with `nibble perplexity --int8_activations`)");
-  cmd->add_flag("--bf16_activations", args->bf16,
-                "Opt-in bf16 activations in the int4 linears (W4A16 as bf16 engines run it; faster decode of models "
-                "larger than the cache on CPUs with avx512_bf16; measure its perplexity cost with "
-                "`nibble perplexity --bf16_activations`)")
-      ->excludes("--int8_activations");
+  AddActivationsOption(cmd, &args->activations);
+  cmd->add_flag("--int8_activations", args->int8, "Same as --activations int8")->excludes("--activations");
+  cmd->add_flag("--bf16_activations", args->bf16, "Same as --activations bf16")
+      ->excludes("--int8_activations")
+      ->excludes("--activations");
   return [args]() { return RunGenerate(*args); };
 }
 

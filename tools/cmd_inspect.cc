@@ -46,9 +46,11 @@ void ShowKernels(bool as_json) {
     for (const auto& x : k.candidates)
       std::printf("  %-7s %-8s %s\n", x.isa.c_str(), x.chosen ? "chosen" : (x.supported ? "skipped" : "rejected"),
                   x.reason.c_str());
-    std::printf("int8 activations (opt-in --int8_activations): %s (%s)\n", k.int8_kernel.c_str(), k.int8_reason.c_str());
-    std::printf("bf16 activations (opt-in --bf16_activations): %s (%s)\n", k.bf16_act_kernel.c_str(),
+    std::printf("activations (default --activations auto): bf16 in every int4 linear whose group size is a "
+                "multiple of 32, fp32 in the others\n");
+    std::printf("bf16 activations: %s below 16 rows (%s), bf16 matmul from 16\n", k.bf16_act_kernel.c_str(),
                 k.bf16_act_reason.c_str());
+    std::printf("int8 activations (--activations int8): %s (%s)\n", k.int8_kernel.c_str(), k.int8_reason.c_str());
     std::printf("bf16 dense linears: %s\n", k.bf16_dense.c_str());
     std::printf("row ops (softmax, SiLU, AWQ loss): %s\n", k.vec_ops.c_str());
     std::printf("openmp wait: %s\n", DescribeOpenMpWait().c_str());

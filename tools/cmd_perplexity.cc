@@ -21,7 +21,8 @@ struct PerplexityArgs {
   std::string model, text, kl_base, save_logits;
   int64_t seq_len = 0, max_windows = 0;
   int threads = 0;
-  bool int8 = false;
+  nibble::ActivationType activations = nibble::ActivationType::kAuto;
+  bool int8 = false;  // compare fp32 against int8 / bf16 activations on the same windows
   bool bf16 = false;
   bool json = false;
 };
@@ -86,7 +87,8 @@ int RunAgainstBase(const Run& run) {
   nlohmann::ordered_json j = {{"model", a->model},
                               {"base", c->base_logits_file.empty() ? a->kl_base : c->base_logits_file},
                               {"base_is_saved_logits", !c->base_logits_file.empty()},
-                              {"text", a->text}};
+                              {"text", a->text},
+                              {"activations", nibble::ActivationTypeName(run.model->info().activations)}};
   j["base_perplexity"] = PerplexityJson(c->base);
   j["perplexity"] = PerplexityJson(row.perplexity);
   j["comparison"] = ComparisonRowJson(row);
@@ -131,7 +133,9 @@ int RunPlain(const Run& run, const nibble::PerplexityOptions& opt) {
   auto r = nibble::EvaluatePerplexity(*run.model, run.text, o);
   if (!r.ok()) return Fail(a->text + ": " + r.error().message);
   PrintPlain(run, *r);
-  nlohmann::ordered_json j = {{"model", a->model}, {"text", a->text}};
+  nlohmann::ordered_json j = {{"model", a->model},
+                              {"text", a->text},
+                              {"activations", nibble::ActivationTypeName(run.model->info().activations)}};
   j["perplexity"] = PerplexityJson(*r);
   j["seconds"] = r->seconds;
   j["tokens_per_second"] = r->tokens_per_second;
@@ -170,20 +174,28 @@ Runner RegisterPerplexity(CLI::App& app) {
                   "Write the logits of every scored position to FILE (a directory: DIR/nibble-logits.bin) for later "
                   "--kl_divergence_base runs; with a base model directory, the base's logits");
   cmd->add_flag("--json", a->json, "Print a JSON object on stdout (the human text goes to stderr)");
+  AddActivationsOption(cmd, &a->activations);
   cmd->add_flag("--int8_activations", a->int8,
-                "Opt-in W4A8: evaluate the same windows twice, fp32 then int8 activations in the int4 linears, "
-                "and print the perplexity (and KLD) cost");
+                "Evaluate the same windows twice, fp32 then int8 activations in the int4 linears, and print the "
+                "perplexity (and KLD) cost")
+      ->excludes("--activations");
   cmd->add_flag("--bf16_activations", a->bf16,
-                "Opt-in bf16 activations: evaluate the same windows twice, fp32 then bf16 activations in the int4 "
-                "linears, and print the perplexity (and KLD) cost")
-      ->excludes("--int8_activations");
+                "Evaluate the same windows twice, fp32 then bf16 activations in the int4 linears, and print the "
+                "perplexity (and KLD) cost")
+      ->excludes("--int8_activations")
+      ->excludes("--activations");
   return [a]() {
     nibble::SetNumThreads(a->threads);
     Run run{a.get(), "", nullptr, nullptr, {}, 0, a->json ? stderr : stdout};
     if (const std::string err = ReadTextFile(a->text, &run.text); !err.empty()) return Fail(err);
-    auto model = nibble::Model::Load(a->model);
+    // Comparing against an opt-in path: the first instance runs fp32 activations.
+    nibble::LoadOptions lo1;
+    lo1.activations = a->int8 || a->bf16 ? nibble::ActivationType::kFp32 : a->activations;
+    auto model = nibble::Model::Load(a->model, lo1);
     if (!model.ok()) return Fail(model.error().message);
     PrintWarnings(a->model, (*model)->info().warnings);
+    if (const std::string err = ReportActivations(a->model, lo1.activations, (*model)->info()); !err.empty())
+      return Fail(err);
     run.model = model->get();
     if (a->int8) run.opt_in = {true, "int8 activations (W4A8", "int8", nibble::ActivationType::kInt8};
     if (a->bf16) run.opt_in = {true, "bf16 activations (W4A16 bf16", "bf16", nibble::ActivationType::kBf16};

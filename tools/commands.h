@@ -8,6 +8,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <nibble/model.h>
+
 namespace nibble_cli {
 
 /// A subcommand's runner: returns the process exit code.
@@ -50,5 +52,12 @@ std::string Bf16NotServed(const std::string& dir);
 /// "N int4 linears keep fp32 activations (group size ...)" for an opt-in that switched `switched`
 /// of `int4_linears` int4 linears ("" when it switched them all); `int8` picks the group-size rule.
 std::string KeptFp32Note(bool int8, int64_t int4_linears, int64_t switched);
+
+/// `--activations auto|fp32|bf16|int8` (default auto) on `cmd`, parsed into `type`.
+void AddActivationsOption(CLI::App* cmd, nibble::ActivationType* type);
+/// Prints to stderr which activation path a loaded model runs ("activations: bf16 (W4A16) in N
+/// int4 linears (kernels: ...)", the linears kept at fp32, or fp32 with no int4 linears).
+/// Returns the refusal when an explicit bf16 / int8 request serves none of them, else "".
+std::string ReportActivations(const std::string& dir, nibble::ActivationType requested, const nibble::ModelInfo& info);
 
 }  // namespace nibble_cli

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "support/bench.h"
 #include "support/openmp_wait.h"
 #include "support/text.h"
 
@@ -55,6 +56,44 @@ std::string KeptFp32Note(bool int8, int64_t int4_linears, int64_t switched) {
 std::string Int8NotServed(const std::string& dir) {
   return "--int8_activations: " + dir +
          " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)";
+}
+
+void AddActivationsOption(CLI::App* cmd, nibble::ActivationType* type) {
+  cmd->add_option_function<std::string>(
+         "--activations",
+         [type](const std::string& v) {
+           if (!nibble::ParseActivationType(v, type))
+             throw CLI::ValidationError("--activations", "expected auto, fp32, bf16 or int8, got \"" + v + "\"");
+         },
+         "Activations of the int4 linears: auto (bf16 where served, else fp32: W4A16 numerics, the fastest "
+         "path), fp32, bf16 or int8 (W4A8, costs perplexity)")
+      ->default_str("auto");
+}
+
+std::string ReportActivations(const std::string& dir, nibble::ActivationType requested, const nibble::ModelInfo& info) {
+  using nibble::ActivationType;
+  const int64_t n = info.activation_linears;
+  if (requested == ActivationType::kInt8 && n == 0) return Int8NotServed(dir);
+  if (requested == ActivationType::kBf16 && n == 0) return Bf16NotServed(dir);
+  const char* how = requested == ActivationType::kAuto ? " (auto)" : "";
+  if (info.int4_linears == 0) {
+    std::fprintf(stderr, "activations: fp32%s (no int4 linears)\n", how);
+    return "";
+  }
+  const nibble::KernelDispatchReport k = nibble::DescribeKernels();
+  if (info.activations == ActivationType::kBf16)
+    std::fprintf(stderr, "activations: bf16%s (W4A16) in %lld int4 linears (%s kernels below 16 rows, bf16 matmul from 16)\n",
+                 how, static_cast<long long>(n), k.bf16_act_kernel.c_str());
+  else if (info.activations == ActivationType::kInt8)
+    std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears (%s kernels)\n", static_cast<long long>(n),
+                 k.int8_kernel.c_str());
+  else
+    std::fprintf(stderr, "activations: fp32%s (W4A32) in %lld int4 linears (%s kernels)\n", how,
+                 static_cast<long long>(info.int4_linears), k.chosen.c_str());
+  if (info.activations == ActivationType::kFp32) return "";
+  const std::string kept = KeptFp32Note(info.activations == ActivationType::kInt8, info.int4_linears, n);
+  if (!kept.empty()) std::fprintf(stderr, "activations: %s\n", kept.c_str());
+  return "";
 }
 namespace {
 

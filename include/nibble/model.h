@@ -20,17 +20,22 @@ int NumThreads();
 
 /// The activations the int4 linears compute with (weights stay int4; dense linears stay fp32).
 enum class ActivationType {
-  kFp32,  // W4A32: fp32 activations (default)
-  kBf16,  // activations rounded to bf16 — W4A16 as a bf16 engine runs it; AVX-512 BF16 kernels
-          // where the CPU has avx512_bf16 and avx512_vbmi; group sizes that are multiples of 32
+  kAuto,  // the default: kBf16 for every int4 linear it serves (W4A16 as vLLM / ORT GenAI run
+          // it, and nibble's fastest correct path), fp32 for the rest (dense models, group sizes
+          // not a multiple of 32); the same bf16 numerics on every CPU up to summation order
+  kFp32,  // W4A32: fp32 activations
+  kBf16,  // activations rounded to bf16; AVX-512 BF16 kernels where the CPU has avx512_bf16 and
+          // avx512_vbmi, oneDNN's bf16 matmul from 16 rows; group sizes that are multiples of 32
   kInt8,  // W4A8: activations quantized to int8 per block of 128 (llama.cpp's Q8 dot products);
           // group sizes 32, 64 or multiples of 128; costs perplexity
 };
-/// "fp32" | "bf16" | "int8".
+/// "auto" | "fp32" | "bf16" | "int8".
 const char* ActivationTypeName(ActivationType a);
+/// The type named `name` ("auto" | "fp32" | "bf16" | "int8"); false for any other string.
+bool ParseActivationType(const std::string& name, ActivationType* out);
 
 struct LoadOptions {
-  ActivationType activations = ActivationType::kFp32;
+  ActivationType activations = ActivationType::kAuto;
   int threads = 0;  // threads used while loading (0 = the calling thread's setting)
 };
 
@@ -46,9 +51,11 @@ struct ModelInfo {
   int64_t num_parameters = 0;  // logical weight count (embeddings, norms, linears, lm_head if untied)
   std::string weight_format;   // "dense" | a checkpoint format's name ("quark")
   int64_t int4_linears = 0;    // linears (projections and lm_head) stored as int4
-  ActivationType activations = ActivationType::kFp32;  // as requested in LoadOptions
-  /// int4 linears that run the requested activations (the others, whose group size that path
-  /// does not serve, keep fp32 activations); equals int4_linears for kFp32.
+  /// What ran: as requested in LoadOptions, kAuto resolved (kBf16 when it serves any int4
+  /// linear, else kFp32).
+  ActivationType activations = ActivationType::kFp32;
+  /// int4 linears that run those activations (the others, whose group size that path does not
+  /// serve, keep fp32 activations); equals int4_linears for kFp32.
   int64_t activation_linears = 0;
   /// What loaded but may not be what the checkpoint's author meant (tensors nibble does not
   /// read, a tied lm_head that differs from the embedding), one sentence each; a sentence that

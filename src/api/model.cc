@@ -18,10 +18,17 @@ ScopedThreads::~ScopedThreads() {
 
 const char* ActivationTypeName(ActivationType a) {
   switch (a) {
+    case ActivationType::kAuto: return "auto";
     case ActivationType::kFp32: return "fp32";
     case ActivationType::kBf16: return "bf16";
     default: return "int8";
   }
+}
+
+bool ParseActivationType(const std::string& name, ActivationType* out) {
+  for (ActivationType a : {ActivationType::kAuto, ActivationType::kFp32, ActivationType::kBf16, ActivationType::kInt8})
+    if (name == ActivationTypeName(a)) return *out = a, true;
+  return false;
 }
 
 Model::Model() : impl_(std::make_unique<Impl>()) {}
@@ -86,8 +93,13 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOpt
   i.activations = options.activations;
   switch (options.activations) {
     case ActivationType::kFp32: i.activation_linears = i.int4_linears; break;
+    case ActivationType::kAuto:
     case ActivationType::kBf16: i.activation_linears = m->impl_->llama->SetBf16Activations(true); break;
     case ActivationType::kInt8: i.activation_linears = m->impl_->llama->SetInt8Activations(true); break;
+  }
+  if (options.activations == ActivationType::kAuto) {
+    i.activations = i.activation_linears > 0 ? ActivationType::kBf16 : ActivationType::kFp32;
+    if (i.activation_linears == 0) i.activation_linears = i.int4_linears;
   }
   return m;
 }

@@ -1,6 +1,6 @@
 // Int4 linear: weights in the kernels' packed layout W4P (kernels/int4_packed.h, docs/KERNELS.md),
 // built once at load from the native Int4Matrix; fp32 activations (W4A32 numerics) unless the
-// opt-in int8-activation path (SetInt8Activations, W4A8) or bf16-activation path
+// int8-activation path (SetInt8Activations, W4A8) or bf16-activation path
 // (SetBf16Activations) is switched on.
 //
 // Kernels (dispatched per ISA, kernels/int4_dispatch.h): M < kDequantGemmMinRows runs the fused

@@ -235,7 +235,7 @@ TEST(Cli, BenchModelTableAndJson) {
     EXPECT_EQ(r.at("model"), "prose-llama-7m");
     EXPECT_GT(r.at("model_size").get<int64_t>(), 0);
     EXPECT_GT(r.at("model_n_params").get<int64_t>(), 0);
-    EXPECT_EQ(r.at("activations"), "fp32");
+    EXPECT_EQ(r.at("activations"), "auto:fp32");  // the default, as it resolved for a dense model
     EXPECT_EQ(r.at("repetitions"), 2);
     EXPECT_EQ(r.at("samples_ts").size(), 2u);
     EXPECT_GT(r.at("median_ts").get<double>(), 0);
@@ -271,6 +271,8 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
       {"missing prompt file", "generate --model " + model + " -f /nonexistent/prompt.txt -n 1", "/nonexistent/prompt.txt"},
       {"empty stop string", "generate --model " + model + " --stop '' -n 1", "--stop"},
       {"bench-model unknown activations", "bench-model -m " + model + " --activations fp8", "unknown mode \"fp8\""},
+      {"generate unknown activations", "generate --model " + model + " --activations fp16 -n 1",
+       "expected auto, fp32, bf16 or int8, got \"fp16\""},
       {"bench-model context", "bench-model -m " + model + " -p 4096 -n 0", "max_position_embeddings"},
       {"unknown flag", "generate --model " + model + " --frobnicate 3", "frobnicate"},
       {"unknown command", "bogus --model " + model, "unknown command \"bogus\""},
@@ -525,17 +527,34 @@ TEST(Cli, Bf16ActivationsPerplexityCostIsPrintedAndSmall) {
   EXPECT_NE(k.out.find(want), std::string::npos) << want << "\n" << k.out;
   RunResult g = RunNibble("generate --model " + out + " -n 4 --temperature 0 --bf16_activations");
   EXPECT_EQ(g.exit_code, 0) << g.out;
-  EXPECT_NE(g.out.find("activations: bf16 in 42 int4 linears (kernel: "), std::string::npos) << g.out;
+  EXPECT_NE(g.out.find("activations: bf16 (W4A16) in 42 int4 linears ("), std::string::npos) << g.out;
+  // The default is auto: bf16 where served (the same text as --bf16_activations), fp32 on request,
+  // fp32 on a dense model; each run says which path ran.
+  RunResult ga = RunNibble("generate --model " + out + " -n 4 --temperature 0");
+  EXPECT_EQ(ga.exit_code, 0) << ga.out;
+  EXPECT_NE(ga.out.find("activations: bf16 (auto) (W4A16) in 42 int4 linears ("), std::string::npos) << ga.out;
+  EXPECT_EQ(RunNibble("generate --model " + out + " -n 4 --temperature 0", false).out,
+            RunNibble("generate --model " + out + " -n 4 --temperature 0 --bf16_activations", false).out);
+  RunResult gf = RunNibble("generate --model " + out + " -n 4 --temperature 0 --activations fp32");
+  EXPECT_EQ(gf.exit_code, 0) << gf.out;
+  EXPECT_NE(gf.out.find("activations: fp32 (W4A32) in 42 int4 linears ("), std::string::npos) << gf.out;
+  RunResult gd = RunNibble("generate --model " + Quote(nibble_test::EmbeddedModel()) + " -n 1 --temperature 0");
+  EXPECT_NE(gd.out.find("activations: fp32 (auto) (no int4 linears)"), std::string::npos) << gd.out;
+  RunResult pj = RunNibble("perplexity --model " + out + " --text " + Quote(nibble_test::SharedData("prose-val.txt")) +
+                           " --seq_len 128 --max_windows 1 --json", false);
+  ASSERT_EQ(pj.exit_code, 0) << pj.out;
+  EXPECT_EQ(nlohmann::json::parse(pj.out).at("activations"), "bf16");
   RunResult i = RunNibble("inspect --kernels");
   EXPECT_EQ(i.exit_code, 0) << i.out;
-  EXPECT_NE(i.out.find("bf16 activations (opt-in --bf16_activations): "), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("bf16 activations: "), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("activations (default --activations auto): "), std::string::npos) << i.out;
   // Linears the path cannot serve (g = 48) keep fp32 activations, and the run says how many.
   RunResult q48 = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + out +
                             " --overwrite --layer_quant_config '*.mlp.down_proj:group_size=48'");
   ASSERT_EQ(q48.exit_code, 0) << q48.out;
   RunResult g48 = RunNibble("generate --model " + out + " -n 2 --temperature 0 --bf16_activations");
   EXPECT_EQ(g48.exit_code, 0) << g48.out;
-  EXPECT_NE(g48.out.find("activations: bf16 in 36 int4 linears"), std::string::npos) << g48.out;
+  EXPECT_NE(g48.out.find("activations: bf16 (W4A16) in 36 int4 linears"), std::string::npos) << g48.out;
   EXPECT_NE(g48.out.find("6 int4 linears keep fp32 activations (group size not a multiple of 32)"), std::string::npos)
       << g48.out;
   std::system(("rm -rf " + out).c_str());
