@@ -115,7 +115,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values("--quant_scheme w_uint4_per_group_asym --group_size 128 --exclude_layers '' "
                       "--layer_quant_config lm_head:group_size=32",
                       "--quant_scheme w_int4_per_group_sym --group_size 32",
-                      "--quant_scheme w_uint4_per_group_asym --group_size 64 --model_export compressed-tensors"));
+                      "--quant_scheme w_uint4_per_group_asym --group_size 64 --model_export compressed-tensors",
+                      // AutoAWQ GEMM and GPTQ v1 checkpoints, as quantize writes them.
+                      "--quant_scheme w_uint4_per_group_asym --group_size 128 --model_export awq",
+                      "--quant_scheme w_int4_per_group_sym --group_size 128 --model_export gptq --gptq_format v1"));
 
 TEST(OnnxExportCli, RefusesWhatTheGraphCannotHoldBeforeWriting) {
   const fs::path tmp = fs::temp_directory_path() / ("nibble_onnx_bad_" + std::to_string(getpid()));
