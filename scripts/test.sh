@@ -16,13 +16,7 @@ jobs="$(nproc)"
 took() { echo "== $1: $((SECONDS - mark)) s"; mark=$SECONDS; }
 bash scripts/setup.sh
 bash scripts/check_includes.sh
-# The real ONNX Runtime the export tests run (tests/e2e/onnx_export_test.cc); its install script
-# would fetch GPU files, so it is skipped (the CPU runtime is in the package).
-if command -v npm >/dev/null 2>&1 && [ ! -d build/npm/node_modules/onnxruntime-node ]; then
-  mkdir -p build/npm
-  npm install --ignore-scripts --no-audit --no-fund --prefix build/npm onnxruntime-node@1.30.0 >/dev/null ||
-    echo "warning: npm could not install onnxruntime-node; the ONNX Runtime tests will be skipped" >&2
-fi
+bash scripts/install_ort_node.sh   # onnxruntime-node for the ONNX Runtime tests
 mark=$SECONDS
 if [[ " $stages " == *" release "* ]]; then
   preset=release

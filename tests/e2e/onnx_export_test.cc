@@ -16,7 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Where scripts/test.sh installs onnxruntime-node (npm install --ignore-scripts).
+// Where scripts/install_ort_node.sh installs onnxruntime-node (npm install --ignore-scripts).
 std::string OrtNodeModules() { return SourceDir() + "/build/npm/node_modules"; }
 
 // Greedy ids and the prefill's last logits from tests/reference/ort_decode.js.
@@ -58,7 +58,7 @@ void RunNibbleGreedy(const std::string& dir, const std::vector<int32_t>& prompt,
 bool OrtAvailable(std::string* why) {
   if (RunCommand("command -v node >/dev/null 2>&1").exit_code != 0) *why = "node not found in PATH";
   else if (!fs::exists(OrtNodeModules() + "/onnxruntime-node"))
-    *why = "onnxruntime-node not installed in " + OrtNodeModules() + " (scripts/test.sh installs it with npm)";
+    *why = "onnxruntime-node not installed in " + OrtNodeModules() + " (scripts/install_ort_node.sh installs it with npm)";
   return why->empty();
 }
 
@@ -118,7 +118,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values("--quant_scheme w_uint4_per_group_asym --group_size 128 --exclude_layers '' "
                       "--layer_quant_config lm_head:group_size=32",
                       "--quant_scheme w_int4_per_group_sym --group_size 32",
-                      "--quant_scheme w_uint4_per_group_asym --group_size 64 --model_export compressed-tensors"));
+                      "--quant_scheme w_uint4_per_group_asym --group_size 64 --model_export compressed-tensors",
+                      // AutoAWQ GEMM and GPTQ v1 checkpoints, as quantize writes them.
+                      "--quant_scheme w_uint4_per_group_asym --group_size 128 --model_export awq",
+                      "--quant_scheme w_int4_per_group_sym --group_size 128 --model_export gptq --gptq_format v1"));
 
 TEST(OnnxExportCli, RefusesWhatTheGraphCannotHoldBeforeWriting) {
   const fs::path tmp = fs::temp_directory_path() / ("nibble_onnx_bad_" + std::to_string(getpid()));
