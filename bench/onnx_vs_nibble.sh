@@ -4,7 +4,8 @@
 # tests/e2e/onnx_export_test.cc quantizes it) and a random-weight TinyLlama-1.1B-shaped model
 # (uint4 g128, lm_head included), each exported at --accuracy_level 0 and 4. Also reports the
 # wall time and peak RSS of the TinyLlama export. ORT runs bench/ort_bench.js; nibble runs
-# `nibble bench-model`; both: random ids, one warmup, median of 2 repetitions.
+# `nibble bench-model` (default activations and int8); both: random ids, one warmup, median of 2
+# repetitions.
 # Usage: bench/onnx_vs_nibble.sh [-t THREADS] [-p 128] [-n 64] [WORK_DIR (default build/onnx_bench)]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -54,13 +55,18 @@ for m in prose tinyllama; do
   done
 done
 
+# Each ORT level against the nibble mode with its activation numerics: level 0 (fp32 activations
+# into MatMulNBits) against nibble's default (auto: bf16), level 4 (int8 activations) against int8.
 printf '%-16s %-14s %10s %10s %14s\n' model engine "pp$p t/s" "tg$n t/s" "nibble/ORT pp,tg"
 for m in prose tinyllama; do
-  js=$("$nibble" bench-model -m "$work/$m-q" -p "$p" -n "$n" -t "$threads" -r "$reps" --json)
-  nib_pp=$(jq -r '.[] | select(.test | startswith("pp")) | .median_ts' <<<"$js")
-  nib_tg=$(jq -r '.[] | select(.test | startswith("tg")) | .median_ts' <<<"$js")
-  printf '%-16s %-14s %10.1f %10.1f\n' "$m" nibble "$nib_pp" "$nib_tg"
+  js=$("$nibble" bench-model -m "$work/$m-q" -p "$p" -n "$n" -t "$threads" -r "$reps" --activations auto,int8 --json)
   for level in 0 4; do
+    mode=$([ "$level" = 0 ] && echo auto || echo int8)
+    sel=".[] | select(.activations | startswith(\"$mode\"))"
+    nib_pp=$(jq -r "$sel | select(.test | startswith(\"pp\")) | .median_ts" <<<"$js")
+    nib_tg=$(jq -r "$sel | select(.test | startswith(\"tg\")) | .median_ts" <<<"$js")
+    name=$(jq -r "[$sel | .activations][0]" <<<"$js")
+    printf '%-16s %-14s %10.1f %10.1f\n' "$m" "nibble $name" "$nib_pp" "$nib_tg"
     ort=$(NODE_PATH="$modules" node "$root/bench/ort_bench.js" "$work/$m-onnx-acc$level" "$p" "$n" "$threads" "$reps")
     ort_pp=$(jq -r .pp_ts <<<"$ort") ort_tg=$(jq -r .tg_ts <<<"$ort")
     printf '%-16s %-14s %10.1f %10.1f %7.2f,%5.2f\n' "$m" "ORT acc$level" "$ort_pp" "$ort_tg" \
