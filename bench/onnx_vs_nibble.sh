@@ -20,7 +20,7 @@ shift $((OPTIND - 1))
 work="${1:-$root/build/onnx_bench}"
 nibble="$root/build/release/nibble"
 (cd "$root" && cmake --build --preset release --target nibble nibble-export-onnx >/dev/null)
-bash "$root/scripts/install_ort_node.sh"
+bash "$root/scripts/install_node_packages.sh"
 modules="$root/build/npm/node_modules"
 [ -d "$modules/onnxruntime-node" ] || { echo "error: onnxruntime-node not in $modules" >&2; exit 1; }
 command -v node >/dev/null || { echo "error: node not found in PATH" >&2; exit 1; }

@@ -16,7 +16,7 @@ jobs="$(nproc)"
 took() { echo "== $1: $((SECONDS - mark)) s"; mark=$SECONDS; }
 bash scripts/setup.sh
 bash scripts/check_includes.sh
-bash scripts/install_ort_node.sh   # onnxruntime-node for the ONNX Runtime tests
+bash scripts/install_node_packages.sh   # JavaScript references (ONNX Runtime, tokenizers, Jinja)
 mark=$SECONDS
 if [[ " $stages " == *" release "* ]]; then
   preset=release

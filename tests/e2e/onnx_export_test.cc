@@ -16,7 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Where scripts/install_ort_node.sh installs onnxruntime-node (npm install --ignore-scripts).
+// Where scripts/install_node_packages.sh installs onnxruntime-node (npm install --ignore-scripts).
 std::string OrtNodeModules() { return SourceDir() + "/build/npm/node_modules"; }
 
 // Greedy ids and the prefill's last logits from tests/reference/ort_decode.js.
@@ -58,7 +58,7 @@ void RunNibbleGreedy(const std::string& dir, const std::vector<int32_t>& prompt,
 bool OrtAvailable(std::string* why) {
   if (RunCommand("command -v node >/dev/null 2>&1").exit_code != 0) *why = "node not found in PATH";
   else if (!fs::exists(OrtNodeModules() + "/onnxruntime-node"))
-    *why = "onnxruntime-node not installed in " + OrtNodeModules() + " (scripts/install_ort_node.sh installs it with npm)";
+    *why = "onnxruntime-node not installed in " + OrtNodeModules() + " (scripts/install_node_packages.sh installs it with npm)";
   return why->empty();
 }
 
