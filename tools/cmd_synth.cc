@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "support/bench.h"
+#include "support/llama2c.h"
 
 namespace nibble_cli {
 namespace {
@@ -35,6 +36,7 @@ std::string DefaultTokenizerDir() {
 Runner RegisterSynth(CLI::App& app) {
   auto q = std::make_shared<nibble::SynthRequest>();
   auto threads = std::make_shared<int>(0);
+  auto llama2c = std::make_shared<bool>(false);
   q->tokenizer_dir = DefaultTokenizerDir();
   CLI::App* cmd = app.add_subcommand("synth", "Write a random-weight checkpoint with the shapes of an HF config.json");
   cmd->add_option("--config", q->config_path, "HF config.json (e.g. bench/configs/tinyllama-1.1b.json)")->required();
@@ -45,11 +47,21 @@ Runner RegisterSynth(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", q->seed, "Random seed")->capture_default_str();
   cmd->add_flag("--overwrite", q->overwrite, "Replace an existing output directory");
+  cmd->add_flag("--llama2c", *llama2c,
+                "With --format dense: also write the same weights as llama2.c files (model.llama2c.bin, "
+                "tokenizer.llama2c.bin) for llama.cpp's convert-llama2c-to-ggml");
   cmd->add_option("--threads,-t", *threads, "Worker threads (0 = all cores)")->capture_default_str();
-  return [q, threads]() {
+  return [q, threads, llama2c]() {
     nibble::SetNumThreads(*threads);
+    if (*llama2c && q->format != "dense") return Fail("synth: --llama2c needs --format dense");
     const nibble::Status s = nibble::WriteSyntheticCheckpoint(*q);
     if (!s.ok()) return Fail(s.error().message);
+    if (*llama2c) {
+      const std::string model = q->out_dir + "/model.llama2c.bin", vocab = q->out_dir + "/tokenizer.llama2c.bin";
+      const nibble::Status w = nibble::WriteLlama2c(q->out_dir, model, vocab);
+      if (!w.ok()) return Fail(w.error().message);
+      std::printf("wrote %s and %s (llama2.c)\n", model.c_str(), vocab.c_str());
+    }
     std::printf("wrote %s (%s)\n", q->out_dir.c_str(), q->format.c_str());
     return 0;
   };

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Decode (tg) and prefill (pp) tokens/s of nibble against llama.cpp on the same random weights.
+#
+# Builds llama.cpp from the source tree given (never downloaded or kept in this repository),
+# writes one random-weight checkpoint with `nibble synth --format dense --llama2c` (TinyLlama-1.1B
+# shapes unless -c), converts the same weights for llama.cpp (llama-convert-llama2c-to-ggml, then
+# llama-quantize Q4_0: its default recipe, output.weight Q6_K) and for nibble (`nibble quantize`:
+# Quark uint4 g128 RTN, lm_head included), then runs ROUNDS interleaved rounds; each round, per
+# thread count: the DRAM read bandwidth (`nibble bench --no_gemm`), `llama-bench`, `nibble
+# bench-model` for each activation mode, the bandwidth again. Prints per engine/mode, test and
+# thread count the median and range over rounds, the ratio to llama.cpp's median, the bandwidth
+# measured in the same blocks, and decode's share of it (bytes per token: the weights without
+# the embedding table, which decode reads one row of).
+#
+# Usage: bench/vs_llamacpp.sh [-r ROUNDS] [-t "1 2"] [-p 512] [-n 64] [-a "auto"]
+#                             [-c CONFIG.json] LLAMA_CPP_SOURCE_DIR [WORK_DIR (build/vs_llamacpp)]
+# Needs: cmake and a C++ compiler (for llama.cpp), python3 (the summary). llama.cpp's converter
+# holds the fp32 model in one ggml context, 2 GiB in some versions (b4748 among them): about 500M
+# parameters, less than TinyLlama-1.1B; the script then says so and -c takes a smaller config. Checkpoints are kept in
+# WORK_DIR and reused (delete it to redo them); llama.cpp is rebuilt incrementally.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+rounds=5 threads="1 2" p=512 n=64 modes="auto" config="$root/bench/configs/tinyllama-1.1b.json"
+while getopts "r:t:p:n:a:c:" o; do
+  case "$o" in
+    r) rounds="$OPTARG" ;; t) threads="$OPTARG" ;; p) p="$OPTARG" ;; n) n="$OPTARG" ;;
+    a) modes="$OPTARG" ;; c) config="$OPTARG" ;;
+    *) echo "usage: $0 [-r ROUNDS] [-t THREADS] [-p N] [-n N] [-a MODES] [-c CONFIG] LLAMA_CPP_SOURCE_DIR [WORK_DIR]" >&2
+       exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+[ $# -ge 1 ] || { echo "error: give the llama.cpp source directory (LLAMA_CPP_SOURCE_DIR)" >&2; exit 2; }
+src="$(cd "$1" && pwd)"
+[ -f "$src/CMakeLists.txt" ] || { echo "error: $src: no CMakeLists.txt (expected a llama.cpp source tree)" >&2; exit 2; }
+work="${2:-$root/build/vs_llamacpp}"
+mkdir -p "$work/results"
+work="$(cd "$work" && pwd)"
+nibble="$root/build/release/nibble"
+(cd "$root" && cmake --preset release >/dev/null && cmake --build --preset release --target nibble >/dev/null)
+
+# llama.cpp, native build of the three programs used.
+lb="$work/llama.cpp-build"
+cmake -S "$src" -B "$lb" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >"$work/llama.cpp-cmake.log" 2>&1
+cmake --build "$lb" -j "$(nproc)" --target llama-bench llama-quantize llama-convert-llama2c-to-ggml \
+  >"$work/llama.cpp-build.log" 2>&1
+bin() { find "$lb" -type f -name "$1" -perm -u+x | head -1; }
+llama_bench="$(bin llama-bench)" llama_quantize="$(bin llama-quantize)"
+llama_convert="$(bin llama-convert-llama2c-to-ggml)"
+
+# The same weights for both: the llama.cpp copy from the llama2.c files, the nibble copy from the
+# dense checkpoint they were written beside.
+if [ ! -f "$work/q4_0.gguf" ] || [ ! -d "$work/nibble-q" ]; then
+  "$nibble" synth --config "$config" --format dense --llama2c --out "$work/dense" --overwrite >/dev/null
+  "$llama_convert" --copy-vocab-from-model "$work/dense/tokenizer.llama2c.bin" \
+    --llama2c-model "$work/dense/model.llama2c.bin" --llama2c-output-model "$work/f32.gguf" >"$work/convert.log" 2>&1 ||
+    { echo "error: llama-convert-llama2c-to-ggml failed (log: $work/convert.log). Its fp32 model must fit one" \
+        "2 GiB ggml context in some llama.cpp versions (about 500M parameters): pass a smaller config with -c" >&2
+      exit 1; }
+  "$llama_quantize" "$work/f32.gguf" "$work/q4_0.gguf" Q4_0 >"$work/quantize.log" 2>&1
+  rm -f "$work/f32.gguf"
+  rm -rf "$work/nibble-q"
+  "$nibble" quantize --model_dir "$work/dense" --output_dir "$work/nibble-q" --quant_scheme w_uint4_per_group_asym \
+    --group_size 128 --exclude_layers '' >/dev/null
+  rm -rf "$work/dense"
+fi
+
+bandwidth() {  # GB/s with $1 threads
+  "$nibble" bench --no_gemm -t "$1" --bandwidth_gib 1 | sed -n 's/^DRAM read bandwidth: \([0-9.]*\) GB\/s.*/\1/p'
+}
+rm -f "$work"/results/*.json "$work"/results/*.bw
+for r in $(seq 1 "$rounds"); do
+  for t in $threads; do
+    bandwidth "$t" >>"$work/results/bw-t$t.bw"
+    "$llama_bench" -m "$work/q4_0.gguf" -p "$p" -n "$n" -t "$t" -r 1 -o json >"$work/results/llama-r$r-t$t.json" \
+      2>>"$work/llama-bench.log"
+    for a in $modes; do
+      "$nibble" bench-model -m "$work/nibble-q" -p "$p" -n "$n" -t "$t" -r 1 --activations "$a" --json \
+        >"$work/results/nibble-$a-r$r-t$t.json" 2>>"$work/bench-model.log"
+    done
+    bandwidth "$t" >>"$work/results/bw-t$t.bw"
+  done
+  echo "round $r of $rounds done" >&2
+done
+
+echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores;" \
+  "nibble $(git -C "$root" rev-parse --short HEAD); llama.cpp source $src" \
+  "($(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo "not a git tree"))"
+python3 - "$work/results" "$config" <<'EOF'
+import glob, json, os, statistics, sys
+res, cfg = sys.argv[1], json.load(open(sys.argv[2]))
+first = json.load(open(sorted(glob.glob(os.path.join(res, "llama-*.json")))[0]))[0]
+print(f"llama.cpp build {first.get('build_number')} ({first.get('build_commit')}), {first.get('cpu_info')}")
+emb = cfg["vocab_size"] * cfg["hidden_size"]  # embedding elements: one row read per token
+rows = {}  # (engine, test, threads) -> [tokens/s per round]
+size = {}  # engine -> bytes read per decoded token
+for f in sorted(glob.glob(os.path.join(res, "*.json"))):
+    name = os.path.basename(f)
+    engine = "llama.cpp Q4_0" if name.startswith("llama-") else "nibble " + name.split("-")[1]
+    for e in json.load(open(f)):
+        test = f"pp{e['n_prompt']}" if e["n_prompt"] else f"tg{e['n_gen']}"
+        ts = e.get("avg_ts", e.get("median_ts"))
+        if engine.startswith("nibble"):
+            engine = "nibble " + e["activations"]
+        rows.setdefault((engine, test, e["n_threads"]), []).append(ts)
+        size[engine] = e["model_size"] - emb * (18 / 32 if engine.startswith("llama") else 2)
+bw = {}
+for f in glob.glob(os.path.join(res, "bw-t*.bw")):
+    vals = [float(x) for x in open(f).read().split()]
+    bw[int(os.path.basename(f)[4:-3])] = vals
+print(f"{'engine':<22} {'test':>6} {'thr':>3} {'median t/s':>11} {'range':>17} {'vs llama.cpp':>12} {'% of bw':>8}"
+      f" {'bw GB/s median (range)':>24}")
+for (engine, test, t), v in sorted(rows.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+    med = statistics.median(v)
+    ref = rows.get(("llama.cpp Q4_0", test, t))
+    ratio = f"{med / statistics.median(ref):.2f}x" if ref else "-"
+    b = bw.get(t, [])
+    share = f"{100 * med * size[engine] / (statistics.median(b) * 1e9):.0f} %" if b and test.startswith("tg") else ""
+    brange = f"{statistics.median(b):.1f} ({min(b):.1f}-{max(b):.1f})" if b else "-"
+    print(f"{engine:<22} {test:>6} {t:>3} {med:>11.1f} {min(v):>8.1f}-{max(v):<8.1f} {ratio:>12} {share:>8} {brange:>24}")
+EOF
