@@ -3,6 +3,8 @@
 // BOS when the tokenizer adds one), drawn from a fixed seed per repetition, so every model, mode
 // and thread count sees the same trace. Sampling and tokenization are not timed. tokens/s are
 // reported as median ± sample standard deviation over the repetitions, after one untimed warmup.
+// With --parallel P > 1, tg runs P sequences together (Session StepBatch: one decode step of all
+// of them, each weight read once), each with its own trace; t/s counts the tokens of all P.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -31,6 +33,7 @@ struct BenchModelArgs {
   std::vector<int64_t> n_gen = {128};
   int repetitions = 3;
   std::vector<int> threads = {0};
+  std::vector<int64_t> parallel = {1};
   std::vector<std::string> activations = {"auto"};
   bool json = false;
 };
@@ -44,7 +47,7 @@ struct TestResult {
   const ModelDesc* model = nullptr;
   std::string activations, test;
   int threads = 0;
-  int64_t n_prompt = 0, n_gen = 0;
+  int64_t n_prompt = 0, n_gen = 0, parallel = 1;
   std::vector<double> tps;  // tokens/s per repetition
   std::vector<double> ns;   // nanoseconds per repetition
 };
@@ -99,6 +102,19 @@ nibble::Result<double> TimeRun(nibble::Session& s, const std::vector<int32_t>& i
   } else {
     for (const int32_t id : ids)
       if (nibble::Status st = s.Step(id); !st.ok()) return st.error();
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Seconds for n_gen batched steps of the sessions from an empty context: step i feeds
+// traces[s][i] to session s.
+nibble::Result<double> TimeBatch(const std::vector<nibble::Session*>& ss, const std::vector<std::vector<int32_t>>& traces) {
+  for (nibble::Session* s : ss) s->Truncate(0);
+  std::vector<int32_t> ids(ss.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < traces[0].size(); ++i) {
+    for (size_t s = 0; s < ss.size(); ++s) ids[s] = traces[s][i];
+    if (nibble::Status st = nibble::StepBatch(ss, ids); !st.ok()) return st.error();
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -165,6 +181,7 @@ nlohmann::ordered_json ToJson(const TestResult& r, const nibble::KernelDispatchR
   j["test"] = r.test;
   j["n_prompt"] = r.n_prompt;
   j["n_gen"] = r.n_gen;
+  j["n_parallel"] = r.parallel;
   j["repetitions"] = r.tps.size();
   j["samples_ns"] = r.ns;
   j["samples_ts"] = r.tps;
@@ -191,6 +208,13 @@ int64_t ContextNeeded(const BenchModelArgs& a) {
   return ctx;
 }
 
+// Prints the row of a finished test and keeps its result.
+nibble::Status Report(TestResult r, const BenchRun& run) {
+  if (!run.a.json) run.table.Row(r);
+  run.results.push_back(std::move(r));
+  return nibble::Status::Ok();
+}
+
 // One test (pp or tg) repeated: appends its result and prints the row.
 nibble::Status RunTest(nibble::Session& s, TestResult r, int32_t bos, const BenchRun& run) {
   const bool prompt = r.n_prompt > 0;
@@ -202,9 +226,34 @@ nibble::Status RunTest(nibble::Session& s, TestResult r, int32_t bos, const Benc
     r.ns.push_back(*sec * 1e9);
     r.tps.push_back(count / *sec);
   }
-  if (!run.a.json) run.table.Row(r);
-  run.results.push_back(std::move(r));
-  return nibble::Status::Ok();
+  return Report(std::move(r), run);
+}
+
+// tg of r.parallel sequences stepped together (StepBatch), each with its own trace per repetition.
+nibble::Status RunBatchTest(const nibble::Model& m, const nibble::SessionOptions& so, TestResult r, int32_t bos,
+                            const BenchRun& run) {
+  std::vector<std::unique_ptr<nibble::Session>> owned;
+  std::vector<nibble::Session*> ss;
+  for (int64_t i = 0; i < r.parallel; ++i) {
+    auto s = nibble::Session::Create(m, so);
+    if (!s.ok()) return s.error();
+    ss.push_back(s->get());
+    owned.push_back(std::move(s).value());
+  }
+  const int64_t vocab = m.info().vocab_size;
+  const auto traces = [&](int rep, int64_t n) {
+    std::vector<std::vector<int32_t>> t;
+    for (int64_t i = 0; i < r.parallel; ++i) t.push_back(Trace(n, vocab, bos, rep * 1000 + static_cast<int>(i)));
+    return t;
+  };
+  if (auto w = TimeBatch(ss, traces(-1, 1)); !w.ok()) return w.error();  // warmup
+  for (int rep = 0; rep < run.a.repetitions; ++rep) {
+    auto sec = TimeBatch(ss, traces(rep, r.n_gen));
+    if (!sec.ok()) return sec.error();
+    r.ns.push_back(*sec * 1e9);
+    r.tps.push_back(static_cast<double>(r.n_gen * r.parallel) / *sec);
+  }
+  return Report(std::move(r), run);
 }
 
 // Every test on one loaded model and thread count, after an untimed warmup of each kind.
@@ -227,10 +276,15 @@ nibble::Status RunThreads(const nibble::Model& m, const ModelDesc& d, const std:
   if (auto w = TimeRun(s, Trace(1, vocab, bos, -1), false); !w.ok()) return w.error();
   for (int64_t p : run.a.n_prompt)
     if (p > 0)
-      if (auto st = RunTest(s, {&d, act, "pp" + std::to_string(p), threads, p, 0, {}, {}}, bos, run); !st.ok()) return st;
-  for (int64_t n : run.a.n_gen)
-    if (n > 0)
-      if (auto st = RunTest(s, {&d, act, "tg" + std::to_string(n), threads, 0, n, {}, {}}, bos, run); !st.ok()) return st;
+      if (auto st = RunTest(s, {&d, act, "pp" + std::to_string(p), threads, p, 0, 1, {}, {}}, bos, run); !st.ok()) return st;
+  for (int64_t n : run.a.n_gen) {
+    if (n <= 0) continue;
+    for (int64_t par : run.a.parallel) {
+      TestResult r{&d, act, "tg" + std::to_string(n), threads, 0, n, par, {}, {}};
+      if (par > 1) r.test += " x" + std::to_string(par);
+      if (auto st = par > 1 ? RunBatchTest(m, so, r, bos, run) : RunTest(s, r, bos, run); !st.ok()) return st;
+    }
+  }
   return nibble::Status::Ok();
 }
 
@@ -269,6 +323,8 @@ int RunBenchModel(const BenchModelArgs& a) {
     if (v < 0) return Fail("-p " + std::to_string(v) + " must be >= 0");
   for (int64_t v : a.n_gen)
     if (v < 0) return Fail("-n " + std::to_string(v) + " must be >= 0");
+  for (int64_t v : a.parallel)
+    if (v < 1) return Fail("--parallel " + std::to_string(v) + " must be >= 1");
   nibble::ActivationType unused;
   for (const std::string& s : a.activations)
     if (!nibble::ParseActivationType(s, &unused))
@@ -311,6 +367,10 @@ Runner RegisterBenchModel(CLI::App& app) {
   cmd->add_option("-p,--n_prompt", a->n_prompt, "Prompt lengths for pp tests, comma-separated; 0 = none")
       ->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n_gen", a->n_gen, "Generated tokens for tg tests, comma-separated; 0 = none")
+      ->delimiter(',')->capture_default_str();
+  cmd->add_option("--parallel,-P", a->parallel,
+                  "Sequences decoded together in tg tests (batched decode, each weight read once per step), "
+                  "comma-separated; t/s counts every sequence's tokens")
       ->delimiter(',')->capture_default_str();
   cmd->add_option("-r,--repetitions", a->repetitions, "Timed repetitions of each test")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "Thread counts, comma-separated (0 = all cores)")

@@ -79,11 +79,19 @@ class Session {
   const Model& model() const;
 
  private:
+  friend Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens);
   friend Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text);
   struct Impl;
   explicit Session(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// One decode step of several sessions over the same Model together (batched decode, as a server
+/// runs its open requests): sessions[i] appends tokens[i] at its own position and gets its new
+/// logits, as Step would, but every weight is read once for the whole batch. Runs with the first
+/// session's thread setting. Errors (no session changes): no sessions, sizes that differ, a
+/// session listed twice or over another Model, and any session's Step error (named by index).
+Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens);
 
 /// Tokenizes `options.prompt` (BOS only on an empty session), appends it to the session, then
 /// samples up to max_new_tokens, streaming the text (the prompt is not echoed). Errors: prompt

@@ -52,6 +52,30 @@ Status Session::Prefill(const std::vector<int32_t>& tokens) {
 
 Status Session::Step(int32_t token) { return Prefill({token}); }
 
+Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens) {
+  if (sessions.empty()) return MakeError("StepBatch: no sessions");
+  if (sessions.size() != tokens.size())
+    return MakeError("StepBatch: ", sessions.size(), " sessions but ", tokens.size(), " tokens");
+  std::vector<KvCache*> caches;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    if (sessions[i] == nullptr) return MakeError("StepBatch: session ", i, " is null");
+    if (sessions[i]->impl_->model != sessions[0]->impl_->model)
+      return MakeError("StepBatch: session ", i, " runs another model than session 0");
+    caches.push_back(&sessions[i]->impl_->cache);
+  }
+  ScopedThreads threads(sessions[0]->impl_->threads);
+  const LlamaModel& llama = ModelAccess::llama(*sessions[0]->impl_->model);
+  const int64_t vocab = llama.config().vocab_size, batch = static_cast<int64_t>(sessions.size());
+  std::vector<float> logits(static_cast<size_t>(batch * vocab));
+  NIBBLE_RETURN_IF_ERROR(llama.DecodeBatch(tokens.data(), batch, caches.data(), logits.data()));
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    Session::Impl& s = *sessions[i]->impl_;
+    s.logits.assign(logits.begin() + static_cast<int64_t>(i) * vocab, logits.begin() + static_cast<int64_t>(i + 1) * vocab);
+    s.tokens.push_back(tokens[i]);
+  }
+  return Status::Ok();
+}
+
 Result<int32_t> Session::Sample(const SamplingOptions& o) {
   if (impl_->logits.empty()) return MakeError("Sample: no logits yet (prefill a prompt first)");
   if (o.temperature < 0) return MakeError("temperature ", o.temperature, " must be >= 0");

@@ -40,4 +40,15 @@ void GemvBf16(int64_t n, int64_t k, const uint16_t* w, const float* x, const flo
   for (int64_t b = 0; b < nblocks; ++b) kernel(k, w, x, bias, y, b * kBlockRows, std::min(n, (b + 1) * kBlockRows));
 }
 
+void GemvBf16Rows(int64_t m, int64_t n, int64_t k, const uint16_t* w, const float* x, const float* bias, float* y,
+                  Bf16GemvKernel kernel) {
+  if (n == 0 || m == 0) return;
+  if (kernel == nullptr) kernel = ActiveW4Dispatch().kernels.gemv_bf16;
+  if (n >= kBlockRows) x = AlignedActs(x, m * k);
+  const int64_t nblocks = (n + kBlockRows - 1) / kBlockRows;
+#pragma omp parallel for schedule(static) if (nblocks > 1 && m * n * k >= (int64_t{1} << 16))
+  for (int64_t b = 0; b < nblocks; ++b)
+    for (int64_t i = 0; i < m; ++i) kernel(k, w, x + i * k, bias, y + i * n, b * kBlockRows, std::min(n, (b + 1) * kBlockRows));
+}
+
 }  // namespace nibble

@@ -28,4 +28,14 @@ void Bf16ToF32Rows(const uint16_t* w, int64_t n, int64_t k, float* out);
 void GemvBf16(int64_t n, int64_t k, const uint16_t* w, const float* x, const float* bias, float* y,
               Bf16GemvKernel kernel = nullptr);
 
+/// Activation rows below which Bf16DenseLinear runs GemvBf16Rows instead of widening the whole
+/// matrix to fp32 for the GEMM (a widening per call costs N·K stores, whatever m).
+inline constexpr int64_t kBf16GemvMaxRows = 16;
+
+/// The same for m activation rows (batched decode): x [m, K], y [m, N]. Each block of weight rows
+/// is streamed from memory once and applied to every row while it is in cache; row i's result
+/// is bit-identical to GemvBf16 on x row i alone.
+void GemvBf16Rows(int64_t m, int64_t n, int64_t k, const uint16_t* w, const float* x, const float* bias, float* y,
+                  Bf16GemvKernel kernel = nullptr);
+
 }  // namespace nibble

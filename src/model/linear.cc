@@ -27,6 +27,9 @@ Bf16DenseLinear::Bf16DenseLinear(int64_t n, int64_t k, std::vector<uint16_t> wei
 void Bf16DenseLinear::Forward(const float* x, int64_t m, float* y) const {
   const float* bias = bias_.empty() ? nullptr : bias_.data();
   if (m == 1) return GemvBf16(n_, k_, weight_.data(), x, bias, y, gemv_);
+  // Batched decode: the GEMV per row on weight blocks held in cache, rather than widening the
+  // whole matrix for a few rows.
+  if (m < kBf16GemvMaxRows) return GemvBf16Rows(m, n_, k_, weight_.data(), x, bias, y, gemv_);
   // Scratch reused across calls and layers of this thread (grows to the largest matrix).
   thread_local std::vector<float> wide;
   if (wide.size() < static_cast<size_t>(n_ * k_)) wide.resize(static_cast<size_t>(n_ * k_));

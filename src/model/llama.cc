@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "base/check.h"
 #include "base/half.h"
@@ -150,45 +151,70 @@ KvCache LlamaModel::NewCache(int64_t capacity) const {
   return cache;
 }
 
-Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits) const {
+Status LlamaModel::CheckAppend(const int32_t* tokens, int64_t t, const KvCache& cache, int64_t seq) const {
   const ModelConfig& c = config_;
-  NIBBLE_CHECK(t > 0);
   const int64_t p0 = cache.length;
+  const std::string who = seq < 0 ? "" : "sequence " + std::to_string(seq) + ": ";
   if (p0 + t > cache.capacity)
-    return MakeError("sequence of ", p0 + t, " tokens exceeds the context limit of ", cache.capacity,
+    return MakeError(who, "sequence of ", p0 + t, " tokens exceeds the context limit of ", cache.capacity,
                      " positions (max_position_embeddings = ", c.max_position_embeddings, ")");
   if (c.sliding_window > 0 && p0 + t > c.sliding_window)
-    return MakeErrorCode(ErrorCode::kUnsupported, "sequence of ", p0 + t, " tokens exceeds sliding_window = ", c.sliding_window,
-                     " (sliding-window attention is not implemented)");
+    return MakeErrorCode(ErrorCode::kUnsupported, who, "sequence of ", p0 + t, " tokens exceeds sliding_window = ",
+                         c.sliding_window, " (sliding-window attention is not implemented)");
   for (int64_t i = 0; i < t; ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
-      return MakeError("token id ", tokens[i], " at position ", p0 + i, " is outside the vocabulary [0, ", c.vocab_size, ")");
+      return MakeError(who, "token id ", tokens[i], " at position ", p0 + i, " is outside the vocabulary [0, ",
+                       c.vocab_size, ")");
+  return Status::Ok();
+}
 
-  const int64_t h = c.hidden_size;
-  std::vector<float> x(t * h), xn(t * h);
-  for (int64_t i = 0; i < t; ++i) {
+void LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCache* const* caches, float* x) const {
+  const int64_t h = config_.hidden_size, rows = batch * t;
+  for (int64_t i = 0; i < rows; ++i) {
     const int64_t row = static_cast<int64_t>(tokens[i]) * h;
     if (embed_tokens_ != nullptr) {
-      std::copy_n(embed_tokens_->data() + row, h, x.data() + i * h);
+      std::copy_n(embed_tokens_->data() + row, h, x + i * h);
     } else {
-      for (int64_t j = 0; j < h; ++j) x[static_cast<size_t>(i * h + j)] = Bf16ToF32(embed_bf16_[static_cast<size_t>(row + j)]);
+      for (int64_t j = 0; j < h; ++j) x[i * h + j] = Bf16ToF32(embed_bf16_[static_cast<size_t>(row + j)]);
     }
   }
+  std::vector<LayerKv> kv(static_cast<size_t>(batch));
   LayerRun run;
+  run.batch = batch;
   run.t = t;
+  run.kv = kv.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
-    const LayerKv kv{cache.k[l].data(), cache.v[l].data(), p0};
-    run.kv = &kv;
-    DecoderLayerForward(c, ViewOf(layers_[l]), rope_, x.data(), run, x.data());
+    for (int64_t b = 0; b < batch; ++b) kv[b] = {caches[b]->k[l].data(), caches[b]->v[l].data(), caches[b]->length};
+    DecoderLayerForward(config_, ViewOf(layers_[l]), rope_, x, run, x);
   }
-  cache.length = p0 + t;
-  if (all_logits) {
-    RmsNorm(x.data(), norm_.data(), t, h, c.rms_norm_eps, xn.data());
-    lm_head_->Forward(xn.data(), t, logits);
-  } else {
-    RmsNorm(x.data() + (t - 1) * h, norm_.data(), 1, h, c.rms_norm_eps, xn.data());
-    lm_head_->Forward(xn.data(), 1, logits);
+  for (int64_t b = 0; b < batch; ++b) caches[b]->length += t;
+}
+
+Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits) const {
+  NIBBLE_CHECK(t > 0);
+  NIBBLE_RETURN_IF_ERROR(CheckAppend(tokens, t, cache, -1));
+  const int64_t h = config_.hidden_size;
+  std::vector<float> x(t * h), xn(t * h);
+  KvCache* caches[1] = {&cache};
+  RunLayers(tokens, 1, t, caches, x.data());
+  const int64_t rows = all_logits ? t : 1;
+  RmsNorm(x.data() + (t - rows) * h, norm_.data(), rows, h, config_.rms_norm_eps, xn.data());
+  lm_head_->Forward(xn.data(), rows, logits);
+  return Status::Ok();
+}
+
+Status LlamaModel::DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* const* caches, float* logits) const {
+  NIBBLE_CHECK(batch > 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    NIBBLE_RETURN_IF_ERROR(CheckAppend(tokens + b, 1, *caches[b], b));
+    for (int64_t o = 0; o < b; ++o)
+      if (caches[o] == caches[b]) return MakeError("sequences ", o, " and ", b, " share one KV cache");
   }
+  const int64_t h = config_.hidden_size;
+  std::vector<float> x(batch * h), xn(batch * h);
+  RunLayers(tokens, batch, 1, caches, x.data());
+  RmsNorm(x.data(), norm_.data(), batch, h, config_.rms_norm_eps, xn.data());
+  lm_head_->Forward(xn.data(), batch, logits);
   return Status::Ok();
 }
 

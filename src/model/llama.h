@@ -83,7 +83,21 @@ class LlamaModel {
   /// Errors: token id out of range, cache capacity exceeded (names position and limit).
   Status Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits) const;
 
+  /// One decode step of `batch` sequences together: tokens[b] at position caches[b]->length of
+  /// its own cache (positions may differ), every projection run once on the [batch, hidden] rows
+  /// so each weight is read once for all of them. logits: [batch, vocab_size]. Row b equals what
+  /// Forward gives for that sequence alone up to the kernels' summation order for M rows.
+  /// Errors: as Forward's, naming the sequence; nothing is appended when any check fails.
+  Status DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* const* caches, float* logits) const;
+
  private:
+  // Checks token ids and capacity of `t` new tokens at the cache's position (seq < 0: a lone
+  // sequence, not named).
+  Status CheckAppend(const int32_t* tokens, int64_t t, const KvCache& cache, int64_t seq) const;
+  // Embeds tokens [batch·t] into x [batch·t, hidden] and runs every layer, sequence b on
+  // caches[b] (its t tokens at that cache's position), which it extends by t.
+  void RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCache* const* caches, float* x) const;
+
   ModelConfig config_;
   std::shared_ptr<const std::vector<float>> embed_tokens_;  // [vocab_size, hidden_size], shared with a tied lm_head
   // bf16 checkpoints with their own lm_head keep the table as bf16 bit patterns instead (rows are

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
@@ -123,6 +124,73 @@ TEST(Session, SessionsOverOneModelRunAtOnceWithTheSameResults) {
   tb.join();
   EXPECT_EQ(got_a, want_a);
   EXPECT_EQ(got_b, want_b);
+}
+
+// Batched decode: three sessions at different positions stepped together give each the logits
+// and the greedy continuation it gets alone (summation order may differ for M rows: a bound, and
+// the same argmax).
+TEST(Session, StepBatchMatchesEachSessionStepAlone) {
+  const nibble::Model& m = EmbeddedModel();
+  const std::vector<std::string> prompts = {"In the beginning", "The king said unto", "And"};
+  std::vector<std::unique_ptr<nibble::Session>> solo, batch;
+  for (const std::string& p : prompts) {
+    auto ids = m.Tokenize(p);
+    ASSERT_TRUE(ids.ok());
+    for (auto* v : {&solo, &batch}) {
+      auto s = nibble::Session::Create(m);
+      ASSERT_TRUE(s.ok());
+      ASSERT_TRUE((*s)->Prefill(*ids).ok());
+      v->push_back(std::move(s).value());
+    }
+  }
+  nibble::SamplingOptions greedy;
+  greedy.temperature = 0;
+  for (int step = 0; step < 8; ++step) {
+    std::vector<nibble::Session*> ptrs;
+    std::vector<int32_t> tokens;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto t = batch[i]->Sample(greedy);
+      auto want = solo[i]->Sample(greedy);
+      ASSERT_TRUE(t.ok() && want.ok());
+      ASSERT_EQ(*t, *want) << "sequence " << i << " step " << step;
+      ASSERT_TRUE(solo[i]->Step(*want).ok());
+      ptrs.push_back(batch[i].get());
+      tokens.push_back(*t);
+    }
+    ASSERT_TRUE(nibble::StepBatch(ptrs, tokens).ok());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::vector<float>& a = batch[i]->logits();
+      const std::vector<float>& b = solo[i]->logits();
+      ASSERT_EQ(a.size(), b.size());
+      EXPECT_EQ(batch[i]->position(), solo[i]->position());
+      float scale = 0, diff = 0;
+      for (size_t j = 0; j < a.size(); ++j) {
+        scale = std::max(scale, std::abs(b[j]));
+        diff = std::max(diff, std::abs(a[j] - b[j]));
+      }
+      EXPECT_LE(diff, 1e-4f * scale) << "sequence " << i << " step " << step;
+    }
+  }
+}
+
+TEST(Session, StepBatchRefusesBadBatchesAndChangesNothing) {
+  const nibble::Model& m = EmbeddedModel();
+  auto a = nibble::Session::Create(m);
+  auto b = nibble::Session::Create(m);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Prefill({1, 100}).ok());
+  ASSERT_TRUE((*b)->Prefill({1}).ok());
+  auto expect_error = [&](const std::vector<nibble::Session*>& s, const std::vector<int32_t>& t, const char* what) {
+    const nibble::Status st = nibble::StepBatch(s, t);
+    ASSERT_FALSE(st.ok()) << what;
+    EXPECT_NE(st.error().message.find(what), std::string::npos) << st.error().message;
+    EXPECT_EQ((*a)->position(), 2);
+    EXPECT_EQ((*b)->position(), 1);
+  };
+  expect_error({}, {}, "no sessions");
+  expect_error({a->get(), b->get()}, {5}, "2 sessions but 1 tokens");
+  expect_error({a->get(), a->get()}, {5, 6}, "share one KV cache");
+  expect_error({a->get(), b->get()}, {5, static_cast<int32_t>(m.info().vocab_size)}, "sequence 1: token id");
 }
 
 TEST(Session, CallbackReturningFalseStopsGeneration) {

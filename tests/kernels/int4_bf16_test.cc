@@ -22,6 +22,7 @@
 #include "kernels/int4_gemm.h"
 #include "kernels/int4_packed.h"
 #include "kernels/int4_ref.h"
+#include "kernels/x86_avx512bf16/int4_gemm_bf16.h"
 #include "model/int4_linear.h"
 #include "test_util.h"
 
@@ -122,10 +123,10 @@ TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
           const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, ge, sym);
           Packed p(m);
           ASSERT_TRUE(W4Bf16Supported(p.w));
-          // M = 1, 2, 5 run the row tiles (up to 3 activation rows); M = 9 with g % 128 == 0 the
-          // blocks of 2 weight rows × 4 activation rows (kW4Bf16BlockMinRows = 8), with tails.
+          // M = 1 runs the row tile; M = 2, 5, 9 with g % 128 == 0 the blocks of 2 weight rows × up
+          // to 4 activation rows (from kW4Bf16BlockMinRows rows on), with tails; else row tiles.
           const int64_t m_rows = std::array<int64_t, 4>{1, 2, 5, 9}[static_cast<size_t>(cases % 4)];
-          const bool blocks = m_rows >= 8 && ge % 128 == 0;
+          const bool blocks = m_rows >= kW4Bf16BlockMinRows && ge % 128 == 0;
           const size_t ab = W4Bf16ActsBytes(k, ge);
           PageBuffer scratch(ab * static_cast<size_t>(m_rows));
           std::vector<float> x(static_cast<size_t>(k * m_rows));
@@ -158,7 +159,7 @@ TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
               fast(p.w, acts.data() + i, 1, b, y1.data(), 0, n);
               EXPECT_EQ(std::memcmp(y1.data(), y.data() + i * n, y1.size() * 4), 0) << "row " << i << " of " << m_rows;
             }
-          } else {
+          } else if (m_rows - 1 >= kW4Bf16BlockMinRows) {
             std::vector<float> y1(static_cast<size_t>((m_rows - 1) * n));
             fast(p.w, acts.data() + 1, m_rows - 1, b, y1.data(), 0, n);
             EXPECT_EQ(std::memcmp(y1.data(), y.data() + n, y1.size() * 4), 0) << "blocks, rows 1.. of " << m_rows;

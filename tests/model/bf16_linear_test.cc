@@ -35,20 +35,27 @@ TEST(Bf16DenseLinear, MatchesDenseOnTheWidenedWeights) {
   for (Bf16GemvKernel kern : kernels) {
     Bf16DenseLinear lin(n, k, w, bias, kern);
     EXPECT_EQ(lin.WeightBytes(), n * k * 2);
-    for (int64_t m : {1, 2, 9}) {
+    // Below kBf16GemvMaxRows rows: the GEMV per row (each row as it is alone, within the fp32
+    // bound of the dense product); from there the widened matrix through the dense GEMM.
+    for (int64_t m : {int64_t{1}, int64_t{2}, int64_t{9}, kBf16GemvMaxRows + 1}) {
       std::vector<float> x(static_cast<size_t>(m * k));
       for (auto& v : x) v = d(rng);
       std::vector<float> y1(static_cast<size_t>(m * n)), y2(static_cast<size_t>(m * n));
       dense.Forward(x.data(), m, y1.data());
       lin.Forward(x.data(), m, y2.data());
-      if (m > 1) {
+      if (m >= kBf16GemvMaxRows) {
         EXPECT_EQ(std::memcmp(y1.data(), y2.data(), y1.size() * 4), 0) << "M=" << m;
         continue;
       }
-      for (int64_t r = 0; r < n; ++r) {
-        double mag = std::fabs(bias[r]);
-        for (int64_t i = 0; i < k; ++i) mag += std::fabs(x[i] * (*wide)[r * k + i]);
-        ASSERT_NEAR(y1[r], y2[r], 2.0 * (k + 2) * 6e-8 * mag) << "row " << r;
+      for (int64_t i = 0; i < m; ++i) {
+        std::vector<float> alone(static_cast<size_t>(n));
+        lin.Forward(x.data() + i * k, 1, alone.data());
+        EXPECT_EQ(std::memcmp(alone.data(), y2.data() + i * n, alone.size() * 4), 0) << "M=" << m << " row " << i;
+        for (int64_t r = 0; r < n; ++r) {
+          double mag = std::fabs(bias[r]);
+          for (int64_t j = 0; j < k; ++j) mag += std::fabs(x[i * k + j] * (*wide)[r * k + j]);
+          ASSERT_NEAR(y1[i * n + r], y2[i * n + r], 2.0 * (k + 2) * 6e-8 * mag) << "M=" << m << " row " << r;
+        }
       }
     }
   }

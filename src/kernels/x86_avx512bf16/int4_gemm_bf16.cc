@@ -146,6 +146,11 @@ void Block(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, f
     __m512 zf[NJ];
     // One group per record (g % 128 == 0): the scale at +0, the zero point (asymmetric) at +4.
     for (int j = 0; j < NJ; ++j) zf[j] = _mm512_set1_ps(kCodeFloat[kSym ? 8 : rec[j][4]]);
+    // The NJ rows are NJ short streams that the hardware prefetchers pick up late (each block
+    // starts new ones): fetch the same records of the next block's rows now.
+    for (int j = 0; j < NJ; ++j)
+      for (int64_t off = 0; off < w.rec_bytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(rec[j] + NJ * w.row_bytes + off), _MM_HINT_T0);
     for (int i = 0; i < MI; ++i) {
       const __m512 k0 = _mm512_set1_ps(acts[i].c0[gi]), k1 = _mm512_set1_ps(acts[i].c1[gi]);
       for (int j = 0; j < NJ; ++j) acc[j][i] = _mm512_fmadd_ps(zf[j], k1, k0);

@@ -16,10 +16,11 @@ namespace nibble {
 /// correction c0 + z·c1 and is scaled into one of four running sums. Arithmetic per (row, weight
 /// row) in docs/KERNELS.md "bf16 activations"; one weight row at a time against up to 3 activation
 /// rows (the codes are unpacked once for all of them). From kW4Bf16BlockMinRows activation rows
-/// on, when g is a multiple of 128, blocks of 2 weight rows × 4 activation rows with one chain per
-/// group instead (a different fixed order, so results for such M are deterministic and
-/// independent of the N split, but not bit-identical to the same row run alone).
-constexpr int64_t kW4Bf16BlockMinRows = 8;
+/// on (batched decode and up), when g is a multiple of 128, blocks of 2 weight rows × up to 4
+/// activation rows with one chain per group instead (a different fixed order, so results for such
+/// M are deterministic and independent of the N split and of the row's slot in the block, but not
+/// bit-identical to the same row run alone).
+constexpr int64_t kW4Bf16BlockMinRows = 2;
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1);
 
