@@ -38,6 +38,12 @@ class BpeModel {
   /// is no unk token.
   bool EncodeWord(std::string_view word, std::vector<int32_t>* out) const;
 
+  /// With ignore_merges, the id of a word that is itself a token (what EncodeWord gives), else -1.
+  int32_t WholeWordId(std::string_view word) const {
+    if (!ignore_merges_) return -1;
+    auto it = vocab_.find(word);
+    return it != vocab_.end() ? it->second : -1;
+  }
   const TokenMap& vocab() const { return vocab_; }
   /// One past the largest vocab id.
   int32_t id_end() const { return id_end_; }

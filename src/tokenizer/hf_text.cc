@@ -112,17 +112,18 @@ Result<std::shared_ptr<const HfRegex>> HfRegex::Compile(const std::string& patte
 
 HfRegex::~HfRegex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
 
-void HfRegex::FindAll(std::string_view s, std::vector<std::pair<size_t, size_t>>* out) const {
+bool HfRegex::ForEachMatch(std::string_view s, const MatchFn& fn) const {
   auto* code = static_cast<pcre2_code*>(code_);
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
+  bool ok = true;
   size_t pos = 0;
-  while (pos <= s.size()) {
+  while (ok && pos <= s.size()) {
     const int rc = pcre2_match(code, subject, s.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
     if (rc < 0) break;
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     if (ov[1] > ov[0]) {
-      out->emplace_back(ov[0], ov[1]);
+      ok = fn(ov[0], ov[1]);
       pos = ov[1];
     } else {  // an empty match: step over one character
       if (ov[0] >= s.size()) break;
@@ -131,6 +132,7 @@ void HfRegex::FindAll(std::string_view s, std::vector<std::pair<size_t, size_t>>
     }
   }
   pcre2_match_data_free(md);
+  return ok;
 }
 
 Result<HfPattern> HfPattern::Parse(const json& j, const JsonWhere& where) {
@@ -147,10 +149,11 @@ Result<HfPattern> HfPattern::Parse(const json& j, const JsonWhere& where) {
   return MakeError(where.str(), ": expected {\"String\": ...} or {\"Regex\": ...}, found ", j.dump().substr(0, 120));
 }
 
-void HfPattern::FindAll(std::string_view s, std::vector<std::pair<size_t, size_t>>* out) const {
-  if (regex) return regex->FindAll(s, out);
+bool HfPattern::ForEachMatch(std::string_view s, const HfRegex::MatchFn& fn) const {
+  if (regex) return regex->ForEachMatch(s, fn);
   for (size_t hit, pos = 0; (hit = s.find(literal, pos)) != std::string_view::npos; pos = hit + literal.size())
-    out->emplace_back(hit, hit + literal.size());
+    if (!fn(hit, hit + literal.size())) return false;
+  return true;
 }
 
 const std::string& ByteLevelChar(uint8_t b) { return Tables().chars[b]; }
@@ -216,15 +219,14 @@ std::string HfNormalizer::Apply(std::string s) const {
           ReplaceAll(s, st.pattern.literal, st.text);
           break;
         }
-        std::vector<std::pair<size_t, size_t>> hits;
-        st.pattern.FindAll(s, &hits);
         std::string out;
         size_t pos = 0;
-        for (auto [a, b] : hits) {
+        st.pattern.ForEachMatch(s, [&](size_t a, size_t b) {
           out.append(s, pos, a - pos);
           out += st.text;
           pos = b;
-        }
+          return true;
+        });
         out.append(s, pos);
         s = std::move(out);
         break;
@@ -254,50 +256,77 @@ struct Span {
   bool delim;
 };
 
-// Cuts `s` at the delimiter ranges `hits` and joins the parts as `behavior` says.
-void SplitBy(std::string_view s, const std::vector<std::pair<size_t, size_t>>& hits, SplitBehavior behavior,
-             bool invert, std::vector<std::string>* out) {
-  std::vector<Span> spans;
-  size_t pos = 0;
-  for (auto [a, b] : hits) {
-    if (a > pos) spans.push_back({pos, a, invert});
-    spans.push_back({a, b, !invert});
-    pos = b;
-  }
-  if (pos < s.size() || spans.empty()) spans.push_back({pos, s.size(), invert});
-  std::vector<Span> parts;
-  bool prev_delim = false;
-  constexpr size_t kNone = static_cast<size_t>(-1);
-  size_t pending = kNone;
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const Span& sp = spans[i];
-    switch (behavior) {
-      case SplitBehavior::kRemoved:
-        if (!sp.delim) parts.push_back(sp);
-        break;
-      case SplitBehavior::kIsolated: parts.push_back(sp); break;
+// Joins the spans of a split (delimiters and the text between them, in order, as they are
+// found) into parts as `behavior` says and passes each non-empty part to `emit(part, index)`.
+// Streaming, so splitting a long text holds no list of its pieces.
+template <typename Emit>
+class SpanJoiner {
+ public:
+  SpanJoiner(std::string_view s, SplitBehavior behavior, Emit& emit) : s_(s), behavior_(behavior), emit_(emit) {}
+  bool Push(Span sp) {
+    bool ok = true;
+    switch (behavior_) {
+      case SplitBehavior::kRemoved: ok = sp.delim || Out(sp); break;
+      case SplitBehavior::kIsolated: ok = Out(sp); break;
       case SplitBehavior::kMergedWithPrevious:
-        if (sp.delim && !prev_delim && !parts.empty()) parts.back().b = sp.b;
-        else parts.push_back(sp);
-        break;
-      case SplitBehavior::kContiguous:
-        if (sp.delim == prev_delim && !parts.empty()) parts.back().b = sp.b;
-        else parts.push_back(sp);
-        break;
-      case SplitBehavior::kMergedWithNext:
-        // A delimiter followed by a non-delimiter starts that part.
-        if (sp.delim && i + 1 < spans.size() && !spans[i + 1].delim) {
-          pending = sp.a;
-          break;
+      case SplitBehavior::kContiguous: {
+        const bool merge = behavior_ == SplitBehavior::kContiguous ? sp.delim == prev_delim_ : sp.delim && !prev_delim_;
+        if (merge && held_) {
+          cur_.b = sp.b;
+        } else {
+          if (held_) ok = Out(cur_);
+          cur_ = sp;
+          held_ = true;
         }
-        parts.push_back({pending != kNone ? pending : sp.a, sp.b, sp.delim});
-        pending = kNone;
+        break;
+      }
+      case SplitBehavior::kMergedWithNext:  // a delimiter followed by a non-delimiter starts that part
+        if (sp.delim) {
+          if (held_) ok = Out(cur_);
+          cur_ = sp;
+          held_ = true;
+        } else {
+          ok = Out({held_ ? cur_.a : sp.a, sp.b, false});
+          held_ = false;
+        }
         break;
     }
-    prev_delim = sp.delim;
+    prev_delim_ = sp.delim;
+    return ok;
   }
-  for (const Span& p : parts)
-    if (p.b > p.a) out->emplace_back(s.substr(p.a, p.b - p.a));
+  bool Finish() { return !held_ || Out(cur_); }
+
+ private:
+  bool Out(const Span& p) { return p.b <= p.a || emit_(s_.substr(p.a, p.b - p.a), index_++); }
+  std::string_view s_;
+  SplitBehavior behavior_;
+  Emit& emit_;
+  Span cur_{0, 0, false};
+  bool held_ = false, prev_delim_ = false;
+  size_t index_ = 0;
+};
+
+// Cuts `s` at the matches of `pattern` (the delimiters; with invert, the text between them) and
+// emits the parts as SpanJoiner does; stops when emit returns false.
+template <typename Emit>
+bool SplitBy(std::string_view s, const HfPattern& pattern, SplitBehavior behavior, bool invert, Emit&& emit) {
+  SpanJoiner<Emit> joiner(s, behavior, emit);
+  size_t pos = 0;
+  const bool ok = pattern.ForEachMatch(s, [&](size_t a, size_t b) {
+    if (a > pos && !joiner.Push({pos, a, invert})) return false;
+    pos = b;
+    return joiner.Push({a, b, !invert});
+  });
+  if (!ok) return false;
+  if (pos < s.size() && !joiner.Push({pos, s.size(), invert})) return false;
+  return joiner.Finish();
+}
+
+std::string ByteLevelMap(std::string_view s) {
+  std::string mapped;
+  mapped.reserve(s.size() * 2);
+  for (char c : s) mapped += ByteLevelChar(static_cast<uint8_t>(c));
+  return mapped;
 }
 
 }  // namespace
@@ -353,59 +382,36 @@ Status HfPreTokenizer::Add(const json& j, const JsonWhere& where) {
   return Status::Ok();
 }
 
-void HfPreTokenizer::ApplyStep(const PreTokenizerStep& st, bool at_start, std::vector<std::string>& words) const {
-  std::vector<std::string> out;
-  std::vector<std::pair<size_t, size_t>> hits;
-  for (size_t w = 0; w < words.size(); ++w) {
-    std::string& word = words[w];
-    hits.clear();
-    switch (st.kind) {
-      case PreTokenizerStep::kSplit:
-      case PreTokenizerStep::kDigits:
-        st.pattern.FindAll(word, &hits);
-        SplitBy(word, hits, st.behavior, st.invert, &out);
-        break;
-      case PreTokenizerStep::kByteLevel: {
-        if (st.add_prefix_space && !word.starts_with(' ')) word.insert(0, 1, ' ');
-        const size_t first = out.size();
-        if (st.use_regex) {
-          st.pattern.FindAll(word, &hits);
-          SplitBy(word, hits, SplitBehavior::kIsolated, false, &out);
-        } else {
-          out.push_back(std::move(word));
-        }
-        for (size_t i = first; i < out.size(); ++i) {
-          std::string mapped;
-          mapped.reserve(out[i].size() * 2);
-          for (char c : out[i]) mapped += ByteLevelChar(static_cast<uint8_t>(c));
-          out[i] = std::move(mapped);
-        }
-        break;
-      }
-      case PreTokenizerStep::kMetaspace: {
-        ReplaceAll(word, " ", st.replacement);
-        const bool first_word = at_start && w == 0;
-        if (!word.starts_with(st.replacement) && (st.prepend_scheme == 0 || (st.prepend_scheme == 1 && first_word)))
-          word.insert(0, st.replacement);
-        if (!st.split) {
-          out.push_back(std::move(word));
-          break;
-        }
-        HfPattern lit{st.replacement, nullptr};
-        lit.FindAll(word, &hits);
-        SplitBy(word, hits, SplitBehavior::kMergedWithNext, false, &out);
-        break;
-      }
+// Runs steps_[step..] on `word` depth first, so no step holds more than one word's pieces.
+bool HfPreTokenizer::Run(size_t step, std::string_view word, bool first_word, const WordSink& sink) const {
+  if (step == steps_.size()) return word.empty() || sink(word);
+  const PreTokenizerStep& st = steps_[step];
+  auto next = [&](std::string_view piece, size_t index) { return Run(step + 1, piece, first_word && index == 0, sink); };
+  switch (st.kind) {
+    case PreTokenizerStep::kSplit:
+    case PreTokenizerStep::kDigits:
+      return SplitBy(word, st.pattern, st.behavior, st.invert, next);
+    case PreTokenizerStep::kByteLevel: {
+      std::string w(word);
+      if (st.add_prefix_space && !w.starts_with(' ')) w.insert(0, 1, ' ');
+      if (!st.use_regex) return Run(step + 1, ByteLevelMap(w), first_word, sink);
+      return SplitBy(w, st.pattern, SplitBehavior::kIsolated, false,
+                     [&](std::string_view piece, size_t index) { return next(ByteLevelMap(piece), index); });
+    }
+    case PreTokenizerStep::kMetaspace: {
+      std::string w(word);
+      ReplaceAll(w, " ", st.replacement);
+      if (!w.starts_with(st.replacement) && (st.prepend_scheme == 0 || (st.prepend_scheme == 1 && first_word)))
+        w.insert(0, st.replacement);
+      if (!st.split) return Run(step + 1, w, first_word, sink);
+      return SplitBy(w, HfPattern{st.replacement, nullptr}, SplitBehavior::kMergedWithNext, false, next);
     }
   }
-  words = std::move(out);
+  return true;
 }
 
-void HfPreTokenizer::Apply(const std::string& text, bool at_start, std::vector<std::string>* words) const {
-  std::vector<std::string> cur{text};
-  for (const PreTokenizerStep& st : steps_) ApplyStep(st, at_start, cur);
-  for (std::string& w : cur)
-    if (!w.empty()) words->push_back(std::move(w));
+bool HfPreTokenizer::Apply(std::string_view text, bool at_start, const WordSink& sink) const {
+  return Run(0, text, at_start, sink);
 }
 
 // ---- decoders ----

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -33,8 +34,11 @@ class HfRegex {
   ~HfRegex();
   HfRegex(const HfRegex&) = delete;
   HfRegex& operator=(const HfRegex&) = delete;
-  /// Appends the [begin, end) byte ranges of the non-overlapping matches in valid UTF-8 `s`.
-  void FindAll(std::string_view s, std::vector<std::pair<size_t, size_t>>* out) const;
+  /// Called with each match [begin, end); returning false stops the search.
+  using MatchFn = std::function<bool(size_t, size_t)>;
+  /// Calls `fn` with the non-overlapping non-empty matches in valid UTF-8 `s`, in order; false
+  /// when fn stopped it.
+  bool ForEachMatch(std::string_view s, const MatchFn& fn) const;
 
  private:
   explicit HfRegex(void* code) : code_(code) {}
@@ -46,7 +50,7 @@ struct HfPattern {
   std::string literal;
   std::shared_ptr<const HfRegex> regex;
   static Result<HfPattern> Parse(const nlohmann::json& j, const JsonWhere& where);
-  void FindAll(std::string_view s, std::vector<std::pair<size_t, size_t>>* out) const;
+  bool ForEachMatch(std::string_view s, const HfRegex::MatchFn& fn) const;
 };
 
 /// The GPT-2 byte <-> printable code point map of ByteLevel pre-tokenizer and decoder.
@@ -91,13 +95,16 @@ class HfPreTokenizer {
  public:
   /// `j` is tokenizer.json's "pre_tokenizer" (null: the whole text is one word).
   static Result<HfPreTokenizer> Parse(const nlohmann::json& j, const JsonWhere& where);
-  /// Splits `text` (normalized) into the words the model encodes; `at_start`: the text begins
-  /// the input (Metaspace's prepend_scheme "first").
-  void Apply(const std::string& text, bool at_start, std::vector<std::string>* words) const;
+  /// Called with each word in order; returning false stops the split.
+  using WordSink = std::function<bool(std::string_view)>;
+  /// Splits `text` (normalized) into the words the model encodes, passing each to `sink`;
+  /// `at_start`: the text begins the input (Metaspace's prepend_scheme "first"). False when
+  /// the sink stopped it.
+  bool Apply(std::string_view text, bool at_start, const WordSink& sink) const;
 
  private:
   Status Add(const nlohmann::json& j, const JsonWhere& where);
-  void ApplyStep(const PreTokenizerStep& st, bool at_start, std::vector<std::string>& words) const;
+  bool Run(size_t step, std::string_view word, bool first_word, const WordSink& sink) const;
   std::vector<PreTokenizerStep> steps_;
 };
 

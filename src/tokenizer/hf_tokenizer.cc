@@ -288,7 +288,11 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Build(const json& j, const std
 
 // ---- encoding ----
 
-bool HfTokenizer::EncodeWordCached(const std::string& word, std::vector<int32_t>* out) const {
+bool HfTokenizer::EncodeWordCached(std::string_view word, std::vector<int32_t>* out) const {
+  if (const int32_t id = parts_->model.WholeWordId(word); id >= 0) {  // most words, without the lock
+    out->push_back(id);
+    return true;
+  }
   if (word.size() > kMaxCachedWord) return parts_->model.EncodeWord(word, out);
   {
     std::lock_guard<std::mutex> lock(cache_mu_);
@@ -302,17 +306,13 @@ bool HfTokenizer::EncodeWordCached(const std::string& word, std::vector<int32_t>
   if (!parts_->model.EncodeWord(word, out)) return false;
   std::lock_guard<std::mutex> lock(cache_mu_);
   if (cache_.size() >= kMaxCacheEntries) cache_.clear();
-  cache_.emplace(word, std::vector<int32_t>(out->begin() + static_cast<std::ptrdiff_t>(before), out->end()));
+  cache_.emplace(std::string(word), std::vector<int32_t>(out->begin() + static_cast<std::ptrdiff_t>(before), out->end()));
   return true;
 }
 
 // Normalized text between added tokens: pre-tokenize, then the model on each word.
 bool HfTokenizer::EncodeSegment(const std::string& normalized, bool at_start, std::vector<int32_t>* out) const {
-  std::vector<std::string> words;
-  parts_->pre_tokenizer.Apply(normalized, at_start, &words);
-  for (const std::string& w : words)
-    if (!EncodeWordCached(w, out)) return false;
-  return true;
+  return parts_->pre_tokenizer.Apply(normalized, at_start, [&](std::string_view w) { return EncodeWordCached(w, out); });
 }
 
 Result<std::vector<int32_t>> HfTokenizer::EncodeText(const std::string& text) const {

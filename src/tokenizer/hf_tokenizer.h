@@ -76,14 +76,14 @@ class HfTokenizer final : public Tokenizer {
   static Result<std::unique_ptr<HfTokenizer>> Build(const nlohmann::json& j, const std::string& file,
                                                     const std::string& dir);
   bool EncodeSegment(const std::string& normalized, bool at_start, std::vector<int32_t>* out) const;
-  bool EncodeWordCached(const std::string& word, std::vector<int32_t>* out) const;
+  bool EncodeWordCached(std::string_view word, std::vector<int32_t>* out) const;
 
   std::unique_ptr<Parts> parts_;
   std::vector<std::string> id_to_token_;
   std::vector<int8_t> added_kind_;  // per id: 0 model token, 1 added, 2 added special
   // Encoded words (bounded; cleared when full): text repeats its words.
   mutable std::mutex cache_mu_;
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
 };
 
 }  // namespace nibble
