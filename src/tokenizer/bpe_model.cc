@@ -161,8 +161,9 @@ bool BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* out) cons
   };
   std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
   auto push = [&](int pos) {
+    if (pos < 0) return;
     const int nx = next[static_cast<size_t>(pos)];
-    if (pos < 0 || nx < 0) return;
+    if (nx < 0) return;
     int32_t rank;
     if (const int32_t* m = Merge(id[static_cast<size_t>(pos)], id[static_cast<size_t>(nx)], &rank)) heap.push({rank, pos, *m});
   };
