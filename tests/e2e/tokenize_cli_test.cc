@@ -104,4 +104,18 @@ TEST(TokenizeCli, RefusedInputIsNamed) {
   EXPECT_NE(none.out.find("no tokenizer.model and no tokenizer.json"), std::string::npos) << none.out;
 }
 
+// generate and perplexity take the same --tokenizer choice into Model::Load.
+TEST(TokenizeCli, GenerateAndPerplexityHonourTokenizerFlag) {
+  const std::string m = Quote(nibble_test::EmbeddedModel());
+  auto spm = RunNibble("generate -m " + m + " -p 'Once upon' -n 2 --temperature 0 --tokenizer spm");
+  EXPECT_EQ(spm.exit_code, 0) << spm.out;
+  auto gen = RunNibble("generate -m " + m + " -p 'Once upon' -n 2 --tokenizer hf");
+  EXPECT_EQ(gen.exit_code, 1);
+  EXPECT_NE(gen.out.find("tokenizer.json: not found"), std::string::npos) << gen.out;
+  const std::string text = Quote(nibble_test::SourceDir() + "/tests/tokenizer/data/edge_cases.txt");
+  auto ppl = RunNibble("perplexity -m " + m + " --text " + text + " --seq_len 64 --max_windows 1 --tokenizer hf");
+  EXPECT_EQ(ppl.exit_code, 1);
+  EXPECT_NE(ppl.out.find("tokenizer.json: not found"), std::string::npos) << ppl.out;
+}
+
 }  // namespace
