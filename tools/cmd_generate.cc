@@ -22,6 +22,7 @@ struct GenerateArgs {
   CLI::Option* seed = nullptr;
   int threads = 0;
   nibble::ActivationType activations = nibble::ActivationType::kAuto;
+  nibble::TokenizerType tokenizer = nibble::TokenizerType::kAuto;
   bool int8 = false;  // aliases of --activations int8 / bf16
   bool bf16 = false;
 };
@@ -80,6 +81,7 @@ int RunGenerate(GenerateArgs& a) {
   nibble::SetNumThreads(a.threads);
   nibble::LoadOptions lo;
   lo.activations = a.activations;
+  lo.tokenizer = a.tokenizer;
   if (a.int8) lo.activations = nibble::ActivationType::kInt8;
   if (a.bf16) lo.activations = nibble::ActivationType::kBf16;
   auto model = nibble::Model::Load(a.model, lo);
@@ -110,7 +112,7 @@ int RunGenerate(GenerateArgs& a) {
 Runner RegisterGenerate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt (streams tokens as they come)");
-  cmd->add_option("--model,-m", args->model, "Model directory (HF layout: config.json, safetensors, tokenizer.model)")->required();
+  cmd->add_option("--model,-m", args->model, "Model directory (HF layout: config.json, safetensors, tokenizer.model or tokenizer.json)")->required();
   CLI::Option* prompt = cmd->add_option("--prompt,-p", args->opt.prompt, "Prompt text (empty: start from BOS alone)");
   cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file (one trailing newline dropped)")
       ->excludes(prompt);
@@ -121,6 +123,7 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
   cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 1024));
   AddActivationsOption(cmd, &args->activations);
+  AddTokenizerOption(cmd, &args->tokenizer);
   cmd->add_flag("--int8_activations", args->int8, "Same as --activations int8")->excludes("--activations");
   cmd->add_flag("--bf16_activations", args->bf16, "Same as --activations bf16")
       ->excludes("--int8_activations")

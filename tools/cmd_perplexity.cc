@@ -22,6 +22,7 @@ struct PerplexityArgs {
   int64_t seq_len = 0, max_windows = 0;
   int threads = 0;
   nibble::ActivationType activations = nibble::ActivationType::kAuto;
+  nibble::TokenizerType tokenizer = nibble::TokenizerType::kAuto;
   bool int8 = false;  // compare fp32 against int8 / bf16 activations on the same windows
   bool bf16 = false;
   bool json = false;
@@ -62,7 +63,9 @@ nibble::Result<nibble::ComparisonReport> CompareWithBase(const Run& run) {
     if (!a->save_logits.empty()) return nibble::MakeError("--save_logits: --kl_divergence_base reads saved logits, there is no base model to save");
     return nibble::CompareWithSavedLogits(a->kl_base, models, run.text, co);
   }
-  auto base = nibble::Model::Load(a->kl_base);
+  nibble::LoadOptions base_lo;
+  base_lo.tokenizer = a->tokenizer;
+  auto base = nibble::Model::Load(a->kl_base, base_lo);
   if (!base.ok()) return base.error();
   PrintWarnings(a->kl_base, (*base)->info().warnings);
   co.save_logits = a->save_logits;
@@ -175,6 +178,7 @@ Runner RegisterPerplexity(CLI::App& app) {
                   "--kl_divergence_base runs; with a base model directory, the base's logits");
   cmd->add_flag("--json", a->json, "Print a JSON object on stdout (the human text goes to stderr)");
   AddActivationsOption(cmd, &a->activations);
+  AddTokenizerOption(cmd, &a->tokenizer);
   cmd->add_flag("--int8_activations", a->int8,
                 "Evaluate the same windows twice, fp32 then int8 activations in the int4 linears, and print the "
                 "perplexity (and KLD) cost")
@@ -191,6 +195,7 @@ Runner RegisterPerplexity(CLI::App& app) {
     // Comparing against an opt-in path: the first instance runs fp32 activations.
     nibble::LoadOptions lo1;
     lo1.activations = a->int8 || a->bf16 ? nibble::ActivationType::kFp32 : a->activations;
+    lo1.tokenizer = a->tokenizer;
     auto model = nibble::Model::Load(a->model, lo1);
     if (!model.ok()) return Fail(model.error().message);
     PrintWarnings(a->model, (*model)->info().warnings);
@@ -205,6 +210,7 @@ Runner RegisterPerplexity(CLI::App& app) {
     if (run.opt_in.on) {
       nibble::LoadOptions lo;
       lo.activations = run.opt_in.type;
+      lo.tokenizer = a->tokenizer;
       auto m2 = nibble::Model::Load(a->model, lo);
       if (!m2.ok()) return Fail(m2.error().message);
       model2 = std::move(*m2);

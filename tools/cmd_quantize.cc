@@ -247,9 +247,10 @@ Runner RegisterQuantize(CLI::App& app) {
     auto s = nibble::Quantize(r);
     bar.reset();
     if (!s.ok()) return Fail(s.error().message);
-    if (!std::filesystem::exists(std::filesystem::path(r.model_dir) / "tokenizer.model"))
-      std::fprintf(stderr, "warning: %s has no tokenizer.model; the output cannot run generate or perplexity\n",
-                   r.model_dir.c_str());
+    if (!std::filesystem::exists(std::filesystem::path(r.model_dir) / "tokenizer.model") &&
+        !std::filesystem::exists(std::filesystem::path(r.model_dir) / "tokenizer.json"))
+      std::fprintf(stderr, "warning: %s has no tokenizer.model or tokenizer.json; the output cannot run generate or "
+                   "perplexity\n", r.model_dir.c_str());
     if (!a->report.empty()) {
       const nibble::Status w = nibble::WriteFileAtomically(a->report, s->report_json);
       if (!w.ok()) return Fail("cannot write report: " + w.error().message);

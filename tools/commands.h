@@ -27,6 +27,7 @@ Runner RegisterBenchModel(CLI::App& app);
 Runner RegisterConvert(CLI::App& app);
 Runner RegisterVerify(CLI::App& app);
 Runner RegisterExportOnnx(CLI::App& app);
+Runner RegisterTokenize(CLI::App& app);
 
 /// `nibble --version`: "nibble X.Y.Z (commit abc1234)", the kernels compiled in and those chosen.
 std::string VersionText();
@@ -55,6 +56,8 @@ std::string KeptFp32Note(bool int8, int64_t int4_linears, int64_t switched);
 
 /// `--activations auto|fp32|bf16|int8` (default auto) on `cmd`, parsed into `type`.
 void AddActivationsOption(CLI::App* cmd, nibble::ActivationType* type);
+/// `--tokenizer auto|hf|spm` (default auto) on `cmd`, parsed into `type`.
+void AddTokenizerOption(CLI::App* cmd, nibble::TokenizerType* type);
 /// Prints to stderr which activation path a loaded model runs ("activations: bf16 (W4A16) in N
 /// int4 linears (kernels: ...)", the linears kept at fp32, or fp32 with no int4 linears).
 /// Returns the refusal when an explicit bf16 / int8 request serves none of them, else "".

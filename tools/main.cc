@@ -70,6 +70,18 @@ void AddActivationsOption(CLI::App* cmd, nibble::ActivationType* type) {
       ->default_str("auto");
 }
 
+void AddTokenizerOption(CLI::App* cmd, nibble::TokenizerType* type) {
+  cmd->add_option_function<std::string>(
+         "--tokenizer",
+         [type](const std::string& v) {
+           if (!nibble::ParseTokenizerType(v, type))
+             throw CLI::ValidationError("--tokenizer", "expected auto, hf or spm, got \"" + v + "\"");
+         },
+         "Tokenizer file: auto (tokenizer.json when there is no tokenizer.model), hf (tokenizer.json) or spm "
+         "(tokenizer.model)")
+      ->default_str("auto");
+}
+
 std::string ReportActivations(const std::string& dir, nibble::ActivationType requested, const nibble::ModelInfo& info) {
   using nibble::ActivationType;
   const int64_t n = info.activation_linears;
@@ -150,6 +162,7 @@ int main(int argc, char** argv) {
   add(nibble_cli::RegisterConvert);
   add(nibble_cli::RegisterVerify);
   add(nibble_cli::RegisterExportOnnx);
+  add(nibble_cli::RegisterTokenize);
   // Name an unknown command instead of CLI11's generic "A subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <nibble/error.h>
+#include <nibble/tokenizer.h>
 
 namespace nibble {
 
@@ -37,6 +38,7 @@ bool ParseActivationType(const std::string& name, ActivationType* out);
 struct LoadOptions {
   ActivationType activations = ActivationType::kAuto;
   int threads = 0;  // threads used while loading (0 = the calling thread's setting)
+  TokenizerType tokenizer = TokenizerType::kAuto;  // which tokenizer file to read
 };
 
 /// What was loaded (config.json numbers and how the weights are stored).
@@ -65,7 +67,8 @@ struct ModelInfo {
 
 class Model {
  public:
-  /// Loads `dir` (config.json, model.safetensors or a sharded index, tokenizer.model).
+  /// Loads `dir` (config.json, model.safetensors or a sharded index, tokenizer.model or
+  /// tokenizer.json as LoadOptions::tokenizer says).
   /// Errors: missing / malformed files, unsupported architecture or checkpoint format, tensors
   /// whose shape or dtype disagree with config.json, PyTorch pickles (refused).
   static Result<std::unique_ptr<Model>> Load(const std::string& dir, const LoadOptions& options = LoadOptions());

@@ -9,3 +9,4 @@
 #include <nibble/model.h>
 #include <nibble/quantize.h>
 #include <nibble/session.h>
+#include <nibble/tokenizer.h>

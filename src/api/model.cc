@@ -79,14 +79,14 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOpt
   std::vector<std::string> warnings;
   auto llama = LoadAnyModel(dir, &format, &warnings);
   if (!llama.ok()) return llama.error().WithContext("loading model " + dir);
-  auto tok = Tokenizer::Load(dir);
+  auto tok = Tokenizer::Load(dir, ToTokenizerKind(options.tokenizer));
   if (!tok.ok()) return tok.error().WithContext("loading tokenizer of " + dir);
   m->impl_->llama = std::move(llama).value();
   m->impl_->tokenizer = std::move(tok).value();
   const ModelConfig& c = m->impl_->llama->config();
   if (m->impl_->tokenizer->vocab_size() > c.vocab_size)
-    return MakeErrorCode(ErrorCode::kCorruptInput, dir, ": tokenizer.model has ", m->impl_->tokenizer->vocab_size(),
-                         " pieces but config.json vocab_size is ", c.vocab_size);
+    return MakeErrorCode(ErrorCode::kCorruptInput, dir, ": the tokenizer (", m->impl_->tokenizer->kind_name(), ") has ",
+                         m->impl_->tokenizer->vocab_size(), " tokens but config.json vocab_size is ", c.vocab_size);
   ModelInfo& i = m->impl_->info;
   i = DescribeModel(dir, *m->impl_->llama, format);
   i.warnings = std::move(warnings);

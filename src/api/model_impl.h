@@ -37,4 +37,9 @@ class ScopedThreads {
   int saved_ = 0;
 };
 
+/// The tokenizer layer's name for a public TokenizerType.
+inline TokenizerKind ToTokenizerKind(TokenizerType t) {
+  return t == TokenizerType::kHf ? TokenizerKind::kHf : t == TokenizerType::kSpm ? TokenizerKind::kSpm : TokenizerKind::kAuto;
+}
+
 }  // namespace nibble

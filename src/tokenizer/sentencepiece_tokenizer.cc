@@ -45,4 +45,8 @@ bool SentencePieceTokenizer::IsSpecial(int32_t id) const {
   return id >= 0 && id < sp_->GetPieceSize() && sp_->IsControl(id);
 }
 
+std::string SentencePieceTokenizer::Piece(int32_t id) const {
+  return id >= 0 && id < sp_->GetPieceSize() ? sp_->IdToPiece(id) : std::string();
+}
+
 }  // namespace nibble

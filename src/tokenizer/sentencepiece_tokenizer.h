@@ -26,6 +26,8 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string Decode(const std::vector<int32_t>& ids) const override;
   int32_t vocab_size() const override;
   bool IsSpecial(int32_t id) const override;
+  std::string Piece(int32_t id) const override;
+  const char* kind_name() const override { return "sentencepiece"; }
 
  protected:
   Result<std::vector<int32_t>> EncodeText(const std::string& text) const override;

@@ -2,47 +2,75 @@
 
 #include "io/file.h"
 #include "io/json.h"
+#include "tokenizer/hf_tokenizer.h"
 #include "tokenizer/sentencepiece_tokenizer.h"
 
 namespace nibble {
 
 using nlohmann::json;
 
-int64_t FirstInvalidUtf8(const std::string& s) {
+int Utf8CharLength(std::string_view s, size_t i) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    unsigned char c = p[i];
-    size_t len;
-    uint32_t cp;
-    if (c < 0x80) { ++i; continue; }
-    if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
-    else return static_cast<int64_t>(i);
-    if (i + len > n) return static_cast<int64_t>(i);
-    for (size_t j = 1; j < len; ++j) {
-      if ((p[i + j] & 0xC0) != 0x80) return static_cast<int64_t>(i);
-      cp = (cp << 6) | (p[i + j] & 0x3F);
-    }
-    const uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return static_cast<int64_t>(i);
-    i += len;
+  const unsigned char c = p[i];
+  if (c < 0x80) return 1;
+  int len;
+  uint32_t cp;
+  if ((c & 0xE0) == 0xC0) { len = 2; cp = c & 0x1F; }
+  else if ((c & 0xF0) == 0xE0) { len = 3; cp = c & 0x0F; }
+  else if ((c & 0xF8) == 0xF0) { len = 4; cp = c & 0x07; }
+  else return 0;
+  if (i + static_cast<size_t>(len) > n) return 0;
+  for (int j = 1; j < len; ++j) {
+    if ((p[i + j] & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (p[i + j] & 0x3F);
+  }
+  constexpr uint32_t kMinCp[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < kMinCp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return len;
+}
+
+int64_t FirstInvalidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const int len = Utf8CharLength(s, i);
+    if (len == 0) return static_cast<int64_t>(i);
+    i += static_cast<size_t>(len);
   }
   return -1;
 }
 
-Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir) {
-  if (PathExists(JoinPath(dir, "tokenizer.model"))) {
+std::string RepairUtf8(std::string_view s) {
+  if (FirstInvalidUtf8(s) < 0) return std::string(s);
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (size_t i = 0; i < s.size();) {
+    const int len = Utf8CharLength(s, i);
+    if (len == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(s, i, static_cast<size_t>(len));
+      i += static_cast<size_t>(len);
+    }
+  }
+  return out;
+}
+
+Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& dir, TokenizerKind kind) {
+  const std::string spm_path = JoinPath(dir, "tokenizer.model"), json_path = JoinPath(dir, "tokenizer.json");
+  if (kind == TokenizerKind::kAuto) {
+    if (!PathExists(spm_path) && !PathExists(json_path))
+      return MakeErrorCode(ErrorCode::kNotFound, dir, ": no tokenizer.model and no tokenizer.json");
+    kind = PathExists(spm_path) ? TokenizerKind::kSpm : TokenizerKind::kHf;
+  }
+  if (kind == TokenizerKind::kSpm) {
+    if (!PathExists(spm_path)) return MakeErrorCode(ErrorCode::kNotFound, spm_path, ": not found (--tokenizer spm reads it)");
     NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<SentencePieceTokenizer> sp, SentencePieceTokenizer::Load(dir));
     return std::unique_ptr<Tokenizer>(std::move(sp));
   }
-  const std::string json_path = JoinPath(dir, "tokenizer.json");
-  if (PathExists(json_path))  // the HF tokenizer.json implementation plugs in here
-    return MakeError(json_path, ": tokenizer.json is not supported yet (only tokenizer.json found; this version "
-                     "reads SentencePiece tokenizer.model files)");
-  return MakeError(dir, ": no tokenizer.model found (and no tokenizer.json)");
+  if (!PathExists(json_path)) return MakeErrorCode(ErrorCode::kNotFound, json_path, ": not found (--tokenizer hf reads it)");
+  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<HfTokenizer> hf, HfTokenizer::Load(dir));
+  return std::unique_ptr<Tokenizer>(std::move(hf));
 }
 
 Result<std::vector<int32_t>> Tokenizer::Encode(const std::string& text, bool add_special_tokens) const {

@@ -1,5 +1,6 @@
 // The tokenizer interface every layer above uses. Tokenizer::Load picks the implementation from
-// the files of a model directory (tokenizer.model: SentencePiece, sentencepiece_tokenizer.h).
+// the files of a model directory (tokenizer.model: SentencePiece, sentencepiece_tokenizer.h;
+// tokenizer.json: the Hugging Face format, hf_tokenizer.h).
 // The HF special-token rules are shared by all implementations and live here: BOS/EOS settings
 // from tokenizer_config.json (`add_bos_token`, `add_eos_token`) and ids from config.json
 // (`bos_token_id`, `eos_token_id`), falling back to the tokenizer's own.
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -23,13 +25,19 @@ struct SpecialTokens {
   bool add_eos = false;
 };
 
+/// Which tokenizer file Tokenizer::Load reads.
+enum class TokenizerKind {
+  kAuto,  // tokenizer.json when present and tokenizer.model absent, else tokenizer.model
+  kHf,    // tokenizer.json
+  kSpm,   // tokenizer.model (SentencePiece)
+};
+
 class Tokenizer {
  public:
-  /// Loads the tokenizer of model directory `dir`: `dir/tokenizer.model` (SentencePiece) when
-  /// present. Errors: neither tokenizer.model nor tokenizer.json (names both); tokenizer.json
-  /// only (not supported yet, names the file); plus the implementation's load errors and
+  /// Loads the tokenizer of model directory `dir` as `kind` says. Errors: the file it needs is
+  /// missing (names it; under kAuto names both); plus the implementation's load errors and
   /// ReadSpecialTokens'.
-  static Result<std::unique_ptr<Tokenizer>> Load(const std::string& dir);
+  static Result<std::unique_ptr<Tokenizer>> Load(const std::string& dir, TokenizerKind kind = TokenizerKind::kAuto);
   virtual ~Tokenizer() = default;
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
@@ -47,6 +55,10 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   /// True for special (control) tokens such as BOS / EOS / padding, which Decode skips.
   virtual bool IsSpecial(int32_t id) const = 0;
+  /// The vocabulary string of `id` ("▁Hello", "Ġworld", "<0x0A>"); empty when out of range.
+  virtual std::string Piece(int32_t id) const = 0;
+  /// "sentencepiece" or "tokenizer.json".
+  virtual const char* kind_name() const = 0;
 
   const SpecialTokens& special_tokens() const { return special_; }
   int32_t bos_id() const { return special_.bos_id; }
@@ -56,6 +68,7 @@ class Tokenizer {
 
  protected:
   explicit Tokenizer(SpecialTokens special) : special_(std::move(special)) {}
+  void set_special_tokens(SpecialTokens special) { special_ = std::move(special); }
   /// Encodes valid UTF-8 text without special tokens.
   virtual Result<std::vector<int32_t>> EncodeText(const std::string& text) const = 0;
 
@@ -70,6 +83,11 @@ class Tokenizer {
 Result<SpecialTokens> ReadSpecialTokens(const std::string& dir, int32_t vocab_size, SpecialTokens defaults);
 
 /// Byte offset of the first invalid UTF-8 sequence in `s`, or -1 when valid.
-int64_t FirstInvalidUtf8(const std::string& s);
+int64_t FirstInvalidUtf8(std::string_view s);
+/// Length of the valid UTF-8 character starting at byte `i` of `s` (1-4), or 0 when the bytes
+/// there are not one (overlong forms, surrogates and code points past U+10FFFF are not).
+int Utf8CharLength(std::string_view s, size_t i);
+/// `s` with each byte of an invalid or incomplete UTF-8 sequence replaced by U+FFFD.
+std::string RepairUtf8(std::string_view s);
 
 }  // namespace nibble

@@ -192,6 +192,8 @@ class LeadingSpaceTokenizer final : public Tokenizer {
   }
   int32_t vocab_size() const override { return static_cast<int32_t>(std::size(kPieces)); }
   bool IsSpecial(int32_t id) const override { return id == 0 || id == 1; }
+  std::string Piece(int32_t id) const override { return id >= 0 && id < vocab_size() ? kPieces[static_cast<size_t>(id)] : ""; }
+  const char* kind_name() const override { return "test"; }
 
  protected:
   Result<std::vector<int32_t>> EncodeText(const std::string&) const override { return MakeError("unused"); }
@@ -222,6 +224,8 @@ class CountingTokenizer final : public Tokenizer {
   }
   int32_t vocab_size() const override { return inner_.vocab_size(); }
   bool IsSpecial(int32_t id) const override { return inner_.IsSpecial(id); }
+  std::string Piece(int32_t id) const override { return inner_.Piece(id); }
+  const char* kind_name() const override { return inner_.kind_name(); }
   mutable int64_t decoded_ids = 0;
 
  protected:

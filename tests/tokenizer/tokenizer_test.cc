@@ -222,11 +222,11 @@ TEST(TokenizerFactory, TokenizerModelWinsOverTokenizerJson) {
   EXPECT_EQ(tok->Decode(*ids), "Once upon a time");
 }
 
-TEST(TokenizerFactory, OnlyTokenizerJsonIsNotSupportedYet) {
+TEST(TokenizerFactory, OnlyTokenizerJsonIsReadAsTokenizerJson) {
   TempDir dir;
   WriteFile(dir.path() + "/tokenizer.json", "{}");
   WriteFile(dir.path() + "/tokenizer_config.json", "{}");
-  ExpectLoadError(dir.path(), {dir.path() + "/tokenizer.json", "tokenizer.json is not supported yet"});
+  ExpectLoadError(dir.path(), {dir.path() + "/tokenizer.json", "no \"model\""});
 }
 
 TEST(TokenizerFactory, NeitherFileNamesBoth) {
@@ -271,10 +271,10 @@ TEST(TokenizerErrors, MissingTokenizerModel) {
   ExpectLoadError(dir.path(), {dir.path(), "no tokenizer.model"});
 }
 
-TEST(TokenizerErrors, OnlyTokenizerJson) {
+TEST(TokenizerErrors, OnlyTokenizerJsonNotJson) {
   TempDir dir;
-  WriteFile(dir.path() + "/tokenizer.json", "{}");
-  ExpectLoadError(dir.path(), {"only tokenizer.json"});
+  WriteFile(dir.path() + "/tokenizer.json", "{\"model\": ");
+  ExpectLoadError(dir.path(), {dir.path() + "/tokenizer.json"});
 }
 
 TEST(TokenizerErrors, AddBosTokenAsString) {
