@@ -118,8 +118,10 @@ void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, cons
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pos = (kv != nullptr ? kv[r / t].p0 : 0) + r % t;
     if (qk_norm) {  // Qwen3: each head of q and k RMS-normed over head_dim, in place, before RoPE
-      RmsNorm(qp + r * q_dim, w.q_norm, nh, hd, c.rms_norm_eps, qp + r * q_dim);
-      RmsNorm(kp + r * kv_dim, w.k_norm, nkv, hd, c.rms_norm_eps, kp + r * kv_dim);
+      // One head per call: a single row opens no parallel region (decode runs this on one row).
+      float *const qr = qp + r * q_dim, *const kr = kp + r * kv_dim;
+      for (int64_t i = 0; i < nh; ++i) RmsNorm(qr + i * hd, w.q_norm, 1, hd, c.rms_norm_eps, qr + i * hd);
+      for (int64_t i = 0; i < nkv; ++i) RmsNorm(kr + i * hd, w.k_norm, 1, hd, c.rms_norm_eps, kr + i * hd);
     }
     ApplyRope(qp + r * q_dim, nh, hd, rope.Cos(pos), rope.Sin(pos));
     ApplyRope(kp + r * kv_dim, nkv, hd, rope.Cos(pos), rope.Sin(pos));
