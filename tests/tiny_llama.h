@@ -24,7 +24,7 @@
 
 namespace nibble_test {
 
-/// The model's shape and its HF config.json fields (Llama, Mistral, Qwen2).
+/// The model's shape and its HF config.json fields (Llama, Mistral, Qwen2, Qwen3).
 struct TinyLlamaSpec {
   std::string model_type = "llama";
   std::string architecture = "LlamaForCausalLM";
@@ -37,6 +37,7 @@ struct TinyLlamaSpec {
   // Qwen2 always has q/k/v biases and no o bias) and mlp_bias.
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
   bool tie = false;  // tie_word_embeddings, and no lm_head.weight
+  bool qk_norm = false;  // self_attn.q_norm / k_norm.weight [head_dim] written (Qwen3)
   nibble::DType dtype = nibble::DType::kF16;
   nlohmann::json extra = nlohmann::json::object();  // merged into config.json
 };
@@ -102,6 +103,9 @@ inline std::vector<TinyTensor> TinyLlamaTensorList(const TinyLlamaSpec& s, TinyO
                                {p + "self_attn.k_proj.bias", {kv_dim}, R::kBias},
                                {p + "self_attn.v_proj.bias", {kv_dim}, R::kBias}});
     if (s.o_bias) attn.push_back({p + "self_attn.o_proj.bias", {s.hidden}, R::kBias});
+    if (s.qk_norm)
+      attn.insert(attn.end(), {{p + "self_attn.q_norm.weight", {s.head_dim}, R::kNorm},
+                               {p + "self_attn.k_norm.weight", {s.head_dim}, R::kNorm}});
     std::vector<TinyTensor> mlp = {{p + "mlp.gate_proj.weight", {s.inter, s.hidden}, R::kLinear},
                                    {p + "mlp.up_proj.weight", {s.inter, s.hidden}, R::kLinear},
                                    {p + "mlp.down_proj.weight", {s.hidden, s.inter}, R::kLinear}};

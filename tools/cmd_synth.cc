@@ -43,7 +43,7 @@ Runner RegisterSynth(CLI::App& app) {
   cmd->add_option("--out", q->out_dir, "Output directory")->required();
   cmd->add_option("--format", q->format, "quark (uint4 asym RTN, lm_head excluded) | dense (bf16)")->capture_default_str();
   cmd->add_option("--group_size", q->group_size, "Quark group size")->capture_default_str();
-  cmd->add_option("--tokenizer_dir", q->tokenizer_dir, "Copy tokenizer.model from here (its vocab must fit vocab_size)")
+  cmd->add_option("--tokenizer_dir", q->tokenizer_dir, "Copy tokenizer.model / .json, tokenizer_config.json, special_tokens_map.json from here (those that exist)")
       ->capture_default_str();
   cmd->add_option("--seed", q->seed, "Random seed")->capture_default_str();
   cmd->add_flag("--overwrite", q->overwrite, "Replace an existing output directory");

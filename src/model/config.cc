@@ -72,6 +72,28 @@ Result<RopeScaling> ParseRopeScaling(const json& j, const std::string& path) {
   return MakeErrorCode(ErrorCode::kUnsupported, path, ": key \"rope_scaling\": unsupported rope type \"", type, "\" (supported: none, linear, llama3)");
 }
 
+// Mistral: sliding_window (null = none) on every layer. Qwen2 / Qwen3 record a sliding_window
+// but use it only with use_sliding_window true, and then only on the layers from
+// max_window_layers on: that per-layer mix is refused by name rather than run wrong.
+Status ParseSlidingWindow(const json& j, const std::string& path, ModelConfig* c) {
+  Reader r{j, path};
+  const bool qwen = c->model_type == "qwen2" || c->model_type == "qwen3";
+  bool use_sw = !qwen;
+  auto use = j.find("use_sliding_window");
+  if (use != j.end() && !use->is_null()) {
+    if (!use->is_boolean()) return r.Bad("use_sliding_window", "true or false", *use);
+    use_sw = use->get<bool>();
+  }
+  auto sw = j.find("sliding_window");
+  if (sw == j.end() || sw->is_null() || !use_sw) return Status::Ok();
+  if (!sw->is_number_integer() || sw->get<int64_t>() <= 0) return r.Bad("sliding_window", "null or a positive integer", *sw);
+  if (qwen)
+    return MakeErrorCode(ErrorCode::kUnsupported, path, ": key \"use_sliding_window\": true is not supported for ",
+                         c->model_type, " (a window on the layers from max_window_layers on); set it false");
+  c->sliding_window = sw->get<int64_t>();
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
@@ -87,11 +109,12 @@ Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
   auto mt = j.find("model_type");
   if (mt == j.end() || !mt->is_string()) return MakeError(path, ": missing or non-string key \"model_type\"");
   c.model_type = mt->get<std::string>();
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2")
-    return MakeErrorCode(ErrorCode::kUnsupported, path, ": model_type \"", c.model_type, "\" is not supported (supported: llama, mistral, qwen2)");
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" && c.model_type != "qwen3")
+    return MakeErrorCode(ErrorCode::kUnsupported, path, ": model_type \"", c.model_type, "\" is not supported (supported: llama, mistral, qwen2, qwen3)");
   if (!c.architecture.empty() && c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM" &&
-      c.architecture != "Qwen2ForCausalLM")
-    return MakeErrorCode(ErrorCode::kUnsupported, path, ": architecture \"", c.architecture, "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+      c.architecture != "Qwen2ForCausalLM" && c.architecture != "Qwen3ForCausalLM")
+    return MakeErrorCode(ErrorCode::kUnsupported, path, ": architecture \"", c.architecture, "\" is not supported (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)");
+  c.qk_norm = c.model_type == "qwen3";
 
   NIBBLE_ASSIGN_OR_RETURN(c.hidden_size, r.PosInt("hidden_size"));
   NIBBLE_ASSIGN_OR_RETURN(c.intermediate_size, r.PosInt("intermediate_size"));
@@ -122,13 +145,7 @@ Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
   auto act = j.find("hidden_act");
   if (act != j.end() && !act->is_null() && (!act->is_string() || act->get<std::string>() != "silu"))
     return r.Bad("hidden_act", "\"silu\"", *act);
-  auto sw = j.find("sliding_window");
-  bool use_sw = true;
-  if (j.contains("use_sliding_window") && j["use_sliding_window"].is_boolean()) use_sw = j["use_sliding_window"];
-  if (sw != j.end() && !sw->is_null() && use_sw) {
-    if (!sw->is_number_integer() || sw->get<int64_t>() <= 0) return r.Bad("sliding_window", "null or a positive integer", *sw);
-    c.sliding_window = sw->get<int64_t>();
-  }
+  NIBBLE_RETURN_IF_ERROR(ParseSlidingWindow(j, path, &c));
   auto bos = j.find("bos_token_id");
   if (bos != j.end() && !bos->is_null()) {
     if (!bos->is_number_integer() || bos->get<int64_t>() < 0 || bos->get<int64_t>() >= c.vocab_size)

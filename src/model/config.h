@@ -1,8 +1,11 @@
 // config.json -> ModelConfig for the Llama family (LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM): the variants that differ only in config. Field names follow HF config.json.
+// Qwen2ForCausalLM, Qwen3ForCausalLM): the variants that differ only in config and in Qwen3's
+// per-head q/k RMSNorms. Field names follow HF config.json.
 //
-// Non-goals: sliding-window attention (Mistral's `sliding_window` is recorded but windows longer
-// than it are refused by the runtime), rope_scaling types other than linear / llama3.
+// Sliding-window attention: Mistral's `sliding_window` applies to every layer (each query attends
+// to the last sliding_window keys, itself included). Qwen2/Qwen3's per-layer windows
+// (use_sliding_window true with max_window_layers) are refused by name. Non-goal: rope_scaling
+// types other than linear / llama3.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +32,7 @@ struct RopeScaling {
 /// The architecture numbers of a Llama-family decoder, as in HF config.json.
 struct ModelConfig {
   std::string architecture;  // e.g. "LlamaForCausalLM"
-  std::string model_type;    // "llama" | "mistral" | "qwen2"
+  std::string model_type;    // "llama" | "mistral" | "qwen2" | "qwen3"
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
   int64_t num_hidden_layers = 0;
@@ -45,7 +48,8 @@ struct ModelConfig {
   bool o_bias = false;    // Llama attention_bias only
   bool mlp_bias = false;
   bool tie_word_embeddings = false;
-  int64_t sliding_window = 0;  // 0 = none
+  bool qk_norm = false;        // Qwen3: RMSNorm q_norm / k_norm [head_dim] on each head before RoPE
+  int64_t sliding_window = 0;  // 0 = none; else keys (p - sliding_window, p] for a query at p
   int64_t bos_token_id = -1;   // -1 = not set
   std::vector<int64_t> eos_token_ids;
   std::string torch_dtype;  // "float32" | "float16" | "bfloat16" | "" when absent

@@ -30,6 +30,8 @@ DecoderLayerView ViewOf(const DecoderLayerWeights& w) {
   DecoderLayerView v;
   v.input_layernorm = w.input_layernorm.data();
   v.post_attention_layernorm = w.post_attention_layernorm.data();
+  v.q_norm = w.q_norm.empty() ? nullptr : w.q_norm.data();
+  v.k_norm = w.k_norm.empty() ? nullptr : w.k_norm.data();
   v.q_proj = w.q_proj.get();
   v.k_proj = w.k_proj.get();
   v.v_proj = w.v_proj.get();
@@ -60,7 +62,8 @@ struct SeqKeys {
 
 // Attention of every (sequence, head, block of query rows) on RoPE'd q [batch·t, q_dim]:
 // rows [i0, i1) of a sequence attend to keys [0, p0 + i1) (later ones are masked by the softmax
-// zeros). Writes attn [batch·t, q_dim].
+// zeros; with a sliding window, so are the keys before p - window + 1 of a query at p).
+// Writes attn [batch·t, q_dim].
 void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, int64_t batch, int64_t t, float* attn) {
   const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t q_dim = nh * hd, kv_dim = nkv * hd, group = nh / nkv;
@@ -68,6 +71,7 @@ void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, in
   int64_t max_keys = 0;
   for (int64_t b = 0; b < batch; ++b) max_keys = std::max(max_keys, keys[b].p0 + t);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t window = c.sliding_window;
   // The GEMMs inside run single-threaded (oneDNN does not nest inside an OpenMP parallel
   // region): every item's arithmetic is the same for any thread count.
 #pragma omp parallel
@@ -82,8 +86,12 @@ void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, in
       const float* kb = s.k + (head / group) * hd;
       const float* vb = s.v + (head / group) * hd;
       SgemmXWt(i1 - i0, n_keys, hd, qb, q_dim, kb, kv_dim, 0.0f, scores.data(), n_keys);
-      for (int64_t i = i0; i < i1; ++i)
-        ScaledSoftmaxRow(scores.data() + (i - i0) * n_keys, s.p0 + i + 1, n_keys, scale);
+      for (int64_t i = i0; i < i1; ++i) {
+        float* row = scores.data() + (i - i0) * n_keys;
+        const int64_t first = window > 0 ? std::max<int64_t>(0, s.p0 + i + 1 - window) : 0;
+        std::fill(row, row + first, 0.0f);
+        ScaledSoftmaxRow(row + first, s.p0 + i + 1 - first, n_keys - first, scale);
+      }
       SgemmXW(i1 - i0, hd, n_keys, scores.data(), n_keys, vb, kv_dim, 0.0f, attn + (b * t + i0) * q_dim + head * hd,
               q_dim);
     }
@@ -105,9 +113,16 @@ void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, cons
   w.q_proj->Forward(xn, rows, qp);
   w.k_proj->Forward(xn, rows, kp);
   w.v_proj->Forward(xn, rows, vp);
+  const bool qk_norm = c.qk_norm;
 #pragma omp parallel for schedule(static) if (rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pos = (kv != nullptr ? kv[r / t].p0 : 0) + r % t;
+    if (qk_norm) {  // Qwen3: each head of q and k RMS-normed over head_dim, in place, before RoPE
+      // One head per call: a single row opens no parallel region (decode runs this on one row).
+      float *const qr = qp + r * q_dim, *const kr = kp + r * kv_dim;
+      for (int64_t i = 0; i < nh; ++i) RmsNorm(qr + i * hd, w.q_norm, 1, hd, c.rms_norm_eps, qr + i * hd);
+      for (int64_t i = 0; i < nkv; ++i) RmsNorm(kr + i * hd, w.k_norm, 1, hd, c.rms_norm_eps, kr + i * hd);
+    }
     ApplyRope(qp + r * q_dim, nh, hd, rope.Cos(pos), rope.Sin(pos));
     ApplyRope(kp + r * kv_dim, nkv, hd, rope.Cos(pos), rope.Sin(pos));
   }

@@ -2,7 +2,9 @@
 // decode, perplexity) and calibration (AWQ's statistics and loss evaluations) run this code.
 //
 //   xn1  = RMSNorm(x, input_layernorm)                  capture: attn_in      [rows, H]
-//   a    = Attention(RoPE(q_proj xn1), RoPE(k_proj xn1), v_proj xn1)
+//   a    = Attention(RoPE(qn(q_proj xn1)), RoPE(kn(k_proj xn1)), v_proj xn1)
+//          qn / kn: Qwen3's per-head RMSNorms q_norm / k_norm (identity elsewhere); a query at
+//          position p attends to keys [0, p], or (p - sliding_window, p] with a window
 //                                                       capture: attn_concat  [rows, heads·hd]
 //   h    = x + o_proj a                                 capture: attn_residual [rows, H]
 //   xn2  = RMSNorm(h, post_attention_layernorm)         capture: mlp_in       [rows, H]
@@ -44,6 +46,7 @@ RopeTables BuildRopeTables(const ModelConfig& c, int64_t positions);
 struct DecoderLayerWeights {
   std::vector<float> input_layernorm;           // [hidden_size]
   std::vector<float> post_attention_layernorm;  // [hidden_size]
+  std::vector<float> q_norm, k_norm;            // [head_dim] (Qwen3), else empty
   std::unique_ptr<Linear> q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
 };
 
@@ -51,6 +54,7 @@ struct DecoderLayerWeights {
 struct DecoderLayerView {
   const float* input_layernorm = nullptr;           // [hidden_size]
   const float* post_attention_layernorm = nullptr;  // [hidden_size]
+  const float *q_norm = nullptr, *k_norm = nullptr;  // [head_dim] when config.qk_norm, else unused
   const Linear *q_proj = nullptr, *k_proj = nullptr, *v_proj = nullptr, *o_proj = nullptr;
   const Linear *gate_proj = nullptr, *up_proj = nullptr, *down_proj = nullptr;
 };

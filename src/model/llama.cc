@@ -101,6 +101,10 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
     DecoderLayerWeights layer;
     NIBBLE_ASSIGN_OR_RETURN(layer.input_layernorm, LoadF32(store, p + "input_layernorm.weight", {h}));
     NIBBLE_ASSIGN_OR_RETURN(layer.post_attention_layernorm, LoadF32(store, p + "post_attention_layernorm.weight", {h}));
+    if (c.qk_norm) {
+      NIBBLE_ASSIGN_OR_RETURN(layer.q_norm, LoadF32(store, p + "self_attn.q_norm.weight", {c.head_dim}));
+      NIBBLE_ASSIGN_OR_RETURN(layer.k_norm, LoadF32(store, p + "self_attn.k_norm.weight", {c.head_dim}));
+    }
     NIBBLE_ASSIGN_OR_RETURN(layer.q_proj, loader(store, p + "self_attn.q_proj", q_dim, h, c.qkv_bias));
     NIBBLE_ASSIGN_OR_RETURN(layer.k_proj, loader(store, p + "self_attn.k_proj", kv_dim, h, c.qkv_bias));
     NIBBLE_ASSIGN_OR_RETURN(layer.v_proj, loader(store, p + "self_attn.v_proj", kv_dim, h, c.qkv_bias));
@@ -158,9 +162,6 @@ Status LlamaModel::CheckAppend(const int32_t* tokens, int64_t t, const KvCache& 
   if (p0 + t > cache.capacity)
     return MakeError(who, "sequence of ", p0 + t, " tokens exceeds the context limit of ", cache.capacity,
                      " positions (max_position_embeddings = ", c.max_position_embeddings, ")");
-  if (c.sliding_window > 0 && p0 + t > c.sliding_window)
-    return MakeErrorCode(ErrorCode::kUnsupported, who, "sequence of ", p0 + t, " tokens exceeds sliding_window = ",
-                         c.sliding_window, " (sliding-window attention is not implemented)");
   for (int64_t i = 0; i < t; ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab_size)
       return MakeError(who, "token id ", tokens[i], " at position ", p0 + i, " is outside the vocabulary [0, ",

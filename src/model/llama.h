@@ -1,4 +1,4 @@
-// Llama-family decoder forward pass (Llama, Mistral, Qwen2): embeddings, RMSNorm, RoPE in HF's
+// Llama-family decoder forward pass (Llama, Mistral, Qwen2, Qwen3): embeddings, RMSNorm, RoPE in HF's
 // rotate_half convention, GQA attention with a KV cache, SwiGLU MLP, lm_head. fp32 compute.
 //
 // Design: every projection is a Linear (dense or int4), created by a LinearLoader so that

@@ -62,6 +62,10 @@ Status CheckCheckpointShapes(const ModelConfig& c, const TensorStore& store, con
     const std::string p = "model.layers." + std::to_string(l) + ".";
     NIBBLE_RETURN_IF_ERROR(CheckFloat(store, p + "input_layernorm.weight", {h}));
     NIBBLE_RETURN_IF_ERROR(CheckFloat(store, p + "post_attention_layernorm.weight", {h}));
+    if (c.qk_norm) {
+      NIBBLE_RETURN_IF_ERROR(CheckFloat(store, p + "self_attn.q_norm.weight", {c.head_dim}));
+      NIBBLE_RETURN_IF_ERROR(CheckFloat(store, p + "self_attn.k_norm.weight", {c.head_dim}));
+    }
   }
   for (const std::string& module : LinearModuleNames(c, has_lm_head)) {
     const auto [n, k] = LinearShape(c, module);
@@ -81,6 +85,7 @@ Result<std::string> CheckUnreadTensors(const ModelConfig& c, const TensorStore& 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     known.insert({p + "input_layernorm.weight", p + "post_attention_layernorm.weight"});
+    if (c.qk_norm) known.insert({p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"});
   }
   const std::vector<std::string> suffixes = format ? format->TensorSuffixes() : std::vector<std::string>{"weight"};
   const std::vector<std::string> modules = LinearModuleNames(c, true);

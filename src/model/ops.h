@@ -11,7 +11,7 @@
 namespace nibble {
 
 /// y[t,:] = x[t,:] / sqrt(mean(x[t,:]²) + eps) * weight, for t < rows; HF LlamaRMSNorm. Rows are
-/// threaded when there are several (each row computed as alone).
+/// threaded when there are several (each row computed as alone). y may be x (in place).
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, double eps, float* y);
 
 /// inv_freq per HF rope init (default, linear, llama3), [head_dim / 2].

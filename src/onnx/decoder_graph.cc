@@ -295,6 +295,11 @@ Status CheckDecoderGraph(const ModelConfig& c, const QuantizedFormat* format, co
   if (c.head_dim % 2 != 0)
     return MakeErrorCode(ErrorCode::kUnsupported, "config.json head_dim ", c.head_dim,
                          " is odd: GroupQueryAttention's rotary needs an even head size");
+  // GroupQueryAttention applies its rotary to the projections as they come; Qwen3 norms each head
+  // of q and k first, which this graph does not express.
+  if (c.qk_norm)
+    return MakeErrorCode(ErrorCode::kUnsupported, "model_type ", c.model_type, " (", c.architecture,
+                         "): the ONNX export does not support Qwen3's per-head q_norm / k_norm before the rotary");
   if (!format) return Status::Ok();
   for (const std::string& module : LinearModuleNames(c, true)) {
     NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, format->Resolve(module));

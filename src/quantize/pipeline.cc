@@ -49,6 +49,8 @@ DecoderLayerView ViewOf(const CalibLayer& L, const CalibLinears& lin) {
   DecoderLayerView v;
   v.input_layernorm = L.ln1.data();
   v.post_attention_layernorm = L.ln2.data();
+  v.q_norm = L.q_norm.empty() ? nullptr : L.q_norm.data();
+  v.k_norm = L.k_norm.empty() ? nullptr : L.k_norm.data();
   v.q_proj = lin[kQ].get();
   v.k_proj = lin[kK].get();
   v.v_proj = lin[kV].get();
@@ -177,6 +179,10 @@ Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, co
   NIBBLE_ASSIGN_OR_RETURN(L.ln2, LoadF32(store, p + "post_attention_layernorm.weight", {h}));
   L.ln1_dtype = store.Find(p + "input_layernorm.weight")->dtype;
   L.ln2_dtype = store.Find(p + "post_attention_layernorm.weight")->dtype;
+  if (mc.qk_norm) {  // read only by the forward; the exporter copies them from the input as stored
+    NIBBLE_ASSIGN_OR_RETURN(L.q_norm, LoadF32(store, p + "self_attn.q_norm.weight", {mc.head_dim}));
+    NIBBLE_ASSIGN_OR_RETURN(L.k_norm, LoadF32(store, p + "self_attn.k_norm.weight", {mc.head_dim}));
+  }
   for (int i = 0; i < kNumLinears; ++i) {
     const std::string name = p + DecoderLinearNames()[i];
     L.n[i] = shapes[i].first;

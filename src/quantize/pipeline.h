@@ -51,6 +51,7 @@ struct CalibLayer {
   int64_t index = 0;
   std::string name;  // "model.layers.3"
   std::vector<float> ln1, ln2;  // input_layernorm / post_attention_layernorm [H]
+  std::vector<float> q_norm, k_norm;  // Qwen3's per-head norms [head_dim] (no algorithm edits them), else empty
   DType ln1_dtype = DType::kF32, ln2_dtype = DType::kF32;
   std::array<std::shared_ptr<std::vector<float>>, kNumLinears> w;  // [N, K]
   std::array<std::vector<float>, kNumLinears> bias;                // empty or [N]

@@ -12,6 +12,7 @@
 #include "e2e/run_nibble.h"
 #include "test_paths.h"
 #include "test_util.h"
+#include "tiny_llama.h"
 
 namespace {
 
@@ -123,6 +124,70 @@ TEST(ReferenceLoader, ReadsEveryExportAsTheSameModel) {
   r = RunReferenceLoader(bad, bad.string() + "-unknown");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("quantization_config.quant_method is \"bitnet\""), std::string::npos) << r.out;
+}
+
+// A Qwen3-shaped model (per-head q_norm / k_norm, head_dim 32 given explicitly while hidden /
+// heads is 16, no q/k/v bias, tied embeddings) through AWQ -> Quark hf_format -> the independent
+// loader: the same perplexity as nibble's reading of the export, the norms copied through as
+// float. tiny_llama.h's weights with the (tied) embedding scaled to N(0, 0.3²): logits of a few
+// units, so the int4 model is measurably another model than the float one while the perplexity
+// stays in the hundreds (N(0, 1) gives ~1e23, where summation-order rounding alone moves it by
+// 0.1 %).
+TEST(ReferenceLoader, Qwen3AwqQuarkReadsAsTheSameModel) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/prose-val.txt", "data/tinyshakespeare.txt");
+  if (std::system("command -v python3 >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 not found in PATH: tests/reference/dequantize.py cannot run";
+  nibble_test::TempDir dir("nibble_reference_qwen3_");
+  nibble_test::TinyLlamaSpec s;
+  s.model_type = "qwen3";
+  s.architecture = "Qwen3ForCausalLM";
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 32;
+  s.write_head_dim = true;
+  s.tie = true;
+  s.qk_norm = true;
+  s.extra = {{"use_sliding_window", false}, {"sliding_window", nullptr}};
+  const std::string model = dir.sub("qwen3"), q = dir.sub("qwen3-awq"), d = dir.sub("qwen3-awq-dense");
+  nibble_test::WriteTinyModel(model, s, [](const std::string& name, std::vector<float>& v) {
+    if (name == "model.embed_tokens.weight")
+      for (float& x : v) x *= 0.3f;
+  });
+  const std::string calib = nibble_test::TinyCalibFile(dir.sub("calib.txt"));
+  RunResult r = RunNibble("quantize --model_dir " + Quote(model) + " --output_dir " + Quote(q) +
+                          " --quant_algo awq --quant_scheme w_uint4_per_group_asym --group_size 32 --dataset " +
+                          Quote(calib) + " --num_calib_data 4 --seq_len 64");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = RunReferenceLoader(q, d);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("quark: 14 quantized linears dequantized"), std::string::npos) << r.out;
+  // fp32 activations on both sides (auto would run the int4 linears with bf16 inputs: another
+  // rounding, ~0.1 % of perplexity here, than the dense checkpoint's fp32).
+  auto perplexity = [](const std::string& m) {
+    const RunResult p = RunNibble("perplexity --model " + Quote(m) + " --text " +
+                                  Quote(nibble_test::SharedData("prose-val.txt")) + " --seq_len 128 --max_windows 4 --activations fp32");
+    EXPECT_EQ(p.exit_code, 0) << m << ": " << p.out;
+    return ParsePerplexity(p.out);
+  };
+  const double fp = perplexity(model), pq = perplexity(q), pd = perplexity(d);
+  std::printf("qwen3-shaped: float %.4f  awq quark %.4f  dequantized by the reference loader %.4f (%+.4f %%)\n", fp, pq,
+              pd, 100.0 * (pd / pq - 1.0));
+  ASSERT_GT(fp, 1.0);
+  EXPECT_NEAR(pd, pq, 0.001 * pq);
+  EXPECT_GT(std::fabs(pd / fp - 1.0), 0.0005) << "dequantized " << pd << " vs float " << fp;
+  // q_norm / k_norm: float in the export and in the loader's output, the input's values.
+  const std::string cfg = ReadFile(d + "/config.json");
+  EXPECT_EQ(cfg.find("quantization_config"), std::string::npos) << cfg;
+  r = RunCommand("python3 -c " + Quote("import json,struct,sys\n"
+                                      "for p in sys.argv[1:]:\n"
+                                      "  f=open(p+'/model.safetensors','rb'); n=struct.unpack('<Q',f.read(8))[0]\n"
+                                      "  h=json.loads(f.read(n)); t=h['model.layers.1.self_attn.k_norm.weight']\n"
+                                      "  print(p[-5:], t['dtype'], t['shape'])") +
+                 " " + Quote(model) + " " + Quote(q) + " " + Quote(d));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("wen3 F16 [32]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3-awq F16 [32]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dense F16 [32]"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -301,6 +301,44 @@ TEST(ModelConfig, MistralSlidingWindow) {
   EXPECT_EQ(ExpectOk(j).sliding_window, 0);
 }
 
+TEST(ModelConfig, Qwen3QkNormAndExplicitHeadDim) {
+  json j = Base();
+  j["model_type"] = "qwen3";
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["head_dim"] = 128;  // independent of hidden_size / num_attention_heads
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
+  const ModelConfig c = ExpectOk(j);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_FALSE(c.qkv_bias);  // attention_bias false: no q/k/v bias, unlike qwen2
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_EQ(c.sliding_window, 0);
+  j["model_type"] = "llama";
+  j["architectures"] = {"LlamaForCausalLM"};
+  EXPECT_FALSE(ExpectOk(j).qk_norm);
+}
+
+TEST(ModelConfig, QwenPerLayerSlidingWindowRefusedByName) {
+  for (const char* mt : {"qwen2", "qwen3"}) {
+    json j = Base();
+    j["model_type"] = mt;
+    j.erase("architectures");
+    j["sliding_window"] = 4096;
+    EXPECT_EQ(ExpectOk(j).sliding_window, 0) << mt;  // use_sliding_window absent = false (HF default)
+    j["use_sliding_window"] = true;
+    auto r = ParseModelConfig(j, "cfg.json");
+    ASSERT_FALSE(r.ok()) << mt;
+    EXPECT_EQ(r.error().code, nibble::ErrorCode::kUnsupported);
+    EXPECT_NE(r.error().message.find("use_sliding_window"), std::string::npos) << r.error().message;
+    j["use_sliding_window"] = "yes";
+    r = ParseModelConfig(j, "cfg.json");
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("\"use_sliding_window\": expected true or false"), std::string::npos)
+        << r.error().message;
+  }
+}
+
 TEST(ModelConfig, LoadsConfigFromDir) {
   std::string tmpl = (std::filesystem::temp_directory_path() / "nibble_cfg_XXXXXX").string();
   ASSERT_NE(mkdtemp(tmpl.data()), nullptr);

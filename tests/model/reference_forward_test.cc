@@ -1,6 +1,7 @@
 // The fp forward pass of LlamaModel against an independent oracle: a naive double-precision
-// transcription of HF's LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM forward
-// (modeling_llama.py, modeling_qwen2.py) written here from the HF definitions, not from src/model.
+// transcription of HF's LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
+// Qwen3ForCausalLM forward (modeling_llama.py, modeling_mistral.py, modeling_qwen2.py,
+// modeling_qwen3.py) written here from the HF definitions, not from src/model.
 //
 // Each case writes a small synthetic checkpoint (config.json + model.safetensors, random weights
 // of realistic scale) to a temp dir, loads it with LlamaModel::Load, and compares the logits of
@@ -45,6 +46,7 @@
 #include "base/half.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "model/decoder_layer.h"
 #include "model/llama.h"
 #include "model/ops.h"
 #include "test_util.h"
@@ -95,6 +97,7 @@ struct Spec : nibble_test::TinyLlamaSpec {
   double factor = 1.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
   int64_t old_ctx = 8192;
   bool kv_interleave = false;  // oracle-only mutant: head h reads kv head h % n_kv (wrong for GQA)
+  int64_t window = 0;          // oracle: a query at t attends to keys j with t - j < window (0 = all)
 };
 
 // The cases' `extra` never holds rope_scaling, so adding it after the merge is the same config.
@@ -218,6 +221,15 @@ void RopeD(double* x, int64_t head_dim, const Vec& inv_freq, int64_t pos) {
   std::copy(out.begin(), out.end(), x);
 }
 
+// Qwen3RMSNorm on each of `heads` heads of x (head_dim values each), in place.
+void QkNormD(Vec& x, const Vec& w, int64_t heads, int64_t hd, double eps) {
+  for (int64_t h = 0; h < heads; ++h) {
+    const Vec head(x.begin() + h * hd, x.begin() + (h + 1) * hd);
+    const Vec y = RmsNormD(head, w, eps);
+    std::copy(y.begin(), y.end(), x.begin() + h * hd);
+  }
+}
+
 // Logits [T, vocab] for the whole sequence at positions 0..T-1.
 std::vector<double> OracleLogits(const Spec& s, const Checkpoint& ck, const std::vector<int32_t>& tokens) {
   const int64_t T = tokens.size(), H = s.hidden, hd = s.head_dim, nh = s.heads, nkv = s.kv_heads;
@@ -234,6 +246,10 @@ std::vector<double> OracleLogits(const Spec& s, const Checkpoint& ck, const std:
       q[t] = LinearD(ck, p + "self_attn.q_proj", xn, s.qkv_bias);
       k[t] = LinearD(ck, p + "self_attn.k_proj", xn, s.qkv_bias);
       v[t] = LinearD(ck, p + "self_attn.v_proj", xn, s.qkv_bias);
+      if (s.qk_norm) {  // Qwen3Attention: q_norm / k_norm over each head's head_dim, before RoPE
+        QkNormD(q[t], ck.w.at(p + "self_attn.q_norm.weight").v, nh, hd, s.eps);
+        QkNormD(k[t], ck.w.at(p + "self_attn.k_norm.weight").v, nkv, hd, s.eps);
+      }
       for (int64_t h = 0; h < nh; ++h) RopeD(q[t].data() + h * hd, hd, inv, t);
       for (int64_t h = 0; h < nkv; ++h) RopeD(k[t].data() + h * hd, hd, inv, t);
     }
@@ -242,16 +258,18 @@ std::vector<double> OracleLogits(const Spec& s, const Checkpoint& ck, const std:
       for (int64_t h = 0; h < nh; ++h) {
         // repeat_kv: head h reads kv head h // n_rep.
         const int64_t kvh = s.kv_interleave ? h % nkv : h / (nh / nkv);
-        Vec sc(t + 1);
+        // Mistral's sliding window: keys j with t - j < window; earlier ones are masked (-inf).
+        const int64_t j0 = s.window > 0 ? std::max<int64_t>(0, t - s.window + 1) : 0;
+        Vec sc(t + 1, -INFINITY);
         double mx = -1e300;
-        for (int64_t j = 0; j <= t; ++j) {
+        for (int64_t j = j0; j <= t; ++j) {
           double d = 0;
           for (int64_t i = 0; i < hd; ++i) d += q[t][h * hd + i] * k[j][kvh * hd + i];
           sc[j] = d / std::sqrt(static_cast<double>(hd));
           mx = std::max(mx, sc[j]);
         }
         double sum = 0;
-        for (auto& e : sc) sum += (e = std::exp(e - mx));
+        for (auto& e : sc) sum += (e = std::exp(e - mx));  // exp(-inf) = 0 for masked keys
         for (int64_t j = 0; j <= t; ++j)
           for (int64_t i = 0; i < hd; ++i) attn[h * hd + i] += sc[j] / sum * v[j][kvh * hd + i];
       }
@@ -494,6 +512,113 @@ TEST(ReferenceForward, F16Weights) {
   Spec mutant = s;
   mutant.qkv_bias = false;
   CheckCase(s, mutant, 8);
+}
+
+// (h) Qwen3-shaped: per-head q_norm / k_norm before RoPE, no q/k/v bias, head_dim given
+// explicitly and independent of hidden / heads (16 vs 48 / 4 = 12), tied embeddings over Qwen3's
+// real 151936-token vocabulary (the table is the output projection, shared, not copied).
+Spec Qwen3Shaped() {
+  Spec s;
+  s.model_type = "qwen3";
+  s.architecture = "Qwen3ForCausalLM";
+  s.hidden = 48;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 16;
+  s.write_head_dim = true;
+  s.inter = 80;
+  s.vocab = 151936;
+  s.theta = 1000000.0;
+  s.eps = 1e-6;
+  s.tie = true;
+  s.qk_norm = true;
+  s.extra = {{"use_sliding_window", false}, {"sliding_window", nullptr}, {"max_window_layers", 2}};
+  return s;
+}
+
+TEST(ReferenceForward, Qwen3QkNormTiedLargeVocab) {
+  const Spec s = Qwen3Shaped();
+  Spec mutant = s;
+  mutant.qk_norm = false;  // the norms skipped: q and k at their raw scale
+  CheckCase(s, mutant, 9);
+}
+
+// (i) Llama-3-shaped: Llama 3.1's 128256-token vocabulary (untied), rope_theta 500000 and its
+// llama3 rope_scaling (factor 8, low 1, high 4, original context 8192), GQA.
+TEST(ReferenceForward, Llama3Shaped) {
+  Spec s;
+  s.hidden = 64;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 16;
+  s.vocab = 128256;
+  s.theta = 500000.0;
+  s.rope = Spec::Rope::kLlama3;
+  s.factor = 8.0;
+  s.old_ctx = 8192;
+  s.max_pos = 512;
+  Spec mutant = s;
+  mutant.kv_interleave = true;
+  CheckCase(s, mutant, 10);
+}
+
+// (j) Mistral's sliding window shorter than the sequence: 12 tokens over a window of 5, the
+// full sequence and the incremental decode both attend to the last 5 keys only.
+TEST(ReferenceForward, MistralSlidingWindowEnforced) {
+  Spec s;
+  s.model_type = "mistral";
+  s.architecture = "MistralForCausalLM";
+  s.heads = 8;
+  s.kv_heads = 4;
+  s.head_dim = 8;
+  s.window = 5;
+  s.extra = {{"sliding_window", 5}};
+  Spec mutant = s;
+  mutant.window = 0;  // full causal attention
+  CheckCase(s, mutant, 11);
+}
+
+// (k) llama3 rope at positions past original_max_position_embeddings (Llama 3.1's 8192): the
+// RoPE tables against cos / sin of pos · inv_freq from the HF formula (OracleInvFreq). The
+// tolerance per frequency covers nibble's fp32 inv_freq (2e-6 relative, as above) and fp32 angle
+// (2^-24 relative) times the position; the low band, which the scaling divides by 8, is where a
+// missing or wrong scaling shows (the unscaled angle is off by 7/8 of it, radians at these
+// positions).
+TEST(ReferenceForward, Llama3RopeAtLongPositions) {
+  Spec s;
+  s.head_dim = 128;
+  s.theta = 500000.0;
+  s.rope = Spec::Rope::kLlama3;
+  s.factor = 8.0;
+  s.old_ctx = 8192;
+  s.max_pos = 131072;
+  nibble::ModelConfig c;
+  c.head_dim = s.head_dim;
+  c.rope_theta = s.theta;
+  c.rope_scaling.type = nibble::RopeScaling::Type::kLlama3;
+  c.rope_scaling.factor = 8.0;
+  c.rope_scaling.low_freq_factor = 1.0;
+  c.rope_scaling.high_freq_factor = 4.0;
+  c.rope_scaling.original_max_position_embeddings = 8192;
+  const int64_t positions = 20000;
+  const nibble::RopeTables rope = nibble::BuildRopeTables(c, positions);
+  const Vec inv = OracleInvFreq(s);
+  Spec plain = s;
+  plain.rope = Spec::Rope::kNone;
+  const Vec inv_plain = OracleInvFreq(plain);
+  int64_t scaled_misses = 0;
+  for (int64_t pos : {8191, 8192, 8193, 9000, 12345, 16384, 19999}) {
+    for (int64_t i = 0; i < s.head_dim / 2; ++i) {
+      const double ang = static_cast<double>(pos) * inv[i];
+      const double tol = static_cast<double>(pos) * inv[i] * 3e-6 + 1e-6;
+      EXPECT_NEAR(rope.Cos(pos)[i], std::cos(ang), tol) << "pos " << pos << " frequency " << i;
+      EXPECT_NEAR(rope.Sin(pos)[i], std::sin(ang), tol) << "pos " << pos << " frequency " << i;
+      const double wrong = static_cast<double>(pos) * inv_plain[i];
+      if (std::fabs(std::cos(wrong) - std::cos(ang)) > 100 * tol) ++scaled_misses;
+    }
+  }
+  // The unscaled angles are far off at many of these (position, frequency) pairs.
+  EXPECT_GT(scaled_misses, 50);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,6 +20,9 @@
 #include "io/safetensors.h"
 #include "formats/checkpoint_format.h"
 #include "model/config.h"
+#include "model/llama.h"
+#include "model/ops.h"
+#include "quantize/pipeline.h"
 #include "quantize/awq/awq.h"
 #include "quantize/calibration.h"
 #include "test_paths.h"
@@ -440,6 +443,67 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
   ASSERT_FALSE(calls.empty());
   EXPECT_EQ(calls.back().name, "model.layers.1.self_attn.q_proj.weight");  // nothing after the error
   EXPECT_EQ(step, 2 * per_layer - 1);                                       // layer 2 never started
+}
+
+// The calibration pipeline runs the layer the model runs: on a one-layer Qwen3-shaped model
+// (per-head q_norm / k_norm, head_dim 16 while hidden / heads is 8, tied embeddings), the fp pass's
+// layer output, final-normed and projected on the embedding, gives LlamaModel's logits for each
+// calibration sequence. A pipeline that skipped the q/k norms would differ by whole units.
+class CaptureLayerOutput : public nibble::LayerAlgorithm {
+ public:
+  nibble::Status Finish(const nibble::LayerRunner& runner, nibble::CalibLayer&, nibble::LayerCodes&,
+                        const std::function<void()>&) override {
+    out = runner.acts().out;
+    return nibble::Status::Ok();
+  }
+  std::vector<float> out;
+};
+
+TEST(Awq, Qwen3CalibrationForwardIsTheModelForward) {
+  TempDir tmp;
+  TinySpec spec;
+  spec.model_type = "qwen3";
+  spec.architecture = "Qwen3ForCausalLM";
+  spec.layers = 1;
+  spec.heads = 8;
+  spec.kv_heads = 2;
+  spec.head_dim = 16;
+  spec.write_head_dim = true;
+  spec.qk_norm = true;
+  spec.tie = true;
+  TinyAwqInputs in;
+  ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
+  const nibble::ModelConfig& mc = *in.mc;
+  ASSERT_TRUE(mc.qk_norm);
+  const int64_t batch = 2, seq = 24, h = mc.hidden_size, v = mc.vocab_size;
+  const std::vector<int32_t> tokens = TinyTokens(batch, seq);
+  CaptureLayerOutput cap;
+  auto r = nibble::RunLayerPipeline(mc, *in.store, in.cfg, tokens, batch, seq, cap, nibble::PipelineOptions{},
+                                    [](nibble::LayerTensor) { return nibble::Status::Ok(); });
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(cap.out.size(), static_cast<size_t>(batch * seq * h));
+  auto model = nibble::LlamaModel::Load(tmp.sub("m"));
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const std::vector<float> norm = TensorValues(*in.store, "model.norm.weight");
+  const std::vector<float> emb = TensorValues(*in.store, "model.embed_tokens.weight");
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<float> want(static_cast<size_t>(seq * v));
+    nibble::KvCache cache = (*model)->NewCache(seq);
+    ASSERT_TRUE((*model)->Forward(tokens.data() + b * seq, seq, cache, want.data(), true).ok());
+    std::vector<float> xn(static_cast<size_t>(seq * h));
+    nibble::RmsNorm(cap.out.data() + b * seq * h, norm.data(), seq, h, mc.rms_norm_eps, xn.data());
+    double worst = 0, scale = 1;
+    for (int64_t t = 0; t < seq; ++t)
+      for (int64_t j = 0; j < v; ++j) {
+        double got = 0;
+        for (int64_t i = 0; i < h; ++i) got += static_cast<double>(xn[t * h + i]) * emb[j * h + i];
+        worst = std::max(worst, std::fabs(got - want[t * v + j]));
+        scale = std::max(scale, std::fabs(got));
+      }
+    // Same fp32 code on both sides but for the last GEMM's order: a few hundred ulps of the
+    // logit scale at most.
+    EXPECT_LE(worst, 1e-4 * scale) << "sequence " << b;
+  }
 }
 
 // The early stop of losing grid candidates changes no result: the same scales, losses and output

@@ -24,12 +24,14 @@
 #include "base/result.h"
 #include "formats/int4_matrix.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "io/safetensors.h"
 #include "io/checkpoint_writer.h"
 #include "base/check.h"
 #include "kernels/int4_dispatch.h"
 #include "kernels/int4_packed.h"
 #include "kernels/x86_avx512bf16/bf16_peak.h"
+#include "model/config.h"
 #include "model/int4_linear.h"
 
 namespace nibble {
@@ -259,27 +261,38 @@ struct SynthTensor {
   uint64_t index;
 };
 
-std::vector<SynthTensor> SynthTensors(int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
-                                      int64_t head_dim, int64_t vocab, bool tied) {
+// The checkpoint's tensors in HF order, as model/llama.cc reads them for config `c`: q/k/v
+// (and o, MLP) biases where the config has them, Qwen3's q_norm / k_norm, lm_head unless tied.
+std::vector<SynthTensor> SynthTensors(const ModelConfig& c) {
+  const int64_t hidden = c.hidden_size, inter = c.intermediate_size, q_dim = c.num_attention_heads * c.head_dim,
+                kv_dim = c.num_key_value_heads * c.head_dim;
   std::vector<SynthTensor> specs;
   auto add = [&](std::string name, std::vector<int64_t> shape, bool ones) {
     specs.push_back({std::move(name), std::move(shape), ones, specs.size()});
   };
-  add("model.embed_tokens.weight", {vocab, hidden}, false);
-  for (int64_t l = 0; l < layers; ++l) {
+  auto linear = [&](const std::string& name, int64_t n, int64_t k, bool bias) {
+    add(name + ".weight", {n, k}, false);
+    if (bias) add(name + ".bias", {n}, false);
+  };
+  add("model.embed_tokens.weight", {c.vocab_size, hidden}, false);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {hidden}, true);
-    add(p + "self_attn.q_proj.weight", {heads * head_dim, hidden}, false);
-    add(p + "self_attn.k_proj.weight", {kv * head_dim, hidden}, false);
-    add(p + "self_attn.v_proj.weight", {kv * head_dim, hidden}, false);
-    add(p + "self_attn.o_proj.weight", {hidden, heads * head_dim}, false);
+    linear(p + "self_attn.q_proj", q_dim, hidden, c.qkv_bias);
+    linear(p + "self_attn.k_proj", kv_dim, hidden, c.qkv_bias);
+    linear(p + "self_attn.v_proj", kv_dim, hidden, c.qkv_bias);
+    linear(p + "self_attn.o_proj", hidden, q_dim, c.o_bias);
+    if (c.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {c.head_dim}, true);
+      add(p + "self_attn.k_norm.weight", {c.head_dim}, true);
+    }
     add(p + "post_attention_layernorm.weight", {hidden}, true);
-    add(p + "mlp.gate_proj.weight", {inter, hidden}, false);
-    add(p + "mlp.up_proj.weight", {inter, hidden}, false);
-    add(p + "mlp.down_proj.weight", {hidden, inter}, false);
+    linear(p + "mlp.gate_proj", inter, hidden, c.mlp_bias);
+    linear(p + "mlp.up_proj", inter, hidden, c.mlp_bias);
+    linear(p + "mlp.down_proj", hidden, inter, c.mlp_bias);
   }
   add("model.norm.weight", {hidden}, true);
-  if (!tied) add("lm_head.weight", {vocab, hidden}, false);
+  if (!c.tie_word_embeddings) add("lm_head.weight", {c.vocab_size, hidden}, false);
   return specs;
 }
 
@@ -303,10 +316,25 @@ TensorToWrite RandomBf16Tensor(const SynthTensor& sp, uint64_t seed) {
   return tw;
 }
 
-Result<int64_t> ConfigInt(const nlohmann::json& c, const char* key, const std::string& path) {
-  if (!c.contains(key) || !c[key].is_number_integer())
-    return MakeError(path, ": key \"", key, "\" missing or not an integer");
-  return c[key].get<int64_t>();
+// The tokenizer files a model directory may hold; synth copies whichever exist.
+const std::vector<std::string>& SynthTokenizerFiles() {
+  static const std::vector<std::string> files = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+                                                 "special_tokens_map.json"};
+  return files;
+}
+
+// A tokenizer taken from another model directory brings that model's special-token ids: its
+// config.json's bos_token_id / eos_token_id replace the family config's (Llama 3's 128000 is no
+// id of a 4096-token SentencePiece vocabulary). A tokenizer dir without config.json (the real
+// family's tokenizer files) keeps the family's ids.
+Status TakeTokenizerSpecialIds(const std::string& tokenizer_dir, nlohmann::json& config) {
+  if (tokenizer_dir.empty() || !PathExists(JoinPath(tokenizer_dir, "config.json"))) return Status::Ok();
+  NIBBLE_ASSIGN_OR_RETURN(const nlohmann::json tc, ReadJsonFile(JoinPath(tokenizer_dir, "config.json")));
+  for (const char* key : {"bos_token_id", "eos_token_id"}) {
+    if (tc.is_object() && tc.contains(key)) config[key] = tc[key];
+    else config.erase(key);
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -316,9 +344,11 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
     return MakeError("synth: unknown format \"", q.format, "\" (expected dense or quark)");
   // Checked before anything is written: a checkpoint without its tokenizer cannot be run.
   namespace fs = std::filesystem;
-  if (!q.tokenizer_dir.empty() && !fs::is_regular_file(fs::path(q.tokenizer_dir) / "tokenizer.model"))
-    return MakeError("synth: --tokenizer_dir ", q.tokenizer_dir, ": no tokenizer.model there (expected a directory "
-                     "with a SentencePiece tokenizer.model, e.g. models/prose-llama-7m; '' writes none)");
+  if (!q.tokenizer_dir.empty() && !fs::is_regular_file(fs::path(q.tokenizer_dir) / "tokenizer.model") &&
+      !fs::is_regular_file(fs::path(q.tokenizer_dir) / "tokenizer.json"))
+    return MakeError("synth: --tokenizer_dir ", q.tokenizer_dir, ": no tokenizer.model or tokenizer.json there (expected "
+                     "a model directory with a SentencePiece tokenizer.model or a Hugging Face tokenizer.json, e.g. "
+                     "models/prose-llama-7m; '' writes none)");
   std::string text;
   {
     std::ifstream f(q.config_path, std::ios::binary);
@@ -329,15 +359,9 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   }
   nlohmann::json c = nlohmann::json::parse(text, nullptr, false);
   if (c.is_discarded() || !c.is_object()) return MakeError(q.config_path, ": not a JSON object");
-  NIBBLE_ASSIGN_OR_RETURN(int64_t hidden, ConfigInt(c, "hidden_size", q.config_path));
-  NIBBLE_ASSIGN_OR_RETURN(int64_t inter, ConfigInt(c, "intermediate_size", q.config_path));
-  NIBBLE_ASSIGN_OR_RETURN(int64_t layers, ConfigInt(c, "num_hidden_layers", q.config_path));
-  NIBBLE_ASSIGN_OR_RETURN(int64_t heads, ConfigInt(c, "num_attention_heads", q.config_path));
-  NIBBLE_ASSIGN_OR_RETURN(int64_t vocab, ConfigInt(c, "vocab_size", q.config_path));
-  const int64_t kv = c.value("num_key_value_heads", heads);
-  const int64_t head_dim = c.contains("head_dim") && c["head_dim"].is_number_integer() ? c["head_dim"].get<int64_t>()
-                                                                                       : hidden / heads;
-  const bool tied = c.value("tie_word_embeddings", false);
+  NIBBLE_RETURN_IF_ERROR(TakeTokenizerSpecialIds(q.tokenizer_dir, c));
+  // The shapes come from the model's own config parser: what synth writes is what loads.
+  NIBBLE_ASSIGN_OR_RETURN(const ModelConfig mc, ParseModelConfig(c, q.config_path));
   std::error_code ec;
   if (q.out_dir.empty()) return MakeError("synth: --out is empty");
   if (fs::exists(fs::path(q.out_dir), ec) && !q.overwrite)
@@ -349,14 +373,14 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   auto created = CheckpointWriter::Create(q.out_dir, q.max_shard_bytes, q.format == "dense" ? "tmp" : "synth-dense");
   if (!created.ok()) return created.error().WithContext("synth");
   CheckpointWriter out = std::move(created).value();
-  for (const SynthTensor& sp : SynthTensors(hidden, inter, layers, heads, kv, head_dim, vocab, tied)) {
+  for (const SynthTensor& sp : SynthTensors(mc)) {
     NIBBLE_RETURN_IF_ERROR(out.Add(RandomBf16Tensor(sp, q.seed)));
   }
   NIBBLE_RETURN_IF_ERROR(out.Finish());
   c["torch_dtype"] = "bfloat16";
   NIBBLE_RETURN_IF_ERROR(out.WriteFile("config.json", c.dump(2)));
   if (!q.tokenizer_dir.empty()) {
-    NIBBLE_RETURN_IF_ERROR(out.CopyFiles(q.tokenizer_dir, {"tokenizer.model", "tokenizer_config.json"}));
+    NIBBLE_RETURN_IF_ERROR(out.CopyFiles(q.tokenizer_dir, SynthTokenizerFiles()));
   }
   if (q.format == "dense") {
     const Status committed = out.Commit(q.overwrite);

@@ -132,23 +132,26 @@ namespace nibble {
 
 /// `nibble synth` request: a random-weight checkpoint with the shapes of an HF config.json.
 struct SynthRequest {
-  std::string config_path;      // HF config.json (LlamaForCausalLM family keys)
+  std::string config_path;      // HF config.json (Llama / Mistral / Qwen2 / Qwen3, as model/config.h reads it)
   std::string out_dir;          // created; must not exist unless overwrite
   std::string format = "quark"; // "dense" (bf16 safetensors) | "quark" (dense, then Quantize() RTN uint4 asym)
   int64_t group_size = 128;     // quark only
-  std::string tokenizer_dir;    // copied tokenizer.model / tokenizer_config.json from here ("" = none)
+  std::string tokenizer_dir;    // tokenizer files copied from here, whichever exist: tokenizer.model,
+                                // tokenizer.json, tokenizer_config.json, special_tokens_map.json ("" = none)
   uint64_t seed = 0;
   int64_t max_shard_bytes = int64_t{2} << 30;
   bool overwrite = false;
 };
 
-/// Writes the checkpoint: config.json (torch_dtype bfloat16), bf16 weights ~ U(-0.035, 0.035)
+/// Writes the checkpoint: config.json (torch_dtype bfloat16), the tensors the config implies
+/// (biases, Qwen3's q/k norms, lm_head unless tied): bf16 weights and biases ~ U(-0.035, 0.035)
 /// (std ≈ 0.02), RMSNorm weights 1, sharded with model.safetensors.index.json when larger than
 /// max_shard_bytes. The output appears atomically: "dense" is written to a staging directory beside
 /// it and renamed onto it; for "quark" the dense checkpoint is staged beside the output, quantized
 /// by the regular pipeline (lm_head excluded, as `nibble quantize`, which commits its own output
 /// the same way), then removed. A failure leaves no partial output. Decode speed does not depend on
-/// the weight values. Errors: unreadable config, missing keys, unknown format, existing output
+/// the weight values. Errors: unreadable config, any config model/config.h refuses, a tokenizer
+/// dir with neither tokenizer.model nor tokenizer.json, unknown format, existing output
 /// without overwrite, an existing output that is a file or a non-empty directory without
 /// config.json (never replaced, even with overwrite), write failures (with the file named).
 Status WriteSyntheticCheckpoint(const SynthRequest& request);

@@ -131,18 +131,11 @@ double GramSquaredError(const std::vector<float>& g, const std::vector<float>& w
 
 // Runs the inspected module of `r` with linears `lin` on sequences [b0, b0 + nb) of `a`;
 // out gets [nb * t, out_dim].
-void InspectChunk(const LayerRunner& run, const ResolvedMapping& r, const CalibLinears& lin, const LayerActs& a,
-                  int64_t b0, int64_t nb, float* out) {
+void InspectChunk(const LayerRunner& run, const ResolvedMapping& r, const CalibLayer& L, const CalibLinears& lin,
+                  const LayerActs& a, int64_t b0, int64_t nb, float* out) {
   const ModelConfig& c = run.config();
   const int64_t rows = nb * run.t(), r0 = b0 * run.t();
-  DecoderLayerView view;  // the blocks read no norms
-  view.q_proj = lin[kQ].get();
-  view.k_proj = lin[kK].get();
-  view.v_proj = lin[kV].get();
-  view.o_proj = lin[kO].get();
-  view.gate_proj = lin[kGate].get();
-  view.up_proj = lin[kUp].get();
-  view.down_proj = lin[kDown].get();
+  const DecoderLayerView view = ViewOf(L, lin);  // the attention reads L's Qwen3 q/k norms, if any
   if (r.inspect == AwqInspect::kSelfAttn) {
     AttentionBlockForward(c, view, run.rope(), a.attn_in.data() + r0 * c.hidden_size, nb, run.t(), nullptr, out, nullptr);
   } else if (r.inspect == AwqInspect::kMlp) {
@@ -170,15 +163,15 @@ Chunking ChunkingFor(const LayerRunner& run, const ResolvedMapping& r, const Cal
 }
 
 // The fp reference: the inspected module's output for every sequence, [batch * t, od].
-std::vector<float> InspectReference(const LayerRunner& run, const ResolvedMapping& r, const CalibLinears& lin,
-                                    const LayerActs& a) {
+std::vector<float> InspectReference(const LayerRunner& run, const ResolvedMapping& r, const CalibLayer& L,
+                                    const CalibLinears& lin, const LayerActs& a) {
   const Chunking c = ChunkingFor(run, r, lin);
   const int64_t batch = run.batch();
   std::vector<float> out(static_cast<size_t>(batch * run.t() * c.od));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t ci = 0; ci < c.chunks; ++ci) {
     const int64_t b0 = ci * c.seqs;
-    InspectChunk(run, r, lin, a, b0, std::min(c.seqs, batch - b0), out.data() + b0 * run.t() * c.od);
+    InspectChunk(run, r, L, lin, a, b0, std::min(c.seqs, batch - b0), out.data() + b0 * run.t() * c.od);
   }
   return out;
 }
@@ -189,8 +182,8 @@ std::vector<float> InspectReference(const LayerRunner& run, const ResolvedMappin
 // errors, not a mean), the full loss must exceed it too: the remaining chunks are skipped and
 // nullopt returned. stop_above = +inf computes every chunk. A finished loss is the same value
 // (chunk parts added in chunk order) whether or not a stop was armed.
-std::optional<double> InspectLoss(const LayerRunner& run, const ResolvedMapping& r, const CalibLinears& lin,
-                                  const LayerActs& a, const std::vector<float>& reference, double stop_above) {
+std::optional<double> InspectLoss(const LayerRunner& run, const ResolvedMapping& r, const CalibLayer& L,
+                                  const CalibLinears& lin, const LayerActs& a, const std::vector<float>& reference, double stop_above) {
   const Chunking c = ChunkingFor(run, r, lin);
   const int64_t batch = run.batch(), t = run.t();
   std::vector<double> part(static_cast<size_t>(c.chunks));
@@ -206,7 +199,7 @@ std::optional<double> InspectLoss(const LayerRunner& run, const ResolvedMapping&
       skip = stopped;
       if (skip) continue;
       const int64_t b0 = ci * c.seqs, nb = std::min(c.seqs, batch - b0);
-      InspectChunk(run, r, lin, a, b0, nb, y.data());
+      InspectChunk(run, r, L, lin, a, b0, nb, y.data());
       const int64_t n = nb * t * c.od;
       const double p = Mse(reference.data() + b0 * t * c.od, y.data(), n) * static_cast<double>(n);
       part[static_cast<size_t>(ci)] = p;
@@ -317,7 +310,7 @@ Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMa
   // candidate against their fp output.
   const bool gram = st.gram_linear_loss && r.inspect == AwqInspect::kLinear;
   const std::vector<float> g = gram ? GramMatrix(a.Of(InputOf(r.inspect_linear)), rows, kin) : std::vector<float>{};
-  const std::vector<float> y_fp = gram ? std::vector<float>{} : InspectReference(run, r, base, a);
+  const std::vector<float> y_fp = gram ? std::vector<float>{} : InspectReference(run, r, L, base, a);
 
   double best = std::numeric_limits<double>::infinity();
   std::vector<float> best_s;
@@ -337,7 +330,7 @@ Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMa
       const double stop_above = st.early_stop && std::isfinite(best)
                                     ? best * static_cast<double>(rows * y_dim) * (1 + 1e-9)
                                     : std::numeric_limits<double>::infinity();
-      const std::optional<double> l = InspectLoss(run, r, cand, a, y_fp, stop_above);
+      const std::optional<double> l = InspectLoss(run, r, L, cand, a, y_fp, stop_above);
       if (!l) {  // (best is finite, so this is not the first candidate)
         ++rep.stopped_early;
         continue;
