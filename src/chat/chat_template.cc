@@ -40,15 +40,17 @@ Value StrftimeNow(std::optional<std::time_t> now) {
 
 }  // namespace
 
-Result<ChatTemplateSource> LoadChatTemplateConfig(const std::string& path) {
+Result<ChatTemplateSource> LoadChatTemplateConfig(const std::string& path, bool require_template) {
   NIBBLE_ASSIGN_OR_RETURN(const nlohmann::json cfg, ReadJsonFile(path));
   if (!cfg.is_object()) return MakeErrorCode(ErrorCode::kCorruptInput, path, ": expected a JSON object");
   ChatTemplateSource out;
   out.origin = path;
   NIBBLE_ASSIGN_OR_RETURN(out.bos_token, TokenString(cfg, "bos_token", path));
   NIBBLE_ASSIGN_OR_RETURN(out.eos_token, TokenString(cfg, "eos_token", path));
-  if (!cfg.contains("chat_template") || cfg["chat_template"].is_null())
+  if (!cfg.contains("chat_template") || cfg["chat_template"].is_null()) {
+    if (!require_template) return out;
     return MakeErrorCode(ErrorCode::kNotFound, path, ": no \"chat_template\" (give one with --chat_template FILE)");
+  }
   const nlohmann::json& t = cfg["chat_template"];
   if (t.is_string()) {
     out.source = t.get<std::string>();

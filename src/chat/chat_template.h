@@ -28,8 +28,9 @@ struct ChatTemplateSource {
 /// Reads `chat_template`, `bos_token` and `eos_token` from a tokenizer_config.json (the token
 /// entries may be strings or {"content": ...} objects; `chat_template` a string or a list of
 /// {"name", "template"} of which "default" is taken). Errors name the file and key; a missing
-/// chat_template is kNotFound.
-Result<ChatTemplateSource> LoadChatTemplateConfig(const std::string& tokenizer_config_path);
+/// chat_template is kNotFound unless `require_template` is false (then the source is "": the
+/// caller brings its own template and wants the token strings only).
+Result<ChatTemplateSource> LoadChatTemplateConfig(const std::string& tokenizer_config_path, bool require_template = true);
 
 struct ChatRenderOptions {
   bool add_generation_prompt = false;
