@@ -113,6 +113,11 @@ TEST(ChatTemplate, RealTemplatesMatchReference) {
       for (const bool gen : {true, false})
         cases.push_back({t->source, {{"messages", conv}, {"add_generation_prompt", gen}, {"bos_token", t->bos_token},
                                      {"eos_token", t->eos_token}}});
+    if (std::string(fam) == "gemma3") {  // content as a list of typed parts (Gemma's multimodal form)
+      const ojson parts = ojson::array({{{"type", "text"}, {"text", " Describe this: "}}, {{"type", "image"}}});
+      cases.push_back({t->source, {{"messages", ojson::array({{{"role", "user"}, {"content", parts}}})},
+                                   {"add_generation_prompt", true}, {"bos_token", t->bos_token}, {"eos_token", t->eos_token}}});
+    }
   }
   EXPECT_GE(with_template, 4);
   ExpectSameAsReference(cases);
@@ -122,7 +127,10 @@ TEST(ChatTemplate, ConstructsMatchReference) {
   if (const std::string why = ChatReferenceMissing(); !why.empty()) GTEST_SKIP() << why;
   const ojson msgs = ojson::array({Msg("system", "sys"), Msg("user", "hi"), Msg("assistant", "yo"), Msg("user", "bye")});
   const ojson v = {{"messages", msgs}, {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"add_generation_prompt", true},
-                   {"d", {{"b", 1}, {"a", "x"}}}, {"n", 7}, {"s", "  Hello, World  "}, {"items", {3, 1, 2}}};
+                   {"d", {{"b", 1}, {"a", "x"}}}, {"n", 7}, {"s", "  Hello, World  "}, {"items", {3, 1, 2}},
+                   {"tools", ojson::array({{{"name", "get_weather"},
+                                            {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}},
+                                                                                                 {"days", {{"type", "integer"}}}}}}}}})}};
   const std::vector<std::string> templates = {
       "a {{- ' b ' -}} c",
       "x\n  {% if true %}\n    yes\n  {% endif %}\ny\n",
@@ -172,6 +180,15 @@ TEST(ChatTemplate, ConstructsMatchReference) {
       "{{ '  x  ' | trim | length }}{{ messages[0]['role'] | upper | lower }}",
       "{% set a, b = 1, 2 %}{{ a }}{{ b }}",
       "{{ [1, 2] + [3] }}",
+      // What the Llama 3.1 / LFM2 style templates do with a system message, tools and tool calls.
+      "{%- if messages[0]['role'] == 'system' %}{%- set sys = messages[0]['content']|trim %}{%- set messages = messages[1:] %}"
+      "{%- else %}{%- set sys = '' %}{%- endif %}[{{ sys }}]{% for m in messages %}{{ m.role }};{% endfor %}{{ messages | length }}",
+      "{%- for t in tools %}\n    {{- t | tojson(indent=4) }}\n    {{- '\\n\\n' }}\n{%- endfor %}",
+      "{% if tools is not none and not tools_in_user_message %}A{% endif %}{% if not undefined_thing is defined %}U{% endif %}"
+      "{% if 'tool_calls' in messages[0] %}T{% else %}noT{% endif %}",
+      "{%- set ns = namespace(p='') -%}{%- for t in tools + ['plain'] -%}{%- if t is not string -%}{%- set t = t | tojson -%}"
+      "{%- endif -%}{%- set ns.p = ns.p + ('\\n' if ns.p else '') + t -%}{%- endfor -%}{{ ns.p }}",
+      "{% for k, v in tools[0].parameters.properties | items %}{{ k }}:{{ v.type }} {% endfor %}{{ tools[0]['name'] | title }}",
   };
   std::vector<RefCase> cases;
   for (const std::string& t : templates) cases.push_back({t, v});
