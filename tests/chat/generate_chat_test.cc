@@ -50,7 +50,7 @@ TEST(GenerateChat, TwoTurnsReuseTheKvCache) {
   // Turn 2 starts where turn 1 left the cache: its prompt and every reply token (a reply cut by
   // -n leaves its last token to be run with the next prompt).
   const long long generated1 = turns[0].decoded + 1;
-  EXPECT_EQ(turns[1].reused, turns[0].prefill + generated1 - (turns[0].stop == "eos" ? 0 : 1)) << r.out;
+  EXPECT_EQ(turns[1].reused, turns[0].prefill + generated1 - (turns[0].stop == "eos" || turns[0].stop == "stop_token" ? 0 : 1)) << r.out;
   // ... and prefills only the new text: the end-of-turn marker, the user line and the assistant
   // header, far fewer tokens than the conversation so far.
   EXPECT_GT(turns[1].prefill, 5);

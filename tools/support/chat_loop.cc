@@ -5,7 +5,7 @@
 // verbatim), so only its tail is tokenized. When it does not (a template that trims or rewrites
 // earlier turns), the cache is cut back to the last point where text and positions are known to
 // agree (`marks`: the start, the end of every turn's prompt, the end of every reply that
-// stopped at EOS) and re-prefilled from there. A reply cut by -n leaves its last token for the
+// stopped at EOS or an end-of-turn id) and re-prefilled from there. A reply cut by -n leaves its last token for the
 // next Generate call to run first (`unfed`), which positions count in.
 #include "support/chat_loop.h"
 
@@ -23,7 +23,7 @@ namespace nibble_cli {
 namespace {
 
 // End-of-turn markers of common chat formats: a reply stops at one that the template writes
-// (and at the model's EOS ids, which Generate handles).
+// (as a token id when the marker is one token, else as text), and at the model's EOS ids.
 std::vector<std::string> EndOfTurnMarkers(const nibble::ChatTemplate& t) {
   std::vector<std::string> out;
   for (const char* m : {"<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|endoftext|>"})
@@ -32,6 +32,19 @@ std::vector<std::string> EndOfTurnMarkers(const nibble::ChatTemplate& t) {
       std::find(out.begin(), out.end(), t.eos_token) == out.end())
     out.push_back(t.eos_token);
   return out;
+}
+
+// The markers that are one token of the vocabulary (special added tokens such as <|eot_id|>):
+// generation stops at that id itself, whatever the detokenizer shows for it.
+std::vector<int32_t> MarkerIds(const nibble::Model& model, const std::vector<std::string>& markers) {
+  auto bos = model.Tokenize("");
+  const size_t skip = bos.ok() ? bos->size() : 0;  // the BOS the tokenizer prepends
+  std::vector<int32_t> ids;
+  for (const std::string& m : markers) {
+    auto t = model.Tokenize(m);
+    if (t.ok() && t->size() == skip + 1) ids.push_back(t->back());
+  }
+  return ids;
 }
 
 struct Mark {
@@ -73,6 +86,7 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
   std::vector<nibble::ChatMessage> history;
   if (!o.system.empty()) history.push_back({"system", o.system});
   const std::vector<std::string> markers = EndOfTurnMarkers(tmpl);
+  const std::vector<int32_t> marker_ids = MarkerIds(model, markers);
   std::string fed;
   std::vector<Mark> marks = {{0, 0}};
   int64_t unfed = 0;
@@ -93,6 +107,7 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
     g.prompt = reused == 0 ? DropTemplateBos(model, tmpl, text) : text;
     g.max_new_tokens = o.max_new_tokens;
     g.sampling = o.sampling;
+    g.stop_ids = marker_ids;
     StopStringFilter stop(markers);
     std::string reply;
     auto stats = nibble::Generate(s, g, [&](std::string_view piece) {
@@ -110,7 +125,8 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
     std::fflush(out);
     marks.push_back({reused + unfed + stats->prompt_tokens, fed.size()});
     fed += reply + stop.matched();
-    unfed = stats->stop_reason != "eos" && stats->generated_tokens > 0 ? 1 : 0;
+    const bool at_stop_id = stats->stop_reason == "eos" || stats->stop_reason == "stop_token";
+    unfed = !at_stop_id && stats->generated_tokens > 0 ? 1 : 0;
     if (unfed == 0) marks.push_back({s.position(), fed.size()});
     history.push_back({"assistant", reply});
     const int64_t decoded = stats->generated_tokens > 0 ? stats->generated_tokens - 1 : 0;
