@@ -34,6 +34,8 @@ enum class Flow { kNormal, kBreak, kContinue };
 
 // Values nest at most this deep (list and dict literals, namespace attributes).
 constexpr int kMaxValueDepth = 64;
+// Nested statements and expressions being evaluated at once, macro calls included.
+constexpr int kMaxEvalDepth = 1024;
 
 class Interpreter {
  public:
@@ -43,6 +45,7 @@ class Interpreter {
     AddBuiltins();
     for (const auto& [k, v] : globals) root_.Set(k, v);
     Frame top{&root_, {}};
+    top_ = &top;
     std::string out;
     if (Exec(body, top, out) != Flow::kNormal) throw JinjaError(SourcePos{}, "'break' or 'continue' outside a loop");
     return out;
@@ -53,6 +56,15 @@ class Interpreter {
     if (++steps_ > limits_.max_steps)
       throw JinjaError(pos, "template ran more than " + std::to_string(limits_.max_steps) + " steps");
   }
+  // Statement + expression nesting of the running evaluation (macro calls stack the nesting of
+  // their bodies): bounded so that the C++ stack is.
+  struct Depth {
+    Depth(Interpreter* in, SourcePos pos) : in_(in) {
+      if (++in_->depth_ > kMaxEvalDepth) throw JinjaError(pos, "evaluation nested deeper than " + std::to_string(kMaxEvalDepth) + " levels");
+    }
+    ~Depth() { --in_->depth_; }
+    Interpreter* in_;
+  };
   void Write(std::string& out, const std::string& s, SourcePos pos) {
     if (out.size() + s.size() > limits_.max_output)
       throw JinjaError(pos, "rendered text exceeds " + std::to_string(limits_.max_output) + " bytes");
@@ -102,6 +114,7 @@ class Interpreter {
 
   Flow ExecOne(const Stmt& s, Frame& f, std::string& out) {
     Step(s.pos);
+    Depth depth(this, s.pos);
     switch (s.kind) {
       case Stmt::Kind::kText: Write(out, s.text, s.pos); return Flow::kNormal;
       case Stmt::Kind::kOutput: Write(out, Eval(*s.exprs[0], f).ToString(), s.pos); return Flow::kNormal;
@@ -198,7 +211,7 @@ class Interpreter {
       throw JinjaError(pos, "macro '" + def.text + "' takes " + std::to_string(def.targets.size()) + " arguments, got " +
                                 std::to_string(a.positional.size()));
     if (++call_depth_ > limits_.max_call_depth) throw JinjaError(pos, "macro calls nested deeper than " + std::to_string(limits_.max_call_depth));
-    Frame frame{&root_, {}};
+    Frame frame{top_, {}};  // a macro sees the template-level names (itself included), not its caller's
     for (size_t i = 0; i < def.targets.size(); ++i) {
       const Value* given = i < a.positional.size() ? &a.positional[i] : nullptr;
       for (const auto& [k, v] : a.keyword)
@@ -223,6 +236,7 @@ class Interpreter {
 
   Value Eval(const Expr& e, Frame& f) {
     Step(e.pos);
+    Depth depth(this, e.pos);
     switch (e.kind) {
       case Expr::Kind::kLiteral: return e.value;
       case Expr::Kind::kName: {
@@ -404,8 +418,10 @@ class Interpreter {
 
   RenderLimits limits_;
   Frame root_;
+  Frame* top_ = &root_;  // the template-level frame while Run runs
   int64_t steps_ = 0;
   int call_depth_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Jinja lexer: tags found by their openers, tokens inside tags, whitespace control on the text.
+// Jinja lexer: tags found by their openers, tokens inside tags, whitespace control on the text
+// (`{%+` keeps the indentation lstrip_blocks would remove, as in Jinja).
 #include "chat/jinja_lexer.h"
 
 #include <algorithm>
@@ -31,7 +32,7 @@ class Lexer {
       const char kind = has_tag ? src_[open + 1] : 0;
       if (has_tag && open + 2 < src_.size() && src_[open + 2] == '-') {
         while (text_end > pos && IsSpace(src_[text_end - 1])) --text_end;
-      } else if (has_tag && kind != '{' && opt_.lstrip_blocks) {
+      } else if (has_tag && kind != '{' && opt_.lstrip_blocks && !(open + 2 < src_.size() && src_[open + 2] == '+')) {
         size_t q = text_end;
         while (q > pos && (src_[q - 1] == ' ' || src_[q - 1] == '\t')) --q;
         if (q == 0 || src_[q - 1] == '\n') text_end = q;

@@ -180,6 +180,7 @@ TEST(ChatTemplate, ConstructsMatchReference) {
       "{{ '  x  ' | trim | length }}{{ messages[0]['role'] | upper | lower }}",
       "{% set a, b = 1, 2 %}{{ a }}{{ b }}",
       "{{ [1, 2] + [3] }}",
+      "{% set greet = 'hello' %}{% macro shout(x) %}{{ greet | upper }} {{ x }}{% endmacro %}{{ shout('you') }}",
       // What the Llama 3.1 / LFM2 style templates do with a system message, tools and tool calls.
       "{%- if messages[0]['role'] == 'system' %}{%- set sys = messages[0]['content']|trim %}{%- set messages = messages[1:] %}"
       "{%- else %}{%- set sys = '' %}{%- endif %}[{{ sys }}]{% for m in messages %}{{ m.role }};{% endfor %}{{ messages | length }}",
@@ -206,6 +207,8 @@ TEST(ChatTemplate, PythonPrinting) {
   // Python's modulo and str.strip(chars) (the reference follows JavaScript's % and strips nothing).
   EXPECT_EQ(*render("{{ -7 % 3 }}|{{ 7 % -3 }}|{{ 'x--yx'.strip('x') }}|{{ 'abba'.lstrip('ab') }}|{{ 'x--yx'.rstrip('x') }}"), "2|-2|--y||x--y");
   EXPECT_EQ(*render("{{ strftime_now('%Y-%m-%d') | length }}"), "10");
+  // `{%+` keeps the indentation lstrip_blocks removes (the reference does not parse it).
+  EXPECT_EQ(*render("<\n    {%+ if true %}kept{% endif %}\n    {% if true %}stripped{% endif %}>"), "<\n    keptstripped>");
 }
 
 TEST(ChatTemplate, StrftimeNowUsesTheGivenTime) {
@@ -272,6 +275,17 @@ TEST(ChatTemplate, LimitsStopRunawayTemplates) {
   const auto big = RenderChat(t, ojson::array(), ChatRenderOptions());
   ASSERT_FALSE(big.ok());
   EXPECT_NE(big.error().message.find("exceeds the limit"), std::string::npos) << big.error().message;
+  // A macro recursing at the nesting limit: an error, not a stack overflow.
+  std::string nested = "{% macro m(n) %}";
+  for (int i = 0; i < 100; ++i) nested += "{% if true %}";
+  nested += "{{ m(n + 1) }}";
+  for (int i = 0; i < 100; ++i) nested += "{% endif %}";
+  t.source = nested + "{% endmacro %}{{ m(0) }}";
+  ChatRenderOptions deep_calls;
+  deep_calls.limits.max_call_depth = 1000;
+  const auto rec = RenderChat(t, ojson::array(), deep_calls);
+  ASSERT_FALSE(rec.ok());
+  EXPECT_NE(rec.error().message.find("evaluation nested deeper than"), std::string::npos) << rec.error().message;
   t.source = "{% set ns = namespace(a=1) %}{% set ns.a = ns %}";
   EXPECT_FALSE(RenderChat(t, ojson::array(), ChatRenderOptions()).ok());
 }
