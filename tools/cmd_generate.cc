@@ -28,6 +28,7 @@ struct GenerateArgs {
   bool chat = false;           // --chat: interactive conversation through the chat template
   std::string system;          // --system
   std::string chat_template;   // --chat_template FILE
+  std::string chat_kwargs;     // --chat_template_kwargs JSON
 };
 
 void AddSamplingFlags(CLI::App* cmd, GenerateArgs& a) {
@@ -82,13 +83,15 @@ int RunChat(const GenerateArgs& a, const nibble::Model& model) {
                tmpl->origin.c_str());
   ChatLoopOptions o;
   o.system = a.system;
+  o.extra_vars_json = a.chat_kwargs;
   o.max_new_tokens = a.opt.max_new_tokens;
   o.sampling = a.opt.sampling;
   return RunChatLoop(model, *tmpl, o, stdin, stdout);
 }
 
 int RunGenerate(GenerateArgs& a) {
-  if (!a.chat && (!a.system.empty() || !a.chat_template.empty())) return Fail("--system and --chat_template need --chat");
+  if (!a.chat && (!a.system.empty() || !a.chat_template.empty() || !a.chat_kwargs.empty()))
+    return Fail("--system, --chat_template and --chat_template_kwargs need --chat");
   if (!a.prompt_file.empty()) {
     if (const std::string err = ReadTextFile(a.prompt_file, &a.opt.prompt); !err.empty()) return Fail("-f: " + err);
     if (!a.opt.prompt.empty() && a.opt.prompt.back() == '\n') a.opt.prompt.pop_back();  // as llama.cpp's -f
@@ -142,6 +145,8 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_option("--system", args->system, "System message for --chat");
   cmd->add_option("--chat_template", args->chat_template,
                   "Jinja chat template file for --chat (default: tokenizer_config.json's chat_template)");
+  cmd->add_option("--chat_template_kwargs", args->chat_kwargs,
+                  "More chat template variables as a JSON object, e.g. '{\"enable_thinking\": false}'");
   AddSamplingFlags(cmd, *args);
   cmd->add_option("--stop", args->stops, "Stop when the text contains this string (not printed); repeatable")
       ->allow_extra_args(false);

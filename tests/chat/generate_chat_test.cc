@@ -18,7 +18,7 @@ constexpr const char* kChatTestTemplate =
     "{% else %}{{ m.role | capitalize }}:{{ m.content }}<|end|>\n"
     "{% endif %}\n"
     "{%- endfor %}\n"
-    "{%- if add_generation_prompt %}Assistant:{% endif %}\n";
+    "{%- if add_generation_prompt %}{{ speaker }}:{% endif %}\n";
 
 struct ChatTurnStats {
   long long reused = -1, prefill = -1, decoded = -1;
@@ -41,7 +41,8 @@ TEST(GenerateChat, TwoTurnsReuseTheKvCache) {
       "printf 'Once upon a time there was a dog.\\nWhat did the dog do next?\\n' | " +
       nibble_test::Quote(nibble_test::NibbleBinary()) + " generate -m " + nibble_test::Quote(nibble_test::EmbeddedModel()) +
       " --chat --chat_template " + nibble_test::Quote(tmpl) +
-      " --system 'You tell short stories about animals living on a farm near the river.' -n 8 --temperature 0 -t 2 2>&1");
+      " --system 'You tell short stories about animals living on a farm near the river.' -n 8 --temperature 0 -t 2"
+      " --chat_template_kwargs '{\"speaker\": \"Assistant\"}' 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   const std::vector<ChatTurnStats> turns = ParseChatTurns(r.out);
   ASSERT_EQ(turns.size(), 2u) << r.out;
@@ -73,7 +74,14 @@ TEST(GenerateChat, ErrorsNameTheTemplateProblem) {
   EXPECT_NE(r.out.find("no \"chat_template\" (give one with --chat_template FILE)"), std::string::npos) << r.out;
   r = nibble_test::RunNibble("generate -m " + nibble_test::Quote(nibble_test::EmbeddedModel()) + " -p hi --system x -n 1");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.out.find("--system and --chat_template need --chat"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--system, --chat_template and --chat_template_kwargs need --chat"), std::string::npos) << r.out;
+  const std::string good = dir.path() + "/good.jinja";
+  std::ofstream(good) << kChatTestTemplate;
+  r = nibble_test::RunCommand("echo hi | " + nibble_test::Quote(nibble_test::NibbleBinary()) + " generate -m " +
+                              nibble_test::Quote(nibble_test::EmbeddedModel()) + " --chat --chat_template " +
+                              nibble_test::Quote(good) + " --chat_template_kwargs '[1]' -n 2 2>&1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("extra chat template variables: expected a JSON object, found: [1]"), std::string::npos) << r.out;
 }
 
 }  // namespace
