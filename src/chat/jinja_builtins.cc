@@ -87,22 +87,28 @@ std::string Capitalize(const std::string& s) {
 }
 
 std::string Replace(const std::string& s, const std::string& from, const std::string& to, int64_t count, SourcePos pos) {
-  std::vector<size_t> at;
-  if (from.empty()) {
-    for (size_t i = 0; i <= s.size() && (count < 0 || static_cast<int64_t>(at.size()) < count); ++i) at.push_back(i);
-  } else {
-    for (size_t i = s.find(from); i != std::string::npos && (count < 0 || static_cast<int64_t>(at.size()) < count);
-         i = s.find(from, i + from.size()))
-      at.push_back(i);
-  }
-  CheckValueSize(s.size() + at.size() * to.size(), pos);
+  // Occurrences, left to right, at most `count` (< 0: all); an empty `from` matches between
+  // characters. Counted first so that the size is checked before anything is built.
+  auto for_each = [&](auto&& visit) {
+    int64_t n = 0;
+    if (from.empty()) {
+      for (size_t i = 0; i <= s.size() && (count < 0 || n < count); ++i, ++n) visit(i);
+    } else {
+      for (size_t i = s.find(from); i != std::string::npos && (count < 0 || n < count); i = s.find(from, i + from.size()), ++n)
+        visit(i);
+    }
+  };
+  size_t hits = 0;
+  for_each([&](size_t) { ++hits; });
+  if (to.size() > 0 && hits > kMaxValueSize / to.size()) CheckValueSize(kMaxValueSize + 1, pos);
+  CheckValueSize(s.size() + hits * to.size(), pos);
   std::string out;
   size_t last = 0;
-  for (const size_t i : at) {
+  for_each([&](size_t i) {
     out.append(s, last, i - last);
     out += to;
     last = i + from.size();
-  }
+  });
   if (last <= s.size()) out.append(s, last, std::string::npos);
   return out;
 }
@@ -117,6 +123,7 @@ Value Split(const std::string& s, const Value* sep, int64_t maxsplit, SourcePos 
       size_t j = i;
       if (maxsplit >= 0 && static_cast<int64_t>(parts.size()) == maxsplit) j = s.size();
       else while (j < s.size() && !IsWs(s[j])) ++j;
+      CheckListSize(parts.size() + 1, pos);
       parts.push_back(Value::String(s.substr(i, j - i)));
       i = j;
     }
@@ -128,6 +135,7 @@ Value Split(const std::string& s, const Value* sep, int64_t maxsplit, SourcePos 
   size_t last = 0;
   for (size_t i = s.find(d); i != std::string::npos && (maxsplit < 0 || static_cast<int64_t>(parts.size()) < maxsplit);
        i = s.find(d, last)) {
+    CheckListSize(parts.size() + 1, pos);
     parts.push_back(Value::String(s.substr(last, i - last)));
     last = i + d.size();
   }
@@ -166,7 +174,7 @@ CallArgs Rest(const CallArgs& a, size_t from) {
 }
 
 Value Length(const Value& v, SourcePos pos) {
-  if (v.is_string()) return Value::Int(static_cast<int64_t>(Utf8Chars(v.str()).size()));
+  if (v.is_string()) return Value::Int(static_cast<int64_t>(Utf8Length(v.str())));
   if (v.is_list()) return Value::Int(static_cast<int64_t>(v.list().size()));
   if (v.is_dict()) return Value::Int(static_cast<int64_t>(v.dict().size()));
   if (v.is_undefined()) return Value::Int(0);
@@ -292,18 +300,32 @@ void CheckValueSize(size_t n, SourcePos pos) {
   if (n > kMaxValueSize) Throw(pos, "value of " + std::to_string(n) + " bytes or items exceeds the limit of " + std::to_string(kMaxValueSize));
 }
 
-std::vector<std::string> Utf8Chars(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    if (i + n > s.size()) n = 1;
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) n = 1;
-    out.push_back(s.substr(i, n));
-    i += n;
-  }
+namespace {
+// Bytes of the UTF-8 character starting at s[i] (1 for a stray or truncated byte).
+size_t Utf8CharLen(const std::string& s, size_t i) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+  if (i + n > s.size()) return 1;
+  for (size_t k = 1; k < n; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return 1;
+  return n;
+}
+}  // namespace
+
+std::vector<uint32_t> Utf8Starts(const std::string& s) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < s.size(); i += Utf8CharLen(s, i)) out.push_back(static_cast<uint32_t>(i));
   return out;
+}
+
+size_t Utf8Length(const std::string& s) {
+  size_t n = 0;
+  for (size_t i = 0; i < s.size(); i += Utf8CharLen(s, i)) ++n;
+  return n;
+}
+
+void CheckListSize(size_t n, SourcePos pos) {
+  if (n > kMaxListItems) Throw(pos, "list of " + std::to_string(n) + " items exceeds the limit of " + std::to_string(kMaxListItems));
 }
 
 int CompareValues(const Value& a, const Value& b, SourcePos pos) {
@@ -334,10 +356,13 @@ Value GetItem(const Value& obj, const Value& key, SourcePos pos) {
       const int64_t i = key.as_int() < 0 ? key.as_int() + n : key.as_int();
       return i >= 0 && i < n ? obj.list()[static_cast<size_t>(i)] : Value();
     }
-    const std::vector<std::string> chars = Utf8Chars(obj.str());
-    const int64_t n = static_cast<int64_t>(chars.size());
+    const std::vector<uint32_t> starts = Utf8Starts(obj.str());
+    const int64_t n = static_cast<int64_t>(starts.size());
     const int64_t i = key.as_int() < 0 ? key.as_int() + n : key.as_int();
-    return i >= 0 && i < n ? Value::String(chars[static_cast<size_t>(i)]) : Value();
+    if (i < 0 || i >= n) return Value();
+    const size_t b = starts[static_cast<size_t>(i)];
+    const size_t e = i + 1 < n ? starts[static_cast<size_t>(i + 1)] : obj.str().size();
+    return Value::String(obj.str().substr(b, e - b));
   }
   if (obj.is_undefined()) Throw(pos, "cannot subscript an undefined value");
   if (obj.is_list() || obj.is_string() || obj.is_none()) {
@@ -349,9 +374,14 @@ Value GetItem(const Value& obj, const Value& key, SourcePos pos) {
 
 Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Value& step, SourcePos pos) {
   if (!obj.is_list() && !obj.is_string()) Throw(pos, std::string("cannot slice a ") + obj.TypeName());
-  std::vector<std::string> chars;
-  if (obj.is_string()) chars = Utf8Chars(obj.str());
-  const int64_t n = static_cast<int64_t>(obj.is_list() ? obj.list().size() : chars.size());
+  std::vector<uint32_t> starts;
+  if (obj.is_string()) starts = Utf8Starts(obj.str());
+  const int64_t n = static_cast<int64_t>(obj.is_list() ? obj.list().size() : starts.size());
+  auto char_at = [&](int64_t i) {
+    const size_t b = starts[static_cast<size_t>(i)];
+    const size_t e = i + 1 < n ? starts[static_cast<size_t>(i + 1)] : obj.str().size();
+    return obj.str().substr(b, e - b);
+  };
   auto bound = [&](const Value& v, const char* what) -> std::optional<int64_t> {
     if (v.is_undefined() || v.is_none()) return std::nullopt;
     if (v.kind() != Value::Kind::kInt) Throw(pos, std::string("slice ") + what + " must be an integer, found " + v.TypeName());
@@ -370,7 +400,7 @@ Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Va
   std::string s;
   for (int64_t i = b; st > 0 ? i < e : i > e; i += st) {
     if (obj.is_list()) items.push_back(obj.list()[static_cast<size_t>(i)]);
-    else s += chars[static_cast<size_t>(i)];
+    else s += char_at(i);
   }
   return obj.is_list() ? Value::List(std::move(items)) : Value::String(std::move(s));
 }
@@ -382,7 +412,10 @@ ValueList Iterate(const Value& v, SourcePos pos) {
   if (v.is_dict()) {
     for (const auto& kv : v.dict()) out.push_back(Value::String(kv.first));
   } else if (v.is_string()) {
-    for (std::string& c : Utf8Chars(v.str())) out.push_back(Value::String(std::move(c)));
+    const std::vector<uint32_t> starts = Utf8Starts(v.str());
+    CheckListSize(starts.size(), pos);
+    for (size_t i = 0; i < starts.size(); ++i)
+      out.push_back(Value::String(v.str().substr(starts[i], (i + 1 < starts.size() ? starts[i + 1] : v.str().size()) - starts[i])));
   } else {
     Throw(pos, std::string("cannot iterate over a ") + v.TypeName());
   }
@@ -543,7 +576,7 @@ Value StringMethod(const std::string& s, const std::string& name, const CallArgs
   }
   if (name == "count") {
     const std::string& sub = StringArg(a, 0, "sub", what, pos);
-    if (sub.empty()) return Value::Int(static_cast<int64_t>(Utf8Chars(s).size()) + 1);
+    if (sub.empty()) return Value::Int(static_cast<int64_t>(Utf8Length(s)) + 1);
     int64_t n = 0;
     for (size_t i = s.find(sub); i != std::string::npos; i = s.find(sub, i + sub.size())) ++n;
     return Value::Int(n);

@@ -3,6 +3,7 @@
 // Every function throws JinjaError at `pos` naming what it met (an unknown filter, a wrong type).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,10 @@ namespace nibble::chat {
 inline constexpr size_t kMaxValueSize = size_t{16} << 20;
 /// Throws when `n` exceeds kMaxValueSize.
 void CheckValueSize(size_t n, SourcePos pos);
+/// Longest list a template may build (a value is ~100 bytes, so this bounds a list's memory).
+inline constexpr size_t kMaxListItems = size_t{1} << 18;
+/// Throws when `n` exceeds kMaxListItems.
+void CheckListSize(size_t n, SourcePos pos);
 
 /// `value | name(args)`.
 Value ApplyFilter(const std::string& name, const Value& value, const CallArgs& args, SourcePos pos);
@@ -29,8 +34,10 @@ Value GetItem(const Value& object, const Value& key, SourcePos pos);
 Value GetSlice(const Value& object, const Value& start, const Value& stop, const Value& step, SourcePos pos);
 /// What a for loop walks: list items, dict keys, string characters; undefined walks nothing.
 ValueList Iterate(const Value& v, SourcePos pos);
-/// The UTF-8 characters of `s` (a stray byte is a character of its own).
-std::vector<std::string> Utf8Chars(const std::string& s);
+/// The byte offset where each UTF-8 character of `s` starts (a stray byte is a character of its
+/// own), and their number.
+std::vector<uint32_t> Utf8Starts(const std::string& s);
+size_t Utf8Length(const std::string& s);
 /// Ordering for < <= > >=, sort, min, max: numbers with numbers, strings by bytes, lists
 /// element-wise; other pairs throw. Returns <0, 0, >0.
 int CompareValues(const Value& a, const Value& b, SourcePos pos);

@@ -96,7 +96,7 @@ class Interpreter {
     if (v[2] == 0) throw JinjaError(pos, "range() step cannot be zero");
     ValueList items;
     for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2]) {
-      CheckValueSize(items.size() + 1, pos);
+      CheckListSize(items.size() + 1, pos);
       Step(pos);
       items.push_back(Value::Int(i));
       if ((v[2] > 0 && i > INT64_MAX - v[2]) || (v[2] < 0 && i < INT64_MIN - v[2])) break;
@@ -234,9 +234,22 @@ class Interpreter {
     return a;
   }
 
+  // Every value an expression yields is charged to the step budget by its size (a step per 64
+  // bytes of a string, per list item or dict entry), so the bytes a render can copy and allocate
+  // are bounded along with its time.
   Value Eval(const Expr& e, Frame& f) {
     Step(e.pos);
     Depth depth(this, e.pos);
+    Value v = EvalInner(e, f);
+    const size_t units = v.is_string() ? v.str().size() / 64 : v.is_list() ? v.list().size() : v.is_dict() ? v.dict().size() : 0;
+    if (units > 0) {
+      steps_ += static_cast<int64_t>(units);
+      Step(e.pos);
+    }
+    return v;
+  }
+
+  Value EvalInner(const Expr& e, Frame& f) {
     switch (e.kind) {
       case Expr::Kind::kLiteral: return e.value;
       case Expr::Kind::kName: {
@@ -366,7 +379,7 @@ class Interpreter {
       return Value::String(a.str() + b.str());
     }
     if (op == "+" && a.is_list() && b.is_list()) {
-      CheckValueSize(a.list().size() + b.list().size(), pos);
+      CheckListSize(a.list().size() + b.list().size(), pos);
       ValueList items = a.list();
       items.insert(items.end(), b.list().begin(), b.list().end());
       return Value::List(std::move(items));
@@ -405,7 +418,11 @@ class Interpreter {
   Value Repeat(const Value& v, int64_t n, SourcePos pos) {
     if (n <= 0) return v.is_string() ? Value::String("") : Value::List();
     const size_t unit = v.is_string() ? v.str().size() : v.list().size();
-    if (unit > 0 && static_cast<uint64_t>(n) > kMaxValueSize / unit) CheckValueSize(kMaxValueSize + 1, pos);
+    const size_t cap = v.is_string() ? kMaxValueSize : kMaxListItems;
+    if (unit > 0 && static_cast<uint64_t>(n) > cap / unit) {
+      if (v.is_string()) CheckValueSize(kMaxValueSize + 1, pos);
+      CheckListSize(kMaxListItems + 1, pos);
+    }
     if (v.is_string()) {
       std::string s;
       for (int64_t i = 0; i < n && unit > 0; ++i) s += v.str();

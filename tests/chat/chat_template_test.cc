@@ -286,6 +286,12 @@ TEST(ChatTemplate, LimitsStopRunawayTemplates) {
   const auto rec = RenderChat(t, ojson::array(), deep_calls);
   ASSERT_FALSE(rec.ok());
   EXPECT_NE(rec.error().message.find("evaluation nested deeper than"), std::string::npos) << rec.error().message;
+  t.source = "{{ ([1] * 1000000) | length }}";
+  const auto long_list = RenderChat(t, ojson::array(), ChatRenderOptions());
+  ASSERT_FALSE(long_list.ok());
+  EXPECT_NE(long_list.error().message.find("exceeds the limit of 262144"), std::string::npos) << long_list.error().message;
+  t.source = "{{ ('x' * 100000) | replace('', 'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy') | replace('y', 'zzzzzzzzzzzzzzzzzzzzzzzzz') }}";
+  EXPECT_FALSE(RenderChat(t, ojson::array(), ChatRenderOptions()).ok());
   t.source = "{% set ns = namespace(a=1) %}{% set ns.a = ns %}";
   EXPECT_FALSE(RenderChat(t, ojson::array(), ChatRenderOptions()).ok());
 }
