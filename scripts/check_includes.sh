@@ -50,14 +50,15 @@ declare -A allow=(
   [formats]="base io formats"
   [kernels]="base kernels"
   [tokenizer]="base io tokenizer"
+  [chat]="base io chat"
   [model]="base io formats kernels model"
   [onnx]="base io formats kernels model onnx"
   [eval]="base io formats kernels model tokenizer eval"
   [quantize]="base io formats kernels model tokenizer quantize"
-  [api]="base io formats kernels model tokenizer onnx eval quantize api"
+  [api]="base io formats kernels model tokenizer chat onnx eval quantize api"
 )
 # Include-path prefixes that name a project layer (anything else is system / third-party).
-layers=" base io formats kernels tokenizer model onnx eval quantize api "
+layers=" base io formats kernels tokenizer chat model onnx eval quantize api "
 
 offenders=0
 report() {  # file line include why

@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "support/bench.h"
+#include "support/chat_loop.h"
 #include "support/stop_strings.h"
 
 namespace nibble_cli {
@@ -25,6 +26,10 @@ struct GenerateArgs {
   nibble::TokenizerType tokenizer = nibble::TokenizerType::kAuto;
   bool int8 = false;  // aliases of --activations int8 / bf16
   bool bf16 = false;
+  bool chat = false;           // --chat: interactive conversation through the chat template
+  std::string system;          // --system
+  std::string chat_template;   // --chat_template FILE
+  std::string chat_kwargs;     // --chat_template_kwargs JSON
 };
 
 void AddSamplingFlags(CLI::App* cmd, GenerateArgs& a) {
@@ -71,7 +76,23 @@ void PrintStats(const nibble::GenerateStats& s, const StopStringFilter& stop) {
                nibble::NumThreads());
 }
 
+int RunChat(const GenerateArgs& a, const nibble::Model& model) {
+  if (a.opt.max_new_tokens < 1) return Fail("-n " + std::to_string(a.opt.max_new_tokens) + " must be >= 1 with --chat");
+  auto tmpl = nibble::LoadChatTemplate(a.model, a.chat_template);
+  if (!tmpl.ok()) return Fail(tmpl.error().message);
+  std::fprintf(stderr, "seed: %llu | chat template: %s\n", static_cast<unsigned long long>(a.opt.sampling.seed),
+               tmpl->origin.c_str());
+  ChatLoopOptions o;
+  o.system = a.system;
+  o.extra_vars_json = a.chat_kwargs;
+  o.max_new_tokens = a.opt.max_new_tokens;
+  o.sampling = a.opt.sampling;
+  return RunChatLoop(model, *tmpl, o, stdin, stdout);
+}
+
 int RunGenerate(GenerateArgs& a) {
+  if (!a.chat && (!a.system.empty() || !a.chat_template.empty() || !a.chat_kwargs.empty()))
+    return Fail("--system, --chat_template and --chat_template_kwargs need --chat");
   if (!a.prompt_file.empty()) {
     if (const std::string err = ReadTextFile(a.prompt_file, &a.opt.prompt); !err.empty()) return Fail("-f: " + err);
     if (!a.opt.prompt.empty() && a.opt.prompt.back() == '\n') a.opt.prompt.pop_back();  // as llama.cpp's -f
@@ -88,8 +109,9 @@ int RunGenerate(GenerateArgs& a) {
   if (!model.ok()) return Fail(model.error().message);
   PrintWarnings(a.model, (*model)->info().warnings);
   if (const std::string err = ReportActivations(a.model, lo.activations, (*model)->info()); !err.empty()) return Fail(err);
-  WarnIfBeyondContext(**model, a.opt);
   if (a.seed->count() == 0) a.opt.sampling.seed = std::random_device{}();
+  if (a.chat) return RunChat(a, **model);
+  WarnIfBeyondContext(**model, a.opt);
   std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(a.opt.sampling.seed));
   std::fwrite(a.opt.prompt.data(), 1, a.opt.prompt.size(), stdout);  // echo, as llama.cpp does
   StopStringFilter stop(a.stops);
@@ -116,7 +138,17 @@ Runner RegisterGenerate(CLI::App& app) {
   CLI::Option* prompt = cmd->add_option("--prompt,-p", args->opt.prompt, "Prompt text (empty: start from BOS alone)");
   cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file (one trailing newline dropped)")
       ->excludes(prompt);
-  cmd->add_option("-n,--max_new_tokens", args->opt.max_new_tokens, "Tokens to generate")->capture_default_str();
+  cmd->add_option("-n,--max_new_tokens", args->opt.max_new_tokens, "Tokens to generate (per reply with --chat)")->capture_default_str();
+  cmd->add_flag("--chat", args->chat,
+                "Interactive chat: one user turn per stdin line (EOF ends), rendered with the model's chat template; "
+                "the KV cache is kept across turns")
+      ->excludes(prompt)
+      ->excludes("--file");
+  cmd->add_option("--system", args->system, "System message for --chat");
+  cmd->add_option("--chat_template", args->chat_template,
+                  "Jinja chat template file for --chat (default: tokenizer_config.json's chat_template)");
+  cmd->add_option("--chat_template_kwargs", args->chat_kwargs,
+                  "More chat template variables as a JSON object, e.g. '{\"enable_thinking\": false}'");
   AddSamplingFlags(cmd, *args);
   cmd->add_option("--stop", args->stops, "Stop when the text contains this string (not printed); repeatable")
       ->allow_extra_args(false);

@@ -39,6 +39,9 @@ struct GenerateOptions {
   int64_t max_new_tokens = 128;
   SamplingOptions sampling;
   int64_t warmup = 0;  // untimed prompt prefills before the timed run (benchmarks)
+  /// More ids that end generation as EOS does, neither run nor shown (a chat template's
+  /// end-of-turn token); stop_reason "stop_token".
+  std::vector<int32_t> stop_ids;
 };
 
 struct GenerateStats {
@@ -46,7 +49,7 @@ struct GenerateStats {
   int64_t generated_tokens = 0;
   double prefill_seconds = 0;    // prompt forward pass up to the first sampled token
   double decode_seconds = 0;     // all later tokens
-  std::string stop_reason;       // "max_new_tokens" | "eos" | "context_full" | "callback"
+  std::string stop_reason;       // "max_new_tokens" | "eos" | "stop_token" | "context_full" | "callback"
 };
 
 /// Called with each new piece of UTF-8 text as soon as it is complete; returning false stops

@@ -133,15 +133,16 @@ Result<std::vector<int32_t>> PromptIds(const Session& session, const std::string
   return ids;
 }
 
-// Samples and streams until max_new_tokens, EOS, a full context or the callback says stop.
+// Samples and streams until max_new_tokens, EOS or a stop id, a full context or the callback says stop.
 Status DecodeLoop(Session& s, const GenerateOptions& o, const std::vector<int32_t>& context, const TextCallback& on_text,
                   GenerateStats& stats, std::vector<int32_t>& unfed) {
   const Tokenizer& tok = ModelAccess::tokenizer(s.model());
   StreamDecoder stream(tok, context);
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     NIBBLE_ASSIGN_OR_RETURN(const int32_t next, s.Sample(o.sampling));
-    if (std::find(tok.eos_ids().begin(), tok.eos_ids().end(), next) != tok.eos_ids().end()) {
-      stats.stop_reason = "eos";
+    const bool eos = std::find(tok.eos_ids().begin(), tok.eos_ids().end(), next) != tok.eos_ids().end();
+    if (eos || std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) {
+      stats.stop_reason = eos ? "eos" : "stop_token";
       if (const std::string rest = stream.Flush(); !rest.empty()) on_text(rest);
       return Status::Ok();
     }

@@ -203,6 +203,36 @@ TEST(Session, CallbackReturningFalseStopsGeneration) {
   EXPECT_LT(s->generated_tokens, 40);
 }
 
+// A stop id ends generation where EOS would: the tokens before it are shown, it is not run.
+TEST(Session, StopIdsEndGenerationLikeEos) {
+  const nibble::Model& m = EmbeddedModel();
+  auto session = nibble::Session::Create(m);
+  ASSERT_TRUE(session.ok());
+  auto prompt = m.Tokenize("And God said");
+  ASSERT_TRUE(prompt.ok());
+  ASSERT_TRUE((*session)->Prefill(*prompt).ok());
+  std::vector<int32_t> greedy;
+  for (int i = 0; i < 6; ++i) {
+    auto next = (*session)->Sample(Greedy("", 1).sampling);
+    ASSERT_TRUE(next.ok());
+    greedy.push_back(*next);
+    ASSERT_TRUE((*session)->Step(*next).ok());
+  }
+  // The first position whose id did not occur before it: generation stops right there.
+  size_t at = 1;
+  while (at < greedy.size() && std::find(greedy.begin(), greedy.begin() + at, greedy[at]) != greedy.begin() + at) ++at;
+  ASSERT_LT(at, greedy.size());
+  auto o = Greedy("And God said", 6);
+  o.stop_ids = {greedy[at]};
+  nibble::GenerateStats stats;
+  const std::string text = GenerateText(m, o, &stats);
+  EXPECT_EQ(stats.stop_reason, "stop_token");
+  EXPECT_EQ(stats.generated_tokens, static_cast<int64_t>(at));
+  std::vector<int32_t> shown = *prompt;
+  shown.insert(shown.end(), greedy.begin(), greedy.begin() + static_cast<std::ptrdiff_t>(at));
+  EXPECT_EQ(m.Detokenize(*prompt) + text, m.Detokenize(shown));
+}
+
 TEST(Session, AContinuedSessionKeepsItsContextAndAddsNoSecondBos) {
   const nibble::Model& m = EmbeddedModel();
   auto session = nibble::Session::Create(m);

@@ -1,0 +1,87 @@
+// `nibble generate --chat` on the embedded SentencePiece model (no chat_template of its own)
+// with a template from a file: two turns from stdin, the KV cache kept between them.
+#include <fstream>
+#include <regex>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "e2e/run_nibble.h"
+#include "test_paths.h"
+#include "test_util.h"
+
+namespace {
+
+constexpr const char* kChatTestTemplate =
+    "{%- for m in messages %}\n"
+    "{%- if m.role == 'system' %}{{ m.content }}\n"
+    "{% else %}{{ m.role | capitalize }}:{{ m.content }}<|end|>\n"
+    "{% endif %}\n"
+    "{%- endfor %}\n"
+    "{%- if add_generation_prompt %}{{ speaker }}:{% endif %}\n";
+
+struct ChatTurnStats {
+  long long reused = -1, prefill = -1, decoded = -1;
+  std::string stop;
+};
+
+std::vector<ChatTurnStats> ParseChatTurns(const std::string& out) {
+  std::vector<ChatTurnStats> turns;
+  const std::regex re(R"(chat turn \d+: reused (\d+) cached positions \| prefill: (\d+) tokens .*\| decode: (\d+) tokens .*\| stop: ([a-z_]+))");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator(); ++it)
+    turns.push_back({std::stoll((*it)[1]), std::stoll((*it)[2]), std::stoll((*it)[3]), (*it)[4]});
+  return turns;
+}
+
+TEST(GenerateChat, TwoTurnsReuseTheKvCache) {
+  nibble_test::TempDir dir("nibble_chat_cli_");
+  const std::string tmpl = dir.path() + "/chat.jinja";
+  std::ofstream(tmpl) << kChatTestTemplate;
+  const auto r = nibble_test::RunCommand(
+      "printf 'Once upon a time there was a dog.\\nWhat did the dog do next?\\n' | " +
+      nibble_test::Quote(nibble_test::NibbleBinary()) + " generate -m " + nibble_test::Quote(nibble_test::EmbeddedModel()) +
+      " --chat --chat_template " + nibble_test::Quote(tmpl) +
+      " --system 'You tell short stories about animals living on a farm near the river.' -n 8 --temperature 0 -t 2"
+      " --chat_template_kwargs '{\"speaker\": \"Assistant\"}' 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::vector<ChatTurnStats> turns = ParseChatTurns(r.out);
+  ASSERT_EQ(turns.size(), 2u) << r.out;
+  EXPECT_EQ(turns[0].reused, 0);
+  EXPECT_EQ(r.out.find("re-prefilling"), std::string::npos) << r.out;
+  // Turn 2 starts where turn 1 left the cache: its prompt and every reply token (a reply cut by
+  // -n leaves its last token to be run with the next prompt).
+  const long long generated1 = turns[0].decoded + 1;
+  EXPECT_EQ(turns[1].reused, turns[0].prefill + generated1 - (turns[0].stop == "eos" || turns[0].stop == "stop_token" ? 0 : 1)) << r.out;
+  // ... and prefills only the new text: the end-of-turn marker, the user line and the assistant
+  // header, far fewer tokens than the conversation so far.
+  EXPECT_GT(turns[1].prefill, 5);
+  EXPECT_LT(turns[1].prefill, turns[0].prefill) << r.out;
+}
+
+TEST(GenerateChat, ErrorsNameTheTemplateProblem) {
+  nibble_test::TempDir dir("nibble_chat_cli_err_");
+  const std::string bad = dir.path() + "/bad.jinja";
+  std::ofstream(bad) << "{% for m in messages %}\n{{ m.content | frobnicate }}{% endfor %}";
+  auto r = nibble_test::RunCommand("echo hi | " + nibble_test::Quote(nibble_test::NibbleBinary()) + " generate -m " +
+                                   nibble_test::Quote(nibble_test::EmbeddedModel()) + " --chat --chat_template " +
+                                   nibble_test::Quote(bad) + " -n 2 2>&1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find(bad + ":2:16: unknown filter 'frobnicate'"), std::string::npos) << r.out;
+  // The embedded model's tokenizer_config.json has no chat_template: the error says what to pass.
+  r = nibble_test::RunCommand("echo hi | " + nibble_test::Quote(nibble_test::NibbleBinary()) + " generate -m " +
+                              nibble_test::Quote(nibble_test::EmbeddedModel()) + " --chat -n 2 2>&1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("no \"chat_template\" (give one with --chat_template FILE)"), std::string::npos) << r.out;
+  r = nibble_test::RunNibble("generate -m " + nibble_test::Quote(nibble_test::EmbeddedModel()) + " -p hi --system x -n 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--system, --chat_template and --chat_template_kwargs need --chat"), std::string::npos) << r.out;
+  const std::string good = dir.path() + "/good.jinja";
+  std::ofstream(good) << kChatTestTemplate;
+  r = nibble_test::RunCommand("echo hi | " + nibble_test::Quote(nibble_test::NibbleBinary()) + " generate -m " +
+                              nibble_test::Quote(nibble_test::EmbeddedModel()) + " --chat --chat_template " +
+                              nibble_test::Quote(good) + " --chat_template_kwargs '[1]' -n 2 2>&1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("extra chat template variables: expected a JSON object, found: [1]"), std::string::npos) << r.out;
+}
+
+}  // namespace

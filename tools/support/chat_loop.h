@@ -1,0 +1,27 @@
+// `nibble generate --chat`: an interactive conversation over one Session. Each user line is a
+// turn; the whole conversation is rendered through the chat template every turn, and only the
+// text beyond what the session's KV cache already holds is tokenized and prefilled.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include <nibble/chat.h>
+#include <nibble/model.h>
+#include <nibble/session.h>
+
+namespace nibble_cli {
+
+struct ChatLoopOptions {
+  std::string system;              // optional system message (first in the conversation)
+  std::string extra_vars_json;     // extra template variables ("" = none)
+  int64_t max_new_tokens = 256;    // per reply
+  nibble::SamplingOptions sampling;
+};
+
+/// Reads user turns from `in` (one line each, until EOF), prints each reply on `out` followed by
+/// a newline, per-turn statistics on stderr. Returns the process exit code (errors on stderr).
+int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, const ChatLoopOptions& options,
+                std::FILE* in, std::FILE* out);
+
+}  // namespace nibble_cli
