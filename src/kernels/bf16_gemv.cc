@@ -32,12 +32,7 @@ void Bf16ToF32Rows(const uint16_t* w, int64_t n, int64_t k, float* out) {
 
 void GemvBf16(int64_t n, int64_t k, const uint16_t* w, const float* x, const float* bias, float* y,
               Bf16GemvKernel kernel) {
-  if (n == 0) return;
-  if (kernel == nullptr) kernel = ActiveW4Dispatch().kernels.gemv_bf16;
-  if (n >= kBlockRows) x = AlignedActs(x, k);  // loads of x never split cache lines
-  const int64_t nblocks = (n + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel for schedule(static) if (nblocks > 1 && n * k >= (int64_t{1} << 16))
-  for (int64_t b = 0; b < nblocks; ++b) kernel(k, w, x, bias, y, b * kBlockRows, std::min(n, (b + 1) * kBlockRows));
+  GemvBf16Rows(1, n, k, w, x, bias, y, kernel);
 }
 
 void GemvBf16Rows(int64_t m, int64_t n, int64_t k, const uint16_t* w, const float* x, const float* bias, float* y,

@@ -27,6 +27,15 @@ std::string TypeOf(const json& j, const JsonWhere& where, Result<std::string>* e
   return j["type"].get<std::string>();
 }
 
+// A "Sequence" component: every element of j[key] added in order through `add`, each named
+// by its path for errors.
+template <class Add>
+Status AddSequence(const json& j, const JsonWhere& where, const char* key, Add add) {
+  if (!j.contains(key) || !j[key].is_array()) return MakeError((where / key).str(), ": expected an array");
+  for (size_t i = 0; i < j[key].size(); ++i) NIBBLE_RETURN_IF_ERROR(add(j[key][i], (where / key)[i]));
+  return Status::Ok();
+}
+
 void AppendUtf8(uint32_t cp, std::string* out) {
   if (cp < 0x80) {
     out->push_back(static_cast<char>(cp));
@@ -172,13 +181,8 @@ Status HfNormalizer::Add(const json& j, const JsonWhere& where) {
   Result<std::string> err = std::string();
   const std::string type = TypeOf(j, where, &err);
   if (!err.ok()) return err.error();
-  if (type == "Sequence") {
-    if (!j.contains("normalizers") || !j["normalizers"].is_array())
-      return MakeError((where / "normalizers").str(), ": expected an array");
-    for (size_t i = 0; i < j["normalizers"].size(); ++i)
-      NIBBLE_RETURN_IF_ERROR(Add(j["normalizers"][i], (where / "normalizers")[i]));
-    return Status::Ok();
-  }
+  if (type == "Sequence")
+    return AddSequence(j, where, "normalizers", [this](const json& e, const JsonWhere& w) { return Add(e, w); });
   NormalizerStep st{NormalizerStep::kNfc, "", {}};
   if (type == "NFC") {
     st.kind = NormalizerStep::kNfc;
@@ -341,13 +345,8 @@ Status HfPreTokenizer::Add(const json& j, const JsonWhere& where) {
   Result<std::string> err = std::string();
   const std::string type = TypeOf(j, where, &err);
   if (!err.ok()) return err.error();
-  if (type == "Sequence") {
-    if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array())
-      return MakeError((where / "pretokenizers").str(), ": expected an array");
-    for (size_t i = 0; i < j["pretokenizers"].size(); ++i)
-      NIBBLE_RETURN_IF_ERROR(Add(j["pretokenizers"][i], (where / "pretokenizers")[i]));
-    return Status::Ok();
-  }
+  if (type == "Sequence")
+    return AddSequence(j, where, "pretokenizers", [this](const json& e, const JsonWhere& w) { return Add(e, w); });
   PreTokenizerStep st{};
   if (type == "Split") {
     st.kind = PreTokenizerStep::kSplit;
@@ -426,12 +425,8 @@ Status HfDecoder::Add(const json& j, const JsonWhere& where) {
   Result<std::string> err = std::string();
   const std::string type = TypeOf(j, where, &err);
   if (!err.ok()) return err.error();
-  if (type == "Sequence") {
-    if (!j.contains("decoders") || !j["decoders"].is_array())
-      return MakeError((where / "decoders").str(), ": expected an array");
-    for (size_t i = 0; i < j["decoders"].size(); ++i) NIBBLE_RETURN_IF_ERROR(Add(j["decoders"][i], (where / "decoders")[i]));
-    return Status::Ok();
-  }
+  if (type == "Sequence")
+    return AddSequence(j, where, "decoders", [this](const json& e, const JsonWhere& w) { return Add(e, w); });
   DecoderStep st{};
   if (type == "ByteLevel") {
     st.kind = DecoderStep::kByteLevel;
