@@ -94,8 +94,9 @@ std::string ReportActivations(const std::string& dir, nibble::ActivationType req
   }
   const nibble::KernelDispatchReport k = nibble::DescribeKernels();
   if (info.activations == ActivationType::kBf16)
-    std::fprintf(stderr, "activations: bf16%s (W4A16) in %lld int4 linears (%s kernels below 16 rows, bf16 matmul from 16)\n",
-                 how, static_cast<long long>(n), k.bf16_act_kernel.c_str());
+    std::fprintf(stderr, "activations: bf16%s (W4A16) in %lld int4 linears (%s kernels below %lld rows, bf16 matmul from %lld)\n",
+                 how, static_cast<long long>(n), k.bf16_act_kernel.c_str(), static_cast<long long>(k.bf16_matmul_min_rows),
+                 static_cast<long long>(k.bf16_matmul_min_rows));
   else if (info.activations == ActivationType::kInt8)
     std::fprintf(stderr, "activations: int8 (W4A8) in %lld int4 linears (%s kernels)\n", static_cast<long long>(n),
                  k.int8_kernel.c_str());

@@ -64,6 +64,12 @@ const Bf16Matmul& Bf16MatmulFor(const dnnl::engine& eng, int64_t n, int64_t k) {
 
 }  // namespace
 
+bool DenseGemmHasAmx() {
+  static const bool amx = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & dnnl_cpu_isa_avx512_core_amx) ==
+                          dnnl_cpu_isa_avx512_core_amx;
+  return amx;
+}
+
 bool GemmBf16XWt(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* w, float* y) {
   NIBBLE_CHECK(m > 0 && n > 0 && k > 0 && x != nullptr && w != nullptr && y != nullptr);
   thread_local dnnl::engine eng(dnnl::engine::kind::cpu, 0);

@@ -28,8 +28,12 @@ class Int4Linear final : public Linear {
   /// From this many rows on, Forward dequantizes + runs the dense GEMM instead of the fused kernel.
   static constexpr int64_t kDequantGemmMinRows = 64;
   /// With bf16 activations, from this many rows on Forward dequantizes the weight to bf16 and
-  /// runs oneDNN's bf16 matmul (AMX / AVX-512 BF16) instead of the fused bf16 kernels.
-  static constexpr int64_t kBf16MatmulMinRows = 16;
+  /// runs oneDNN's bf16 matmul instead of the fused bf16 kernels: 16 where oneDNN has AMX tiles,
+  /// else kBf16MatmulMinRowsNoAmx (the fused blocks and the AVX-512 BF16 matmul run on the same
+  /// vdpbf16ps units, and the blocks skip the dequantized copy; docs/PERFORMANCE.md).
+  static int64_t Bf16MatmulMinRows();
+  static constexpr int64_t kBf16MatmulMinRowsAmx = 16;
+  static constexpr int64_t kBf16MatmulMinRowsNoAmx = 64;
 
   /// `desc` describes the stored scheme for inspect (e.g. "uint4 per_group g128").
   /// weight: satisfies ValidateInt4Matrix (aborts otherwise); bias: empty or [N]. `desc` says
@@ -48,14 +52,14 @@ class Int4Linear final : public Linear {
   /// when g is 32, 64 or a multiple of 128 (W4Int8Supported); otherwise stays W4A32.
   bool SetInt8Activations(bool on) override;
   /// bf16 activations (Linear::SetBf16Activations): Forward rounds each row of x to bf16. Below
-  /// kBf16MatmulMinRows rows it runs the AVX-512 BF16 kernels on the exact weights (PrepareActsBf16;
+  /// Bf16MatmulMinRows() rows it runs the AVX-512 BF16 kernels on the exact weights (PrepareActsBf16;
   /// CPUs without them: the W4A32 path on the rounded rows); from there on the weight is
   /// dequantized to bf16 and multiplied in oneDNN's bf16 matmul (the fp32 GEMM on the same bf16
   /// values where oneDNN has none), as a W4A16 engine's GEMM does. Served when g is a multiple of
   /// 32 (W4Bf16Supported); otherwise stays W4A32. Switching one opt-in on switches the other off.
   bool SetBf16Activations(bool on) override;
   /// With bf16 activations on: whether Forward of `m` rows runs the AVX-512 BF16 kernel (true) or
-  /// not (false: no such kernel on this CPU, or m >= kBf16MatmulMinRows).
+  /// not (false: no such kernel on this CPU, or m >= Bf16MatmulMinRows()).
   bool Bf16KernelServes(int64_t m) const;
   /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight
   /// symmetric and 69/128 asymmetric.
@@ -75,7 +79,7 @@ class Int4Linear final : public Linear {
   bool bf16_ = false;
   // The W4A32 path (fused kernel below kDequantGemmMinRows rows, else dequantize + dense GEMM).
   void ForwardW4A32(const float* x, int64_t m, float* y) const;
-  // bf16 activations at M >= kBf16MatmulMinRows: bf16 weights and rows through the bf16 matmul.
+  // bf16 activations at M >= Bf16MatmulMinRows(): bf16 weights and rows through the bf16 matmul.
   void ForwardBf16Matmul(const float* x, int64_t m, float* y) const;
   void ForwardInOrder(const float* x, int64_t m, float* y) const;
 };

@@ -116,7 +116,9 @@ TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
   int cases = 0;
   for (int64_t g : {32, 64, 96, 128, 256, -1}) {
     for (int64_t kmul : {1, 3, 0}) {
-      const int64_t k = g == -1 ? (kmul == 0 ? 4096 : 160 * kmul) : (kmul == 0 ? 4224 / g * g : g * kmul);
+      // kmul 0: K = 8576 / g · g (67 groups at g128: the blocks' zero-point corrections in chunks of
+      // 64 groups, then a partial chunk of 3).
+      const int64_t k = g == -1 ? (kmul == 0 ? 4096 : 160 * kmul) : (kmul == 0 ? 8576 / g * g : g * kmul);
       const int64_t ge = g == -1 ? k : g;
       for (int64_t n : {1, 7, 8, 9, 63, 64, 65}) {
         for (bool sym : {false, true}) {
@@ -255,7 +257,7 @@ TEST(W4Bf16Test, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
     }
   omp_set_num_threads(saved);
 
-  // Int4Linear with the switch on. Below kBf16MatmulMinRows: the bf16 kernel (without one, the
+  // Int4Linear with the switch on. Below Bf16MatmulMinRows(): the bf16 kernel (without one, the
   // W4A32 path on bf16-rounded x), within the oracle's tolerance (γ_{K/16+16} times magnitudes at
   // least 25 times Σ|x·w|, which also covers any fp32 order of K terms). From there on the weight
   // is rounded to bf16 too (relative error <= 2^-8 per weight) and summed in any fp32 order:
@@ -266,10 +268,10 @@ TEST(W4Bf16Test, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
   ASSERT_TRUE(lin.SetBf16Activations(true));
   std::vector<float> wd(static_cast<size_t>(1000 * 512));
   DequantizeRef(w, wd.data());
-  for (int64_t m : {int64_t{1}, int64_t{3}, Int4Linear::kBf16MatmulMinRows - 1, Int4Linear::kBf16MatmulMinRows, rows}) {
+  for (int64_t m : {int64_t{1}, int64_t{3}, Int4Linear::Bf16MatmulMinRows() - 1, Int4Linear::Bf16MatmulMinRows(), rows}) {
     std::vector<float> y(static_cast<size_t>(m * 1000));
     lin.Forward(x.data(), m, y.data());
-    const bool matmul = m >= Int4Linear::kBf16MatmulMinRows;
+    const bool matmul = m >= Int4Linear::Bf16MatmulMinRows();
     EXPECT_EQ(lin.Bf16KernelServes(m), linear_fast && !matmul) << "m=" << m;
     for (int64_t i = 0; i < m; i += std::max<int64_t>(1, m - 1)) {
       const Ref ref = Oracle(w, x.data() + i * 512, bias.data());

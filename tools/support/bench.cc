@@ -28,6 +28,7 @@
 #include "io/safetensors.h"
 #include "io/checkpoint_writer.h"
 #include "base/check.h"
+#include "kernels/dense_gemm.h"
 #include "kernels/int4_dispatch.h"
 #include "kernels/int4_packed.h"
 #include "kernels/x86_avx512bf16/bf16_peak.h"
@@ -63,6 +64,8 @@ KernelDispatchReport DescribeKernels() {
   r.int8_reason = d.gemm_i8_reason;
   r.bf16_act_kernel = d.kernels.gemm_bf16_name;
   r.bf16_act_reason = d.gemm_bf16_reason;
+  r.bf16_matmul_min_rows = Int4Linear::Bf16MatmulMinRows();
+  r.bf16_matmul_amx = DenseGemmHasAmx();
   r.bf16_dense = d.kernels.gemv_bf16 != nullptr ? "kept bf16, " + std::string(IsaName(d.kernels.isa)) + " bf16 GEMV at M = 1"
                                                 : "widened to fp32 at load (no bf16 GEMV for " +
                                                       std::string(IsaName(d.kernels.isa)) + ")";
@@ -207,7 +210,7 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   r.shape = s;
   r.isa = IsaName(ActiveW4Dispatch().kernels.isa);
   r.path = s.int8_activations   ? std::string("w4a8:") + ActiveW4Dispatch().kernels.gemm_i8_name
-           : s.bf16_activations ? std::string("bf16:") + (s.m >= Int4Linear::kBf16MatmulMinRows ? "dequant+matmul"
+           : s.bf16_activations ? std::string("bf16:") + (s.m >= Int4Linear::Bf16MatmulMinRows() ? "dequant+matmul"
                                                           : mats[0]->Bf16KernelServes(s.m)
                                                               ? ActiveW4Dispatch().kernels.gemm_bf16_name
                                                               : "rounded+fused")

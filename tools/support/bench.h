@@ -33,6 +33,10 @@ struct KernelDispatchReport {
   /// kernel: the W4A32 kernels on bf16-rounded inputs)
   std::string bf16_act_kernel;
   std::string bf16_act_reason;     // why that one
+  /// Rows from which bf16 activations go through the dequantize + oneDNN bf16 matmul path
+  /// (Int4Linear::Bf16MatmulMinRows: 16 where oneDNN has AMX, else 64).
+  int64_t bf16_matmul_min_rows = 0;
+  bool bf16_matmul_amx = false;    // whether oneDNN runs that matmul on AMX tiles
   /// Dense linears stored as bf16: "avx512" (kept bf16, bf16 GEMV at M = 1) or "widened to fp32
   /// at load" where the chosen ISA has no bf16 GEMV.
   std::string bf16_dense;
@@ -100,7 +104,7 @@ struct GemmBenchResult {
   std::string path;           // "fused" (W4A32 kernel), "dequant+sgemm" (M >= Int4Linear's threshold) or
                               // "w4a8:<kernel>" (int8 activations, e.g. w4a8:avx512_vnni) or
                               // "bf16:<kernel>" (bf16 activations: bf16:avx512_bf16,
-                              // bf16:dequant+matmul from Int4Linear::kBf16MatmulMinRows rows, or
+                              // bf16:dequant+matmul from Int4Linear::Bf16MatmulMinRows() rows, or
                               // bf16:rounded+fused / bf16:rounded+dequant+sgemm for the W4A32 path
                               // on bf16-rounded inputs)
   int64_t matrices = 0;       // distinct weight matrices cycled through

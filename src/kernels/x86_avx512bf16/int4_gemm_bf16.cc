@@ -124,13 +124,67 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
   }
 }
 
-// ---- Many activation rows (prefill), g a multiple of 128: blocks of NJ weight rows × MI
-// activation rows. Each decoded run feeds MI dot products and each activation load NJ, so the
-// vdpbf16ps units, not the decoding, set the pace. Arithmetic per (activation row, weight row),
-// fixed by K and g alone: per group one 16-lane chain starting at fma(z, c1, c0) through the
-// group's runs in order, then sum = fma(s, chain, sum); at the end the lane tree + bias.
-constexpr int64_t kBlockRows = 2;  // weight rows per block (NJ)
-constexpr int64_t kBlockActs = 4;  // activation rows per block (MI)
+// ---- Decode at g = 128 (one activation row, one group per record): the tile's arithmetic for
+// that case as one flat loop over the row's records, unrolled by four: per group two chains over
+// runs (0, 2) and (1, 3), the first starting at fma(z, c1, c0), then sum[gi mod 4] =
+// fma(s, chain0 + chain1, sum[gi mod 4]). The scale, the zero point and c0 / c1 are broadcast
+// memory operands (a register broadcast would take a shuffle slot from the vpmultishiftqb).
+template <bool kSym>
+void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, float* y, int64_t r) {
+  const __m512i ctl[4] = {RunControl(0), RunControl(1), RunControl(2), RunControl(3)};
+  const int64_t groups = w.k / 128, rb = w.rec_bytes, header = w.rec_header;
+  const uint8_t* rec = w.data + r * w.row_bytes;
+  __m512 tot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {  // t constant after unrolling: the sums stay in registers
+      const int64_t gi = g0 + t;
+      if (gi >= groups) break;
+      const __m512i sb = _mm512_loadu_si512(rec + header);
+      const __m512bh* x = reinterpret_cast<const __m512bh*>(a.xb + 128 * gi);
+      const __m512 zf = _mm512_set1_ps(kCodeFloat[kSym ? 8 : rec[4]]);
+      __m512 h0 = _mm512_fmadd_ps(zf, _mm512_set1_ps(a.c1[gi]), _mm512_set1_ps(a.c0[gi]));
+      h0 = _mm512_dpbf16_ps(h0, RunWords(sb, ctl[0]), (__m512bh)_mm512_loadu_si512(x));
+      __m512 h1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), RunWords(sb, ctl[1]), (__m512bh)_mm512_loadu_si512(x + 1));
+      h0 = _mm512_dpbf16_ps(h0, RunWords(sb, ctl[2]), (__m512bh)_mm512_loadu_si512(x + 2));
+      h1 = _mm512_dpbf16_ps(h1, RunWords(sb, ctl[3]), (__m512bh)_mm512_loadu_si512(x + 3));
+      tot[t] = _mm512_fmadd_ps(_mm512_set1_ps(*reinterpret_cast<const float*>(rec)), _mm512_add_ps(h0, h1), tot[t]);
+      rec += rb;
+    }
+  }
+  const float v = ReduceTree(_mm512_add_ps(_mm512_add_ps(tot[0], tot[1]), _mm512_add_ps(tot[2], tot[3])));
+  y[r] = bias != nullptr ? v + bias[r] : v;
+}
+
+// ---- Many activation rows (batched decode, prefill), g a multiple of 128: blocks of NJ weight
+// rows × MI activation rows. Each decoded run feeds MI dot products and each activation load NJ,
+// so the vdpbf16ps units, not the decoding, set the pace. Arithmetic per (activation row, weight
+// row), fixed by K and g alone: per group one 16-lane chain from zero through the group's runs in
+// order, then sum = fma(s, chain, sum); after every kCorrGroups groups (and at the end) the
+// zero-point correction of those groups, 16 groups per lane: sum = fma(16·s, fma(z, c1, c0), sum)
+// (= s·(−(128 + z)·σ) per group); at the end the lane tree + bias. Keeping the correction out of
+// the chains leaves one FMA per group and pair beside the four vdpbf16ps (two before).
+constexpr int64_t kBlockRows = 2;     // weight rows per block (NJ)
+constexpr int64_t kBlockActs = 4;     // activation rows per block (MI)
+constexpr int64_t kCorrGroups = 64;   // groups whose scales and zero points a block holds at once
+
+template <int NJ, int MI>
+inline void AddCorrection(const float (&sc)[NJ][kCorrGroups], const float (&zc)[NJ][kCorrGroups],
+                          const W4Bf16Acts* acts, int64_t g0, int64_t len, __m512 (&tot)[NJ][MI]) {
+  for (int64_t o = 0; o < len; o += 16) {
+    const __mmask16 mk = len - o >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (len - o)) - 1);
+    __m512 s16[NJ], z[NJ];
+    for (int j = 0; j < NJ; ++j) {
+      s16[j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, sc[j] + o), _mm512_set1_ps(16.f));
+      z[j] = _mm512_maskz_loadu_ps(mk, zc[j] + o);
+    }
+    for (int i = 0; i < MI; ++i) {
+      const __m512 c0 = _mm512_maskz_loadu_ps(mk, acts[i].c0 + g0 + o);
+      const __m512 c1 = _mm512_maskz_loadu_ps(mk, acts[i].c1 + g0 + o);
+      for (int j = 0; j < NJ; ++j) tot[j][i] = _mm512_fmadd_ps(s16[j], _mm512_fmadd_ps(z[j], c1, c0), tot[j][i]);
+    }
+  }
+}
 
 template <int NJ, int MI, bool kSym>
 void Block(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, float* y, int64_t r0) {
@@ -141,39 +195,42 @@ void Block(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, f
   __m512 tot[NJ][MI];
   for (int j = 0; j < NJ; ++j)
     for (int i = 0; i < MI; ++i) tot[j][i] = _mm512_setzero_ps();
-  for (int64_t gi = 0; gi < groups; ++gi) {
-    __m512 acc[NJ][MI];
-    __m512 zf[NJ];
-    // One group per record (g % 128 == 0): the scale at +0, the zero point (asymmetric) at +4.
-    for (int j = 0; j < NJ; ++j) zf[j] = _mm512_set1_ps(kCodeFloat[kSym ? 8 : rec[j][4]]);
-    // The NJ rows are NJ short streams that the hardware prefetchers pick up late (each block
-    // starts new ones): fetch the same records of the next block's rows now.
-    for (int j = 0; j < NJ; ++j)
-      for (int64_t off = 0; off < w.rec_bytes; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(rec[j] + NJ * w.row_bytes + off), _MM_HINT_T0);
-    for (int i = 0; i < MI; ++i) {
-      const __m512 k0 = _mm512_set1_ps(acts[i].c0[gi]), k1 = _mm512_set1_ps(acts[i].c1[gi]);
-      for (int j = 0; j < NJ; ++j) acc[j][i] = _mm512_fmadd_ps(zf[j], k1, k0);
-    }
-    for (int64_t b = 0; b < spg; ++b) {
-      const int64_t u = (gi * spg + b) * 4;  // first run of the superblock in K
+  alignas(64) float sc[NJ][kCorrGroups], zc[NJ][kCorrGroups];  // s and z of the chunk's groups
+  for (int64_t g0 = 0; g0 < groups; g0 += kCorrGroups) {
+    const int64_t len = std::min(kCorrGroups, groups - g0);
+    for (int64_t gi = g0; gi < g0 + len; ++gi) {
+      // The NJ rows are NJ short streams that the hardware prefetchers pick up late (each block
+      // starts new ones): fetch the same records of the next block's rows now.
+      for (int j = 0; j < NJ; ++j)
+        for (int64_t off = 0; off < w.rec_bytes; off += 64)
+          _mm_prefetch(reinterpret_cast<const char*>(rec[j] + NJ * w.row_bytes + off), _MM_HINT_T0);
+      __m512 acc[NJ][MI];
+      for (int j = 0; j < NJ; ++j)
+        for (int i = 0; i < MI; ++i) acc[j][i] = _mm512_setzero_ps();
+      for (int64_t b = 0; b < spg; ++b) {
+        const int64_t u = (gi * spg + b) * 4;  // first run of the superblock in K
 #pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) {
-        __m512bh v[NJ];
-        for (int j = 0; j < NJ; ++j) v[j] = RunWords(_mm512_loadu_si512(rec[j] + header + 64 * b), ctl[c]);
-        for (int i = 0; i < MI; ++i) {
-          const __m512bh x = (__m512bh)_mm512_loadu_si512(acts[i].xb + 32 * (u + c));
-          for (int j = 0; j < NJ; ++j) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], v[j], x);
+        for (int c = 0; c < 4; ++c) {
+          __m512bh v[NJ];
+          for (int j = 0; j < NJ; ++j) v[j] = RunWords(_mm512_loadu_si512(rec[j] + header + 64 * b), ctl[c]);
+          for (int i = 0; i < MI; ++i) {
+            const __m512bh x = (__m512bh)_mm512_loadu_si512(acts[i].xb + 32 * (u + c));
+            for (int j = 0; j < NJ; ++j) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], v[j], x);
+          }
         }
       }
+      // One group per record (g % 128 == 0): the scale at +0, the zero point (asymmetric) at +4.
+      for (int j = 0; j < NJ; ++j) {
+        float s;
+        __builtin_memcpy(&s, rec[j], 4);
+        sc[j][gi - g0] = s;
+        zc[j][gi - g0] = kCodeFloat[kSym ? 8 : rec[j][4]];
+        const __m512 sv = _mm512_set1_ps(s);
+        for (int i = 0; i < MI; ++i) tot[j][i] = _mm512_fmadd_ps(sv, acc[j][i], tot[j][i]);
+        rec[j] += w.rec_bytes;
+      }
     }
-    for (int j = 0; j < NJ; ++j) {
-      float s;
-      __builtin_memcpy(&s, rec[j], 4);
-      const __m512 sv = _mm512_set1_ps(s);
-      for (int i = 0; i < MI; ++i) tot[j][i] = _mm512_fmadd_ps(sv, acc[j][i], tot[j][i]);
-      rec[j] += w.rec_bytes;
-    }
+    AddCorrection<NJ, MI>(sc, zc, acts, g0, len, tot);
   }
   for (int j = 0; j < NJ; ++j)
     for (int i = 0; i < MI; ++i) {
@@ -232,6 +289,10 @@ void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
         SelectBlock(w.symmetric, nj, mi)(w, a + i0, bias, y + i0 * w.n, r);
       }
     }
+    return;
+  }
+  if (m == 1 && w.group_size == 128) {
+    for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true> : RowG128<false>)(w, a[0], bias, y, r);
     return;
   }
   const int64_t gops = w.group_size / 32;
