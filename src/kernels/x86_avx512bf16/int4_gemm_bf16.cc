@@ -19,8 +19,9 @@
 namespace nibble {
 namespace {
 
-// No software prefetch: the hardware prefetchers follow the row stream; a non-temporal prefetch
-// as in the W4A32 row GEMV was no faster (docs/PERFORMANCE.md "bf16 activations").
+// The row tiles use no software prefetch: the hardware prefetchers follow the row stream; a
+// non-temporal prefetch as in the W4A32 row GEMV was no faster there (docs/PERFORMANCE.md "bf16
+// activations"). The flat decode loop below does gain from one.
 
 // Activation rows per pass over a weight row in the row tiles (accumulators: MR × (2 + 4) zmm).
 constexpr int64_t kMaxRows = 3;
@@ -129,6 +130,10 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
 // runs (0, 2) and (1, 3), the first starting at fma(z, c1, c0), then sum[gi mod 4] =
 // fma(s, chain0 + chain1, sum[gi mod 4]). The scale, the zero point and c0 / c1 are broadcast
 // memory operands (a register broadcast would take a shuffle slot from the vpmultishiftqb).
+// The decode loop's software prefetch: non-temporal, this far ahead of the record being read
+// (one per record, so a line may be asked for twice); docs/PERFORMANCE.md "Batched decode".
+constexpr int64_t kRowPrefetchBytes = 4096;
+
 template <bool kSym>
 void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, float* y, int64_t r) {
   const __m512i ctl[4] = {RunControl(0), RunControl(1), RunControl(2), RunControl(3)};
@@ -140,6 +145,7 @@ void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, fl
     for (int t = 0; t < 4; ++t) {  // t constant after unrolling: the sums stay in registers
       const int64_t gi = g0 + t;
       if (gi >= groups) break;
+      _mm_prefetch(reinterpret_cast<const char*>(rec) + kRowPrefetchBytes, _MM_HINT_NTA);
       const __m512i sb = _mm512_loadu_si512(rec + header);
       const __m512bh* x = reinterpret_cast<const __m512bh*>(a.xb + 128 * gi);
       const __m512 zf = _mm512_set1_ps(kCodeFloat[kSym ? 8 : rec[4]]);
