@@ -564,6 +564,7 @@ TEST(Cli, Bf16ActivationsPerplexityCostIsPrintedAndSmall) {
 // against the saved logits give the numbers of a live base run; every --json is one object on
 // stdout; sizes are printed the same by quantize and inspect.
 TEST(Cli, SavedLogitsJsonAndOneSizeConvention) {
+  NIBBLE_NEEDS_SHARED("data/prose-val.txt");
   const std::string dir = "/tmp/nibble-cli-eval-" + std::to_string(getpid());
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   const std::string model = Quote(nibble_test::EmbeddedModel()), text = Quote(nibble_test::SharedData("prose-val.txt"));

@@ -90,6 +90,7 @@ TEST(Convert, EveryOrderedPairRoundTripsByteForByte) {
 
 // GPTQ's settings survive a GPTQ -> GPTQ conversion, and convert's errors name convert's flags.
 TEST(Convert, GptqSettingsSurviveAndErrorsNameConvertsFlags) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
   const std::string model = nibble_test::EmbeddedModel();
   nibble_test::TempDir dir("nibble_convert_");
   const std::string q = dir.sub("gptq"), v2 = dir.sub("v2");
