@@ -154,7 +154,9 @@ void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, fl
       __m512 h1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), RunWords(sb, ctl[1]), (__m512bh)_mm512_loadu_si512(x + 1));
       h0 = _mm512_dpbf16_ps(h0, RunWords(sb, ctl[2]), (__m512bh)_mm512_loadu_si512(x + 2));
       h1 = _mm512_dpbf16_ps(h1, RunWords(sb, ctl[3]), (__m512bh)_mm512_loadu_si512(x + 3));
-      tot[t] = _mm512_fmadd_ps(_mm512_set1_ps(*reinterpret_cast<const float*>(rec)), _mm512_add_ps(h0, h1), tot[t]);
+      float s;  // records are 69 bytes apart: the scale is unaligned
+      __builtin_memcpy(&s, rec, 4);
+      tot[t] = _mm512_fmadd_ps(_mm512_set1_ps(s), _mm512_add_ps(h0, h1), tot[t]);
       rec += rb;
     }
   }
