@@ -26,7 +26,8 @@ enum class ActivationType {
           // not a multiple of 32); the same bf16 numerics on every CPU up to summation order
   kFp32,  // W4A32: fp32 activations
   kBf16,  // activations rounded to bf16; AVX-512 BF16 kernels where the CPU has avx512_bf16 and
-          // avx512_vbmi, oneDNN's bf16 matmul from 16 rows; group sizes that are multiples of 32
+          // avx512_vbmi, oneDNN's bf16 matmul from 16 rows with AMX (64 without); group sizes that
+          // are multiples of 32
   kInt8,  // W4A8: activations quantized to int8 per block of 128 (llama.cpp's Q8 dot products);
           // group sizes 32, 64 or multiples of 128; costs perplexity
 };

@@ -131,7 +131,8 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
 // fma(s, chain0 + chain1, sum[gi mod 4]). The scale, the zero point and c0 / c1 are broadcast
 // memory operands (a register broadcast would take a shuffle slot from the vpmultishiftqb).
 // The decode loop's software prefetch: non-temporal, this far ahead of the record being read
-// (one per record, so a line may be asked for twice); docs/PERFORMANCE.md "Batched decode".
+// (one per record; records are longer than a line, so about one line in 14 is left to the
+// hardware prefetchers); docs/PERFORMANCE.md "Batched decode".
 constexpr int64_t kRowPrefetchBytes = 4096;
 
 template <bool kSym>
@@ -154,7 +155,7 @@ void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, fl
       __m512 h1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), RunWords(sb, ctl[1]), (__m512bh)_mm512_loadu_si512(x + 1));
       h0 = _mm512_dpbf16_ps(h0, RunWords(sb, ctl[2]), (__m512bh)_mm512_loadu_si512(x + 2));
       h1 = _mm512_dpbf16_ps(h1, RunWords(sb, ctl[3]), (__m512bh)_mm512_loadu_si512(x + 3));
-      float s;  // records are 69 bytes apart: the scale is unaligned
+      float s;  // records are 68 or 69 bytes apart: the scale is unaligned
       __builtin_memcpy(&s, rec, 4);
       tot[t] = _mm512_fmadd_ps(_mm512_set1_ps(s), _mm512_add_ps(h0, h1), tot[t]);
       rec += rb;
@@ -165,13 +166,13 @@ void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, fl
 }
 
 // ---- Many activation rows (batched decode, prefill), g a multiple of 128: blocks of NJ weight
-// rows × MI activation rows. Each decoded run feeds MI dot products and each activation load NJ,
-// so the vdpbf16ps units, not the decoding, set the pace. Arithmetic per (activation row, weight
-// row), fixed by K and g alone: per group one 16-lane chain from zero through the group's runs in
-// order, then sum = fma(s, chain, sum); after every kCorrGroups groups (and at the end) the
-// zero-point correction of those groups, 16 groups per lane: sum = fma(16·s, fma(z, c1, c0), sum)
-// (= s·(−(128 + z)·σ) per group); at the end the lane tree + bias. Keeping the correction out of
-// the chains leaves one FMA per group and pair beside the four vdpbf16ps (two before).
+// rows × MI activation rows. Each decoded run feeds MI dot products and each activation load NJ.
+// Arithmetic per (activation row, weight row), fixed by K and g alone: per group one 16-lane
+// chain from zero through the group's runs in order, then sum = fma(s, chain, sum); after every
+// kCorrGroups groups (and at the end) the zero-point corrections of those groups, 16 per vector
+// (one per lane): sum = fma(16·s, fma(z, c1, c0), sum), i.e. s·(−(128 + z)·σ) per group; at the
+// end the lane tree + bias. With the correction out of the chains each group and pair costs one
+// FMA beside its four vdpbf16ps.
 constexpr int64_t kBlockRows = 2;     // weight rows per block (NJ)
 constexpr int64_t kBlockActs = 4;     // activation rows per block (MI)
 constexpr int64_t kCorrGroups = 64;   // groups whose scales and zero points a block holds at once
