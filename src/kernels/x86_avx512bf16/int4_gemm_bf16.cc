@@ -47,7 +47,8 @@ inline __m512bh RunWords(__m512i sb, __m512i control) {
 }
 
 // Weight row r against activation rows a[0..MR): y[i * w.n + r]. kGops = runs per group (g / 32)
-// when fixed at compile time (1, 2, 4), 0 = read from w. Group gi of the row adds into running
+// when fixed at compile time (1, 2: g = 32, 64), 0 = read from w. g = 128 never comes here
+// (RowG128 at one row, the blocks from two). Group gi of the row adds into running
 // sum gi mod 4 (the group loop is unrolled by four so the sums stay in registers).
 template <int MR, bool kSym, int kGops>
 void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, float* y, int64_t r) {
@@ -86,7 +87,7 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
       const int64_t ul0 = gl * gops;  // first run of the group within the record
       const uint8_t* codes = rec + header;
       // Runs ul0 .. ul0 + gops − 1 of the record: superblock ul / 4, run c = ul mod 4. Records hold
-      // whole superblocks and gi0 is a multiple of 4, so for kGops in {1, 2, 4} c = (t·gops + o)
+      // whole superblocks and gi0 is a multiple of 4, so for kGops in {1, 2} c = (t·gops + o)
       // mod 4 is a compile-time constant. Each superblock is loaded once, when its run 0 comes
       // (a register, not a memory operand of each vpmultishiftqb).
 #pragma GCC unroll 4
@@ -130,6 +131,7 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
 // runs (0, 2) and (1, 3), the first starting at fma(z, c1, c0), then sum[gi mod 4] =
 // fma(s, chain0 + chain1, sum[gi mod 4]). The scale, the zero point and c0 / c1 are broadcast
 // memory operands (a register broadcast would take a shuffle slot from the vpmultishiftqb).
+
 // The decode loop's software prefetch: non-temporal, this far ahead of the record being read
 // (one per record; records are longer than a line, so about one line in 14 is left to the
 // hardware prefetchers); docs/PERFORMANCE.md "Batched decode".
@@ -281,7 +283,6 @@ TileFn SelectGops(int64_t gops, int64_t mr) {
   switch (gops) {
     case 1: return TileFor<kSym, 1>(mr);
     case 2: return TileFor<kSym, 2>(mr);
-    case 4: return TileFor<kSym, 4>(mr);
     default: return TileFor<kSym, 0>(mr);
   }
 }

@@ -15,12 +15,13 @@ namespace nibble {
 /// the prepared activations (32 products). One activation row (decode): per group the accumulator
 /// starts at the zero-point correction c0 + z·c1 and is scaled into one of four running sums, one
 /// weight row at a time (a flat loop over the records at g = 128, row tiles at other g); row tiles
-/// of up to 3 activation rows for any M where g is not a multiple of 128. From kW4Bf16BlockMinRows activation rows on (batched
-/// decode and up), when g is a multiple of 128, blocks of 2 weight rows × up to 4 activation rows
-/// whose chains start at zero, with the zero-point corrections added 16 groups per vector
-/// (a different fixed order, so results for such M are deterministic and independent of the N
-/// split and of the row's slot in the block, but not bit-identical to the same row run alone).
-/// Arithmetic per (row, weight row) in docs/KERNELS.md "bf16 activations".
+/// of up to 3 activation rows for any M where g is not a multiple of 128. From
+/// kW4Bf16BlockMinRows activation rows on (batched decode and up), when g is a multiple of 128,
+/// blocks of 2 weight rows × up to 4 activation rows whose chains start at zero, with the
+/// zero-point corrections added 16 groups per vector (a different fixed order, so results for
+/// such M are deterministic and independent of the N split and of the row's slot in the block,
+/// but not bit-identical to the same row run alone). Arithmetic per (row, weight row) in
+/// docs/KERNELS.md "bf16 activations".
 constexpr int64_t kW4Bf16BlockMinRows = 2;
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1);
