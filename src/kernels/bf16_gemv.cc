@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "base/half.h"
+#include "base/parallel.h"
 #include "kernels/aligned_acts.h"
 #include "kernels/int4_dispatch.h"
 
@@ -25,9 +26,9 @@ void GemvBf16Scalar(int64_t k, const uint16_t* w, const float* x, const float* b
 }
 
 void Bf16ToF32Rows(const uint16_t* w, int64_t n, int64_t k, float* out) {
-#pragma omp parallel for schedule(static) if (n * k >= (int64_t{1} << 16))
-  for (int64_t r = 0; r < n; ++r)
+  ParallelFor(n, n * k >= (int64_t{1} << 16), [&](int64_t r) {
     for (int64_t i = 0; i < k; ++i) out[r * k + i] = Bf16ToF32(w[r * k + i]);
+  });
 }
 
 void GemvBf16(int64_t n, int64_t k, const uint16_t* w, const float* x, const float* bias, float* y,
@@ -41,9 +42,9 @@ void GemvBf16Rows(int64_t m, int64_t n, int64_t k, const uint16_t* w, const floa
   if (kernel == nullptr) kernel = ActiveW4Dispatch().kernels.gemv_bf16;
   if (n >= kBlockRows) x = AlignedActs(x, m * k);
   const int64_t nblocks = (n + kBlockRows - 1) / kBlockRows;
-#pragma omp parallel for schedule(static) if (nblocks > 1 && m * n * k >= (int64_t{1} << 16))
-  for (int64_t b = 0; b < nblocks; ++b)
+  ParallelFor(nblocks, nblocks > 1 && m * n * k >= (int64_t{1} << 16), [&](int64_t b) {
     for (int64_t i = 0; i < m; ++i) kernel(k, w, x + i * k, bias, y + i * n, b * kBlockRows, std::min(n, (b + 1) * kBlockRows));
+  });
 }
 
 }  // namespace nibble

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "base/check.h"
+#include "base/parallel.h"
 #include "kernels/aligned_acts.h"
 
 namespace nibble {
@@ -20,12 +21,23 @@ void GemmW4A32Packed(const W4PackedGemmArgs& a, const W4Kernels* kernels) {
   // x 64-byte aligned so that its loads never split cache lines (a copy, when needed, costs M·K
   // floats against M·K·N multiply-adds).
   const float* x = n >= kW4BlockRows ? AlignedActs(a.x, a.m * a.w->k) : a.x;
-#pragma omp parallel if (parallel)
-  for (int64_t i0 = 0; i0 < a.m; i0 += kW4ChunkRows) {
+  const auto chunk = [&](int64_t i0) {
     W4PackedGemmArgs c = a;
     c.m = std::min(kW4ChunkRows, a.m - i0);
     c.x = x + i0 * a.w->k;
     c.y = a.y + i0 * n;
+    return c;
+  };
+  if (!OpenTeam(parallel)) {
+    for (int64_t i0 = 0; i0 < a.m; i0 += kW4ChunkRows) {
+      const W4PackedGemmArgs c = chunk(i0);
+      for (int64_t b = 0; b < nblocks; ++b) gemm(c, b * kW4BlockRows, std::min(n, (b + 1) * kW4BlockRows));
+    }
+    return;
+  }
+#pragma omp parallel
+  for (int64_t i0 = 0; i0 < a.m; i0 += kW4ChunkRows) {
+    const W4PackedGemmArgs c = chunk(i0);
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < nblocks; ++b) gemm(c, b * kW4BlockRows, std::min(n, (b + 1) * kW4BlockRows));
   }
@@ -39,8 +51,8 @@ void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, con
   const W4GemmI8Kernel gemm = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).gemm_i8;
   const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
   const bool parallel = nblocks > 1 && m * w.n * w.k >= (int64_t{1} << 16);
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t b = 0; b < nblocks; ++b) gemm(w, a, m, bias, y, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows));
+  ParallelFor(nblocks, parallel,
+              [&](int64_t b) { gemm(w, a, m, bias, y, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows)); });
 }
 
 void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
@@ -51,12 +63,19 @@ void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
   if (w.n == 0 || m == 0) return;
   const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
   const bool parallel = nblocks > 1 && m * w.n * w.k >= (int64_t{1} << 16);
-#pragma omp parallel if (parallel)
+  const auto block = [&](int64_t i0, int64_t b) {
+    gemm(w, a + i0, std::min(kW4ChunkRows, m - i0), bias, y + i0 * w.n, b * kW4BlockRows,
+         std::min(w.n, (b + 1) * kW4BlockRows));
+  };
+  if (!OpenTeam(parallel)) {
+    for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows)
+      for (int64_t b = 0; b < nblocks; ++b) block(i0, b);
+    return;
+  }
+#pragma omp parallel
   for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows) {
-    const int64_t mc = std::min(kW4ChunkRows, m - i0);
 #pragma omp for schedule(static)
-    for (int64_t b = 0; b < nblocks; ++b)
-      gemm(w, a + i0, mc, bias, y + i0 * w.n, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows));
+    for (int64_t b = 0; b < nblocks; ++b) block(i0, b);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/parallel.h"
 #include "kernels/dense_gemm.h"
 #include "kernels/vec_ops.h"
 #include "model/ops.h"
@@ -114,8 +115,7 @@ void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, cons
   w.k_proj->Forward(xn, rows, kp);
   w.v_proj->Forward(xn, rows, vp);
   const bool qk_norm = c.qk_norm;
-#pragma omp parallel for schedule(static) if (rows > 1)
-  for (int64_t r = 0; r < rows; ++r) {
+  ParallelFor(rows, rows > 1, [&](int64_t r) {
     const int64_t pos = (kv != nullptr ? kv[r / t].p0 : 0) + r % t;
     if (qk_norm) {  // Qwen3: each head of q and k RMS-normed over head_dim, in place, before RoPE
       // One head per call: a single row opens no parallel region (decode runs this on one row).
@@ -125,7 +125,7 @@ void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, cons
     }
     ApplyRope(qp + r * q_dim, nh, hd, rope.Cos(pos), rope.Sin(pos));
     ApplyRope(kp + r * kv_dim, nkv, hd, rope.Cos(pos), rope.Sin(pos));
-  }
+  });
   std::vector<SeqKeys> keys(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
     if (kv == nullptr) {
@@ -148,8 +148,7 @@ void MlpBlockForward(const DecoderLayerView& w, const float* xn, int64_t rows, f
   w.gate_proj->Forward(xn, rows, gp);
   w.up_proj->Forward(xn, rows, up);
   float* const a = act != nullptr ? act : gp;
-#pragma omp parallel for schedule(static) if (rows > 1)
-  for (int64_t r = 0; r < rows; ++r) SiluMul(gp + r * inter, up + r * inter, inter, a + r * inter);
+  ParallelFor(rows, rows > 1, [&](int64_t r) { SiluMul(gp + r * inter, up + r * inter, inter, a + r * inter); });
   w.down_proj->Forward(a, rows, out);
 }
 

@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "base/page_buffer.h"
+#include "base/parallel.h"
 #include "kernels/bf16_gemv.h"
 #include "kernels/dense_gemm.h"
 #include "kernels/int4_dispatch.h"
@@ -31,8 +32,8 @@ void ForwardPrepared(const float* x, int64_t m, int64_t k, size_t row_bytes, Pre
   acts.resize(static_cast<size_t>(m));
   uint8_t* const sp = ActsScratch(row_bytes * static_cast<size_t>(m));  // plain pointers for the OpenMP region
   Acts* const ap = acts.data();
-#pragma omp parallel for schedule(static) if (m * k >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < m; ++i) ap[i] = prepare(x + i * k, sp + row_bytes * static_cast<size_t>(i));
+  ParallelFor(m, m * k >= (int64_t{1} << 16),
+              [&](int64_t i) { ap[i] = prepare(x + i * k, sp + row_bytes * static_cast<size_t>(i)); });
   gemm(ap, m);
 }
 

@@ -2,18 +2,19 @@
 
 #include <cmath>
 
+#include "base/parallel.h"
+
 namespace nibble {
 
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, double eps, float* y) {
-#pragma omp parallel for schedule(static) if (rows > 1)
-  for (int64_t r = 0; r < rows; ++r) {
+  ParallelFor(rows, rows > 1, [&](int64_t r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
     double ss = 0;
     for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
     const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
     for (int64_t i = 0; i < dim; ++i) yr[i] = weight[i] * (xr[i] * inv);
-  }
+  });
 }
 
 std::vector<float> RopeInvFreq(const ModelConfig& c) {
@@ -59,8 +60,7 @@ void ApplyRope(float* x, int64_t heads, int64_t head_dim, const float* cos, cons
 }
 
 void Add(const float* a, const float* b, int64_t n, float* out) {
-#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16))
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  ParallelFor(n, n >= (int64_t{1} << 16), [&](int64_t i) { out[i] = a[i] + b[i]; });
 }
 
 void ExpInPlace(float* x, int64_t n) {

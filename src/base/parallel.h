@@ -1,0 +1,29 @@
+// OpenMP regions only where they pay. libgomp builds a team for every `#pragma omp parallel`,
+// also under `if (false)` and for a team of one thread: about 1 µs per region on the Zen 5 host
+// (docs/PERFORMANCE.md "Parallel regions"), paid by decode several times per layer and token.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+
+namespace nibble {
+
+/// Whether a parallel region would run on more than one thread: the work is `worth` a team, more
+/// than one thread is allowed, and the caller is not already inside a parallel region (a nested
+/// region gets one thread).
+inline bool OpenTeam(bool worth) { return worth && !omp_in_parallel() && omp_get_max_threads() > 1; }
+
+/// f(i) for i in [0, n): a static schedule over the team when OpenTeam(worth), else in order on
+/// the calling thread. For independent iterations, so the result is the same either way.
+template <class F>
+void ParallelFor(int64_t n, bool worth, F&& f) {
+  if (OpenTeam(worth)) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) f(i);
+  } else {
+    for (int64_t i = 0; i < n; ++i) f(i);
+  }
+}
+
+}  // namespace nibble
