@@ -1,6 +1,6 @@
 // OpenMP regions only where they pay. libgomp builds a team for every `#pragma omp parallel`,
-// also under `if (false)` and for a team of one thread: about 1 µs per region on the Zen 5 host
-// (docs/PERFORMANCE.md "Parallel regions"), paid by decode several times per layer and token.
+// also under `if (false)` and for a team of one thread (its cost: docs/PERFORMANCE.md "Parallel
+// regions"), which decode would pay several times per layer and token.
 #pragma once
 
 #include <omp.h>
