@@ -9,6 +9,10 @@
 
 namespace nibble {
 
+/// Work (multiply-adds or element operations) from which a kernel or row loop opens a team:
+/// below it a region's cost is a large share of the loop's time.
+inline constexpr int64_t kTeamMinWork = int64_t{1} << 16;
+
 /// Whether a parallel region would run on more than one thread: the work is `worth` a team, more
 /// than one thread is allowed, and the caller is not already inside a parallel region (a nested
 /// region gets one thread).

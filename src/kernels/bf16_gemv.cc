@@ -26,7 +26,7 @@ void GemvBf16Scalar(int64_t k, const uint16_t* w, const float* x, const float* b
 }
 
 void Bf16ToF32Rows(const uint16_t* w, int64_t n, int64_t k, float* out) {
-  ParallelFor(n, n * k >= (int64_t{1} << 16), [&](int64_t r) {
+  ParallelFor(n, n * k >= kTeamMinWork, [&](int64_t r) {
     for (int64_t i = 0; i < k; ++i) out[r * k + i] = Bf16ToF32(w[r * k + i]);
   });
 }
@@ -42,7 +42,7 @@ void GemvBf16Rows(int64_t m, int64_t n, int64_t k, const uint16_t* w, const floa
   if (kernel == nullptr) kernel = ActiveW4Dispatch().kernels.gemv_bf16;
   if (n >= kBlockRows) x = AlignedActs(x, m * k);
   const int64_t nblocks = (n + kBlockRows - 1) / kBlockRows;
-  ParallelFor(nblocks, nblocks > 1 && m * n * k >= (int64_t{1} << 16), [&](int64_t b) {
+  ParallelFor(nblocks, nblocks > 1 && m * n * k >= kTeamMinWork, [&](int64_t b) {
     for (int64_t i = 0; i < m; ++i) kernel(k, w, x + i * k, bias, y + i * n, b * kBlockRows, std::min(n, (b + 1) * kBlockRows));
   });
 }

@@ -17,7 +17,7 @@ void GemmW4A32Packed(const W4PackedGemmArgs& a, const W4Kernels* kernels) {
   const int64_t n = a.w->n;
   const int64_t nblocks = (n + kW4BlockRows - 1) / kW4BlockRows;
   // Tiny products are not worth waking the team (the result is the same either way).
-  const bool parallel = nblocks > 1 && a.m * n * a.w->k >= (int64_t{1} << 16);
+  const bool parallel = nblocks > 1 && a.m * n * a.w->k >= kTeamMinWork;
   // x 64-byte aligned so that its loads never split cache lines (a copy, when needed, costs M·K
   // floats against M·K·N multiply-adds).
   const float* x = n >= kW4BlockRows ? AlignedActs(a.x, a.m * a.w->k) : a.x;
@@ -50,7 +50,7 @@ void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, con
   if (w.n == 0 || m == 0) return;
   const W4GemmI8Kernel gemm = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).gemm_i8;
   const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
-  const bool parallel = nblocks > 1 && m * w.n * w.k >= (int64_t{1} << 16);
+  const bool parallel = nblocks > 1 && m * w.n * w.k >= kTeamMinWork;
   ParallelFor(nblocks, parallel,
               [&](int64_t b) { gemm(w, a, m, bias, y, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows)); });
 }
@@ -62,7 +62,7 @@ void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
   for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].group_size == w.group_size);
   if (w.n == 0 || m == 0) return;
   const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
-  const bool parallel = nblocks > 1 && m * w.n * w.k >= (int64_t{1} << 16);
+  const bool parallel = nblocks > 1 && m * w.n * w.k >= kTeamMinWork;
   const auto block = [&](int64_t i0, int64_t b) {
     gemm(w, a + i0, std::min(kW4ChunkRows, m - i0), bias, y + i0 * w.n, b * kW4BlockRows,
          std::min(w.n, (b + 1) * kW4BlockRows));

@@ -73,29 +73,37 @@ void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, in
   for (int64_t b = 0; b < batch; ++b) max_keys = std::max(max_keys, keys[b].p0 + t);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t window = c.sliding_window;
+  const int64_t score_floats = std::min(t, kAttnRowBlock) * max_keys;
+  const auto item = [&](int64_t it, float* scores) {
+    const int64_t b = it / (nh * blocks), head = (it / blocks) % nh, blk = it % blocks;
+    const SeqKeys& s = keys[b];
+    const int64_t i0 = blk * kAttnRowBlock, i1 = std::min(t, i0 + kAttnRowBlock), n_keys = s.p0 + i1;
+    const float* qb = q + (b * t + i0) * q_dim + head * hd;
+    const float* kb = s.k + (head / group) * hd;
+    const float* vb = s.v + (head / group) * hd;
+    SgemmXWt(i1 - i0, n_keys, hd, qb, q_dim, kb, kv_dim, 0.0f, scores, n_keys);
+    for (int64_t i = i0; i < i1; ++i) {
+      float* row = scores + (i - i0) * n_keys;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, s.p0 + i + 1 - window) : 0;
+      std::fill(row, row + first, 0.0f);
+      ScaledSoftmaxRow(row + first, s.p0 + i + 1 - first, n_keys - first, scale);
+    }
+    SgemmXW(i1 - i0, hd, n_keys, scores, n_keys, vb, kv_dim, 0.0f, attn + (b * t + i0) * q_dim + head * hd, q_dim);
+  };
   // The GEMMs inside run single-threaded (oneDNN does not nest inside an OpenMP parallel
-  // region): every item's arithmetic is the same for any thread count.
+  // region): every item's arithmetic is the same for any thread count. So a team opens wherever
+  // more than one thread may run, also for little work: outside a region oneDNN would thread the
+  // GEMMs itself. Items differ in length (later query blocks see more keys): dynamic schedule.
+  if (!OpenTeam(true)) {
+    std::vector<float> scores(static_cast<size_t>(score_floats));
+    for (int64_t it = 0; it < items; ++it) item(it, scores.data());
+    return;
+  }
 #pragma omp parallel
   {
-    std::vector<float> scores(static_cast<size_t>(std::min(t, kAttnRowBlock) * max_keys));
+    std::vector<float> scores(static_cast<size_t>(score_floats));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t b = it / (nh * blocks), head = (it / blocks) % nh, blk = it % blocks;
-      const SeqKeys& s = keys[b];
-      const int64_t i0 = blk * kAttnRowBlock, i1 = std::min(t, i0 + kAttnRowBlock), n_keys = s.p0 + i1;
-      const float* qb = q + (b * t + i0) * q_dim + head * hd;
-      const float* kb = s.k + (head / group) * hd;
-      const float* vb = s.v + (head / group) * hd;
-      SgemmXWt(i1 - i0, n_keys, hd, qb, q_dim, kb, kv_dim, 0.0f, scores.data(), n_keys);
-      for (int64_t i = i0; i < i1; ++i) {
-        float* row = scores.data() + (i - i0) * n_keys;
-        const int64_t first = window > 0 ? std::max<int64_t>(0, s.p0 + i + 1 - window) : 0;
-        std::fill(row, row + first, 0.0f);
-        ScaledSoftmaxRow(row + first, s.p0 + i + 1 - first, n_keys - first, scale);
-      }
-      SgemmXW(i1 - i0, hd, n_keys, scores.data(), n_keys, vb, kv_dim, 0.0f, attn + (b * t + i0) * q_dim + head * hd,
-              q_dim);
-    }
+    for (int64_t it = 0; it < items; ++it) item(it, scores.data());
   }
 }
 

@@ -32,7 +32,7 @@ void ForwardPrepared(const float* x, int64_t m, int64_t k, size_t row_bytes, Pre
   acts.resize(static_cast<size_t>(m));
   uint8_t* const sp = ActsScratch(row_bytes * static_cast<size_t>(m));  // plain pointers for the OpenMP region
   Acts* const ap = acts.data();
-  ParallelFor(m, m * k >= (int64_t{1} << 16),
+  ParallelFor(m, m * k >= kTeamMinWork,
               [&](int64_t i) { ap[i] = prepare(x + i * k, sp + row_bytes * static_cast<size_t>(i)); });
   gemm(ap, m);
 }

@@ -60,7 +60,7 @@ void ApplyRope(float* x, int64_t heads, int64_t head_dim, const float* cos, cons
 }
 
 void Add(const float* a, const float* b, int64_t n, float* out) {
-  ParallelFor(n, n >= (int64_t{1} << 16), [&](int64_t i) { out[i] = a[i] + b[i]; });
+  ParallelFor(n, n >= kTeamMinWork, [&](int64_t i) { out[i] = a[i] + b[i]; });
 }
 
 void ExpInPlace(float* x, int64_t n) {

@@ -279,6 +279,33 @@ TEST(Session, PerSessionThreadsLeaveTheCallersSetting) {
   EXPECT_EQ(nibble::NumThreads(), 2);
 }
 
+// Every kernel's and the attention's arithmetic is fixed by the shapes, not by the threads that
+// run it: the logits of a prefill long enough for several attention row blocks and of the decode
+// steps after it are bit-identical at 1 and 2 threads (serial and parallel paths both run).
+TEST(Session, LogitsDoNotDependOnTheThreadCount) {
+  const nibble::Model& m = EmbeddedModel();
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += "The king said unto the people of the land. ";
+  auto ids = m.Tokenize(text);
+  ASSERT_TRUE(ids.ok()) << ids.error().message;
+  ASSERT_GT(ids->size(), 100u);
+  std::vector<std::vector<float>> logits[2];
+  for (int threads : {1, 2}) {
+    nibble::SessionOptions so;
+    so.threads = threads;
+    auto session = nibble::Session::Create(m, so);
+    ASSERT_TRUE(session.ok());
+    ASSERT_TRUE((*session)->Prefill(*ids).ok());
+    logits[threads - 1].push_back((*session)->logits());
+    for (int32_t t : {ids->at(1), ids->at(2), ids->at(3), ids->at(4)}) {
+      ASSERT_TRUE((*session)->Step(t).ok());
+      logits[threads - 1].push_back((*session)->logits());
+    }
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  for (size_t i = 0; i < logits[0].size(); ++i) EXPECT_EQ(logits[0][i], logits[1][i]) << "call " << i;
+}
+
 TEST(Session, ErrorsCarryCodes) {
   const nibble::Model& m = EmbeddedModel();
   nibble::SessionOptions so;
