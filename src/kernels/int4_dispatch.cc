@@ -4,10 +4,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "kernels/x86_amx/int4_gemm_amx.h"
 #include "kernels/x86_avx2/int4_gemm_avx2.h"
 #include "kernels/x86_avx2/vec_ops_avx2.h"
 #include "kernels/x86_avx512/int4_gemm_avx512.h"
@@ -27,6 +32,22 @@ const char* IsaName(Isa isa) {
   }
   return "?";
 }
+
+#if defined(__x86_64__)
+// Linux hands out the AMX tile data state per process on request (ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); without the grant the first tile instruction faults. Asked once.
+bool RequestTileData() {
+  static const bool granted = [] {
+#if defined(__linux__)
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+    return false;
+#endif
+  }();
+  return granted;
+}
+#endif
 
 CpuFeatures DetectCpuFeatures() {
   CpuFeatures f;
@@ -54,6 +75,8 @@ CpuFeatures DetectCpuFeatures() {
     f.avx512vl = (b >> 31) & 1;
     f.avx512vnni = (c >> 11) & 1;
     f.avx512vbmi = (c >> 1) & 1;
+    f.amx_bf16 = (d >> 22) & 1;
+    f.amx_tile = (d >> 24) & 1;
     if (a >= 1) {  // CPUID.7.0:EAX = the highest sub-leaf of leaf 7
       unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
       __get_cpuid_count(7, 1, &a1, &b1, &c1, &d1);
@@ -65,6 +88,7 @@ CpuFeatures DetectCpuFeatures() {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     f.os_ymm = (lo & 0x6) == 0x6;
     f.os_zmm = f.os_ymm && (lo & 0xE0) == 0xE0;
+    f.os_amx = f.amx_tile && (lo & 0x60000) == 0x60000 && RequestTileData();
   }
 #endif
   return f;
@@ -113,6 +137,10 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
       k.gemm_bf16_name = "avx512_bf16";
       k.bf16_dot_peak = Bf16DotPeakAvx512;
       breason = "avx512 with avx512_bf16 and avx512_vbmi";
+      if (cpu.amx_tile && cpu.amx_bf16 && cpu.os_amx) {
+        k.gemm_bf16_amx = GemmW4Bf16Amx;
+        breason += "; AMX tiles from " + std::to_string(kW4Bf16AmxMinRows) + " rows where g is a multiple of 128";
+      }
     } else {
       breason = std::string("CPU lacks ") + (cpu.avx512bf16 ? "avx512_vbmi" : "avx512_bf16") + kRounded;
     }

@@ -33,6 +33,10 @@ struct CpuFeatures {
   bool avx512bf16 = false;  // CPUID.7.1:EAX bit 5 (vdpbf16ps, the opt-in bf16-activation kernel)
   bool os_ymm = false;  // XCR0 bits 1,2 (SSE, AVX state) enabled by the OS
   bool os_zmm = false;  // XCR0 bits 5,6,7 (opmask, ZMM_Hi256, Hi16_ZMM) enabled by the OS
+  bool amx_tile = false, amx_bf16 = false;  // CPUID.7.0:EDX bits 24, 22 (the batched-decode tile kernel)
+  /// XCR0 bits 17, 18 (tile config, tile data) enabled and the tile data granted to this process
+  /// (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked by DetectCpuFeatures when the CPU has AMX).
+  bool os_amx = false;
 };
 
 /// Reads CPUID / XCR0 of the running CPU.
@@ -54,6 +58,10 @@ struct W4Kernels {
   /// bf16 and runs `gemm`: the same inputs, a different fp32 summation order).
   W4GemmBf16Kernel gemm_bf16 = nullptr;
   const char* gemm_bf16_name = "w4a32_rounded";  // "avx512_bf16" | "w4a32_rounded" (none: W4A32 on rounded inputs)
+  /// AMX tile kernel for 2..kW4Bf16BatchMaxRows bf16 activation rows (GemmW4Bf16Packed uses it
+  /// there when g is a multiple of 128): with gemm_bf16 where the CPU has amx_tile and amx_bf16
+  /// and the OS grants the tile state, else nullptr.
+  W4GemmBf16BatchKernel gemm_bf16_amx = nullptr;
   /// The bf16 dot-product peak loop (x86_avx512bf16/bf16_peak.h) where gemm_bf16 is AVX-512 BF16.
   float (*bf16_dot_peak)(int64_t iters, float seed) = nullptr;
   /// bf16-weight GEMV of dense linears kept as bf16 (avx512 only; GemvBf16Scalar is the test

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "base/check.h"
+#include "base/page_buffer.h"
 #include "base/parallel.h"
 #include "kernels/aligned_acts.h"
 
@@ -55,14 +56,35 @@ void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, con
               [&](int64_t b) { gemm(w, a, m, bias, y, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows)); });
 }
 
+bool W4Bf16AmxServes(const W4PackedWeight& w, int64_t m, const W4Kernels* kernels) {
+  const W4Kernels& ks = kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels;
+  return ks.gemm_bf16_amx != nullptr && m >= kW4Bf16AmxMinRows && w.group_size % 128 == 0;
+}
+
 void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       const W4Kernels* kernels) {
-  const W4GemmBf16Kernel gemm = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).gemm_bf16;
+  const W4Kernels& ks = kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels;
+  const W4GemmBf16Kernel gemm = ks.gemm_bf16;
   NIBBLE_CHECK(gemm != nullptr && W4Bf16Supported(w) && m >= 0 && (m == 0 || (a != nullptr && y != nullptr)));
   for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].group_size == w.group_size);
   if (w.n == 0 || m == 0) return;
   const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
   const bool parallel = nblocks > 1 && m * w.n * w.k >= kTeamMinWork;
+  if (W4Bf16AmxServes(w, m, &ks)) {
+    // Each batch of up to 16 rows is arranged once (the calling thread's scratch, reused), then
+    // shared by the team.
+    thread_local PageBuffer scratch;
+    const size_t bytes = W4Bf16BatchBytes(w.k, w.group_size);
+    if (scratch.size() < bytes) scratch = PageBuffer(bytes);
+    const W4GemmBf16BatchKernel amx = ks.gemm_bf16_amx;
+    for (int64_t i0 = 0; i0 < m; i0 += kW4Bf16BatchMaxRows) {
+      const W4Bf16Batch batch = PrepareBf16Batch(a + i0, std::min(kW4Bf16BatchMaxRows, m - i0), scratch.data());
+      float* yb = y + i0 * w.n;
+      ParallelFor(nblocks, parallel,
+                  [&](int64_t b) { amx(w, batch, bias, yb, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows)); });
+    }
+    return;
+  }
   const auto block = [&](int64_t i0, int64_t b) {
     gemm(w, a + i0, std::min(kW4ChunkRows, m - i0), bias, y + i0 * w.n, b * kW4BlockRows,
          std::min(w.n, (b + 1) * kW4BlockRows));

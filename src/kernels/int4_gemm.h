@@ -32,6 +32,10 @@ void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, con
 /// a[i].k == w.k and a[i].group_size == w.group_size, y non-null, m >= 0.
 void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       const W4Kernels* kernels = nullptr);
+/// Whether GemmW4Bf16Packed runs `m` rows of W on the kernels' AMX tile kernel (nullptr: the
+/// active dispatch): the kernels have one, m >= kW4Bf16AmxMinRows and g % 128 == 0. It takes
+/// the rows kW4Bf16BatchMaxRows at a time, one pass over W each.
+bool W4Bf16AmxServes(const W4PackedWeight& w, int64_t m, const W4Kernels* kernels = nullptr);
 /// out[N,K] fp32 = dequant(W), threaded like GemmW4A32Packed; values exact as DequantizeRef.
 void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels = nullptr);
 /// out[N,K] bf16 bit patterns = bf16(dequant(W)) (the exact fp32 value rounded to nearest even),

@@ -305,6 +305,41 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
   return a;
 }
 
+size_t W4Bf16BatchBytes(int64_t k, int64_t group_size) {
+  NIBBLE_CHECK(k >= 1 && group_size >= 32 && k % group_size == 0);
+  const size_t runs = static_cast<size_t>((k + 31) / 32), groups = static_cast<size_t>(k / group_size);
+  return runs * 1024 + 2 * groups * 64;
+}
+
+W4Bf16Batch PrepareBf16Batch(const W4Bf16Acts* a, int64_t m, uint8_t* scratch) {
+  NIBBLE_CHECK(m >= 1 && m <= kW4Bf16BatchMaxRows && a != nullptr && scratch != nullptr);
+  W4Bf16Batch b;
+  b.m = m;
+  b.k = a[0].k;
+  b.group_size = a[0].group_size;
+  b.runs = a[0].runs;
+  for (int64_t i = 1; i < m; ++i) NIBBLE_CHECK(a[i].k == b.k && a[i].group_size == b.group_size);
+  const int64_t groups = b.k / b.group_size;
+  uint32_t* pairs = reinterpret_cast<uint32_t*>(scratch);
+  float* c0 = reinterpret_cast<float*>(scratch + b.runs * 1024);
+  float* c1 = c0 + groups * 16;
+  for (int64_t u = 0; u < b.runs; ++u)
+    for (int64_t l = 0; l < 16; ++l) {
+      uint32_t* dst = pairs + 256 * u + 16 * l;
+      for (int64_t i = 0; i < m; ++i) std::memcpy(dst + i, a[i].xb + 32 * u + 2 * l, 4);
+      std::fill(dst + m, dst + 16, 0u);
+    }
+  for (int64_t gi = 0; gi < groups; ++gi)
+    for (int64_t i = 0; i < 16; ++i) {
+      c0[16 * gi + i] = i < m ? 16.f * a[i].c0[gi] : 0.f;
+      c1[16 * gi + i] = i < m ? 16.f * a[i].c1[gi] : 0.f;
+    }
+  b.pairs = pairs;
+  b.c0 = c0;
+  b.c1 = c1;
+  return b;
+}
+
 void RoundToBf16(const float* x, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(F32ToBf16(x[i]));
 }

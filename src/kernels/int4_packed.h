@@ -170,6 +170,33 @@ void ToBf16Bits(const float* x, int64_t n, uint16_t* out);
 using W4GemmBf16Kernel = void (*)(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias,
                                   float* y, int64_t n0, int64_t n1);
 
+/// Up to kW4Bf16BatchMaxRows prepared rows rearranged once per call for a tile kernel (AMX:
+/// x86_amx/int4_gemm_amx.h), which takes the weights as the left operand and the activations as
+/// the right one. Per 32-weight run u a 16 × 16 block of dwords, row l (the run's weight pair l,
+/// word order as W4Bf16Acts.xb) × column i (activation row i; zero from M on):
+/// pairs[256·u + 16·l + i] = dword l of run u of a[i].xb. Per group gi 16 lanes of 16·c0 and
+/// 16·c1 of each row (zero from M on): c0[16·gi + i], c1[16·gi + i] (powers of two: exact).
+struct W4Bf16Batch {
+  int64_t m = 0, k = 0, group_size = 0, runs = 0;
+  const uint32_t* pairs = nullptr;  // [runs][16][16], 64-byte aligned
+  const float* c0 = nullptr;        // [K / g][16]
+  const float* c1 = nullptr;        // [K / g][16]
+};
+inline constexpr int64_t kW4Bf16BatchMaxRows = 16;
+/// From this many rows on GemmW4Bf16Packed runs the AMX tile kernel where the kernels have one
+/// (below it the AVX-512 BF16 blocks are faster: docs/PERFORMANCE.md "Batched decode").
+inline constexpr int64_t kW4Bf16AmxMinRows = 4;
+/// Scratch bytes PrepareBf16Batch needs for K and g.
+size_t W4Bf16BatchBytes(int64_t k, int64_t group_size);
+/// Arranges a[0..m) (PrepareActsBf16 rows of one K and g) into `scratch` (W4Bf16BatchBytes,
+/// 64-byte aligned). Preconditions (abort): 1 <= m <= kW4Bf16BatchMaxRows, rows of one K and g.
+W4Bf16Batch PrepareBf16Batch(const W4Bf16Acts* a, int64_t m, uint8_t* scratch);
+/// A tile kernel over a batch: y[i][n] for i < batch.m and weight rows n0..n1 (< 16 apart), as
+/// W4GemmBf16Kernel; per (i, n) the arithmetic is fixed by K and g (any N split, any M up to the
+/// maximum, any thread count: bit-identical). Precondition: g a multiple of 128, batch of w's K, g.
+using W4GemmBf16BatchKernel = void (*)(const W4PackedWeight& w, const W4Bf16Batch& batch, const float* bias,
+                                       float* y, int64_t n0, int64_t n1);
+
 /// Scalar kernels on the packed layout (the fallback; same arithmetic and order as GemmW4A32Ref,
 /// so their results are bit-identical to it).
 void GemmW4A32PackedScalar(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);

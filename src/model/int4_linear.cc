@@ -93,13 +93,14 @@ bool Int4Linear::SetInt8Activations(bool on) {
   return int8_;
 }
 
-int64_t Int4Linear::Bf16MatmulMinRows() {
+int64_t Int4Linear::Bf16MatmulMinRows(int64_t group_size) {
+  if (ActiveW4Dispatch().kernels.gemm_bf16_amx != nullptr && group_size % 128 == 0) return kBf16MatmulMinRowsAmxTiles;
   static const int64_t rows = DenseGemmHasAmx() ? kBf16MatmulMinRowsAmx : kBf16MatmulMinRowsNoAmx;
   return rows;
 }
 
 bool Int4Linear::Bf16KernelServes(int64_t m) const {
-  return ActiveW4Dispatch().kernels.gemm_bf16 != nullptr && m < Bf16MatmulMinRows();
+  return ActiveW4Dispatch().kernels.gemm_bf16 != nullptr && m < Bf16MatmulMinRows(pw_.group_size);
 }
 
 bool Int4Linear::SetBf16Activations(bool on) {
@@ -130,7 +131,7 @@ void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y) const {
     return;
   }
   if (bf16_) {
-    if (m >= Bf16MatmulMinRows()) return ForwardBf16Matmul(x, m, y);
+    if (m >= Bf16MatmulMinRows(pw_.group_size)) return ForwardBf16Matmul(x, m, y);
     if (!Bf16KernelServes(m)) {
       // The same bf16 inputs through the W4A32 path.
       thread_local std::vector<float> xr;

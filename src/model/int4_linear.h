@@ -27,11 +27,14 @@ class Int4Linear final : public Linear {
  public:
   /// From this many rows on, Forward dequantizes + runs the dense GEMM instead of the fused kernel.
   static constexpr int64_t kDequantGemmMinRows = 64;
-  /// With bf16 activations, from this many rows on Forward dequantizes the weight to bf16 and
-  /// runs oneDNN's bf16 matmul instead of the fused bf16 kernels: 16 where oneDNN has AMX tiles,
-  /// else kBf16MatmulMinRowsNoAmx (the fused blocks and the AVX-512 BF16 matmul run on the same
-  /// vdpbf16ps units, and the blocks skip the dequantized copy; docs/PERFORMANCE.md).
-  static int64_t Bf16MatmulMinRows();
+  /// With bf16 activations, from this many rows on Forward dequantizes a weight of group size
+  /// `group_size` to bf16 and runs oneDNN's bf16 matmul instead of the fused bf16 kernels:
+  /// kBf16MatmulMinRowsAmxTiles where the AMX tile kernel serves g (a multiple of 128; it reads
+  /// the packed weight once per 16 rows and skips the dequantized copy), else 16 where oneDNN has
+  /// AMX tiles, else kBf16MatmulMinRowsNoAmx (the fused blocks and the AVX-512 BF16 matmul run on
+  /// the same vdpbf16ps units, and the blocks skip the dequantized copy; docs/PERFORMANCE.md).
+  static int64_t Bf16MatmulMinRows(int64_t group_size = 128);
+  static constexpr int64_t kBf16MatmulMinRowsAmxTiles = 96;
   static constexpr int64_t kBf16MatmulMinRowsAmx = 16;
   static constexpr int64_t kBf16MatmulMinRowsNoAmx = 64;
 
@@ -58,8 +61,8 @@ class Int4Linear final : public Linear {
   /// values where oneDNN has none), as a W4A16 engine's GEMM does. Served when g is a multiple of
   /// 32 (W4Bf16Supported); otherwise stays W4A32. Switching one opt-in on switches the other off.
   bool SetBf16Activations(bool on) override;
-  /// With bf16 activations on: whether Forward of `m` rows runs the AVX-512 BF16 kernel (true) or
-  /// not (false: no such kernel on this CPU, or m >= Bf16MatmulMinRows()).
+  /// With bf16 activations on: whether Forward of `m` rows runs the AVX-512 BF16 / AMX kernels
+  /// (true) or not (false: no such kernel on this CPU, or m >= Bf16MatmulMinRows(g)).
   bool Bf16KernelServes(int64_t m) const;
   /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight
   /// symmetric and 69/128 asymmetric.

@@ -46,10 +46,14 @@ struct Ref {
   std::vector<double> y, tol;
 };
 
-Ref Oracle(const Int4Matrix& m, const float* x, const float* bias) {
+// The AMX kernel's chains are longer: per group g/2 products per chain, then four more steps, and
+// one step per group in the running sum.
+int64_t AmxChain(int64_t k, int64_t g) { return g / 2 + k / g + 4; }
+
+Ref Oracle(const Int4Matrix& m, const float* x, const float* bias, int64_t chain = 0) {
   std::vector<float> wd(static_cast<size_t>(m.n * m.k));
   DequantizeRef(m, wd.data());
-  const double gamma = nibble_test::Fp32Gamma(m.k / 16 + 16);
+  const double gamma = nibble_test::Fp32Gamma(std::max(chain, m.k / 16 + 16));
   Ref r;
   for (int64_t n = 0; n < m.n; ++n) {
     double acc = 0, mag = 0;
@@ -180,6 +184,175 @@ TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
   EXPECT_EQ(cases, 6 * 3 * 7 * 2);
 }
 
+// The batch a tile kernel reads: run u's pair l of activation row i at [u][l][i], zeros past M;
+// 16·c0 and 16·c1 per group and row (scalar code: runs on every CPU).
+TEST(W4Bf16Test, BatchArrangesPairsAndCorrectionsForTiles) {
+  const int64_t k = 384, g = 128, m = 3;
+  std::mt19937 rng(25);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(k * m));
+  for (auto& v : x) v = xd(rng);
+  const size_t ab = W4Bf16ActsBytes(k, g);
+  PageBuffer scratch(ab * m), bs(W4Bf16BatchBytes(k, g));
+  std::vector<W4Bf16Acts> a;
+  for (int64_t i = 0; i < m; ++i) a.push_back(PrepareActsBf16(x.data() + k * i, k, g, scratch.data() + ab * i));
+  std::memset(bs.data(), 0xAB, bs.size());  // every byte the batch uses must be written
+  const W4Bf16Batch b = PrepareBf16Batch(a.data(), m, bs.data());
+  ASSERT_EQ(b.m, m);
+  ASSERT_EQ(b.runs, k / 32);
+  for (int64_t u = 0; u < b.runs; ++u)
+    for (int64_t l = 0; l < 16; ++l)
+      for (int64_t i = 0; i < 16; ++i) {
+        uint32_t want = 0;
+        if (i < m) std::memcpy(&want, a[static_cast<size_t>(i)].xb + 32 * u + 2 * l, 4);
+        ASSERT_EQ(b.pairs[256 * u + 16 * l + i], want) << "u=" << u << " l=" << l << " i=" << i;
+      }
+  for (int64_t gi = 0; gi < k / g; ++gi)
+    for (int64_t i = 0; i < 16; ++i) {
+      EXPECT_EQ(b.c0[16 * gi + i], i < m ? 16.f * a[static_cast<size_t>(i)].c0[gi] : 0.f);
+      EXPECT_EQ(b.c1[16 * gi + i], i < m ? 16.f * a[static_cast<size_t>(i)].c1[gi] : 0.f);
+    }
+}
+
+// A stand-in for the AMX kernel that reads the batch as W4Bf16Batch documents it and sums in double:
+// lets the driver's batching be checked on every CPU. Records the batch sizes it was given.
+std::vector<int64_t> fake_batches;
+int fake_row_calls = 0;
+void FakeBatchKernel(const W4PackedWeight& w, const W4Bf16Batch& b, const float* bias, float* y, int64_t n0,
+                     int64_t n1) {
+  if (n0 == 0) fake_batches.push_back(b.m);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w.data + n * w.row_bytes;
+    for (int64_t i = 0; i < b.m; ++i) {
+      double acc = bias != nullptr ? bias[n] : 0.0;
+      for (int64_t gi = 0; gi < w.k / w.group_size; ++gi) {
+        const uint8_t* rec = row + gi * w.rec_bytes;
+        double dot = 0;
+        for (int64_t o = 0; o < w.group_size; ++o) {  // weight o of the group: run u, pair l, half h
+          const int64_t kk = gi * w.group_size + o, u = kk / 32, l = kk % 16, h = (kk % 32) / 16;
+          uint16_t xw[2];
+          std::memcpy(xw, b.pairs + 256 * u + 16 * l + i, 4);
+          dot += (128.0 + w4p::CodeAt(w, rec, o)) * Bf16ToF32(xw[h]);
+        }
+        const double z = w4p::Zero(w, rec, 0);
+        dot += static_cast<double>(b.c0[16 * gi + i]) + z * b.c1[16 * gi + i];
+        acc += w4p::Scale(rec, 0) * dot;
+      }
+      y[i * w.n + n] = static_cast<float>(acc);
+    }
+  }
+}
+void FakeRowKernel(const W4PackedWeight&, const W4Bf16Acts*, int64_t, const float*, float*, int64_t, int64_t) {
+  ++fake_row_calls;
+}
+
+// GemmW4Bf16Packed hands the AMX kernel the rows 16 at a time from kW4Bf16AmxMinRows rows on (each
+// batch arranged as documented, its outputs at its rows), fewer rows to the row kernel.
+TEST(W4Bf16Test, AmxDriverTakesTheRowsSixteenAtATime) {
+  std::mt19937 rng(27);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const int64_t n = 40, k = 256, g = 128, rows = 37;
+  const Int4Matrix w = nibble_test::RandomInt4Matrix(rng, n, k, g, false);
+  Packed p(w);
+  std::vector<float> x(static_cast<size_t>(k * rows)), bias(static_cast<size_t>(n));
+  for (auto& v : x) v = xd(rng);
+  for (auto& v : bias) v = xd(rng);
+  const size_t ab = W4Bf16ActsBytes(k, g);
+  PageBuffer scratch(ab * rows);
+  std::vector<W4Bf16Acts> a;
+  for (int64_t i = 0; i < rows; ++i) a.push_back(PrepareActsBf16(x.data() + k * i, k, g, scratch.data() + ab * i));
+  W4Kernels fake = *W4KernelsFor(Isa::kScalar);
+  fake.gemm_bf16 = FakeRowKernel;
+  fake.gemm_bf16_amx = FakeBatchKernel;
+  fake_batches.clear();
+  std::vector<float> y(static_cast<size_t>(rows * n), -1.f);
+  GemmW4Bf16Packed(p.w, a.data(), rows, bias.data(), y.data(), &fake);
+  EXPECT_EQ(fake_batches, (std::vector<int64_t>{16, 16, 5}));
+  EXPECT_EQ(fake_row_calls, 0);
+  for (int64_t i = 0; i < rows; ++i) {
+    const Ref ref = Oracle(w, x.data() + i * k, bias.data());
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_NEAR(y[static_cast<size_t>(i * n + j)], ref.y[static_cast<size_t>(j)], 1e-4 * ref.tol[static_cast<size_t>(j)] / nibble_test::Fp32Gamma(k / 16 + 16))
+          << "y[" << i << "][" << j << "]";
+  }
+  EXPECT_TRUE(W4Bf16AmxServes(p.w, kW4Bf16AmxMinRows, &fake));
+  EXPECT_FALSE(W4Bf16AmxServes(p.w, kW4Bf16AmxMinRows - 1, &fake));
+  GemmW4Bf16Packed(p.w, a.data(), kW4Bf16AmxMinRows - 1, bias.data(), y.data(), &fake);
+  EXPECT_GT(fake_row_calls, 0);
+  EXPECT_EQ(fake_batches.size(), 3u);
+  const Int4Matrix w64 = nibble_test::RandomInt4Matrix(rng, 8, 256, 64, false);
+  Packed p64(w64);
+  EXPECT_FALSE(W4Bf16AmxServes(p64.w, 8, &fake)) << "g = 64";
+}
+
+// The AMX tile kernel (from kW4Bf16AmxMinRows rows at g % 128 == 0) through GemmW4Bf16Packed
+// against the oracle with its chain length, on shapes with row tails; a row's result does not
+// depend on the other rows of the batch, on the N range or on the thread count.
+TEST(W4Bf16Test, AmxKernelMatchesTheOracleOnTailShapes) {
+  const W4Kernels* avx512 = W4KernelsFor(Isa::kAvx512);
+  if (avx512 == nullptr || avx512->gemm_bf16_amx == nullptr)
+    GTEST_SKIP() << "no AMX tile kernel on this CPU: " << ActiveW4Dispatch().gemm_bf16_reason;
+  std::mt19937 rng(26);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const int saved = omp_get_max_threads();
+  int cases = 0;
+  for (int64_t g : {128, 256, -1})
+    for (int64_t kmul : {1, 3, 0}) {
+      const int64_t k = g == -1 ? 128 * (kmul == 0 ? 32 : 3 * kmul) : (kmul == 0 ? 8576 / g * g : g * kmul);
+      const int64_t ge = g == -1 ? k : g;
+      for (int64_t n : {1, 7, 16, 17, 33, 65})
+        for (bool sym : {false, true}) {
+          const Int4Matrix w = nibble_test::RandomInt4Matrix(rng, n, k, ge, sym);
+          Packed p(w);
+          // 21 rows: a batch of 16, then one of 5.
+          const int64_t m = std::array<int64_t, 4>{4, 7, 16, 21}[static_cast<size_t>(cases % 4)];
+          const size_t ab = W4Bf16ActsBytes(k, ge);
+          PageBuffer scratch(ab * static_cast<size_t>(m));
+          std::vector<float> x(static_cast<size_t>(k * m));
+          for (auto& v : x) v = xd(rng);
+          x[static_cast<size_t>(k / 2)] = 300.f;  // an outlier channel
+          std::vector<W4Bf16Acts> acts;
+          for (int64_t i = 0; i < m; ++i)
+            acts.push_back(PrepareActsBf16(x.data() + i * k, k, ge, scratch.data() + ab * static_cast<size_t>(i)));
+          std::vector<float> bias(static_cast<size_t>(n));
+          for (auto& v : bias) v = xd(rng);
+          const float* b = (n % 2 == 1) ? bias.data() : nullptr;
+          std::vector<float> y(static_cast<size_t>(m * n)), y2(y.size());
+          omp_set_num_threads(1);
+          GemmW4Bf16Packed(p.w, acts.data(), m, b, y.data(), avx512);
+          omp_set_num_threads(2);
+          GemmW4Bf16Packed(p.w, acts.data(), m, b, y2.data(), avx512);
+          EXPECT_EQ(std::memcmp(y.data(), y2.data(), y.size() * 4), 0) << "threads, g=" << ge << " k=" << k << " n=" << n;
+          for (int64_t i = 0; i < m; ++i) {
+            const Ref ref = Oracle(w, x.data() + i * k, b, AmxChain(k, ge));
+            for (int64_t j = 0; j < n; ++j)
+              ASSERT_LE(std::fabs(y[static_cast<size_t>(i * n + j)] - ref.y[static_cast<size_t>(j)]), ref.tol[static_cast<size_t>(j)])
+                  << "g=" << ge << " k=" << k << " n=" << n << " sym=" << sym << " m=" << m << ": y[" << i << "][" << j << "]";
+          }
+          // The batch without its first row, and one weight row range inside the first 16.
+          if (m - 1 >= kW4Bf16AmxMinRows) {
+            std::vector<float> y1(static_cast<size_t>((m - 1) * n));
+            GemmW4Bf16Packed(p.w, acts.data() + 1, m - 1, b, y1.data(), avx512);
+            EXPECT_EQ(std::memcmp(y1.data(), y.data() + n, y1.size() * 4), 0) << "rows 1.. of " << m;
+          }
+          if (n > 2) {
+            PageBuffer bs(W4Bf16BatchBytes(k, ge));
+            const int64_t mb = std::min(m, kW4Bf16BatchMaxRows);
+            const W4Bf16Batch batch = PrepareBf16Batch(acts.data(), mb, bs.data());
+            std::vector<float> yr(y.size(), -1.f);
+            const int64_t n1 = std::min<int64_t>(n - 1, 16);
+            avx512->gemm_bf16_amx(p.w, batch, b, yr.data(), 1, n1);
+            for (int64_t i = 0; i < mb; ++i)
+              EXPECT_EQ(std::memcmp(yr.data() + i * n + 1, y.data() + i * n + 1, static_cast<size_t>(n1 - 1) * 4), 0)
+                  << "rows 1.." << n1 << " of n=" << n;
+          }
+          ++cases;
+        }
+    }
+  omp_set_num_threads(saved);
+  EXPECT_EQ(cases, 3 * 3 * 6 * 2);
+}
+
 // The prefill path's weights: bf16 bit patterns of the exact dequantized values, on every ISA.
 TEST(W4Bf16Test, DequantToBf16IsTheRoundedExactDequant) {
   std::mt19937 rng(23);
@@ -235,7 +408,8 @@ TEST(W4Bf16Test, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
   std::normal_distribution<float> xd(0.f, 1.f);
   const Int4Matrix w = nibble_test::RandomInt4Matrix(rng, 1000, 512, 128, false);
   Packed p(w);
-  const int64_t rows = 70;  // more than one chunk of kW4ChunkRows
+  // More than one chunk of kW4ChunkRows, and past the bf16 matmul's threshold.
+  const int64_t rows = std::max<int64_t>(70, Int4Linear::Bf16MatmulMinRows() + 6);
   std::vector<float> x(static_cast<size_t>(512 * rows));
   for (auto& v : x) v = xd(rng);
   const size_t ab = W4Bf16ActsBytes(512, 128);
@@ -273,8 +447,9 @@ TEST(W4Bf16Test, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
     lin.Forward(x.data(), m, y.data());
     const bool matmul = m >= Int4Linear::Bf16MatmulMinRows();
     EXPECT_EQ(lin.Bf16KernelServes(m), linear_fast && !matmul) << "m=" << m;
+    const bool amx = lin.Bf16KernelServes(m) && W4Bf16AmxServes(p.w, m);
     for (int64_t i = 0; i < m; i += std::max<int64_t>(1, m - 1)) {
-      const Ref ref = Oracle(w, x.data() + i * 512, bias.data());
+      const Ref ref = Oracle(w, x.data() + i * 512, bias.data(), amx ? AmxChain(512, 128) : 0);
       for (int64_t j = 0; j < 1000; ++j) {
         double tol = ref.tol[static_cast<size_t>(j)];
         if (matmul) {

@@ -278,6 +278,17 @@ TEST(W4DispatchTest, FakeCpusAndOverride) {
   EXPECT_EQ(ResolveW4Dispatch(bf, nullptr).gemm_bf16_reason, "avx512 with avx512_bf16 and avx512_vbmi");
   EXPECT_EQ(ResolveW4Dispatch(bf, "avx2").kernels.gemm_bf16, nullptr);
   EXPECT_NE(ResolveW4Dispatch(bf, "avx2").gemm_bf16_reason.find("no AVX-512 BF16 kernel for ISA avx2"), std::string::npos);
+  // The AMX tile kernel: with the bf16 kernel, amx_tile + amx_bf16 and the OS's tile state.
+  EXPECT_EQ(ResolveW4Dispatch(bf, nullptr).kernels.gemm_bf16_amx, nullptr);
+  CpuFeatures amx = bf;
+  amx.amx_tile = amx.amx_bf16 = true;
+  EXPECT_EQ(ResolveW4Dispatch(amx, nullptr).kernels.gemm_bf16_amx, nullptr);  // no tile state granted
+  amx.os_amx = true;
+  EXPECT_NE(ResolveW4Dispatch(amx, nullptr).kernels.gemm_bf16_amx, nullptr);
+  EXPECT_NE(ResolveW4Dispatch(amx, nullptr).gemm_bf16_reason.find("AMX tiles from 4 rows"), std::string::npos);
+  EXPECT_EQ(ResolveW4Dispatch(amx, "avx2").kernels.gemm_bf16_amx, nullptr);
+  amx.avx512vbmi = false;  // no AVX-512 BF16 kernel: no tile kernel either
+  EXPECT_EQ(ResolveW4Dispatch(amx, nullptr).kernels.gemm_bf16_amx, nullptr);
   // Nothing: scalar.
   EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), nullptr).kernels.isa, Isa::kScalar);
   EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), "avx2").kernels.isa, Isa::kScalar);

@@ -30,6 +30,7 @@
 #include "base/check.h"
 #include "kernels/dense_gemm.h"
 #include "kernels/int4_dispatch.h"
+#include "kernels/int4_gemm.h"
 #include "kernels/int4_packed.h"
 #include "kernels/x86_avx512bf16/bf16_peak.h"
 #include "model/config.h"
@@ -53,7 +54,8 @@ KernelDispatchReport DescribeKernels() {
       {cpu.avx, "avx"},           {cpu.avx2, "avx2"},         {cpu.fma, "fma"},           {cpu.f16c, "f16c"},
       {cpu.avx512f, "avx512f"},   {cpu.avx512bw, "avx512bw"}, {cpu.avx512vl, "avx512vl"}, {cpu.avx512dq, "avx512dq"},
       {cpu.avx512vnni, "avx512vnni"}, {cpu.avx512vbmi, "avx512vbmi"}, {cpu.avx512bf16, "avx512bf16"},
-      {cpu.osxsave, "osxsave"},   {cpu.os_ymm, "os:ymm"},     {cpu.os_zmm, "os:zmm"}};
+      {cpu.amx_tile, "amx_tile"}, {cpu.amx_bf16, "amx_bf16"},
+      {cpu.osxsave, "osxsave"},   {cpu.os_ymm, "os:ymm"},     {cpu.os_zmm, "os:zmm"}, {cpu.os_amx, "os:amx"}};
   for (const auto& [on, name] : flags)
     if (on) r.cpu_flags += (r.cpu_flags.empty() ? "" : " ") + std::string(name);
   r.override_value = d.override_value;
@@ -210,10 +212,10 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   r.shape = s;
   r.isa = IsaName(ActiveW4Dispatch().kernels.isa);
   r.path = s.int8_activations   ? std::string("w4a8:") + ActiveW4Dispatch().kernels.gemm_i8_name
-           : s.bf16_activations ? std::string("bf16:") + (s.m >= Int4Linear::Bf16MatmulMinRows() ? "dequant+matmul"
-                                                          : mats[0]->Bf16KernelServes(s.m)
-                                                              ? ActiveW4Dispatch().kernels.gemm_bf16_name
-                                                              : "rounded+fused")
+           : s.bf16_activations ? std::string("bf16:") + (s.m >= Int4Linear::Bf16MatmulMinRows(s.group_size) ? "dequant+matmul"
+                                                          : !mats[0]->Bf16KernelServes(s.m) ? "rounded+fused"
+                                                          : W4Bf16AmxServes(geo, s.m)       ? "amx_bf16"
+                                                              : ActiveW4Dispatch().kernels.gemm_bf16_name)
                                 : (s.m < Int4Linear::kDequantGemmMinRows ? "fused" : "dequant+sgemm");
   r.matrices = count;
   r.weight_bytes = bytes;

@@ -30,11 +30,13 @@ struct KernelDispatchReport {
   std::string int8_kernel;         // opt-in W4A8 GEMV (--int8_activations): "avx512_vnni" | "scalar"
   std::string int8_reason;         // why that one
   /// opt-in bf16-activation GEMM (--bf16_activations): "avx512_bf16" | "w4a32_rounded" (no bf16
-  /// kernel: the W4A32 kernels on bf16-rounded inputs)
+  /// kernel: the W4A32 kernels on bf16-rounded inputs); bf16_act_reason names the AMX tile kernel
+  /// where it runs the batches
   std::string bf16_act_kernel;
   std::string bf16_act_reason;     // why that one
-  /// Rows from which bf16 activations go through the dequantize + oneDNN bf16 matmul path
-  /// (Int4Linear::Bf16MatmulMinRows: 16 where oneDNN has AMX, else 64).
+  /// Rows from which bf16 activations go through the dequantize + oneDNN bf16 matmul path at
+  /// g = 128 (Int4Linear::Bf16MatmulMinRows: 96 with the AMX tile kernel, else 16 where oneDNN
+  /// has AMX, else 64).
   int64_t bf16_matmul_min_rows = 0;
   bool bf16_matmul_amx = false;    // whether oneDNN runs that matmul on AMX tiles
   /// Dense linears stored as bf16: "avx512" (kept bf16, bf16 GEMV at M = 1) or "widened to fp32
@@ -103,8 +105,8 @@ struct GemmBenchResult {
   std::string isa;            // kernels used
   std::string path;           // "fused" (W4A32 kernel), "dequant+sgemm" (M >= Int4Linear's threshold) or
                               // "w4a8:<kernel>" (int8 activations, e.g. w4a8:avx512_vnni) or
-                              // "bf16:<kernel>" (bf16 activations: bf16:avx512_bf16,
-                              // bf16:dequant+matmul from Int4Linear::Bf16MatmulMinRows() rows, or
+                              // "bf16:<kernel>" (bf16 activations: bf16:avx512_bf16, bf16:amx_bf16,
+                              // bf16:dequant+matmul from Int4Linear::Bf16MatmulMinRows(g) rows, or
                               // bf16:rounded+fused / bf16:rounded+dequant+sgemm for the W4A32 path
                               // on bf16-rounded inputs)
   int64_t matrices = 0;       // distinct weight matrices cycled through

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 
 #include "kernels/x86_avx512/lane_tree.h"
+#include "kernels/x86_avx512bf16/run_words.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -28,23 +29,6 @@ constexpr int64_t kMaxRows = 3;
 
 // 0.f .. 15.f: a zero point as a float by one broadcast load.
 alignas(64) constexpr float kCodeFloat[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-
-// Control of vpmultishiftqb for run c (0..3) of a superblock: in every qword (dword lanes 2m,
-// 2m + 1), output byte 0 starts at bit 8c (lane 2m, nibble 2c), byte 2 at 8c + 4 (nibble 2c + 1),
-// byte 4 at 32 + 8c (lane 2m + 1, nibble 2c), byte 6 at 32 + 8c + 4; odd bytes are masked off.
-inline __m512i RunControl(int c) {
-  const uint64_t b = static_cast<uint64_t>(8 * c);
-  const uint64_t q = b | (b + 4) << 16 | (b + 32) << 32 | (b + 36) << 48;
-  return _mm512_set1_epi64(static_cast<long long>(q));
-}
-
-// The 32 bf16 words 0x4300 | q of run c of the superblock `sb`: dword lane l holds (low word)
-// the code of weight 32c + l and (high word) that of weight 32c + 16 + l.
-inline __m512bh RunWords(__m512i sb, __m512i control) {
-  const __m512i v = _mm512_multishift_epi64_epi8(control, sb);
-  // (v & 0x000F000F) | 0x43004300
-  return (__m512bh)_mm512_ternarylogic_epi32(v, _mm512_set1_epi32(0x000F000F), _mm512_set1_epi32(0x43004300), 0xEA);
-}
 
 // Weight row r against activation rows a[0..MR): y[i * w.n + r]. kGops = runs per group (g / 32)
 // when fixed at compile time (1, 2: g = 32, 64), 0 = read from w. g = 128 never comes here
