@@ -352,8 +352,8 @@ int RunBenchModel(const BenchModelArgs& a) {
     for (const TestResult& r : results) j.push_back(ToJson(r, k));
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("\nt/s: median ± standard deviation over %d repetitions | kernels: %s | build: %s\n", a.repetitions,
-                k.chosen.c_str(), BuildCommit().c_str());
+    std::printf("\nt/s: median ± standard deviation over %d repetition%s | kernels: %s | build: %s\n", a.repetitions,
+                a.repetitions == 1 ? "" : "s", k.chosen.c_str(), BuildCommit().c_str());
   }
   return 0;
 }

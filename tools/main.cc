@@ -42,7 +42,7 @@ std::string ReadTextFile(const std::string& path, std::string* text) {
 }
 
 std::string Bf16NotServed(const std::string& dir) {
-  return "--bf16_activations: " + dir +
+  return "--activations bf16 (--bf16_activations): " + dir +
          " has no int4 linear the bf16-activation path serves (dense model, or group sizes that are not multiples of 32)";
 }
 
@@ -54,7 +54,7 @@ std::string KeptFp32Note(bool int8, int64_t int4_linears, int64_t switched) {
 }
 
 std::string Int8NotServed(const std::string& dir) {
-  return "--int8_activations: " + dir +
+  return "--activations int8 (--int8_activations): " + dir +
          " has no int4 linear the int8 kernels serve (dense model, or group sizes other than 32, 64, 128*j)";
 }
 
