@@ -10,11 +10,36 @@
 
 namespace nibble {
 
+namespace {
+
+// The kernels a driver runs: the caller's, else the active dispatch's.
+const W4Kernels& KernelsOr(const W4Kernels* kernels) {
+  return kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels;
+}
+
+// The AMX tile kernel over m rows: each batch of up to kW4Bf16BatchMaxRows rows arranged once
+// (the calling thread's scratch, reused), then shared by the team over the N blocks.
+void GemmW4Bf16AmxBatches(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
+                          W4GemmBf16BatchKernel amx, bool parallel) {
+  thread_local PageBuffer scratch;
+  const size_t bytes = W4Bf16BatchBytes(w.k, w.group_size);
+  if (scratch.size() < bytes) scratch = PageBuffer(bytes);
+  const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
+  for (int64_t i0 = 0; i0 < m; i0 += kW4Bf16BatchMaxRows) {
+    const W4Bf16Batch batch = PrepareBf16Batch(a + i0, std::min(kW4Bf16BatchMaxRows, m - i0), scratch.data());
+    float* yb = y + i0 * w.n;
+    ParallelFor(nblocks, parallel,
+                [&](int64_t b) { amx(w, batch, bias, yb, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows)); });
+  }
+}
+
+}  // namespace
+
 void GemmW4A32Packed(const W4PackedGemmArgs& a, const W4Kernels* kernels) {
   NIBBLE_CHECK(a.w != nullptr && a.m >= 0);
   if (a.m == 0 || a.w->n == 0) return;
   NIBBLE_CHECK(a.x != nullptr && a.y != nullptr && a.w->data != nullptr);
-  const W4GemmKernel gemm = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).gemm;
+  const W4GemmKernel gemm = KernelsOr(kernels).gemm;
   const int64_t n = a.w->n;
   const int64_t nblocks = (n + kW4BlockRows - 1) / kW4BlockRows;
   // Tiny products are not worth waking the team (the result is the same either way).
@@ -49,7 +74,7 @@ void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, con
   NIBBLE_CHECK(W4Int8Supported(w) && m >= 0 && (m == 0 || (a != nullptr && y != nullptr)));
   for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].parts == W4Int8Parts(w.group_size));
   if (w.n == 0 || m == 0) return;
-  const W4GemmI8Kernel gemm = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).gemm_i8;
+  const W4GemmI8Kernel gemm = KernelsOr(kernels).gemm_i8;
   const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
   const bool parallel = nblocks > 1 && m * w.n * w.k >= kTeamMinWork;
   ParallelFor(nblocks, parallel,
@@ -57,34 +82,20 @@ void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, con
 }
 
 bool W4Bf16AmxServes(const W4PackedWeight& w, int64_t m, const W4Kernels* kernels) {
-  const W4Kernels& ks = kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels;
+  const W4Kernels& ks = KernelsOr(kernels);
   return ks.gemm_bf16_amx != nullptr && m >= kW4Bf16AmxMinRows && w.group_size % 128 == 0;
 }
 
 void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       const W4Kernels* kernels) {
-  const W4Kernels& ks = kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels;
+  const W4Kernels& ks = KernelsOr(kernels);
   const W4GemmBf16Kernel gemm = ks.gemm_bf16;
   NIBBLE_CHECK(gemm != nullptr && W4Bf16Supported(w) && m >= 0 && (m == 0 || (a != nullptr && y != nullptr)));
   for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].group_size == w.group_size);
   if (w.n == 0 || m == 0) return;
   const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
   const bool parallel = nblocks > 1 && m * w.n * w.k >= kTeamMinWork;
-  if (W4Bf16AmxServes(w, m, &ks)) {
-    // Each batch of up to 16 rows is arranged once (the calling thread's scratch, reused), then
-    // shared by the team.
-    thread_local PageBuffer scratch;
-    const size_t bytes = W4Bf16BatchBytes(w.k, w.group_size);
-    if (scratch.size() < bytes) scratch = PageBuffer(bytes);
-    const W4GemmBf16BatchKernel amx = ks.gemm_bf16_amx;
-    for (int64_t i0 = 0; i0 < m; i0 += kW4Bf16BatchMaxRows) {
-      const W4Bf16Batch batch = PrepareBf16Batch(a + i0, std::min(kW4Bf16BatchMaxRows, m - i0), scratch.data());
-      float* yb = y + i0 * w.n;
-      ParallelFor(nblocks, parallel,
-                  [&](int64_t b) { amx(w, batch, bias, yb, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows)); });
-    }
-    return;
-  }
+  if (W4Bf16AmxServes(w, m, &ks)) return GemmW4Bf16AmxBatches(w, a, m, bias, y, ks.gemm_bf16_amx, parallel);
   const auto block = [&](int64_t i0, int64_t b) {
     gemm(w, a + i0, std::min(kW4ChunkRows, m - i0), bias, y + i0 * w.n, b * kW4BlockRows,
          std::min(w.n, (b + 1) * kW4BlockRows));
@@ -103,7 +114,7 @@ void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
 
 void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels) {
   NIBBLE_CHECK(out != nullptr && w.data != nullptr);
-  const W4DequantKernel dq = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).dequant;
+  const W4DequantKernel dq = KernelsOr(kernels).dequant;
   const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
 #pragma omp parallel for schedule(static) if (nblocks > 1)
   for (int64_t b = 0; b < nblocks; ++b) {
@@ -114,7 +125,7 @@ void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kerne
 
 void DequantW4PackedBf16(const W4PackedWeight& w, uint16_t* out, const W4Kernels* kernels) {
   NIBBLE_CHECK(out != nullptr && w.data != nullptr);
-  const W4DequantBf16Kernel dq = (kernels != nullptr ? *kernels : ActiveW4Dispatch().kernels).dequant_bf16;
+  const W4DequantBf16Kernel dq = KernelsOr(kernels).dequant_bf16;
   const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
 #pragma omp parallel for schedule(static) if (nblocks > 1)
   for (int64_t b = 0; b < nblocks; ++b) {

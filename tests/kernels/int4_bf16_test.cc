@@ -38,6 +38,16 @@ struct Packed {
                  bytes.data())) {}
 };
 
+// m rows of x [m, k] prepared for the bf16 kernels (PrepareActsBf16), each in its part of one scratch.
+struct PreparedRows {
+  PageBuffer scratch;
+  std::vector<W4Bf16Acts> acts;
+  PreparedRows(const float* x, int64_t m, int64_t k, int64_t g) : scratch(W4Bf16ActsBytes(k, g) * static_cast<size_t>(m)) {
+    const size_t ab = W4Bf16ActsBytes(k, g);
+    for (int64_t i = 0; i < m; ++i) acts.push_back(PrepareActsBf16(x + i * k, k, g, scratch.data() + ab * static_cast<size_t>(i)));
+  }
+};
+
 // Independent oracle: y = Σ_k bf16(x_k) · (q − z)·s (+ b) in double, and a tolerance: the kernel
 // multiplies bf16(x) by the codes as 128 + q (exact products) and adds the correction −(128 + z)·σ,
 // each partial sum rounded in fp32 along chains no longer than K/16 + 16, so
@@ -133,14 +143,11 @@ TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
           // to 4 activation rows (from kW4Bf16BlockMinRows rows on), with tails; else row tiles.
           const int64_t m_rows = std::array<int64_t, 4>{1, 2, 5, 9}[static_cast<size_t>(cases % 4)];
           const bool blocks = m_rows >= kW4Bf16BlockMinRows && ge % 128 == 0;
-          const size_t ab = W4Bf16ActsBytes(k, ge);
-          PageBuffer scratch(ab * static_cast<size_t>(m_rows));
           std::vector<float> x(static_cast<size_t>(k * m_rows));
           for (auto& v : x) v = xd(rng);
           x[static_cast<size_t>(k / 2)] = 300.f;  // an outlier channel
-          std::vector<W4Bf16Acts> acts;
-          for (int64_t i = 0; i < m_rows; ++i)
-            acts.push_back(PrepareActsBf16(x.data() + i * k, k, ge, scratch.data() + ab * static_cast<size_t>(i)));
+          PreparedRows rows(x.data(), m_rows, k, ge);
+          const std::vector<W4Bf16Acts>& acts = rows.acts;
           std::vector<float> bias(static_cast<size_t>(n));
           for (auto& v : bias) v = xd(rng);
           const float* b = (n % 2 == 1) ? bias.data() : nullptr;
@@ -192,10 +199,9 @@ TEST(W4Bf16Test, BatchArrangesPairsAndCorrectionsForTiles) {
   std::normal_distribution<float> xd(0.f, 1.f);
   std::vector<float> x(static_cast<size_t>(k * m));
   for (auto& v : x) v = xd(rng);
-  const size_t ab = W4Bf16ActsBytes(k, g);
-  PageBuffer scratch(ab * m), bs(W4Bf16BatchBytes(k, g));
-  std::vector<W4Bf16Acts> a;
-  for (int64_t i = 0; i < m; ++i) a.push_back(PrepareActsBf16(x.data() + k * i, k, g, scratch.data() + ab * i));
+  PreparedRows rows(x.data(), m, k, g);
+  const std::vector<W4Bf16Acts>& a = rows.acts;
+  PageBuffer bs(W4Bf16BatchBytes(k, g));
   std::memset(bs.data(), 0xAB, bs.size());  // every byte the batch uses must be written
   const W4Bf16Batch b = PrepareBf16Batch(a.data(), m, bs.data());
   ASSERT_EQ(b.m, m);
@@ -257,10 +263,8 @@ TEST(W4Bf16Test, AmxDriverTakesTheRowsSixteenAtATime) {
   std::vector<float> x(static_cast<size_t>(k * rows)), bias(static_cast<size_t>(n));
   for (auto& v : x) v = xd(rng);
   for (auto& v : bias) v = xd(rng);
-  const size_t ab = W4Bf16ActsBytes(k, g);
-  PageBuffer scratch(ab * rows);
-  std::vector<W4Bf16Acts> a;
-  for (int64_t i = 0; i < rows; ++i) a.push_back(PrepareActsBf16(x.data() + k * i, k, g, scratch.data() + ab * i));
+  PreparedRows prepared(x.data(), rows, k, g);
+  const std::vector<W4Bf16Acts>& a = prepared.acts;
   W4Kernels fake = *W4KernelsFor(Isa::kScalar);
   fake.gemm_bf16 = FakeRowKernel;
   fake.gemm_bf16_amx = FakeBatchKernel;
@@ -306,14 +310,11 @@ TEST(W4Bf16Test, AmxKernelMatchesTheOracleOnTailShapes) {
           Packed p(w);
           // 21 rows: a batch of 16, then one of 5.
           const int64_t m = std::array<int64_t, 4>{4, 7, 16, 21}[static_cast<size_t>(cases % 4)];
-          const size_t ab = W4Bf16ActsBytes(k, ge);
-          PageBuffer scratch(ab * static_cast<size_t>(m));
           std::vector<float> x(static_cast<size_t>(k * m));
           for (auto& v : x) v = xd(rng);
           x[static_cast<size_t>(k / 2)] = 300.f;  // an outlier channel
-          std::vector<W4Bf16Acts> acts;
-          for (int64_t i = 0; i < m; ++i)
-            acts.push_back(PrepareActsBf16(x.data() + i * k, k, ge, scratch.data() + ab * static_cast<size_t>(i)));
+          PreparedRows rows(x.data(), m, k, ge);
+          const std::vector<W4Bf16Acts>& acts = rows.acts;
           std::vector<float> bias(static_cast<size_t>(n));
           for (auto& v : bias) v = xd(rng);
           const float* b = (n % 2 == 1) ? bias.data() : nullptr;
@@ -412,10 +413,8 @@ TEST(W4Bf16Test, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
   const int64_t rows = std::max<int64_t>(70, Int4Linear::Bf16MatmulMinRows() + 6);
   std::vector<float> x(static_cast<size_t>(512 * rows));
   for (auto& v : x) v = xd(rng);
-  const size_t ab = W4Bf16ActsBytes(512, 128);
-  PageBuffer scratch(ab * rows);
-  std::vector<W4Bf16Acts> a;
-  for (int64_t i = 0; i < rows; ++i) a.push_back(PrepareActsBf16(x.data() + 512 * i, 512, 128, scratch.data() + ab * i));
+  PreparedRows prepared(x.data(), rows, 512, 128);
+  const std::vector<W4Bf16Acts>& a = prepared.acts;
   const W4Kernels* avx512 = W4KernelsFor(Isa::kAvx512);
   const bool fast = FastKernel() != nullptr;
   const bool linear_fast = ActiveW4Dispatch().kernels.gemm_bf16 != nullptr;  // what Int4Linear runs

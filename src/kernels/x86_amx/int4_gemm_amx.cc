@@ -135,8 +135,7 @@ void Rows16(const W4PackedWeight& w, const W4Bf16Batch& b, const float* bias, fl
   for (int64_t j = 0; j < rows; ++j) {
     alignas(64) float v[16];
     _mm512_store_ps(v, sum[j]);
-    const float add = bias != nullptr ? bias[n0 + j] : 0.f;
-    for (int64_t i = 0; i < b.m; ++i) y[i * w.n + n0 + j] = bias != nullptr ? v[i] + add : v[i];
+    for (int64_t i = 0; i < b.m; ++i) y[i * w.n + n0 + j] = bias != nullptr ? v[i] + bias[n0 + j] : v[i];
   }
 }
 
