@@ -10,6 +10,7 @@
 
 #include <nibble/quantize.h>
 
+#include "base/version.h"
 #include "formats/checkpoint_format.h"
 #include "formats/float_dtype.h"
 #include "formats/quark_format.h"
@@ -190,6 +191,22 @@ DType ModelDType(const ModelConfig& mc) {
 
 }  // namespace
 
+// The note at the top of the output's README.md (io/model_card.h): a conversion, not a new
+// quantization. The input's own note, if any, stays below it.
+static ModelCardNote ConvertCardNote(const ConvertSummary& s, const FormatEntry& target, const std::vector<SourceLinear>& linears) {
+  ModelCardNote n;
+  n.heading = std::string("Converted with nibble ") + NibbleVersion();
+  n.summary = "`nibble convert` rewrote this checkpoint from " + s.from + " to " + s.to +
+              ": the int4 codes, scales and zero points are repacked into the target's layout, not re-quantized.";
+  std::map<std::string, int64_t> schemes;
+  for (const SourceLinear& l : linears)
+    if (l.plan.spec) ++schemes[DescribeSpec(*l.plan.spec)];
+  n.items.push_back({"scheme", SchemeCounts(schemes)});
+  n.items.push_back({"export format", std::string(target.export_name) + " (" + target.description + "), quant_method " +
+                                          target.quant_method + " in config.json"});
+  return n;
+}
+
 static Result<ConvertSummary> ConvertChecked(const ConvertRequest& r) {
   const auto t0 = std::chrono::steady_clock::now();
   NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* target, FindTarget(r.to));
@@ -238,6 +255,7 @@ static Result<ConvertSummary> ConvertChecked(const ConvertRequest& r) {
   for (const std::string& f : CheckpointSideFiles(r.input_dir))
     if (f != "quantize_config.json" && !written.count(f)) side.push_back(f);
   NIBBLE_ASSIGN_OR_RETURN(s.copied_files, out.CopyFiles(r.input_dir, side));
+  NIBBLE_RETURN_IF_ERROR(out.WriteModelCard(r.input_dir, ConvertCardNote(s, *target, linears)));
   if (!r.gptq_format.empty() && s.to != "gptq")
     s.messages.push_back("warning: --gptq_format " + r.gptq_format + " is used only by --to gptq");
   if (!r.pack_method.empty() && s.to != "quark")

@@ -2,10 +2,12 @@
 // checkpoint, written into a staging directory, checked with onnx::checker, then renamed.
 #include <chrono>
 #include <filesystem>
+#include <map>
 
 #include <nibble/export_onnx.h>
 #include <onnx/checker.h>
 
+#include "base/version.h"
 #include "formats/checkpoint_format.h"
 #include "io/checkpoint_writer.h"
 #include "io/file.h"
@@ -76,6 +78,23 @@ void Summarize(const DecoderGraphStats& g, ExportOnnxSummary& s) {
   s.lm_head_block_size = head == g.block_size.end() ? 0 : head->second;
 }
 
+// The note at the top of the output's README.md (io/model_card.h): a re-layout for ONNX Runtime,
+// not a new quantization. The input's own note, if any, stays below it.
+ModelCardNote OnnxCardNote(const ExportOnnxRequest& r, const ExportOnnxSummary& s) {
+  ModelCardNote n;
+  n.heading = std::string("Exported to ONNX with nibble ") + NibbleVersion();
+  n.summary = "`nibble export-onnx` wrote this ONNX Runtime GenAI model from a " + s.from +
+              " checkpoint: its int4 codes, scales and zero points are repacked into MatMulNBits, not re-quantized.";
+  std::map<std::string, int64_t> blocks;
+  for (const auto& [b, count] : s.block_sizes) blocks["MatMulNBits block_size " + std::to_string(b)] = count;
+  if (s.matmul_float > 0) blocks["float MatMul"] = s.matmul_float;
+  n.items.push_back({"scheme", SchemeCounts(blocks)});
+  n.items.push_back({"export format", "ONNX (model.onnx, weights in model.onnx.data, genai_config.json), execution provider " +
+                                          r.execution_provider + ", accuracy_level " + std::to_string(r.accuracy_level) +
+                                          ", io_dtype " + r.io_dtype});
+  return n;
+}
+
 }  // namespace
 
 Result<ExportOnnxSummary> ExportOnnx(const ExportOnnxRequest& r) {
@@ -106,6 +125,7 @@ Result<ExportOnnxSummary> ExportOnnx(const ExportOnnxRequest& r) {
   std::vector<std::string> side = CheckpointSideFiles(r.input_dir);
   side.push_back("config.json");
   NIBBLE_ASSIGN_OR_RETURN(s.copied_files, out.CopyFiles(r.input_dir, side));
+  NIBBLE_RETURN_IF_ERROR(out.WriteModelCard(r.input_dir, OnnxCardNote(r, s)));
   NIBBLE_RETURN_IF_ERROR(out.Commit(r.overwrite));
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;

@@ -78,6 +78,15 @@ Result<std::vector<std::string>> CheckpointWriter::CopyFiles(const std::string& 
   return copied;
 }
 
+Status CheckpointWriter::WriteModelCard(const std::string& from_dir, const ModelCardNote& note) {
+  const std::string src = JoinPath(from_dir, "README.md");
+  std::string card;
+  if (PathExists(src)) {
+    NIBBLE_ASSIGN_OR_RETURN(card, ReadFileToString(src));
+  }
+  return WriteFile("README.md", ModelCardWithNote(card, note));
+}
+
 Status CheckpointWriter::Finish() {
   if (shard_tensors_.empty() || !pending_.empty()) NIBBLE_RETURN_IF_ERROR(FlushShard());
   const size_t n = shard_tensors_.size();

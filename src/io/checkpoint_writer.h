@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/result.h"
+#include "io/model_card.h"
 #include "io/safetensors.h"
 #include "io/staging_dir.h"
 
@@ -44,6 +45,9 @@ class CheckpointWriter {
   Status WriteFile(const std::string& name, const std::string& bytes);
   /// Copies each of `names` that exists in `from_dir` into the output; returns those copied.
   Result<std::vector<std::string>> CopyFiles(const std::string& from_dir, const std::vector<std::string>& names);
+  /// Writes README.md: from_dir's README.md with `note` at its top, or the note alone when
+  /// from_dir has none (io/model_card.h). Call after CopyFiles (it replaces the copied card).
+  Status WriteModelCard(const std::string& from_dir, const ModelCardNote& note);
   /// Writes the last shard, renames the shards to their final names and writes the index.
   Status Finish();
   /// Renames the staging directory onto the output (StagingDir::Commit). Call after Finish.

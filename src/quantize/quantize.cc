@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "base/version.h"
 #include "formats/checkpoint_format.h"
 #include "formats/float_dtype.h"
 #include "formats/int4_matrix.h"
@@ -15,6 +16,7 @@
 #include "formats/rtn.h"
 #include "io/checkpoint_writer.h"
 #include "io/file.h"
+#include "io/model_card.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/llama.h"
@@ -269,6 +271,39 @@ Status WriteTensors(const QuantizeOptions& o, const TensorStore& store, const Ex
 }
 
 
+// The note at the top of the output's README.md (io/model_card.h): what was quantized how, as
+// Quark and llm-compressor state it in theirs.
+ModelCardNote QuantizeCardNote(const QuantizeOptions& o, const FormatEntry& format, const QuantizeReport& report) {
+  static const std::map<std::string, std::string> kAlgo = {
+      {"rtn", "RTN (round to nearest)"}, {"awq", "AWQ (activation-aware scaling)"},
+      {"gptq", "GPTQ (error-compensating rounding)"}, {"awq,gptq", "AWQ scaling, then GPTQ rounding"}};
+  ModelCardNote n;
+  n.heading = std::string("Quantized with nibble ") + NibbleVersion();
+  n.summary = "`nibble quantize` wrote this checkpoint from the model below: int4 weight-only quantization of its "
+              "linear layers; every other tensor is unchanged.";
+  auto algo = kAlgo.find(o.quant_algo);
+  n.items.push_back({"algorithm", algo != kAlgo.end() ? algo->second : o.quant_algo});
+  std::map<std::string, int64_t> schemes;
+  std::vector<std::string> kept;
+  for (const QuantizedLayerReport& l : report.layers) {
+    if (l.quantized) ++schemes[l.scheme];
+    else kept.push_back(l.name);
+  }
+  n.items.push_back({"scheme", SchemeCounts(schemes) + " (uint4: asymmetric with zero points, int4: symmetric; g: group_size)"});
+  if (o.quant_algo != "rtn")
+    n.items.push_back({"calibration", fs::path(o.dataset).filename().string() + ", " + std::to_string(report.calib_chunks) +
+                                          " samples x " + std::to_string(report.calib_seq_len) + " tokens" +
+                                          (o.seed == 0 ? " (the first in order)" : " (seed " + std::to_string(o.seed) + ")")});
+  std::string excluded;
+  const size_t shown = std::min<size_t>(kept.size(), 8);
+  for (size_t i = 0; i < shown; ++i) excluded += (i ? ", " : "") + kept[i];
+  if (kept.size() > shown) excluded += " and " + std::to_string(kept.size() - shown) + " more";
+  n.items.push_back({"excluded layers (kept in float)", kept.empty() ? "none" : excluded});
+  n.items.push_back({"export format", std::string(format.export_name) + " (" + format.description +
+                                          "), quant_method " + format.quant_method + " in config.json"});
+  return n;
+}
+
 Status CheckRequest(const QuantizeOptions& o) {
   if (o.quant_algo != "rtn" && o.quant_algo != "awq" && o.quant_algo != "gptq" && o.quant_algo != "awq,gptq")
     return MakeErrorCode(ErrorCode::kUnsupported, "--quant_algo \"", o.quant_algo,
@@ -353,6 +388,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   NIBBLE_RETURN_IF_ERROR(out.WriteFile("config.json", config_json.dump(2) + "\n"));
   for (const auto& [file, text] : writer->ExtraFiles(request)) NIBBLE_RETURN_IF_ERROR(out.WriteFile(file, text));
   NIBBLE_ASSIGN_OR_RETURN(report.copied_files, out.CopyFiles(o.model_dir, CheckpointSideFiles(o.model_dir)));
+  NIBBLE_RETURN_IF_ERROR(out.WriteModelCard(o.model_dir, QuantizeCardNote(o, *format, report)));
   NIBBLE_RETURN_IF_ERROR(out.Commit(o.overwrite));
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
