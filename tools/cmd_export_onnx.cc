@@ -1,6 +1,7 @@
 // `nibble export-onnx ...`: runs nibble-export-onnx from nibble's own directory with the same
 // arguments (ONNX's protobuf runtime cannot share a process with SentencePiece's; see
-// include/nibble/export_onnx.h).
+// include/nibble/export_onnx.h). The build makes both (target nibble depends on it) and
+// `cmake --install` installs both; a copy of nibble alone is told what is missing.
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,6 +25,11 @@ Runner RegisterExportOnnx(CLI::App& app) {
     const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
     if (ec) return Fail("cannot find nibble's own path (/proc/self/exe): " + ec.message());
     const std::string helper = (self.parent_path() / "nibble-export-onnx").string();
+    if (access(helper.c_str(), X_OK) != 0)
+      return Fail("export-onnx runs the program " + helper + " (beside nibble), which " +
+                  (errno == ENOENT ? std::string("does not exist") : "cannot be run: " + std::string(std::strerror(errno))) +
+                  ": build it with `cmake --build build/release --target nibble-export-onnx` (building nibble builds it "
+                  "too), or install both with `cmake --install build/release --prefix DIR`");
     std::vector<std::string> args = cmd->remaining();
     std::vector<char*> argv = {const_cast<char*>(helper.c_str())};
     for (std::string& a : args) argv.push_back(a.data());

@@ -143,5 +143,46 @@ TEST(OnnxExportCli, RefusesWhatTheGraphCannotHoldBeforeWriting) {
   fs::remove_all(tmp);
 }
 
+// The README's main job builds only the target nibble: that must build nibble-export-onnx too,
+// which `nibble export-onnx` runs (--help included); the export states itself in the model card.
+TEST(OnnxExportCli, TargetNibbleBuildsTheHelperAndTheExportRuns) {
+  RunResult r = RunNibble("export-onnx --help");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("--accuracy_level"), std::string::npos) << r.out;
+  const fs::path tmp = fs::temp_directory_path() / ("nibble_onnx_cli_" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  const std::string q = (tmp / "q").string(), o = (tmp / "o").string();
+  r = RunNibble("quantize --model_dir " + Quote(EmbeddedModel()) + " --output_dir " + Quote(q) +
+                " --quant_scheme w_int4_per_group_sym --group_size 32");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = RunNibble("export-onnx --model " + Quote(q) + " --out " + Quote(o));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(o + "/model.onnx"));
+  const std::string card = ReadFile(o + "/README.md");
+  EXPECT_EQ(card.rfind("## Exported to ONNX with nibble ", 0), 0u) << card;
+  EXPECT_NE(card.find("\n- scheme: MatMulNBits block_size 32 (42 linears); float MatMul (1 linear)\n"), std::string::npos) << card;
+  EXPECT_NE(card.find("\n---\n\n## Quantized with nibble "), std::string::npos) << card;
+  fs::remove_all(tmp);
+  if (!fs::exists(std::string(NIBBLE_BINARY_DIR) + "/build.ninja")) GTEST_SKIP() << "not a Ninja build tree";
+  r = RunCommand("ninja -C " + Quote(NIBBLE_BINARY_DIR) + " -t query nibble 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("| nibble-export-onnx\n"), std::string::npos) << "target nibble does not depend on nibble-export-onnx\n" << r.out;
+}
+
+// A copy of nibble without its helper says which file is missing and how to build it.
+TEST(OnnxExportCli, NibbleAloneNamesTheMissingHelperAndHowToBuildIt) {
+  const fs::path tmp = fs::temp_directory_path() / ("nibble_alone_" + std::to_string(getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  fs::copy_file(NibbleBinary(), tmp / "nibble");
+  RunResult r = RunCommand(Quote((tmp / "nibble").string()) + " export-onnx --help 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("nibble: error: export-onnx runs the program " + (tmp / "nibble-export-onnx").string() +
+                       " (beside nibble), which does not exist"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--target nibble-export-onnx"), std::string::npos) << r.out;
+  fs::remove_all(tmp);
+}
+
 }  // namespace
 }  // namespace nibble_test
