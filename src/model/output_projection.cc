@@ -39,7 +39,8 @@ Result<OutputProjection> FindOutputProjection(const ModelConfig& c, const Tensor
     if (name.starts_with("lm_head.")) p.head_stored = true;
   if (!p.tied && !p.head_stored)
     return MakeErrorCode(ErrorCode::kCorruptInput, store.description(),
-                         ": no lm_head tensor (the output projection) is stored and config.json has "
+                         ": missing tensor lm_head.weight: no lm_head tensor (the output projection) is stored and "
+                         "config.json has "
                          "tie_word_embeddings false (the default when the key is absent); set \"tie_word_embeddings\": "
                          "true if the model uses model.embed_tokens.weight as its output projection");
   if (p.tied && p.head_stored) {
