@@ -157,4 +157,57 @@ TEST(TiedHead, EveryCombinationExportsTheModelTransformersRuns) {
   }
 }
 
+// The calibrated export (AWQ on the sequential pipeline) builds a tied head from the embedding as
+// the RTN export does: AWQ never touches lm_head, so both write the same codes.
+TEST(TiedHead, CalibratedExportQuantizesTheEmbeddingAsHead) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
+  nibble_test::TempDir tmp;
+  const std::string in = tmp.sub("tied-different"), rtn = tmp.sub("rtn"), awq = tmp.sub("awq");
+  WriteCase(in, true, Head::kDifferent, false);
+  ASSERT_TRUE(nibble::Quantize(Request(in, rtn, true)).ok());
+  nibble::QuantizeRequest r = nibble_test::TinyCalibRequest("awq", in, awq, nibble_test::TinyCalibFile(tmp.sub("calib.txt")));
+  r.layer_quant_config = {"lm_head:group_size=32"};
+  auto s = nibble::Quantize(r);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_FALSE(Config(awq)["tie_word_embeddings"].get<bool>());
+  auto v = nibble::Verify({rtn, awq});
+  ASSERT_TRUE(v.ok()) << v.error().message;
+  int64_t heads = 0;
+  for (const auto& e : v->entries) {
+    if (e.name != "lm_head") continue;
+    ++heads;
+    EXPECT_TRUE(e.identical) << e.a << " vs " << e.b;
+    EXPECT_EQ(e.a, "uint4 per_group g32") << e.a;  // quantized, not the float embedding
+  }
+  EXPECT_EQ(heads, 1);
+  // Against the float model (whose lm_head is the embedding): within half a quantization step.
+  // The stored lm_head.weight, N(0, 0.1²) against the embedding's N(0, 0.3²), is far from it.
+  v = nibble::Verify({in, awq});
+  ASSERT_TRUE(v.ok()) << v.error().message;
+  for (const auto& e : v->entries) {
+    if (e.name != "lm_head") continue;
+    EXPECT_FALSE(e.identical);
+    EXPECT_LT(e.max_abs_diff, 0.1) << e.a << " vs " << e.b;
+  }
+}
+
+// A checkpoint whose config says tied while it stores a quantized lm_head runs the embedding, as
+// Transformers and vLLM do, and says the stored head is ignored.
+TEST(TiedHead, StoredQuantizedHeadOfATiedConfigIsIgnored) {
+  NIBBLE_NEEDS_SHARED("models/stories260K");
+  nibble_test::TempDir tmp;
+  const std::string in = tmp.sub("tied-absent"), qf = tmp.sub("qf"), qh = tmp.sub("qh");
+  WriteCase(in, true, Head::kAbsent, false);
+  ASSERT_TRUE(nibble::Quantize(Request(in, qf, false)).ok());
+  ASSERT_TRUE(nibble::Quantize(Request(in, qh, true)).ok());
+  nlohmann::json cfg = Config(qh);
+  cfg["tie_word_embeddings"] = true;
+  std::ofstream(qh + "/config.json") << cfg.dump(2);
+  std::vector<std::string> warnings;
+  EXPECT_EQ(Logits(qh, &warnings), Logits(qf));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("lm_head is stored quantized: nibble uses model.embed_tokens.weight"), std::string::npos)
+      << warnings[0];
+}
+
 }  // namespace
