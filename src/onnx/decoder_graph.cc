@@ -252,8 +252,7 @@ Status GraphBuilder::Head(const std::string& hidden, const std::string& residual
   NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(c_, store_));
   if (proj.ReadsHeadModule()) return Linear("lm_head", "/model/norm/output_0", "logits");
   // Tied: the embedding is the output projection, as Transformers, vLLM and nibble use it.
-  NIBBLE_ASSIGN_OR_RETURN(const TensorView* e,
-                          GetShaped(store_, "model.embed_tokens.weight", {c_.vocab_size, c_.hidden_size}));
+  NIBBLE_ASSIGN_OR_RETURN(const TensorView* e, GetShaped(store_, proj.FloatTensor(), {c_.vocab_size, c_.hidden_size}));
   return FloatMatMul("lm_head", *e, "/model/norm/output_0", "logits");
 }
 
