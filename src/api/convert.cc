@@ -53,7 +53,9 @@ Status CheckOutput(const ConvertRequest& r) {
 Result<std::vector<SourceLinear>> ReadSourceLinears(const QuantizedFormat& src, const ModelConfig& mc,
                                                     const TensorStore& store, DType model_dtype) {
   std::vector<SourceLinear> out;
-  for (const std::string& m : LinearModuleNames(mc, HasLmHead(mc, store))) {
+  // A tied model's lm_head is the float embedding (FindOutputProjection): nothing to convert.
+  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, store));
+  for (const std::string& m : LinearModuleNames(mc, proj.ReadsHeadModule())) {
     SourceLinear l;
     l.module = m;
     NIBBLE_ASSIGN_OR_RETURN(l.plan, src.Resolve(m));
@@ -231,7 +233,7 @@ static Result<ConvertSummary> ConvertChecked(const ConvertRequest& r) {
   if (!r.gptq_format.empty()) request.gptq_format = r.gptq_format;
   if (src->name() == "gptq" && std::string(target->quant_method) == "gptq") request.config.algo_config = GptqSettingsOf(*src);
   for (const SourceLinear& l : linears) request.modules.push_back(l.module);
-  if (!HasLmHead(mc, store)) request.absent_modules = {"lm_head"};
+  if (request.modules.empty() || request.modules.back() != "lm_head") request.absent_modules = {"lm_head"};
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<FormatWriter> writer, target->writer(request));
   NIBBLE_ASSIGN_OR_RETURN(std::optional<DType> scale_dtype, ChooseScaleDType(linears, model_dtype, *writer));
   if (scale_dtype && *scale_dtype != model_dtype) SetScaleDType(request.config, *scale_dtype);

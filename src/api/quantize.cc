@@ -185,6 +185,9 @@ static Status AddConfigWarnings(const QuantizeRequest& r, const QuarkQuantConfig
     modules.push_back(l.name);
     lm_head_quantized = lm_head_quantized || (l.name == "lm_head" && l.quantized);
   }
+  // A tied head kept in float writes no lm_head module, but the model has one (the embedding): an
+  // entry naming lm_head decided it.
+  if (std::find(modules.begin(), modules.end(), "lm_head") == modules.end()) modules.push_back("lm_head");
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, UnusedConfigEntries(config, modules));
   std::vector<std::string> lines;
   for (const std::string& u : unused) lines.push_back("warning: " + u);
@@ -203,7 +206,9 @@ static Status AddConfigWarnings(const QuantizeRequest& r, const QuarkQuantConfig
   NIBBLE_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(r.output_dir));
   std::vector<LinearShapeInfo> shapes;
   for (const auto& l : s.layers) shapes.push_back({l.name, l.n, l.k});
-  NIBBLE_ASSIGN_OR_RETURN(EnginesReport engines, written->Engines(shapes, mc.tie_word_embeddings));
+  NIBBLE_ASSIGN_OR_RETURN(TensorStore written_store, TensorStore::OpenDir(r.output_dir));
+  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, written_store));
+  NIBBLE_ASSIGN_OR_RETURN(EnginesReport engines, written->Engines(shapes, proj.tied));
   for (const std::string& d : EngineDisagreementLines(engines)) lines.push_back("warning: " + d);
   for (const std::string& l : lines) {
     if (r.on_message) r.on_message(l);
@@ -372,14 +377,16 @@ static Status AddEngines(InspectReport& rep, const ModelConfig& mc, const Tensor
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> format, OpenCheckpointFormat(rep.dir));
   std::vector<LinearShapeInfo> shapes;
   std::vector<std::string> names;
-  for (const std::string& name : LinearModuleNames(mc, HasLmHead(mc, store))) {
+  // A tied model's stored lm_head is listed too: what each engine makes of it.
+  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, store));
+  for (const std::string& name : LinearModuleNames(mc, proj.ReadsHeadModule() || proj.head_stored)) {
     const auto [n, k] = LinearShape(mc, name);
     shapes.push_back({name, n, k});
     names.push_back(name);
   }
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, format->UnusedConfigEntries(names));
   rep.warnings.insert(rep.warnings.end(), unused.begin(), unused.end());
-  NIBBLE_ASSIGN_OR_RETURN(EnginesReport e, format->Engines(shapes, mc.tie_word_embeddings));
+  NIBBLE_ASSIGN_OR_RETURN(EnginesReport e, format->Engines(shapes, proj.tied));
   rep.engines = e.engines;
   for (const auto& l : e.linears) {
     InspectReport::EngineRow row{l.shape.name, l.meant, {}, {}};
@@ -413,7 +420,9 @@ Result<InspectReport> Inspect(const std::string& dir) {
   }
   const int64_t elem = mc.torch_dtype == "float32" ? 4 : 2;
   for (const auto& name : store.Names()) rep.total_tensor_bytes += static_cast<int64_t>(store.Find(name)->nbytes);
-  const bool has_lm_head = HasLmHead(mc, store);
+  // A tied model's lm_head is the embedding (FindOutputProjection): not a linear of its own.
+  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, store));
+  const bool has_lm_head = proj.ReadsHeadModule();
   const std::vector<std::string> suffixes = fmt ? fmt->TensorSuffixes() : std::vector<std::string>{"weight"};
   for (const std::string& name : LinearModuleNames(mc, has_lm_head)) {
     InspectReport::Layer l;

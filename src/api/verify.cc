@@ -29,7 +29,8 @@ struct Side {
   std::unique_ptr<QuantizedFormat> format;  // nullptr: dense
   ModelConfig config;
   TensorStore store;
-  std::vector<std::string> linears;
+  OutputProjection proj;
+  std::vector<std::string> linears;      // every linear; a tied lm_head is the embedding
   std::set<std::string> linear_tensors;  // every tensor a linear's weight is stored in
 };
 
@@ -39,8 +40,14 @@ Result<Side> OpenSide(const std::string& dir) {
   NIBBLE_ASSIGN_OR_RETURN(s.config, LoadModelConfig(dir));
   NIBBLE_ASSIGN_OR_RETURN(s.store, TensorStore::OpenDir(dir));
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(s.config, s.store, s.format.get()));
-  s.linears = LinearModuleNames(s.config, HasLmHead(s.config, s.store));
+  NIBBLE_ASSIGN_OR_RETURN(s.proj, FindOutputProjection(s.config, s.store));
+  s.linears = LinearModuleNames(s.config, true);
+  // A tied model's stored lm_head tensors are not part of the model (every engine ignores them).
+  if (s.proj.tied)
+    for (const std::string& n : s.store.Names())
+      if (n.starts_with("lm_head.")) s.linear_tensors.insert(n);
   for (const std::string& m : s.linears) {
+    if (m == "lm_head" && s.proj.tied) continue;
     s.linear_tensors.insert(m + ".weight");
     if (!s.format) continue;
     NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, s.format->Resolve(m));
@@ -54,6 +61,11 @@ Result<Side> OpenSide(const std::string& dir) {
 // A linear's weight as the model uses it, fp32 [N, K], and how the side stores it.
 Result<std::vector<float>> LinearWeight(const Side& s, const std::string& module, std::string* how) {
   const auto [n, k] = LinearShape(s.config, module);
+  if (module == "lm_head" && s.proj.tied) {
+    NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, GetShaped(s.store, kEmbedTokensWeight, {n, k}));
+    *how = std::string("float ") + DTypeName(t->dtype) + " (tied: " + kEmbedTokensWeight + ")";
+    return TensorToF32(*t);
+  }
   if (s.format) {
     NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, s.format->Resolve(module));
     NIBBLE_ASSIGN_OR_RETURN(std::optional<Int4Matrix> q, s.format->Import(s.store, module, plan, n, k));

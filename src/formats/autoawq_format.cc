@@ -239,7 +239,7 @@ Result<EnginesReport> AutoAwqFormat::Engines(const std::vector<LinearShapeInfo>&
   for (const LinearShapeInfo& l : linears) {
     const std::optional<QuantSpec> meant = SpecOf(ResolveAwq(c_, l.name));
     EnginesReport::Linear out{l, EngineSpecText(meant, l.k), {}};
-    const Read reads[4] = {{meant}, ReadTransformers(c_, l.name, tied), ReadVllm(c_, l.name, tied), ReadOrt(c_, meant)};
+    const Read reads[4] = {RunsEmbedding(l.name, tied) ? Read{} : Read{meant}, ReadTransformers(c_, l.name, tied), ReadVllm(c_, l.name, tied), ReadOrt(c_, meant)};
     for (const Read& got : reads) out.readings.push_back(EngineCell(got, meant, l.k, "untie lm_head or keep it float"));
     rep.linears.push_back(std::move(out));
   }

@@ -172,7 +172,7 @@ Result<EnginesReport> ReportCtEngines(const CtConfig& c, const std::vector<Linea
     out.shape = l;
     out.meant = EngineSpecText(meant.spec, l.k);
     std::vector<Read> reads(4);
-    reads[0] = Read{meant.spec, ""};
+    if (!RunsEmbedding(l.name, tied)) reads[0] = Read{meant.spec, ""};
     NIBBLE_ASSIGN_OR_RETURN(reads[1], ReadTransformers(c, l.name, tied));
     NIBBLE_ASSIGN_OR_RETURN(reads[2], ReadVllm(c, l.name, tied));
     reads[3] = Read{std::nullopt, "not read"};

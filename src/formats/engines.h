@@ -53,6 +53,11 @@ struct EngineRead {
   std::string fails{}, why{}, avoid{};
 };
 
+/// Whether linear `name` of a model with tie_word_embeddings `tied` (as FindOutputProjection,
+/// model/output_projection.h, answers it) runs the float embedding in nibble, Transformers and
+/// vLLM, whatever the config or the stored lm_head tensors say.
+inline bool RunsEmbedding(const std::string& name, bool tied) { return tied && name == "lm_head"; }
+
 /// "float", or DescribeSpec with a group larger than K shown as the one group it is.
 std::string EngineSpecText(const std::optional<QuantSpec>& s, int64_t k);
 

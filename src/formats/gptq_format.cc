@@ -226,8 +226,8 @@ Result<EnginesReport> GptqFormat::Engines(const std::vector<LinearShapeInfo>& li
     NIBBLE_ASSIGN_OR_RETURN(std::optional<QuantSpec> meant, ResolveGptqSpec(c_, l.name));
     EnginesReport::Linear out{l, EngineSpecText(meant, l.k), {}};
     Read reads[4];
-    reads[0] = Read{meant};
-    reads[1] = (l.name == "lm_head" && tied) ? Read{} : Read{meant};
+    reads[0] = RunsEmbedding(l.name, tied) ? Read{} : Read{meant};
+    reads[1] = reads[0];
     NIBBLE_ASSIGN_OR_RETURN(reads[2], ReadVllm(c_, l.name, meant, tied));
     NIBBLE_ASSIGN_OR_RETURN(reads[3], ReadOrt(c_, l.name, meant));
     for (const Read& got : reads) out.readings.push_back(EngineCell(got, meant, l.k, "re-export with nibble quantize (it unties a quantized lm_head)"));

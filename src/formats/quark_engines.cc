@@ -143,7 +143,7 @@ Result<EnginesReport> ReportEngines(const QuarkQuantConfig& c, const std::vector
     out.shape = l;
     out.meant = SpecText(meant.spec, l.k);
     std::vector<QuarkRead> reads(5);
-    reads[0] = QuarkRead{meant.spec, ""};
+    if (!RunsEmbedding(l.name, tied)) reads[0] = QuarkRead{meant.spec, ""};
     reads[1] = ReadTransformers(c, l.name, tied);
     NIBBLE_ASSIGN_OR_RETURN(reads[2], ReadVllm(c, l.name, false, tied));
     NIBBLE_ASSIGN_OR_RETURN(reads[3], ReadVllm(c, l.name, true, tied));

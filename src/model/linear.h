@@ -68,8 +68,10 @@ class DenseLinear final : public Linear {
 /// are widened at load into a DenseLinear.
 class Bf16DenseLinear final : public Linear {
  public:
-  /// weight: [N, K] bf16 bit patterns; bias: empty or [N]. `gemv` must be non-null.
-  Bf16DenseLinear(int64_t n, int64_t k, std::vector<uint16_t> weight, std::vector<float> bias, Bf16GemvKernel gemv);
+  /// weight: [N, K] bf16 bit patterns, may be shared (a tied lm_head runs on the embedding
+  /// table); bias: empty or [N]. `gemv` must be non-null.
+  Bf16DenseLinear(int64_t n, int64_t k, std::shared_ptr<const std::vector<uint16_t>> weight, std::vector<float> bias,
+                  Bf16GemvKernel gemv);
   int64_t in_features() const override { return k_; }
   int64_t out_features() const override { return n_; }
   void Forward(const float* x, int64_t m, float* y) const override;
@@ -78,7 +80,7 @@ class Bf16DenseLinear final : public Linear {
 
  private:
   int64_t n_, k_;
-  std::vector<uint16_t> weight_;
+  std::shared_ptr<const std::vector<uint16_t>> weight_;
   std::vector<float> bias_;
   Bf16GemvKernel gemv_;
 };

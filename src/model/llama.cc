@@ -9,6 +9,7 @@
 #include "base/half.h"
 #include "kernels/int4_dispatch.h"
 #include "model/ops.h"
+#include "model/output_projection.h"
 #include "model/weights.h"
 
 namespace nibble {
@@ -40,15 +41,6 @@ std::vector<std::string> LinearModuleNames(const ModelConfig& c, bool has_lm_hea
   return names;
 }
 
-bool TiedLmHeadDiffers(const ModelConfig& c, const TensorStore& store) {
-  const TensorView* lm = store.Find("lm_head.weight");
-  const TensorView* et = store.Find("model.embed_tokens.weight");
-  if (!c.tie_word_embeddings || lm == nullptr || et == nullptr) return false;
-  if (lm->dtype != DType::kF32 && lm->dtype != DType::kF16 && lm->dtype != DType::kBF16) return false;
-  return lm->dtype != et->dtype || lm->shape != et->shape || lm->nbytes != et->nbytes ||
-         std::memcmp(lm->data, et->data, lm->nbytes) != 0;
-}
-
 Result<std::unique_ptr<Linear>> LoadDenseLinear(const TensorStore& store, const std::string& prefix, int64_t n,
                                                 int64_t k, bool has_bias) {
   std::vector<float> bias;
@@ -60,8 +52,8 @@ Result<std::unique_ptr<Linear>> LoadDenseLinear(const TensorStore& store, const 
   if (const TensorView* t = store.Find(prefix + ".weight"); gemv != nullptr && t != nullptr && t->dtype == DType::kBF16) {
     NIBBLE_ASSIGN_OR_RETURN(t, GetShaped(store, prefix + ".weight", {n, k}));  // the store checked nbytes
     NIBBLE_RETURN_IF_ERROR(CheckFinite(*t));
-    std::vector<uint16_t> w(static_cast<size_t>(n * k));
-    std::memcpy(w.data(), t->data, t->nbytes);
+    auto w = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(n * k));
+    std::memcpy(w->data(), t->data, t->nbytes);
     return std::unique_ptr<Linear>(new Bf16DenseLinear(n, k, std::move(w), std::move(bias), gemv));
   }
   NIBBLE_ASSIGN_OR_RETURN(std::vector<float> w, LoadF32(store, prefix + ".weight", {n, k}));
@@ -81,17 +73,20 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
   m->config_ = c;
   const int64_t h = c.hidden_size, q_dim = c.num_attention_heads * c.head_dim,
                 kv_dim = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
-  // The table stays bf16 when the checkpoint stores bf16 and no tied lm_head needs it as fp32.
-  const bool tied = c.tie_word_embeddings && (store.Find("lm_head.weight") == nullptr || TiedLmHeadDiffers(c, store));
+  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(c, store));
+  // The table stays bf16 when the checkpoint stores bf16, unless a tied lm_head needs it as fp32
+  // (no bf16 GEMV in the dispatch): then one fp32 table serves both.
+  const Bf16GemvKernel gemv = ActiveW4Dispatch().kernels.gemv_bf16;
   std::shared_ptr<const std::vector<float>> embed_shared;
-  const TensorView* et = store.Find("model.embed_tokens.weight");
-  if (!tied && et != nullptr && et->dtype == DType::kBF16) {
-    NIBBLE_ASSIGN_OR_RETURN(et, GetShaped(store, "model.embed_tokens.weight", {c.vocab_size, h}));
+  const TensorView* et = store.Find(kEmbedTokensWeight);
+  if (et != nullptr && et->dtype == DType::kBF16 && (!proj.tied || gemv != nullptr)) {
+    NIBBLE_ASSIGN_OR_RETURN(et, GetShaped(store, kEmbedTokensWeight, {c.vocab_size, h}));
     NIBBLE_RETURN_IF_ERROR(CheckFinite(*et));
-    m->embed_bf16_.resize(static_cast<size_t>(c.vocab_size * h));
-    std::memcpy(m->embed_bf16_.data(), et->data, et->nbytes);
+    auto table = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(c.vocab_size * h));
+    std::memcpy(table->data(), et->data, et->nbytes);
+    m->embed_bf16_ = std::move(table);
   } else {
-    auto embed = LoadF32(store, "model.embed_tokens.weight", {c.vocab_size, h});
+    auto embed = LoadF32(store, kEmbedTokensWeight, {c.vocab_size, h});
     if (!embed.ok()) return embed.error();
     embed_shared = std::make_shared<const std::vector<float>>(std::move(embed).value());
   }
@@ -114,14 +109,16 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
     NIBBLE_ASSIGN_OR_RETURN(layer.down_proj, loader(store, p + "mlp.down_proj", h, inter, c.mlp_bias));
     m->layers_.push_back(std::move(layer));
   }
-  // Tied embeddings: a checkpoint without lm_head (or with one that differs, TiedLmHeadDiffers)
-  // reuses embed_tokens (HF tie_word_embeddings).
-  if (tied) {
+  // Tied (FindOutputProjection): the embedding table itself is the output projection, shared and
+  // never copied; a bf16 table runs the same bf16 GEMV as an untied bf16 lm_head.
+  if (proj.tied && m->embed_bf16_ != nullptr) {
+    m->lm_head_ = std::make_unique<Bf16DenseLinear>(c.vocab_size, h, m->embed_bf16_, std::vector<float>{}, gemv);
+  } else if (proj.tied) {
     m->lm_head_ = std::make_unique<DenseLinear>(c.vocab_size, h, embed_shared, std::vector<float>{});
   } else {
     NIBBLE_ASSIGN_OR_RETURN(m->lm_head_, loader(store, "lm_head", c.vocab_size, h, false));
   }
-  m->embed_tokens_ = embed_shared;  // shared, not copied (a tied lm_head holds the same table)
+  m->embed_tokens_ = embed_shared;
 
   m->rope_ = BuildRopeTables(c, c.max_position_embeddings);
   return m;
@@ -176,7 +173,8 @@ void LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCa
     if (embed_tokens_ != nullptr) {
       std::copy_n(embed_tokens_->data() + row, h, x + i * h);
     } else {
-      for (int64_t j = 0; j < h; ++j) x[i * h + j] = Bf16ToF32(embed_bf16_[static_cast<size_t>(row + j)]);
+      const uint16_t* e = embed_bf16_->data() + row;
+      for (int64_t j = 0; j < h; ++j) x[i * h + j] = Bf16ToF32(e[j]);
     }
   }
   std::vector<LayerKv> kv(static_cast<size_t>(batch));

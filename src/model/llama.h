@@ -35,14 +35,9 @@ Result<std::unique_ptr<Linear>> LoadDenseLinear(const TensorStore& store, const 
 const std::vector<std::string>& DecoderLinearNames();
 
 /// Every linear module name of a model with this config, in execution order (decoder
-/// projections of each layer, then "lm_head" unless tied without an lm_head tensor).
+/// projections of each layer, then "lm_head" when `has_lm_head`: see FindOutputProjection
+/// (model/output_projection.h) for which tensor a model's lm_head is).
 std::vector<std::string> LinearModuleNames(const ModelConfig& c, bool has_lm_head);
-
-/// A tied model (tie_word_embeddings) that nevertheless stores a float lm_head.weight whose
-/// dtype, shape or bytes differ from model.embed_tokens.weight. Such a model runs the embedding as
-/// its output projection, as Transformers (tie_weights) and vLLM (which skips lm_head.weight when
-/// tied) do; a quantized (non-float) lm_head is not covered and runs as stored.
-bool TiedLmHeadDiffers(const ModelConfig& c, const TensorStore& store);
 
 /// {N = out_features, K = in_features} of a linear module named as LinearModuleNames does.
 std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, const std::string& name);
@@ -100,9 +95,10 @@ class LlamaModel {
 
   ModelConfig config_;
   std::shared_ptr<const std::vector<float>> embed_tokens_;  // [vocab_size, hidden_size], shared with a tied lm_head
-  // bf16 checkpoints with their own lm_head keep the table as bf16 bit patterns instead (rows are
-  // widened exactly at lookup; embed_tokens_ is then null): half the bytes.
-  std::vector<uint16_t> embed_bf16_;  // [vocab_size, hidden_size]
+  // bf16 checkpoints keep the table as bf16 bit patterns instead (rows are widened exactly at
+  // lookup; embed_tokens_ is then null): half the bytes. A tied lm_head runs on the same table
+  // (Bf16DenseLinear) where the dispatch has a bf16 GEMV.
+  std::shared_ptr<const std::vector<uint16_t>> embed_bf16_;  // [vocab_size, hidden_size]
   std::vector<float> norm_;          // [hidden_size]
   std::vector<DecoderLayerWeights> layers_;
   std::unique_ptr<Linear> lm_head_;

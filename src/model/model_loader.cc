@@ -4,6 +4,7 @@
 
 #include "model/config.h"
 #include "model/int4_linear.h"
+#include "model/output_projection.h"
 #include "model/weights.h"
 
 namespace nibble {
@@ -46,16 +47,9 @@ bool HasBias(const ModelConfig& c, const std::string& module) {
 
 }  // namespace
 
-bool HasLmHead(const ModelConfig& c, const TensorStore& store) {
-  if (!c.tie_word_embeddings) return true;
-  for (const std::string& name : store.Names())
-    if (name.starts_with("lm_head.")) return true;
-  return false;
-}
-
 Status CheckCheckpointShapes(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format) {
   const int64_t h = c.hidden_size;
-  const bool has_lm_head = HasLmHead(c, store);
+  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(c, store));
   NIBBLE_RETURN_IF_ERROR(CheckFloat(store, "model.embed_tokens.weight", {c.vocab_size, h}));
   NIBBLE_RETURN_IF_ERROR(CheckFloat(store, "model.norm.weight", {h}));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -67,7 +61,7 @@ Status CheckCheckpointShapes(const ModelConfig& c, const TensorStore& store, con
       NIBBLE_RETURN_IF_ERROR(CheckFloat(store, p + "self_attn.k_norm.weight", {c.head_dim}));
     }
   }
-  for (const std::string& module : LinearModuleNames(c, has_lm_head)) {
+  for (const std::string& module : LinearModuleNames(c, proj.ReadsHeadModule())) {
     const auto [n, k] = LinearShape(c, module);
     if (HasBias(c, module)) NIBBLE_RETURN_IF_ERROR(CheckFloat(store, module + ".bias", {n}));
     if (format == nullptr) {
@@ -118,24 +112,16 @@ Result<std::string> CheckUnreadTensors(const ModelConfig& c, const TensorStore& 
 
 Status CheckTiedLmHead(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format,
                        std::vector<std::string>* warnings) {
-  if (!c.tie_word_embeddings) return Status::Ok();
-  const TensorView* lm = store.Find("lm_head.weight");
-  if (format != nullptr) {
+  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(c, store));
+  if (!proj.tied) return Status::Ok();
+  if (format != nullptr && !proj.head_stored) {
     NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, format->Resolve("lm_head"));
-    if (lm == nullptr && plan.spec)
+    if (plan.spec)
       return MakeErrorCode(ErrorCode::kCorruptInput, "config.json declares lm_head quantized (", plan.rule, ": ",
                            DescribeSpec(*plan.spec), ") but the checkpoint has no lm_head tensor (tie_word_embeddings "
                            "is true: the output projection is the float embedding); exclude lm_head in the config");
-    if (lm != nullptr && plan.spec && lm->dtype == DType::kI32) {
-      warnings->push_back("tie_word_embeddings is true but lm_head is stored quantized: nibble runs the quantized "
-                          "lm_head, Transformers and vLLM would use model.embed_tokens.weight; set tie_word_embeddings "
-                          "false in config.json (nibble quantize writes it so)");
-      return Status::Ok();
-    }
   }
-  if (TiedLmHeadDiffers(c, store))
-    warnings->push_back("tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight: nibble "
-                        "uses model.embed_tokens.weight as the output projection, as Transformers and vLLM do");
+  if (proj.stored_head_ignored) warnings->push_back(proj.IgnoredHeadWarning());
   return Status::Ok();
 }
 

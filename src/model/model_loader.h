@@ -12,6 +12,7 @@
 #include "base/result.h"
 #include "formats/checkpoint_format.h"
 #include "model/llama.h"
+#include "model/output_projection.h"
 
 namespace nibble {
 
@@ -20,10 +21,6 @@ namespace nibble {
 /// the linears whose non-natural g_idx Int4Linear sorts by group at load.
 LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format,
                               std::shared_ptr<std::atomic<int64_t>> act_order = nullptr);
-
-/// Whether the checkpoint has an lm_head linear: always when the embeddings are untied (whatever
-/// its tensors are called in the format), else only when some "lm_head.*" tensor is stored.
-bool HasLmHead(const ModelConfig& c, const TensorStore& store);
 
 /// Checks, without converting any data, that `store` holds every tensor a model with config `c`
 /// reads, with the shape config.json implies: embeddings, norms and biases as float tensors, each
@@ -38,14 +35,13 @@ Status CheckCheckpointShapes(const ModelConfig& c, const TensorStore& store, con
 /// listing them ("" when none).
 Result<std::string> CheckUnreadTensors(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format);
 
-/// Tied embeddings (tie_word_embeddings true) against the lm_head the checkpoint stores:
+/// Tied embeddings (tie_word_embeddings true) against the lm_head the checkpoint stores
+/// (FindOutputProjection, model/output_projection.h: the embedding is the projection):
 /// * no lm_head tensor while the config resolves lm_head to a quantized spec: error (the config
 ///   declares a quantized lm_head that is not there);
-/// * a quantized lm_head: a warning that nibble runs it while Transformers and vLLM use the
-///   embedding (re-exporting writes tie_word_embeddings false);
-/// * a float lm_head whose bytes differ from the embedding's: a warning that the embedding is
-///   used, as Transformers and vLLM do (LlamaModel::FromStore).
-/// Warnings are appended to `warnings`.
+/// * a stored lm_head that is not a copy of the embedding (quantized, or a float one with other
+///   values): a warning that it is ignored, as Transformers and vLLM ignore it.
+/// Warnings are appended to `warnings`. Errors: FindOutputProjection's.
 Status CheckTiedLmHead(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format,
                        std::vector<std::string>* warnings);
 

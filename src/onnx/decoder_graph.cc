@@ -249,15 +249,10 @@ Status GraphBuilder::Layer(int64_t i, std::string& hidden, std::string& residual
 Status GraphBuilder::Head(const std::string& hidden, const std::string& residual) {
   NIBBLE_RETURN_IF_ERROR(Norm("/model/norm", "model.norm.weight", hidden, residual, "/model/norm/output_0",
                               "/model/norm/sum"));
-  bool quantized_head = false;
-  if (format_ && HasLmHead(c_, store_)) {
-    NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, format_->Resolve("lm_head"));
-    quantized_head = plan.spec.has_value();
-  }
-  if (!c_.tie_word_embeddings || quantized_head) return Linear("lm_head", "/model/norm/output_0", "logits");
-  // Tied and float: the embedding is the output projection, as Transformers and nibble use it.
-  NIBBLE_ASSIGN_OR_RETURN(const TensorView* e,
-                          GetShaped(store_, "model.embed_tokens.weight", {c_.vocab_size, c_.hidden_size}));
+  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(c_, store_));
+  if (proj.ReadsHeadModule()) return Linear("lm_head", "/model/norm/output_0", "logits");
+  // Tied: the embedding is the output projection, as Transformers, vLLM and nibble use it.
+  NIBBLE_ASSIGN_OR_RETURN(const TensorView* e, GetShaped(store_, proj.FloatTensor(), {c_.vocab_size, c_.hidden_size}));
   return FloatMatMul("lm_head", *e, "/model/norm/output_0", "logits");
 }
 

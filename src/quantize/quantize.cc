@@ -84,6 +84,10 @@ struct ExportContext {
   const QuarkQuantConfig* cfg;
   const FormatWriter* writer;
   std::map<std::string, std::string> module_of_weight;  // "<module>.weight" -> module
+  // A tied model whose lm_head is quantized: the input tensor the head is quantized from (the
+  // embedding, FindOutputProjection), written after it; "" otherwise. Stored lm_head tensors are
+  // then dropped (every engine ignores them while the model is tied).
+  std::string head_source;
   // Modules the --misaligned policy moved to per_channel or excluded -> the rule reported for
   // them (the config names each one, which would read as a user's per-layer override).
   std::map<std::string, std::string> misaligned_rule;
@@ -106,16 +110,24 @@ double RelWeightError(const std::vector<float>& w, const Int4Matrix& q) {
 // shape) replace the stored values when given, and `codes` (computed from them) the RTN of a
 // quantized weight. A linear's weight is quantized per the request and written by the format, or
 // kept in float when its module is excluded; anything else is kept in float.
+Result<Produced> ProduceLinear(const TensorView& t, const std::string& name, const std::vector<float>* new_values,
+                               const Int4Matrix* codes, const ExportContext& ex);
+
 Result<Produced> ProduceTensor(const TensorView& t, const std::vector<float>* new_values, const Int4Matrix* codes,
                                const ExportContext& ex) {
-  Produced res;
   auto mod = ex.module_of_weight.find(t.name);
-  if (mod == ex.module_of_weight.end()) {
-    NIBBLE_ASSIGN_OR_RETURN(TensorToWrite w, FloatTensor(t, new_values));
-    res.tensors.push_back(std::move(w));
-    return res;
-  }
-  const std::string& name = mod->second;
+  if (mod != ex.module_of_weight.end()) return ProduceLinear(t, mod->second, new_values, codes, ex);
+  Produced res;
+  NIBBLE_ASSIGN_OR_RETURN(TensorToWrite w, FloatTensor(t, new_values));
+  res.tensors.push_back(std::move(w));
+  return res;
+}
+
+// The weight `t` of linear module `name`: its tensors as the request resolves the module, and the
+// report line.
+Result<Produced> ProduceLinear(const TensorView& t, const std::string& name, const std::vector<float>* new_values,
+                               const Int4Matrix* codes, const ExportContext& ex) {
+  Produced res;
   NIBBLE_ASSIGN_OR_RETURN(LinearPlan r, ResolveQuarkLinear(*ex.cfg, name));
   QuantizedLayerReport lr;
   lr.name = name;
@@ -164,12 +176,13 @@ WeightQuantSpec PerRowSpec(const WeightQuantSpec& s, int64_t k) {
   return r;
 }
 
-// Resolves every module, applying the misaligned-K policy to the request `cfg`; `rules` gets the
-// report's rule for each module the policy changed.
+// Resolves every module (its weight read from `weight_of[module]`), applying the misaligned-K
+// policy to the request `cfg`; `rules` gets the report's rule for each module the policy changed.
 Status ApplyMisalignedPolicy(MisalignedPolicy policy, const TensorStore& store, const std::vector<std::string>& modules,
-                             QuarkQuantConfig& cfg, std::map<std::string, std::string>& rules) {
+                             const std::map<std::string, std::string>& weight_of, QuarkQuantConfig& cfg,
+                             std::map<std::string, std::string>& rules) {
   for (const std::string& name : modules) {
-    NIBBLE_ASSIGN_OR_RETURN(const TensorView* w, store.Get(name + ".weight"));
+    NIBBLE_ASSIGN_OR_RETURN(const TensorView* w, store.Get(weight_of.at(name)));
     if (w->shape.size() != 2) return MakeError(w->file, ": tensor ", w->name, " has shape ", w->ShapeString(), ", expected 2-D");
     const int64_t k = w->shape[1];
     NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(cfg, name));
@@ -254,6 +267,7 @@ Status WriteTensors(const QuantizeOptions& o, const TensorStore& store, const Ex
                     std::map<std::string, Produced>& produced, CheckpointWriter& out, QuantizeReport& report) {
   int64_t done = 0;
   for (const std::string& tname : store.Names()) {
+    if (!ex.head_source.empty() && tname.starts_with("lm_head.")) continue;  // replaced, see head_source
     Produced p;
     if (auto it = produced.find(tname); it != produced.end()) {
       p = std::move(it->second);
@@ -261,9 +275,15 @@ Status WriteTensors(const QuantizeOptions& o, const TensorStore& store, const Ex
     } else {
       NIBBLE_ASSIGN_OR_RETURN(p, ProduceTensor(*store.Find(tname), nullptr, nullptr, ex));
     }
-    for (auto& t : p.tensors) NIBBLE_RETURN_IF_ERROR(out.Add(std::move(t)));
-    if (p.layer) {
-      report.layers.push_back(std::move(*p.layer));
+    std::optional<Produced> head;
+    if (tname == ex.head_source) {
+      NIBBLE_ASSIGN_OR_RETURN(head, ProduceLinear(*store.Find(tname), "lm_head", nullptr, nullptr, ex));
+    }
+    for (Produced* q : {&p, head ? &*head : nullptr}) {
+      if (q == nullptr) continue;
+      for (auto& t : q->tensors) NIBBLE_RETURN_IF_ERROR(out.Add(std::move(t)));
+      if (!q->layer) continue;
+      report.layers.push_back(std::move(*q->layer));
       if (o.progress && o.quant_algo == "rtn") o.progress(++done, static_cast<int64_t>(n_modules));
     }
   }
@@ -343,25 +363,44 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   ExportRequest request{o.config, {}, {}};
   request.gptq_format = o.gptq_format;
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, nullptr));
-  const std::vector<std::string> modules = LinearModuleNames(mc, HasLmHead(mc, store));
-  request.modules = modules;
-  if (!HasLmHead(mc, store)) request.absent_modules = {"lm_head"};
+  // Every model has an lm_head; a tied one's is the embedding (FindOutputProjection).
+  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, store));
+  std::vector<std::string> modules = LinearModuleNames(mc, true);
+  std::map<std::string, std::string> weight_of;
+  for (const auto& m : modules) weight_of[m] = m == "lm_head" ? proj.FloatTensor() : m + ".weight";
   std::map<std::string, std::string> misaligned_rule;
-  NIBBLE_RETURN_IF_ERROR(ApplyMisalignedPolicy(o.misaligned, store, modules, request.config, misaligned_rule));
+  NIBBLE_RETURN_IF_ERROR(
+      ApplyMisalignedPolicy(o.misaligned, store, modules, weight_of, request.config, misaligned_rule));
+  NIBBLE_ASSIGN_OR_RETURN(const LinearPlan head_plan, ResolveQuarkLinear(request.config, "lm_head"));
+  // A tied head kept in float stays the embedding: no lm_head module is written.
+  const bool head_from_embedding = proj.tied && head_plan.spec.has_value();
+  if (proj.tied && !head_from_embedding) {
+    modules.pop_back();
+    request.absent_modules = {"lm_head"};
+  }
+  request.modules = modules;
   NIBBLE_RETURN_IF_ERROR(CheckSomethingQuantized(request.config, modules));
   if (o.tp > 0) {
     std::vector<LinearShapeInfo> shapes;
-    for (const auto& m : modules) shapes.push_back({m, store.Find(m + ".weight")->shape[0], store.Find(m + ".weight")->shape[1]});
+    for (const auto& m : modules) shapes.push_back({m, LinearShape(mc, m).first, LinearShape(mc, m).second});
     NIBBLE_RETURN_IF_ERROR(CheckTensorParallel(request.config, shapes, o.tp));
   }
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<FormatWriter> writer, format->writer(request));
   if (std::optional<DType> dt = writer->ScaleDType()) SetScaleDType(request.config, *dt);
-  ExportContext ex{&request.config, writer.get(), {}, std::move(misaligned_rule)};
-  for (const auto& m : modules) ex.module_of_weight[m + ".weight"] = m;
+  ExportContext ex{&request.config, writer.get(), {}, "", std::move(misaligned_rule)};
+  for (const auto& m : modules)
+    if (m != "lm_head" || !proj.tied) ex.module_of_weight[m + ".weight"] = m;
+  if (head_from_embedding) ex.head_source = kEmbedTokensWeight;
   auto note = [&](const std::string& m) {
     report.messages.push_back(m);
     if (o.message) o.message(m);
   };
+  if (head_from_embedding) {
+    note(std::string("note: ") + kTiedHeadQuantizedNote);
+    if (proj.head_stored)
+      note("note: the stored lm_head tensors (which Transformers and vLLM ignore in a tied model) are not written: "
+           "the quantized lm_head replaces them");
+  }
   if (o.quant_algo == "rtn" && !o.dataset.empty()) note("warning: --dataset " + o.dataset + " is not used by --quant_algo rtn");
   if (o.quant_algo.find("gptq") == std::string::npos && o.gptq.actorder != GptqActOrder::kNone)
     note(std::string("warning: --actorder ") + GptqActOrderName(o.gptq.actorder) + " is used only by GPTQ; --quant_algo " +
@@ -382,9 +421,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   config_json["quantization_config"] = report.quantization_config;
   // A quantized lm_head cannot stay tied to the float embedding (Transformers and vLLM would run
   // the embedding instead): the output is untied.
-  for (const auto& l : report.layers)
-    if (l.name == "lm_head" && l.quantized && config_json.value("tie_word_embeddings", false))
-      config_json["tie_word_embeddings"] = false;
+  if (head_from_embedding) config_json["tie_word_embeddings"] = false;
   NIBBLE_RETURN_IF_ERROR(out.WriteFile("config.json", config_json.dump(2) + "\n"));
   for (const auto& [file, text] : writer->ExtraFiles(request)) NIBBLE_RETURN_IF_ERROR(out.WriteFile(file, text));
   NIBBLE_ASSIGN_OR_RETURN(report.copied_files, out.CopyFiles(o.model_dir, CheckpointSideFiles(o.model_dir)));

@@ -190,4 +190,42 @@ TEST(ReferenceLoader, Qwen3AwqQuarkReadsAsTheSameModel) {
   EXPECT_NE(r.out.find("dense F16 [32]"), std::string::npos) << r.out;
 }
 
+// A tied model's lm_head quantized (`--layer_quant_config lm_head:...`): nibble writes an untied
+// int4 lm_head built from the embedding; the independent loader reads the same model, with 15
+// quantized linears (2 layers x 7 and lm_head).
+TEST(ReferenceLoader, TiedHeadQuantizedFromTheEmbeddingReadsAsTheSameModel) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/prose-val.txt");
+  if (std::system("command -v python3 >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 not found in PATH: tests/reference/dequantize.py cannot run";
+  nibble_test::TempDir dir("nibble_reference_tied_");
+  nibble_test::TinyLlamaSpec s;
+  s.tie = true;
+  const std::string model = dir.sub("tied"), q = dir.sub("tied-q"), d = dir.sub("tied-q-dense");
+  nibble_test::WriteTinyModel(model, s, [](const std::string& name, std::vector<float>& v) {
+    if (name == "model.embed_tokens.weight")
+      for (float& x : v) x *= 0.3f;
+  });
+  RunResult r = RunNibble("quantize --model_dir " + Quote(model) + " --output_dir " + Quote(q) +
+                          " --group_size 32 --layer_quant_config lm_head:group_size=32");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("lm_head: tie_word_embeddings is true; quantized from model.embed_tokens.weight and written "
+                       "untied"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("matched no layer"), std::string::npos) << r.out;
+  r = RunReferenceLoader(q, d);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("quark: 15 quantized linears dequantized"), std::string::npos) << r.out;
+  auto perplexity = [](const std::string& m) {
+    const RunResult p = RunNibble("perplexity --model " + Quote(m) + " --text " +
+                                  Quote(nibble_test::SharedData("prose-val.txt")) + " --seq_len 128 --max_windows 4 --activations fp32");
+    EXPECT_EQ(p.exit_code, 0) << m << ": " << p.out;
+    return ParsePerplexity(p.out);
+  };
+  const double fp = perplexity(model), pq = perplexity(q), pd = perplexity(d);
+  std::printf("tied lm_head quantized: float %.4f  quark %.4f  dequantized by the reference loader %.4f\n", fp, pq, pd);
+  ASSERT_GT(fp, 1.0);
+  EXPECT_NEAR(pd, pq, 0.001 * pq);
+  EXPECT_GT(std::fabs(pd / fp - 1.0), 0.0005) << "dequantized " << pd << " vs float " << fp;
+  EXPECT_NE(ReadFile(q + "/config.json").find("\"tie_word_embeddings\": false"), std::string::npos);
+}
+
 }  // namespace

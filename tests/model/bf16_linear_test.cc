@@ -33,7 +33,7 @@ TEST(Bf16DenseLinear, MatchesDenseOnTheWidenedWeights) {
   for (auto& b : bias) b = d(rng);
   DenseLinear dense(n, k, wide, bias);
   for (Bf16GemvKernel kern : kernels) {
-    Bf16DenseLinear lin(n, k, w, bias, kern);
+    Bf16DenseLinear lin(n, k, std::make_shared<const std::vector<uint16_t>>(w), bias, kern);
     EXPECT_EQ(lin.WeightBytes(), n * k * 2);
     // Below kBf16GemvMaxRows rows: the GEMV per row (each row as it is alone, within the fp32
     // bound of the dense product); from there the widened matrix through the dense GEMM.

@@ -182,11 +182,20 @@ TEST(QuarkTied, LmHeadRulesForTiedModels) {
   EXPECT_EQ(ReadConfig(tmp.sub("q"))["tie_word_embeddings"], false);
   EXPECT_TRUE(LoadError(tmp.sub("q")).empty());
 
-  // No lm_head tensor: the written config excludes lm_head, and one that declares it quantized
-  // is refused at load.
+  // No lm_head tensor: quantizing everything quantizes the embedding as the head, untied.
+  const std::string hall = tmp.sub("hall");
+  const std::string qh = Quantize(hall, all, headless);
+  EXPECT_NE(qh.find("lm_head: tie_word_embeddings is true; quantized from model.embed_tokens.weight and written untied"),
+            std::string::npos) << qh;
+  EXPECT_EQ(ReadConfig(hall)["tie_word_embeddings"], false);
+  EXPECT_EQ(ReadConfig(hall)["quantization_config"]["exclude"], nlohmann::ordered_json::array());
+  EXPECT_TRUE(LoadError(hall).empty());
+  // Kept float (the default): the written config excludes lm_head, stays tied, and one that
+  // declares it quantized is refused at load.
   const std::string h = tmp.sub("hq");
-  ASSERT_EQ(Quantize(h, all, headless).rfind("error", 0), std::string::npos);
+  ASSERT_EQ(Quantize(h, {}, headless).rfind("error", 0), std::string::npos);
   EXPECT_EQ(ReadConfig(h)["quantization_config"]["exclude"], nlohmann::ordered_json::array({"lm_head"}));
+  EXPECT_EQ(ReadConfig(h)["tie_word_embeddings"], true);
   EXPECT_TRUE(LoadError(h).empty());
   EditConfig(h, [](auto& j) { j["quantization_config"]["exclude"] = nlohmann::ordered_json::array(); });
   const std::string err = LoadError(h);
