@@ -26,7 +26,7 @@ namespace nibble_cli {
 
 namespace {
 struct CompareArgs {
-  std::string model, text, kl_base, save_logits;
+  std::string model, text, kl_base, save_logits, save_logits_format = "fp32";
   std::vector<std::string> quantized;
   int64_t seq_len = 512, max_windows = 60;
   int threads = 0;
@@ -166,6 +166,7 @@ nibble::Result<nibble::ComparisonReport> RunComparison(const CompareArgs& a, con
   if (!base.ok()) return base.error();
   PrintWarnings(a.model, (*base)->info().warnings);
   opt.save_logits = a.save_logits;
+  opt.save_logits_format = a.save_logits_format;
   return nibble::CompareModels(**base, models, text, opt);
 }
 }  // namespace
@@ -181,6 +182,10 @@ Runner RegisterCompare(CLI::App& app) {
   cmd->add_option("--save_logits", a->save_logits,
                   "Also write the float model's logits to FILE (a directory: DIR/nibble-logits.bin) for --kl_divergence_base")
       ->excludes(kb);
+  cmd->add_option("--save_logits_format", a->save_logits_format,
+                  "How --save_logits stores each position: fp32 (raw logits), uint16 (log-probs in 16 bits, as llama.cpp's "
+                  "KL-divergence base) or topk:K (the K largest log-probs and the rest's mass; docs/FORMATS.md)")
+      ->capture_default_str();
   cmd->add_option("--quantized,-q", a->quantized, "Quantized model directories")->expected(1, -1);
   cmd->add_option("--text,-f", a->text, "UTF-8 text file, evaluated as one string")->required();
   cmd->add_option("--seq_len", a->seq_len, "Window length in tokens")->capture_default_str();
@@ -200,6 +205,7 @@ Runner RegisterCompare(CLI::App& app) {
     if (a->model.empty() && a->kl_base.empty()) return Fail("compare: give the float model (--model) or its saved logits (--kl_divergence_base)");
     if (a->quantized.empty() && a->methods.empty()) return Fail("compare: give --quantized DIR... or --methods LIST");
     if (!a->methods.empty() && a->model.empty()) return Fail("compare: --methods quantizes the float model: give --model");
+    if (auto st = nibble::CheckSavedLogitsFormat(a->save_logits_format); !st.ok()) return Fail(st.error().message);
     nibble::SetNumThreads(a->threads);
     std::string text;
     if (const std::string err = ReadTextFile(a->text, &text); !err.empty()) return Fail(err);

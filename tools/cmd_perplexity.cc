@@ -18,7 +18,7 @@ namespace nibble_cli {
 
 namespace {
 struct PerplexityArgs {
-  std::string model, text, kl_base, save_logits;
+  std::string model, text, kl_base, save_logits, save_logits_format = "fp32";
   int64_t seq_len = 0, max_windows = 0;
   int threads = 0;
   nibble::ActivationType activations = nibble::ActivationType::kAuto;
@@ -69,6 +69,7 @@ nibble::Result<nibble::ComparisonReport> CompareWithBase(const Run& run) {
   if (!base.ok()) return base.error();
   PrintWarnings(a->kl_base, (*base)->info().warnings);
   co.save_logits = a->save_logits;
+  co.save_logits_format = a->save_logits_format;
   return nibble::CompareModels(**base, models, run.text, co);
 }
 
@@ -133,6 +134,7 @@ int RunPlain(const Run& run, const nibble::PerplexityOptions& opt) {
   const PerplexityArgs* a = run.a;
   nibble::PerplexityOptions o = opt;
   o.save_logits = a->save_logits;
+  o.save_logits_format = a->save_logits_format;
   auto r = nibble::EvaluatePerplexity(*run.model, run.text, o);
   if (!r.ok()) return Fail(a->text + ": " + r.error().message);
   PrintPlain(run, *r);
@@ -176,6 +178,10 @@ Runner RegisterPerplexity(CLI::App& app) {
   cmd->add_option("--save_logits", a->save_logits,
                   "Write the logits of every scored position to FILE (a directory: DIR/nibble-logits.bin) for later "
                   "--kl_divergence_base runs; with a base model directory, the base's logits");
+  cmd->add_option("--save_logits_format", a->save_logits_format,
+                  "How --save_logits stores each position: fp32 (raw logits), uint16 (log-probs in 16 bits, as llama.cpp's "
+                  "KL-divergence base) or topk:K (the K largest log-probs and the rest's mass; docs/FORMATS.md)")
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print a JSON object on stdout (the human text goes to stderr)");
   AddActivationsOption(cmd, &a->activations);
   AddTokenizerOption(cmd, &a->tokenizer);
@@ -189,6 +195,7 @@ Runner RegisterPerplexity(CLI::App& app) {
       ->excludes("--int8_activations")
       ->excludes("--activations");
   return [a]() {
+    if (auto st = nibble::CheckSavedLogitsFormat(a->save_logits_format); !st.ok()) return Fail(st.error().message);
     nibble::SetNumThreads(a->threads);
     Run run{a.get(), "", nullptr, nullptr, {}, 0, a->json ? stderr : stdout};
     if (const std::string err = ReadTextFile(a->text, &run.text); !err.empty()) return Fail(err);

@@ -32,7 +32,15 @@ struct PerplexityOptions {
   /// When set, the logits of every scored position are written to this file (or, for an
   /// existing directory, to DIR/nibble-logits.bin) for a later kl_divergence_base run.
   std::string save_logits;
+  /// How save_logits stores each position (docs/FORMATS.md "Saved logits"): "fp32" (the raw
+  /// logits), "uint16" (every log-prob in 16 bits, as llama.cpp's KL-divergence base) or "topk:K"
+  /// (the K largest log-probs and the rest's mass). Reading detects the form.
+  std::string save_logits_format = "fp32";
 };
+
+/// Error (naming --save_logits_format, the value and the accepted forms) unless `format` is one
+/// of the save_logits_format values.
+Status CheckSavedLogitsFormat(const std::string& format);
 
 /// Result of the "GPTQ/AWQ paper" protocol (SPEC §6.1), with the protocol's numbers.
 struct PerplexityReport {
@@ -58,8 +66,10 @@ struct CompareOptions {
   std::function<void(int64_t done, int64_t total)> progress;
   /// After each window: (windows done, total, the first model's perplexity so far).
   std::function<void(int64_t done, int64_t total, double ppl)> on_window;
-  /// CompareModels only: the base model's logits are also written here (see PerplexityOptions).
+  /// CompareModels only: the base model's logits are also written here, in this form (see
+  /// PerplexityOptions).
   std::string save_logits;
+  std::string save_logits_format = "fp32";
 };
 
 /// One model compared with the base (float) model on the same windows.

@@ -26,13 +26,14 @@ PerplexityReport ToReport(const PerplexityResult& r, int64_t seq_len, bool bos) 
   return rep;
 }
 
-PerplexityProtocol ToProtocol(const CompareOptions& options) {
+Result<PerplexityProtocol> ToProtocol(const CompareOptions& options) {
   PerplexityProtocol protocol;
   protocol.seq_len = options.seq_len;
   protocol.max_windows = options.max_windows;
   protocol.progress = options.progress;
   protocol.on_window = options.on_window;
   protocol.save_logits = options.save_logits;
+  NIBBLE_ASSIGN_OR_RETURN(protocol.save_logits_format, SavedLogitsFormat::Parse(options.save_logits_format));
   return protocol;
 }
 
@@ -77,10 +78,10 @@ Result<ComparisonReport> CompareModels(const Model& base, const std::vector<cons
                                        const CompareOptions& options) {
   if (models.empty()) return MakeError("compare: no quantized models given");
   ScopedThreads threads(options.threads);
+  NIBBLE_ASSIGN_OR_RETURN(const PerplexityProtocol protocol, ToProtocol(options));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, base.Tokenize(text));
   const auto t0 = std::chrono::steady_clock::now();
-  NIBBLE_ASSIGN_OR_RETURN(ComparisonResult r,
-                          ComparePerplexityTokens(ModelAccess::llama(base), Llamas(models), tokens, ToProtocol(options)));
+  NIBBLE_ASSIGN_OR_RETURN(ComparisonResult r, ComparePerplexityTokens(ModelAccess::llama(base), Llamas(models), tokens, protocol));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return ToReport(r, models, options.seq_len, ModelAccess::tokenizer(base).add_bos(), seconds);
 }
@@ -95,7 +96,7 @@ Result<ComparisonReport> CompareWithSavedLogits(const std::string& logits_path, 
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<SavedLogits> saved, SavedLogits::Open(file));
   ScopedThreads threads(options.threads);
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, models[0]->Tokenize(text));
-  PerplexityProtocol protocol = ToProtocol(options);
+  NIBBLE_ASSIGN_OR_RETURN(PerplexityProtocol protocol, ToProtocol(options));
   protocol.save_logits.clear();
   const auto t0 = std::chrono::steady_clock::now();
   NIBBLE_ASSIGN_OR_RETURN(ComparisonResult r, ComparePerplexityTokensSaved(*saved, Llamas(models), tokens, protocol));

@@ -8,6 +8,11 @@
 
 namespace nibble {
 
+Status CheckSavedLogitsFormat(const std::string& format) {
+  auto f = SavedLogitsFormat::Parse(format);
+  return f.ok() ? Status::Ok() : Status(f.error());
+}
+
 Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::string& text,
                                             const PerplexityOptions& options) {
   ScopedThreads threads(options.threads);
@@ -21,6 +26,7 @@ Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::strin
   protocol.progress = options.progress;
   protocol.on_window = options.on_window;
   protocol.save_logits = options.save_logits;
+  NIBBLE_ASSIGN_OR_RETURN(protocol.save_logits_format, SavedLogitsFormat::Parse(options.save_logits_format));
   auto t0 = std::chrono::steady_clock::now();
   NIBBLE_ASSIGN_OR_RETURN(PerplexityResult r, EvaluatePerplexityTokens(ModelAccess::llama(model), tokens, protocol));
   PerplexityReport rep;

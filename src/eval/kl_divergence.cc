@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <memory>
 
 #include "model/ops.h"
@@ -61,8 +62,68 @@ double Quantile(const std::vector<double>& sorted, double q) {
 
 namespace {
 
-// The base's logits rows for window w (tokens `win`): a forward pass or a saved file.
-using BaseWindowFn = std::function<Result<const float*>(int64_t w, const int32_t* win)>;
+// The base's next-token distributions of one window: full logits rows (a forward pass, an fp32
+// saved file) or the rows of a compact saved file (uint16, topk).
+struct BaseWindow {
+  const float* logits = nullptr;
+  const SavedLogits* saved = nullptr;
+  int64_t w = 0;
+};
+// The base's rows for window w (tokens `win`).
+using BaseWindowFn = std::function<Result<BaseWindow>(int64_t w, const int32_t* win)>;
+
+// Mean NLL of the window's targets under the base (compact files store each target's log-prob).
+double BaseMeanNll(const BaseWindow& b, int64_t vocab, const int32_t* targets, int64_t n, double* sq_sum) {
+  if (b.logits != nullptr) return MeanNll(b.logits, vocab, targets, n, sq_sum);
+  double total = 0, sq = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double nll = -static_cast<double>(b.saved->Row(b.w, i).target_log_prob);
+    total += nll;
+    sq += nll * nll;
+  }
+  *sq_sum += sq;
+  return total / static_cast<double>(n);
+}
+
+int64_t BaseArgMax(const BaseWindow& b, int64_t i, int64_t vocab) {
+  return b.logits != nullptr ? ArgMax(b.logits + i * vocab, vocab) : b.saved->Row(b.w, i).argmax;
+}
+
+// KL(P || Q) with P given by its top k log-probs and the mass of the rest, that rest lumped into
+// one outcome on both sides: Σ_top p (log p − log q) + p_rest (log p_rest − log q_rest). This is
+// the KL of the coarsened pair, a lower bound of the full one (docs/FORMATS.md "Saved logits").
+double KlTopK(const SavedRow& r, const float* q_logits, int64_t vocab) {
+  float qm;
+  double ql;
+  LogSumExp(q_logits, vocab, &qm, &ql);
+  std::vector<uint8_t> top(static_cast<size_t>(vocab), 0);
+  double kl = 0;
+  for (int64_t t = 0; t < r.top_k; ++t) {
+    const int32_t id = r.top_id(t);
+    top[static_cast<size_t>(id)] = 1;
+    const double lp = r.top_log_prob(t), lq = static_cast<double>(q_logits[id] - qm) - ql;
+    kl += std::exp(lp) * (lp - lq);
+  }
+  if (std::isfinite(r.rest_log_mass)) {
+    double rest = 0;  // Σ over the rest of exp(q - qm), summed directly: 1 − Σ_top q cancels
+    for (int64_t j = 0; j < vocab; ++j)
+      if (!top[static_cast<size_t>(j)]) rest += std::exp(static_cast<double>(q_logits[j] - qm));
+    const double lq_rest = rest > 0 ? std::log(rest) - ql : -745.0;  // exp(-745) is the least double
+    kl += std::exp(static_cast<double>(r.rest_log_mass)) * (r.rest_log_mass - lq_rest);
+  }
+  return kl > 0 ? kl : 0.0;
+}
+
+double BaseKl(const BaseWindow& b, int64_t i, const float* q_logits, int64_t vocab) {
+  if (b.logits != nullptr) return KlDivergenceFromLogits(b.logits + i * vocab, q_logits, vocab);
+  const SavedRow r = b.saved->Row(b.w, i);
+  if (r.form == SavedLogitsFormat::kTopK) return KlTopK(r, q_logits, vocab);
+  // uint16: the row's log-probs (renormalised by the KL); q = 0 lies below the stored range: p = 0.
+  std::vector<float> lp(static_cast<size_t>(vocab));
+  for (int64_t j = 0; j < vocab; ++j)
+    lp[static_cast<size_t>(j)] = r.q[j] == 0 ? -std::numeric_limits<float>::infinity() : r.min_log_prob + r.scale * static_cast<float>(r.q[j]);
+  return KlDivergenceFromLogits(lp.data(), q_logits, vocab);
+}
 
 // Per model: every position's KL in scoring order, and the argmax agreements.
 struct Accumulator {
@@ -107,7 +168,7 @@ Status InitCounts(int64_t n_tokens, const PerplexityProtocol& protocol, Comparis
 }
 
 // One model on one window against the base rows.
-Status CompareWindow(const LlamaModel& model, const int32_t* win, int64_t seq_len, int64_t vocab, const float* base_logits,
+Status CompareWindow(const LlamaModel& model, const int32_t* win, int64_t seq_len, int64_t vocab, const BaseWindow& base,
                      const std::vector<int64_t>& base_arg, std::vector<float>& logits, ModelComparison& mc, Accumulator& acc,
                      const std::string& mc_name) {
   const int64_t scored = seq_len - 1;
@@ -118,7 +179,7 @@ Status CompareWindow(const LlamaModel& model, const int32_t* win, int64_t seq_le
   std::vector<double> row_kl(static_cast<size_t>(scored));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < scored; ++i)
-    row_kl[i] = KlDivergenceFromLogits(base_logits + i * vocab, logits.data() + i * vocab, vocab);
+    row_kl[i] = BaseKl(base, i, logits.data() + i * vocab, vocab);
   for (int64_t i = 0; i < scored; ++i) {  // fixed order: independent of the thread count
     acc.kl_sum += row_kl[i];
     acc.kl.push_back(row_kl[i]);
@@ -159,12 +220,12 @@ Result<ComparisonResult> Compare(const BaseWindowFn& base_window, int64_t vocab,
   std::vector<int64_t> base_arg(static_cast<size_t>(scored));
   for (int64_t w = 0; w < b.n_windows; ++w) {
     const int32_t* win = tokens.data() + w * seq_len;
-    NIBBLE_ASSIGN_OR_RETURN(const float* base_logits, base_window(w, win));
-    b.window_mean_nll.push_back(MeanNll(base_logits, vocab, win + 1, scored, &b.nll_sq_sum));
+    NIBBLE_ASSIGN_OR_RETURN(const BaseWindow base, base_window(w, win));
+    b.window_mean_nll.push_back(BaseMeanNll(base, vocab, win + 1, scored, &b.nll_sq_sum));
     NIBBLE_RETURN_IF_ERROR(CheckWindowNll(b.window_mean_nll.back(), w + 1, "the base model"));
-    for (int64_t i = 0; i < scored; ++i) base_arg[i] = ArgMax(base_logits + i * vocab, vocab);
+    for (int64_t i = 0; i < scored; ++i) base_arg[i] = BaseArgMax(base, i, vocab);
     for (size_t mi = 0; mi < models.size(); ++mi)
-      NIBBLE_RETURN_IF_ERROR(CompareWindow(*models[mi], win, seq_len, vocab, base_logits, base_arg, logits, out.models[mi], acc[mi],
+      NIBBLE_RETURN_IF_ERROR(CompareWindow(*models[mi], win, seq_len, vocab, base, base_arg, logits, out.models[mi], acc[mi],
                                            "quantized model " + std::to_string(mi + 1)));
     if (protocol.progress) protocol.progress(w + 1, b.n_windows);
     if (protocol.on_window) protocol.on_window(w + 1, b.n_windows, RunningPerplexity(out.models[0].perplexity));
@@ -189,13 +250,14 @@ Result<ComparisonResult> ComparePerplexityTokens(const LlamaModel& base, const s
   if (!protocol.save_logits.empty() && static_cast<int64_t>(tokens.size()) >= seq_len) {
     const int64_t avail = static_cast<int64_t>(tokens.size()) / seq_len;
     const int64_t n_windows = protocol.max_windows > 0 && protocol.max_windows < avail ? protocol.max_windows : avail;
-    NIBBLE_ASSIGN_OR_RETURN(save, SavedLogitsWriter::Open(SavedLogitsPathFor(protocol.save_logits), vocab, seq_len, n_windows, tokens));
+    NIBBLE_ASSIGN_OR_RETURN(save, SavedLogitsWriter::Open(SavedLogitsPathFor(protocol.save_logits), vocab, seq_len, n_windows,
+                                                          tokens, protocol.save_logits_format));
   }
-  auto forward = [&](int64_t, const int32_t* win) -> Result<const float*> {
+  auto forward = [&](int64_t, const int32_t* win) -> Result<BaseWindow> {
     base_cache.length = 0;
     NIBBLE_RETURN_IF_ERROR(base.Forward(win, seq_len, base_cache, base_logits.data(), /*all_logits=*/true));
     if (save) NIBBLE_RETURN_IF_ERROR(save->AddWindow(base_logits.data()));
-    return static_cast<const float*>(base_logits.data());
+    return BaseWindow{base_logits.data(), nullptr, 0};
   };
   NIBBLE_ASSIGN_OR_RETURN(ComparisonResult r, Compare(forward, vocab, models, tokens, protocol));
   if (save) NIBBLE_RETURN_IF_ERROR(save->Finish());
@@ -209,7 +271,10 @@ Result<ComparisonResult> ComparePerplexityTokensSaved(const SavedLogits& base, c
   const int64_t n_windows = protocol.max_windows > 0 && protocol.max_windows < avail ? protocol.max_windows : avail;
   NIBBLE_RETURN_IF_ERROR(base.CheckMatches(models[0]->config().vocab_size, protocol.seq_len, n_windows, tokens));
   NIBBLE_RETURN_IF_ERROR(CheckModels(base.vocab(), protocol.seq_len, models));
-  auto saved = [&](int64_t w, const int32_t*) -> Result<const float*> { return base.Logits(w); };
+  auto saved = [&](int64_t w, const int32_t*) -> Result<BaseWindow> {
+    if (base.format().form == SavedLogitsFormat::kFp32) return BaseWindow{base.Row(w, 0).logits, nullptr, 0};
+    return BaseWindow{nullptr, &base, w};
+  };
   return Compare(saved, base.vocab(), models, tokens, protocol);
 }
 

@@ -75,7 +75,7 @@ Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const
   std::unique_ptr<SavedLogitsWriter> save;
   if (!protocol.save_logits.empty()) {
     NIBBLE_ASSIGN_OR_RETURN(save, SavedLogitsWriter::Open(SavedLogitsPathFor(protocol.save_logits), c.vocab_size, seq_len,
-                                                          r.n_windows, tokens));
+                                                          r.n_windows, tokens, protocol.save_logits_format));
   }
   std::vector<float> logits(static_cast<size_t>(seq_len * c.vocab_size));
   KvCache cache = model.NewCache(seq_len);

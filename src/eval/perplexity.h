@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "eval/saved_logits.h"
 #include "model/llama.h"
 
 namespace nibble {
@@ -23,8 +24,10 @@ struct PerplexityProtocol {
   std::function<void(int64_t, int64_t)> progress;
   /// Called after each window with (windows done, windows total, PPL over the windows so far).
   std::function<void(int64_t, int64_t, double)> on_window;
-  /// When set: the scored logits rows are written to this saved-logits file (eval/saved_logits.h).
+  /// When set: the scored logits rows are written to this saved-logits file (eval/saved_logits.h)
+  /// in `save_logits_format`.
   std::string save_logits;
+  SavedLogitsFormat save_logits_format;
 };
 
 struct PerplexityResult {

@@ -1,5 +1,6 @@
 #include "tokenizer/bpe_model.h"
 
+#include <array>
 #include <cstdio>
 #include <queue>
 
@@ -10,21 +11,6 @@ namespace nibble {
 using nlohmann::json;
 
 namespace {
-
-uint64_t PairKey(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
-
-// A merge is "a b" (the split is at the one space; neither side may contain one) or ["a", "b"].
-Result<std::pair<std::string, std::string>> MergeParts(const json& m, const JsonWhere& where) {
-  if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string())
-    return std::pair{m[0].get<std::string>(), m[1].get<std::string>()};
-  if (m.is_string()) {
-    const std::string s = m.get<std::string>();
-    const size_t sp = s.find(' ');
-    if (sp != std::string::npos && sp > 0 && sp + 1 < s.size() && s.find(' ', sp + 1) == std::string::npos)
-      return std::pair{s.substr(0, sp), s.substr(sp + 1)};
-  }
-  return MakeError(where.str(), ": expected a merge \"a b\" or [\"a\", \"b\"], found ", m.dump().substr(0, 120));
-}
 
 Status CheckUnsupported(const json& j, const JsonWhere& where) {
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
@@ -37,67 +23,100 @@ Status CheckUnsupported(const json& j, const JsonWhere& where) {
   return Status::Ok();
 }
 
-Status ParseVocab(const json& v, const JsonWhere& where, TokenMap* vocab, int32_t* id_end) {
-  if (!v.is_object()) return MakeError(where.str(), ": expected an object of token -> id");
-  vocab->reserve(v.size());
-  for (auto it = v.begin(); it != v.end(); ++it) {
-    const json& id = it.value();
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 30))
-      return MakeError((where / json(it.key()).dump()).str(), ": expected a token id in [0, 2^30), found ", id.dump());
-    const auto i = id.get<int32_t>();
-    vocab->emplace(it.key(), i);
-    *id_end = std::max(*id_end, i + 1);
+// model.merges (streamed) -> the merge table; every token a merge names must be in the vocab.
+// Two passes, each prefetching a few merges ahead: the lookups of a 128k-token vocab and the
+// inserts into a table of a few hundred thousand pairs are cache misses, independent across merges.
+Status ResolveMerges(const RawMerges& merges, const TokenVocab& vocab, const JsonWhere& where, MergeTable* table) {
+  constexpr size_t kAhead = 8;
+  const size_t n = merges.entries.size();
+  std::vector<std::array<uint64_t, 3>> hashes(std::min(n, kAhead));
+  auto hash_of = [&](size_t r) {
+    const RawMerges::Entry& e = merges.entries[r];
+    std::array<uint64_t, 3> h{TokenVocab::Hash(merges.left(e)), TokenVocab::Hash(merges.right(e)), TokenVocab::Hash(merges.merged(e))};
+    for (uint64_t x : h) vocab.Prefetch(x);
+    return h;
+  };
+  for (size_t r = 0; r < hashes.size(); ++r) hashes[r] = hash_of(r);
+  std::vector<std::array<int32_t, 3>> ids(n);
+  for (size_t r = 0; r < n; ++r) {
+    const std::array<uint64_t, 3> h = hashes[r % kAhead];
+    if (r + kAhead < n) hashes[r % kAhead] = hash_of(r + kAhead);
+    const RawMerges::Entry& e = merges.entries[r];
+    const int32_t a = vocab.FindHashed(merges.left(e), h[0]), b = vocab.FindHashed(merges.right(e), h[1]);
+    const int32_t ab = vocab.FindHashed(merges.merged(e), h[2]);
+    if (a < 0 || b < 0 || ab < 0) {
+      const std::string_view missing = a < 0 ? merges.left(e) : b < 0 ? merges.right(e) : merges.merged(e);
+      return MakeError((where / "merges")[r].str(), ": ", merges.Json(e), ": ", a >= 0 && b >= 0 ? "merged " : "", "token \"",
+                       missing, "\" is not in the vocab");
+    }
+    ids[r] = {a, b, ab};
+  }
+  table->Reserve(n);
+  for (size_t r = 0; r < n; ++r) {
+    if (r + kAhead < n) table->Prefetch(ids[r + kAhead][0], ids[r + kAhead][1]);
+    table->Insert(ids[r][0], ids[r][1], static_cast<int32_t>(r), ids[r][2]);
   }
   return Status::Ok();
 }
 
 }  // namespace
 
-Result<BpeModel> BpeModel::Parse(const json& j, const JsonWhere& where) {
+void MergeTable::Reserve(size_t n) {
+  size_t cap = 16;
+  int bits = 4;
+  while (cap < 2 * n) {
+    cap *= 2;
+    ++bits;
+  }
+  slots_.assign(cap, Slot{});
+  mask_ = cap - 1;
+  shift_ = 64 - bits;
+  size_ = 0;
+}
+
+void MergeTable::Insert(int32_t left, int32_t right, int32_t rank, int32_t merged) {
+  if (2 * (size_ + 1) > slots_.size()) {  // keep the load <= 1/2
+    std::vector<Slot> old = std::move(slots_);
+    Reserve(std::max<size_t>(size_ + 1, old.size()));
+    for (const Slot& s : old)
+      if (s.key != kEmpty) Insert(static_cast<int32_t>(s.key >> 32), static_cast<int32_t>(s.key & 0xFFFFFFFFu), s.rank, s.merged);
+  }
+  const uint64_t key = Key(left, right);
+  size_t i = Slot0(key);
+  for (; slots_[i].key != kEmpty; i = (i + 1) & mask_)
+    if (slots_[i].key == key) return;
+  slots_[i] = {key, rank, merged};
+  ++size_;
+}
+
+Result<BpeModel> BpeModel::Parse(TokenizerJson& t, const JsonWhere& where) {
+  const json& j = t.doc.at("model");
   NIBBLE_ASSIGN_OR_RETURN(std::string type, JsonString(j, "type", where));
   if (type != "BPE")
     return MakeErrorCode(ErrorCode::kUnsupported, (where / "type").str(), ": model type \"", type,
                          "\" is not supported (only BPE; Unigram, WordPiece and WordLevel models are not)");
   NIBBLE_RETURN_IF_ERROR(CheckUnsupported(j, where));
   BpeModel m;
-  NIBBLE_RETURN_IF_ERROR(ParseVocab(j.value("vocab", json()), where / "vocab", &m.vocab_, &m.id_end_));
+  if (!t.has_vocab) return MakeError((where / "vocab").str(), ": expected an object of token -> id");
+  m.vocab_ = std::move(t.vocab);
+  m.id_end_ = t.vocab_id_end;
   NIBBLE_ASSIGN_OR_RETURN(m.byte_fallback_, JsonBool(j, "byte_fallback", where, false));
   NIBBLE_ASSIGN_OR_RETURN(m.fuse_unk_, JsonBool(j, "fuse_unk", where, false));
   NIBBLE_ASSIGN_OR_RETURN(m.ignore_merges_, JsonBool(j, "ignore_merges", where, false));
   if (j.contains("unk_token") && !j["unk_token"].is_null()) {
     NIBBLE_ASSIGN_OR_RETURN(std::string unk, JsonString(j, "unk_token", where));
-    auto it = m.vocab_.find(unk);
-    if (it == m.vocab_.end()) return MakeError((where / "unk_token").str(), ": \"", unk, "\" is not in the vocab");
-    m.unk_id_ = it->second;
+    m.unk_id_ = m.vocab_.Find(unk);
+    if (m.unk_id_ < 0) return MakeError((where / "unk_token").str(), ": \"", unk, "\" is not in the vocab");
   }
   for (int b = 0; b < 256; ++b) {
     char name[8];
     std::snprintf(name, sizeof name, "<0x%02X>", b);
-    auto it = m.vocab_.find(std::string_view(name));
-    m.byte_ids_[static_cast<size_t>(b)] = it != m.vocab_.end() ? it->second : -1;
+    m.byte_ids_[static_cast<size_t>(b)] = m.vocab_.Find(name);
   }
-  const json& merges = j.value("merges", json::array());
-  if (!merges.is_array()) return MakeError((where / "merges").str(), ": expected an array");
-  m.merges_.reserve(merges.size());
-  for (size_t r = 0; r < merges.size(); ++r) {
-    const JsonWhere mw = (where / "merges")[r];
-    NIBBLE_ASSIGN_OR_RETURN(auto parts, MergeParts(merges[r], mw));
-    const auto a = m.vocab_.find(parts.first), b = m.vocab_.find(parts.second);
-    const auto ab = m.vocab_.find(parts.first + parts.second);
-    for (auto [it, tok] : {std::pair{a, &parts.first}, std::pair{b, &parts.second}})
-      if (it == m.vocab_.end()) return MakeError(mw.str(), ": ", merges[r].dump(), ": token \"", *tok, "\" is not in the vocab");
-    if (ab == m.vocab_.end())
-      return MakeError(mw.str(), ": ", merges[r].dump(), ": merged token \"", parts.first + parts.second, "\" is not in the vocab");
-    m.merges_.emplace(PairKey(a->second, b->second), std::pair{static_cast<int32_t>(r), ab->second});  // first rank wins
-  }
+  if (!t.has_merges && j.contains("merges")) return MakeError((where / "merges").str(), ": expected an array");
+  NIBBLE_RETURN_IF_ERROR(ResolveMerges(t.merges, m.vocab_, where, &m.merges_));
+  t.merges = RawMerges();
   return m;
-}
-
-const int32_t* BpeModel::Merge(int32_t a, int32_t b, int32_t* rank) const {
-  auto it = merges_.find(PairKey(a, b));
-  if (it == merges_.end()) return nullptr;
-  *rank = it->second.first;
-  return &it->second.second;
 }
 
 // Characters to symbols: the character's token, else its <0xXX> byte tokens (byte_fallback,
@@ -108,8 +127,8 @@ bool BpeModel::InitialSymbols(std::string_view word, std::vector<int32_t>* ids, 
     const int n = std::max(1, Utf8CharLength(word, i));
     const std::string_view ch = word.substr(i, static_cast<size_t>(n));
     i += static_cast<size_t>(n);
-    if (auto it = vocab_.find(ch); it != vocab_.end()) {
-      ids->push_back(it->second);
+    if (const int32_t id = vocab_.Find(ch); id >= 0) {
+      ids->push_back(id);
       lens->push_back(static_cast<uint32_t>(n));
       last_unk = false;
       continue;
@@ -140,8 +159,8 @@ bool BpeModel::InitialSymbols(std::string_view word, std::vector<int32_t>* ids, 
 
 bool BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* out) const {
   if (ignore_merges_) {
-    if (auto it = vocab_.find(word); it != vocab_.end()) {
-      out->push_back(it->second);
+    if (const int32_t id = vocab_.Find(word); id >= 0) {
+      out->push_back(id);
       return true;
     }
   }
@@ -165,7 +184,7 @@ bool BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* out) cons
     const int nx = next[static_cast<size_t>(pos)];
     if (nx < 0) return;
     int32_t rank;
-    if (const int32_t* m = Merge(id[static_cast<size_t>(pos)], id[static_cast<size_t>(nx)], &rank)) heap.push({rank, pos, *m});
+    if (const int32_t m = merges_.Find(id[static_cast<size_t>(pos)], id[static_cast<size_t>(nx)], &rank); m >= 0) heap.push({rank, pos, m});
   };
   for (int i = 0; i + 1 < n; ++i) push(i);
   while (!heap.empty()) {
@@ -175,8 +194,7 @@ bool BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>* out) cons
     const int nx = next[p];
     if (len[p] == 0 || nx < 0) continue;
     int32_t rank;
-    const int32_t* m = Merge(id[p], id[static_cast<size_t>(nx)], &rank);
-    if (m == nullptr || *m != c.new_id) continue;  // stale: a neighbour changed since it was pushed
+    if (merges_.Find(id[p], id[static_cast<size_t>(nx)], &rank) != c.new_id) continue;  // stale: a neighbour changed since it was pushed
     id[p] = c.new_id;
     len[p] += len[static_cast<size_t>(nx)];
     len[static_cast<size_t>(nx)] = 0;

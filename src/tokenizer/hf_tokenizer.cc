@@ -188,7 +188,7 @@ Status ParsePostProcessor(const json& p, const JsonWhere& where, std::vector<int
 }
 
 // A tokenizer_config.json token entry ("<s>" or {"content": "<s>", ...}) -> its id, or -1.
-int32_t ConfigTokenId(const json& cfg, const char* key, const TokenMap& vocab, const std::vector<AddedToken>& added) {
+int32_t ConfigTokenId(const json& cfg, const char* key, const TokenVocab& vocab, const std::vector<AddedToken>& added) {
   if (!cfg.is_object() || !cfg.contains(key)) return -1;
   const json& v = cfg[key];
   const json content = v.is_object() ? v.value("content", json()) : v;
@@ -196,8 +196,7 @@ int32_t ConfigTokenId(const json& cfg, const char* key, const TokenMap& vocab, c
   const std::string s = content.get<std::string>();
   for (const AddedToken& a : added)
     if (a.content == s) return a.id;
-  auto it = vocab.find(s);
-  return it != vocab.end() ? it->second : -1;
+  return vocab.Find(s);
 }
 
 // config.json's vocab_size in `dir`, or 0 when there is none.
@@ -220,7 +219,7 @@ HfTokenizer::HfTokenizer(std::unique_ptr<Parts> parts, SpecialTokens special)
   for (const AddedToken& a : p.added) n = std::max(n, a.id + 1);
   id_to_token_.resize(static_cast<size_t>(n));
   added_kind_.assign(static_cast<size_t>(n), 0);
-  for (const auto& [tok, id] : p.model.vocab()) id_to_token_[static_cast<size_t>(id)] = tok;
+  p.model.vocab().ForEach([&](std::string_view tok, int32_t id) { id_to_token_[static_cast<size_t>(id)] = tok; });
   for (const AddedToken& a : p.added) {
     id_to_token_[static_cast<size_t>(a.id)] = a.content;
     added_kind_[static_cast<size_t>(a.id)] = a.special ? 2 : 1;
@@ -231,22 +230,24 @@ HfTokenizer::~HfTokenizer() = default;
 
 Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Load(const std::string& dir) {
   const std::string path = JoinPath(dir, "tokenizer.json");
-  NIBBLE_ASSIGN_OR_RETURN(json j, ReadJsonFile(path));
-  return Build(j, path, dir);
+  NIBBLE_ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
+  NIBBLE_ASSIGN_OR_RETURN(TokenizerJson t, ParseTokenizerJson(text, path));
+  return Build(t, path, dir);
 }
 
 Result<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJsonText(const std::string& text, const std::string& file) {
-  NIBBLE_ASSIGN_OR_RETURN(json j, ParseJsonText(text, file));
-  return Build(j, file, "");
+  NIBBLE_ASSIGN_OR_RETURN(TokenizerJson t, ParseTokenizerJson(text, file));
+  return Build(t, file, "");
 }
 
-Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Build(const json& j, const std::string& file, const std::string& dir) {
+Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Build(TokenizerJson& t, const std::string& file, const std::string& dir) {
   const JsonWhere top{file, ""};
+  const json& j = t.doc;
   if (!j.is_object()) return MakeErrorCode(ErrorCode::kCorruptInput, file, ": expected a JSON object (a tokenizer.json)");
   if (!j.contains("model")) return MakeErrorCode(ErrorCode::kCorruptInput, file, ": no \"model\" (not a tokenizer.json)");
   auto p = std::make_unique<Parts>();
   p->file = file;
-  NIBBLE_ASSIGN_OR_RETURN(p->model, BpeModel::Parse(j["model"], top / "model"));
+  NIBBLE_ASSIGN_OR_RETURN(p->model, BpeModel::Parse(t, top / "model"));
   NIBBLE_ASSIGN_OR_RETURN(const int64_t config_vocab, ConfigVocabSize(dir));
   if (config_vocab > 0 && p->model.id_end() > config_vocab)
     return MakeErrorCode(ErrorCode::kCorruptInput, (top / "model" / "vocab").str(), ": ids up to ", p->model.id_end() - 1,

@@ -73,8 +73,7 @@ class HfTokenizer final : public Tokenizer {
  private:
   struct Parts;
   HfTokenizer(std::unique_ptr<Parts> parts, SpecialTokens special);
-  static Result<std::unique_ptr<HfTokenizer>> Build(const nlohmann::json& j, const std::string& file,
-                                                    const std::string& dir);
+  static Result<std::unique_ptr<HfTokenizer>> Build(TokenizerJson& t, const std::string& file, const std::string& dir);
   bool EncodeSegment(const std::string& normalized, bool at_start, std::vector<int32_t>* out) const;
   bool EncodeWordCached(std::string_view word, std::vector<int32_t>* out) const;
 

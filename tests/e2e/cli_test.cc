@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -599,6 +600,22 @@ TEST(Cli, SavedLogitsJsonAndOneSizeConvention) {
   EXPECT_EQ(sj["models"][0]["same_top_p"], lj["models"][0]["same_top_p"]);
   EXPECT_GT(sj["models"][0]["kld"]["mean"].get<double>(), 0);
   EXPECT_EQ(sj["models"][0]["size"]["bits_per_weight"], qj["size"]["bits_per_weight"]);
+  // The compact form: half the size, the same statistics within 1e-4 (docs/FORMATS.md).
+  RunResult u = RunNibble("perplexity --model " + model + " --text " + text + " --max_windows 2 --save_logits " + dir +
+                          "/u16.bin --save_logits_format uint16", false);
+  ASSERT_EQ(u.exit_code, 0) << u.out;
+  RunResult us = RunNibble("compare --kl_divergence_base " + dir + "/u16.bin -q " + dir + "/q --text " + text + " --max_windows 2 --json", false);
+  ASSERT_EQ(us.exit_code, 0) << us.out;
+  const nlohmann::json uj = nlohmann::json::parse(us.out);
+  for (const char* stat : {"mean", "median", "p99", "max"})
+    EXPECT_NEAR(uj["models"][0]["kld"][stat].get<double>(), lj["models"][0]["kld"][stat].get<double>(), 1e-4) << stat;
+  EXPECT_EQ(uj["models"][0]["same_top_p"], lj["models"][0]["same_top_p"]);
+  EXPECT_LT(std::filesystem::file_size(dir + "/u16.bin"), std::filesystem::file_size(dir + "/nibble-logits.bin") * 51 / 100);
+  const auto t0 = std::chrono::steady_clock::now();
+  RunResult bad = RunNibble("perplexity --model " + model + " --text " + text + " --save_logits " + dir + "/x.bin --save_logits_format topk:0");
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5);  // refused before loading
+  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("--save_logits_format \"topk:0\": expected fp32, uint16 or topk:K"), std::string::npos) << bad.out;
   RunResult k = RunNibble("perplexity --model " + dir + "/q --text " + text + " --max_windows 2 --threads 1 --kl_divergence_base " +
                           dir + "/nibble-logits.bin");
   ASSERT_EQ(k.exit_code, 0) << k.out;

@@ -352,6 +352,61 @@ TEST(HfErrors, MergeNamingTokenNotInVocab) {
   ExpectJsonError(j, {"model.merges[1]", "\"abc\""});
 }
 
+// model.vocab and model.merges are read by a streaming parser (tokenizer/tokenizer_json.h): every
+// malformed entry is still an error naming its path, and only those two paths are streamed.
+void ExpectTextError(const std::string& text, const std::vector<std::string>& needles) {
+  auto r = HfTokenizer::FromJsonText(text, "/m/tokenizer.json");
+  ASSERT_FALSE(r.ok()) << "expected an error for " << text.substr(0, 200);
+  for (const std::string& n : needles)
+    EXPECT_NE(r.error().message.find(n), std::string::npos) << "missing \"" << n << "\" in: " << r.error().message;
+}
+
+TEST(HfErrors, MalformedVocabEntries) {
+  for (const json& bad : {json("x"), json(-1), json(1.5), json(int64_t{1} << 30), json::object(), json::array(), json(nullptr)}) {
+    json j = SmallSpmStyle();
+    j["model"]["vocab"]["zz"] = bad;
+    ExpectJsonError(j, {"/m/tokenizer.json", "model.vocab.\"zz\"", "expected a token id in [0, 2^30)"});
+  }
+  json j = SmallSpmStyle();
+  j["model"]["vocab"] = json::array({"a", "b"});
+  ExpectJsonError(j, {"model.vocab", "expected an object of token -> id"});
+  j["model"].erase("vocab");
+  ExpectJsonError(j, {"model.vocab", "expected an object of token -> id"});
+  std::string text = SmallSpmStyle().dump();
+  const size_t v = text.find("\"vocab\":{") + 9;
+  ExpectTextError(text.substr(0, v) + "\"ab\":3," + text.substr(v), {"/m/tokenizer.json", "duplicate key \"ab\""});
+  const size_t m = text.find("\"model\":{") + 9;
+  ExpectTextError(text.substr(0, m) + "\"vocab\":{\"q\":1}," + text.substr(m), {"duplicate key \"vocab\""});
+}
+
+TEST(HfErrors, MalformedMerges) {
+  for (const json& bad : {json(5), json::array({"a"}), json::array({"a", "b", "c"}), json::array({json::array({"a"}), "b"}),
+                          json::object({{"a", "b"}}), json("a  b"), json(" ab"), json(nullptr)}) {
+    json j = SmallSpmStyle();
+    j["model"]["merges"][1] = bad;
+    ExpectJsonError(j, {"/m/tokenizer.json", "model.merges[1]", "expected a merge \"a b\" or [\"a\", \"b\"]"});
+  }
+  json j = SmallSpmStyle();
+  j["model"]["merges"] = "a b";
+  ExpectJsonError(j, {"model.merges", "expected an array"});
+}
+
+TEST(HfSmall, OnlyTheModelsVocabAndMergesAreStreamed) {
+  // "vocab" / "merges" keys elsewhere are plain JSON (here unknown keys, ignored as before).
+  json j = SmallSpmStyle();
+  j["truncation"] = {{"model", {{"vocab", {{"x", "not an id"}}}, {"merges", {1, 2}}}}};
+  j["vocab"] = {{"y", json::array()}};
+  j["model"]["extra"] = {{"vocab", 3}};
+  auto tok = FromJsonOrDie(j);
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(*tok->Encode("ab abc"), (std::vector<int32_t>{1, 9, 9, 10}));
+  // A repeated merge keeps its first (lowest) rank: a second "a b" at the end changes nothing.
+  j["model"]["merges"].push_back("a b");
+  tok = FromJsonOrDie(j);
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(*tok->Encode("ab abc"), (std::vector<int32_t>{1, 9, 9, 10}));
+}
+
 TEST(HfErrors, AddedTokenIdOutOfRange) {
   json j = SmallSpmStyle();
   j["added_tokens"][1]["id"] = 1000000;
