@@ -58,7 +58,8 @@ using TextCallback = std::function<bool(std::string_view)>;
 
 class Session {
  public:
-  /// Errors: context < 0 or above max_position_embeddings.
+  /// Errors: context < 0 or above max_position_embeddings, a KV cache of that many positions that
+  /// does not fit the available memory (names both).
   static Result<std::unique_ptr<Session>> Create(const Model& model, const SessionOptions& options = SessionOptions());
   ~Session();
 

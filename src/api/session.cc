@@ -34,7 +34,7 @@ Result<std::unique_ptr<Session>> Session::Create(const Model& model, const Sessi
   auto impl = std::make_unique<Impl>();
   impl->model = &model;
   impl->threads = options.threads;
-  impl->cache = ModelAccess::llama(model).NewCache(options.context > 0 ? options.context : max_pos);
+  NIBBLE_ASSIGN_OR_RETURN(impl->cache, ModelAccess::llama(model).NewCache(options.context > 0 ? options.context : max_pos));
   return std::unique_ptr<Session>(new Session(std::move(impl)));
 }
 

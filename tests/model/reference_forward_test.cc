@@ -359,7 +359,7 @@ void CheckCase(const Spec& s, const Spec& mutant, uint64_t seed) {
   const double tol = RelTolerance(s) * LogitScale(ref);
 
   std::vector<float> full(T * V);
-  nibble::KvCache cache = m.NewCache(T);
+  nibble::KvCache cache = m.NewCache(T).value();
   auto st = m.Forward(kTokens.data(), T, cache, full.data(), /*all_logits=*/true);
   ASSERT_TRUE(st.ok()) << st.error().message;
   EXPECT_EQ(cache.length, T);
@@ -368,7 +368,7 @@ void CheckCase(const Spec& s, const Spec& mutant, uint64_t seed) {
 
   // Incremental: prefill 5 (all rows), then 7 decode steps (last row each) on the same cache.
   std::vector<float> inc(T * V);
-  nibble::KvCache c2 = m.NewCache(T);
+  nibble::KvCache c2 = m.NewCache(T).value();
   st = m.Forward(kTokens.data(), 5, c2, inc.data(), true);
   ASSERT_TRUE(st.ok()) << st.error().message;
   for (int64_t t = 5; t < T; ++t) {
