@@ -103,5 +103,9 @@ Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text);
 /// The same on a fresh session over `model` sized for the prompt and max_new_tokens.
 Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TextCallback& on_text);
+/// The prompt's ids as Generate(model, ...) runs them, checked against the model's context: a
+/// front end that echoes the prompt calls it first. Errors: prompt not UTF-8, more tokens than
+/// max_position_embeddings (names both).
+Result<std::vector<int32_t>> PromptTokens(const Model& model, const std::string& prompt);
 
 }  // namespace nibble

@@ -185,4 +185,16 @@ TEST_F(ConfigLimits, ChatOverTheLargestContextIsAMemoryErrorNamingThePositions) 
   EXPECT_NE(r.out.find("a KV cache of 2147483647 positions"), std::string::npos) << r.out;
 }
 
+// A prompt longer than the context is refused before anything is echoed on stdout.
+TEST(GeneratePrompt, TooLongPromptIsRefusedBeforeTheEcho) {
+  const std::string args = "generate --model " + Quote(nibble_test::EmbeddedModel()) + " -n 1 --prompt " +
+                           Quote(std::string(6000, 'x'));
+  const RunResult out_only = nibble_test::RunNibble(args, /*merge_stderr=*/false);
+  EXPECT_EQ(out_only.exit_code, 1);
+  EXPECT_EQ(out_only.out, "");
+  const RunResult both = nibble_test::RunNibble(args);
+  EXPECT_NE(both.out.find("nibble: error: prompt is "), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("longer than max_position_embeddings (512)"), std::string::npos) << both.out;
+}
+
 }  // namespace
