@@ -621,6 +621,32 @@ TEST(ReferenceForward, Llama3RopeAtLongPositions) {
   EXPECT_GT(scaled_misses, 50);
 }
 
+// RoPE tables are sized by the caches made, not by max_position_embeddings: a 131072-position
+// model running 12 tokens builds 12 rows; a longer cache grows the shared table, and a cache keeps
+// the table it was made with, so its logits do not change.
+TEST(ReferenceForward, RopeTablesAreSizedByTheContextInUse) {
+  TempDir dir;
+  Spec s = GqaHeadDim();
+  s.max_pos = 131072;
+  const Checkpoint ck = MakeCheckpoint(s, 21);
+  WriteCheckpoint(dir.path(), s, ck.tensors);
+  auto model = nibble::LlamaModel::Load(dir.path());
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const auto& m = **model;
+  const int64_t T = kTokens.size(), V = s.vocab;
+  nibble::KvCache small = m.NewCache(T).value();
+  ASSERT_NE(small.rope, nullptr);
+  EXPECT_EQ(small.rope->positions(), T);
+  EXPECT_EQ(m.NewCache(4).value().rope, small.rope);  // covered: shared, not rebuilt
+  nibble::KvCache large = m.NewCache(3 * T).value();
+  EXPECT_EQ(large.rope->positions(), 3 * T);
+  EXPECT_EQ(small.rope->positions(), T);
+  std::vector<float> a(T * V), b(T * V);
+  ASSERT_TRUE(m.Forward(kTokens.data(), T, small, a.data(), true).ok());
+  ASSERT_TRUE(m.Forward(kTokens.data(), T, large, b.data(), true).ok());
+  EXPECT_EQ(a, b);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Load errors: each names the tensor and what was expected / found.
 
