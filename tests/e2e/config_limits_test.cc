@@ -185,6 +185,24 @@ TEST_F(ConfigLimits, ChatOverTheLargestContextIsAMemoryErrorNamingThePositions) 
   EXPECT_NE(r.out.find("a KV cache of 2147483647 positions"), std::string::npos) << r.out;
 }
 
+// synth makes a checkpoint from a config alone: its size is checked against the disk and memory
+// before any tensor list or file is made.
+TEST_F(ConfigLimits, SynthRefusesSizesThatCannotBeWritten) {
+#ifdef NIBBLE_TEST_ASAN
+  GTEST_SKIP() << "ASan reserves more address space than the limit these runs use";
+#endif
+  nlohmann::json config = nlohmann::json::parse(nibble_test::ReadFile(nibble_test::SourceDir() + "/bench/configs/llama3-tiny.json"));
+  config["num_hidden_layers"] = 2147483647;
+  const std::string path = root_ + "/synth-config.json";
+  std::ofstream(path) << config.dump();
+  double seconds = 0;
+  const RunResult r = RunLimited("synth --config " + Quote(path) + " --out " + Quote(root_ + "/synth") + " --overwrite", &seconds);
+  EXPECT_LT(seconds, 3.0) << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("synth-config.json: these sizes make a bf16 checkpoint of "), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(root_ + "/synth"));
+}
+
 // A prompt longer than the context is refused before anything is echoed on stdout.
 TEST(GeneratePrompt, TooLongPromptIsRefusedBeforeTheEcho) {
   const std::string args = "generate --model " + Quote(nibble_test::EmbeddedModel()) + " -n 1 --prompt " +
