@@ -49,19 +49,21 @@ void AddSamplingFlags(CLI::App* cmd, GenerateArgs& a) {
   a.seed = cmd->add_option("--seed", s.seed, "Sampling seed (default: a random one, printed on stderr)");
 }
 
-// Generation ends when the context is full: the last token is sampled from the last position's
-// logits, so a prompt of P tokens leaves room for max_position_embeddings - P + 1 new ones.
-void WarnIfBeyondContext(const nibble::Model& model, const nibble::GenerateOptions& o) {
-  auto ids = model.Tokenize(o.prompt);
-  if (!ids.ok()) return;  // Generate reports it
+// The prompt must fit the context before it is echoed (an error, nothing on stdout). Generation
+// ends when the context is full: the last token is sampled from the last position's logits, so a
+// prompt of P tokens leaves room for max_position_embeddings - P + 1 new ones (a warning).
+std::string CheckPromptFits(const nibble::Model& model, const nibble::GenerateOptions& o) {
+  auto ids = nibble::PromptTokens(model, o.prompt);
+  if (!ids.ok()) return ids.error().message;
   const int64_t max_pos = model.info().max_position_embeddings, p = static_cast<int64_t>(ids->size());
   const int64_t room = max_pos - p + 1;
-  if (p <= max_pos && o.max_new_tokens > room)
+  if (o.max_new_tokens > room)
     std::fprintf(stderr,
                  "warning: -n %lld exceeds the context: the prompt takes %lld of %lld positions "
                  "(max_position_embeddings), so at most %lld tokens will be generated\n",
                  static_cast<long long>(o.max_new_tokens), static_cast<long long>(p), static_cast<long long>(max_pos),
                  static_cast<long long>(room));
+  return "";
 }
 
 void PrintStats(const nibble::GenerateStats& s, const StopStringFilter& stop) {
@@ -111,7 +113,7 @@ int RunGenerate(GenerateArgs& a) {
   if (const std::string err = ReportActivations(a.model, lo.activations, (*model)->info()); !err.empty()) return Fail(err);
   if (a.seed->count() == 0) a.opt.sampling.seed = std::random_device{}();
   if (a.chat) return RunChat(a, **model);
-  WarnIfBeyondContext(**model, a.opt);
+  if (const std::string err = CheckPromptFits(**model, a.opt); !err.empty()) return Fail(err);
   std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(a.opt.sampling.seed));
   std::fwrite(a.opt.prompt.data(), 1, a.opt.prompt.size(), stdout);  // echo, as llama.cpp does
   StopStringFilter stop(a.stops);

@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -137,6 +139,18 @@ std::string UnknownFlags(const CLI::App& sub) {
   return msg.empty() ? msg : sub.get_name() + ": " + msg + " (see nibble " + sub.get_name() + " --help)";
 }
 
+// Last resort: the library checks the sizes it allocates by before allocating (base/memory.h), so
+// an exception escaping a command is a bug; it is named with exit code 1, never an abort.
+int RunGuarded(const std::string& name, const Runner& run) {
+  try {
+    return run();
+  } catch (const std::bad_alloc&) {
+    return Fail("out of memory while running " + name + " (an allocation failed)");
+  } catch (const std::exception& e) {
+    return Fail("internal error while running " + name + ": " + e.what());
+  }
+}
+
 }  // namespace
 }  // namespace nibble_cli
 
@@ -198,6 +212,6 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   for (auto& [sub, run] : commands)
-    if (sub->parsed()) return run();
+    if (sub->parsed()) return nibble_cli::RunGuarded(sub->get_name(), run);
   return 1;
 }

@@ -58,7 +58,8 @@ using TextCallback = std::function<bool(std::string_view)>;
 
 class Session {
  public:
-  /// Errors: context < 0 or above max_position_embeddings.
+  /// Errors: context < 0 or above max_position_embeddings, a KV cache of that many positions that
+  /// does not fit the available memory (names both).
   static Result<std::unique_ptr<Session>> Create(const Model& model, const SessionOptions& options = SessionOptions());
   ~Session();
 
@@ -102,5 +103,9 @@ Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text);
 /// The same on a fresh session over `model` sized for the prompt and max_new_tokens.
 Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TextCallback& on_text);
+/// The prompt's ids as Generate(model, ...) runs them, checked against the model's context: a
+/// front end that echoes the prompt calls it first. Errors: prompt not UTF-8, more tokens than
+/// max_position_embeddings (names both).
+Result<std::vector<int32_t>> PromptTokens(const Model& model, const std::string& prompt);
 
 }  // namespace nibble

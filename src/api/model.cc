@@ -113,7 +113,7 @@ std::string Model::Detokenize(const std::vector<int32_t>& ids) const { return im
 Result<std::vector<float>> Model::Logits(const std::vector<int32_t>& ids) const {
   const LlamaModel& llama = *impl_->llama;
   if (ids.empty()) return MakeError("Logits: empty token sequence");
-  KvCache cache = llama.NewCache(static_cast<int64_t>(ids.size()));
+  NIBBLE_ASSIGN_OR_RETURN(KvCache cache, llama.NewCache(static_cast<int64_t>(ids.size())));
   std::vector<float> logits(ids.size() * static_cast<size_t>(llama.config().vocab_size));
   NIBBLE_RETURN_IF_ERROR(llama.Forward(ids.data(), static_cast<int64_t>(ids.size()), cache, logits.data(), true));
   return logits;

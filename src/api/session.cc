@@ -34,7 +34,7 @@ Result<std::unique_ptr<Session>> Session::Create(const Model& model, const Sessi
   auto impl = std::make_unique<Impl>();
   impl->model = &model;
   impl->threads = options.threads;
-  impl->cache = ModelAccess::llama(model).NewCache(options.context > 0 ? options.context : max_pos);
+  NIBBLE_ASSIGN_OR_RETURN(impl->cache, ModelAccess::llama(model).NewCache(options.context > 0 ? options.context : max_pos));
   return std::unique_ptr<Session>(new Session(std::move(impl)));
 }
 
@@ -192,12 +192,18 @@ Result<GenerateStats> Generate(Session& session, const GenerateOptions& options,
   return stats;
 }
 
+Result<std::vector<int32_t>> PromptTokens(const Model& model, const std::string& prompt) {
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ModelAccess::tokenizer(model).Encode(prompt));
+  const int64_t max_pos = model.info().max_position_embeddings;
+  if (static_cast<int64_t>(ids.size()) > max_pos)
+    return MakeError("prompt is ", ids.size(), " tokens, longer than max_position_embeddings (", max_pos, ")");
+  return ids;
+}
+
 Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TextCallback& on_text) {
   NIBBLE_RETURN_IF_ERROR(CheckGenerateOptions(options));
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ModelAccess::tokenizer(model).Encode(options.prompt));
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(model, options.prompt));
   const int64_t max_pos = model.info().max_position_embeddings;
-  if (static_cast<int64_t>(prompt.size()) > max_pos)
-    return MakeError("prompt is ", prompt.size(), " tokens, longer than max_position_embeddings (", max_pos, ")");
   SessionOptions so;
   so.context = std::max<int64_t>(1, std::min<int64_t>(max_pos, static_cast<int64_t>(prompt.size()) + options.max_new_tokens));
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Create(model, so));

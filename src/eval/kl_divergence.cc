@@ -172,7 +172,7 @@ Status CompareWindow(const LlamaModel& model, const int32_t* win, int64_t seq_le
                      const std::vector<int64_t>& base_arg, std::vector<float>& logits, ModelComparison& mc, Accumulator& acc,
                      const std::string& mc_name) {
   const int64_t scored = seq_len - 1;
-  KvCache cache = model.NewCache(seq_len);
+  NIBBLE_ASSIGN_OR_RETURN(KvCache cache, model.NewCache(seq_len));
   NIBBLE_RETURN_IF_ERROR(model.Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true));
   mc.perplexity.window_mean_nll.push_back(MeanNll(logits.data(), vocab, win + 1, scored, &mc.perplexity.nll_sq_sum));
   NIBBLE_RETURN_IF_ERROR(CheckWindowNll(mc.perplexity.window_mean_nll.back(), static_cast<int64_t>(mc.perplexity.window_mean_nll.size()), mc_name));
@@ -244,8 +244,9 @@ Result<ComparisonResult> ComparePerplexityTokens(const LlamaModel& base, const s
   if (seq_len > base.config().max_position_embeddings)
     return MakeError("--seq_len ", seq_len, " exceeds the base model's max_position_embeddings (",
                      base.config().max_position_embeddings, ")");
+  NIBBLE_RETURN_IF_ERROR(CheckWindowMemory(seq_len, vocab));
   std::vector<float> base_logits(static_cast<size_t>(seq_len * vocab));
-  KvCache base_cache = base.NewCache(seq_len);
+  NIBBLE_ASSIGN_OR_RETURN(KvCache base_cache, base.NewCache(seq_len));
   std::unique_ptr<SavedLogitsWriter> save;
   if (!protocol.save_logits.empty() && static_cast<int64_t>(tokens.size()) >= seq_len) {
     const int64_t avail = static_cast<int64_t>(tokens.size()) / seq_len;

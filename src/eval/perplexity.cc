@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "base/memory.h"
 #include "eval/saved_logits.h"
 #include "model/ops.h"
 
@@ -55,6 +56,12 @@ void FinishPerplexity(PerplexityResult& r) {
   r.ppl_stderr = n > 1 && var > 0 ? r.ppl * std::sqrt(var / (n - 1)) : 0.0;
 }
 
+Status CheckWindowMemory(int64_t seq_len, int64_t vocab) {
+  return CheckMemoryFor(4.0 * static_cast<double>(seq_len) * static_cast<double>(vocab),
+                        "the logits of a window of --seq_len " + std::to_string(seq_len) + " x vocab_size " +
+                            std::to_string(vocab));
+}
+
 Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const std::vector<int32_t>& tokens,
                                                   const PerplexityProtocol& protocol) {
   const ModelConfig& c = model.config();
@@ -77,8 +84,9 @@ Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const
     NIBBLE_ASSIGN_OR_RETURN(save, SavedLogitsWriter::Open(SavedLogitsPathFor(protocol.save_logits), c.vocab_size, seq_len,
                                                           r.n_windows, tokens, protocol.save_logits_format));
   }
+  NIBBLE_RETURN_IF_ERROR(CheckWindowMemory(seq_len, c.vocab_size));
   std::vector<float> logits(static_cast<size_t>(seq_len * c.vocab_size));
-  KvCache cache = model.NewCache(seq_len);
+  NIBBLE_ASSIGN_OR_RETURN(KvCache cache, model.NewCache(seq_len));
   for (int64_t w = 0; w < r.n_windows; ++w) {
     cache.length = 0;
     const int32_t* win = tokens.data() + w * seq_len;

@@ -51,6 +51,10 @@ void FinishPerplexity(PerplexityResult& r);
 /// number meaningless, so they are never printed as a result.
 Status CheckWindowNll(double mean_nll, int64_t window, const std::string& what);
 
+/// Ok when a window's logits [seq_len, vocab] fit the available memory (base/memory.h); the error
+/// names --seq_len and vocab_size.
+Status CheckWindowMemory(int64_t seq_len, int64_t vocab);
+
 /// PPL over the first windows of `r` so far (the running value after each window).
 double RunningPerplexity(const PerplexityResult& r);
 

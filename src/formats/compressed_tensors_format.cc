@@ -178,9 +178,8 @@ Status ReadScales(const TensorView& t, const CtLayout& l, Int4Matrix& m) {
   const size_t es = DTypeSize(t.dtype);
   for (size_t i = 0; i < m.scales.size(); ++i) {
     const float s = LoadFloatAs(t.data + i * es, t.dtype);
-    if (!std::isfinite(s) || s < 0)
-      return MakeErrorCode(ErrorCode::kCorruptInput, Label(t), ": scale [", i / l.groups, "][", i % l.groups, "] = ", FloatText(s),
-                           ", expected a finite value >= 0");
+    if (!IsValidScale(s))
+      return InvalidScaleError(Label(t) + ": scale [" + std::to_string(i / l.groups) + "][" + std::to_string(i % l.groups) + "]", s);
     m.scales[i] = s;
   }
   return Status::Ok();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <string>
 
@@ -31,6 +32,12 @@ Status ValidateGIdx(const Int4Matrix& m, const std::string& what) {
 
 }  // namespace
 
+Error InvalidScaleError(const std::string& where, float s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", static_cast<double>(s));  // -0.25, nan, inf: as stored
+  return MakeErrorCode(ErrorCode::kCorruptInput, where, " is ", text, " (expected a finite scale >= 0)");
+}
+
 Status ValidateInt4Matrix(const Int4Matrix& m, const std::string& what) {
   if (m.n < 1 || m.k < 1)
     return MakeError(what, ": int4 matrix shape [", m.n, ", ", m.k, "] must have N >= 1 and K >= 1");
@@ -56,8 +63,8 @@ Status ValidateInt4Matrix(const Int4Matrix& m, const std::string& what) {
     if (m.symmetric && m.zero_points[i] != 8)
       return MakeError(what, ": zero_points[", row, "][", grp, "] = ", int{m.zero_points[i]},
                        ", expected 8 for a symmetric matrix");
-    if (!std::isfinite(m.scales[i]))
-      return MakeError(what, ": scales[", row, "][", grp, "] = ", m.scales[i], " is not finite");
+    if (!IsValidScale(m.scales[i]))
+      return InvalidScaleError(what + ": scales[" + std::to_string(row) + "][" + std::to_string(grp) + "]", m.scales[i]);
   }
   return Status::Ok();
 }

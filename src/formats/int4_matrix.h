@@ -14,6 +14,7 @@
 // of k / g; every group still holds exactly g columns.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,8 +43,16 @@ struct Int4Matrix {
   bool operator==(const Int4Matrix&) const = default;
 };
 
+/// The one rule for a stored scale, applied by every reader (Quark, compressed-tensors, AutoAWQ,
+/// GPTQ) and by ValidateInt4Matrix: finite and >= 0. Zero is an all-zero group (what RTN writes
+/// for one); a negative scale flips the sign of its group, which no quantizer writes.
+inline bool IsValidScale(float s) { return std::isfinite(s) && s >= 0; }
+/// The error for a scale failing IsValidScale (kCorruptInput): "<where> is <s> (expected a finite
+/// scale >= 0)", where `where` names the file, tensor, group and output.
+Error InvalidScaleError(const std::string& where, float s);
+
 /// Checks the invariants: n >= 1, k >= 1, 1 <= g <= k, k % g == 0, vector sizes N*K and N*G,
-/// codes and zero points <= 15, zero points == 8 when symmetric, scales finite; a g_idx has K
+/// codes and zero points <= 15, zero points == 8 when symmetric, scales IsValidScale; a g_idx has K
 /// entries in 0..G-1 with g columns in every group. `what` names the layer in errors
 /// ("model.layers.0.mlp.up_proj: codes[3][17] = 16 out of range 0..15").
 Status ValidateInt4Matrix(const Int4Matrix& m, const std::string& what);

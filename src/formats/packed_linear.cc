@@ -48,9 +48,9 @@ Status ReadGroupScales(const TensorView& t, Int4Matrix& m) {
   for (int64_t gi = 0; gi < G; ++gi) {
     for (int64_t r = 0; r < n; ++r) {
       const float s = LoadFloatAs(t.data + static_cast<size_t>(gi * n + r) * es, t.dtype);
-      if (!std::isfinite(s) || s < 0)
-        return MakeErrorCode(ErrorCode::kCorruptInput, PackedTensorLabel(t), ": scale for group ", gi, ", output ", r, " is ",
-                             s, " (expected a finite, non-negative value)");
+      if (!IsValidScale(s))
+        return InvalidScaleError(PackedTensorLabel(t) + ": scale for group " + std::to_string(gi) + ", output " +
+                                 std::to_string(r), s);
       m.scales[static_cast<size_t>(r * G + gi)] = s;
     }
   }

@@ -313,8 +313,8 @@ Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::s
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t gi = 0; gi < G; ++gi) {
       const float s = LoadFloatAs(st.data + static_cast<size_t>(gi * n + r) * es, st.dtype);
-      if (!std::isfinite(s))
-        return MakeErrorCode(ErrorCode::kCorruptInput, TensorLabel(st), ": scale for group ", gi, ", output ", r, " is ", s, " (expected a finite value)");
+      if (!IsValidScale(s))
+        return InvalidScaleError(TensorLabel(st) + ": scale for group " + std::to_string(gi) + ", output " + std::to_string(r), s);
       m.scales[static_cast<size_t>(r * G + gi)] = s;
     }
   }

@@ -16,12 +16,14 @@ struct Reader {
   Error Bad(const std::string& key, const std::string& expected, const json& found) const {
     return MakeError(path, ": key \"", key, "\": expected ", expected, ", found ", found.dump());
   }
-  // Required positive integer.
+  // Required positive integer, at most kMaxConfigSize.
   Result<int64_t> PosInt(const std::string& key) const {
     auto it = j.find(key);
     if (it == j.end()) return MakeError(path, ": missing required key \"", key, "\" (a positive integer)");
     if (!it->is_number_integer()) return Bad(key, "a positive integer", *it);
-    int64_t v = it->get<int64_t>();
+    if (it->is_number_unsigned() ? it->get<uint64_t>() > uint64_t{kMaxConfigSize} : it->get<int64_t>() > kMaxConfigSize)
+      return Bad(key, "a positive integer up to " + std::to_string(kMaxConfigSize), *it);
+    const int64_t v = it->get<int64_t>();
     if (v <= 0) return Bad(key, "a positive integer", *it);
     return v;
   }
@@ -99,6 +101,7 @@ Status ParseSlidingWindow(const json& j, const std::string& path, ModelConfig* c
 Result<ModelConfig> ParseModelConfig(const json& j, const std::string& path) {
   if (!j.is_object()) return MakeError(path, ": expected a JSON object, found ", j.type_name());
   ModelConfig c;
+  c.path = path;
   Reader r{j, path};
   auto arch = j.find("architectures");
   if (arch != j.end() && !arch->is_null()) {

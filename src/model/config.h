@@ -29,8 +29,14 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+/// The largest value ParseModelConfig accepts for a size (hidden_size, num_hidden_layers,
+/// vocab_size, max_position_embeddings, ...): token ids and positions are int32, and products of
+/// two sizes must not overflow. Sizes are checked against the tensors by CheckCheckpointShapes.
+constexpr int64_t kMaxConfigSize = 2147483647;
+
 /// The architecture numbers of a Llama-family decoder, as in HF config.json.
 struct ModelConfig {
+  std::string path;          // the config.json it was parsed from, for messages
   std::string architecture;  // e.g. "LlamaForCausalLM"
   std::string model_type;    // "llama" | "mistral" | "qwen2" | "qwen3"
   int64_t hidden_size = 0;
@@ -56,7 +62,8 @@ struct ModelConfig {
 };
 
 /// Parses a parsed config.json object. `path` names the file in errors. Errors: unsupported
-/// architecture / model_type, missing or wrong-typed required keys, zero / negative sizes,
+/// architecture / model_type, missing or wrong-typed required keys, zero / negative sizes or sizes
+/// above kMaxConfigSize,
 /// num_attention_heads % num_key_value_heads != 0, hidden_size not divisible by heads when
 /// head_dim is absent, unsupported rope_scaling, hidden_act other than silu.
 Result<ModelConfig> ParseModelConfig(const nlohmann::json& j, const std::string& path);

@@ -39,6 +39,7 @@ struct RopeTables {
   std::vector<float> cos, sin;
   const float* Cos(int64_t pos) const { return cos.data() + pos * half; }
   const float* Sin(int64_t pos) const { return sin.data() + pos * half; }
+  int64_t positions() const { return half > 0 ? static_cast<int64_t>(cos.size()) / half : 0; }
 };
 RopeTables BuildRopeTables(const ModelConfig& c, int64_t positions);
 

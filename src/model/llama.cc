@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/check.h"
+#include "base/memory.h"
 #include "base/half.h"
 #include "kernels/int4_dispatch.h"
 #include "model/ops.h"
@@ -118,9 +119,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
   } else {
     NIBBLE_ASSIGN_OR_RETURN(m->lm_head_, loader(store, "lm_head", c.vocab_size, h, false));
   }
-  m->embed_tokens_ = embed_shared;
-
-  m->rope_ = BuildRopeTables(c, c.max_position_embeddings);
+  m->embed_tokens_ = embed_shared;  // shared, not copied (a tied lm_head holds the same table)
   return m;
 }
 
@@ -143,12 +142,22 @@ int64_t LlamaModel::SetInt8Activations(bool on) {
   return CountLinears([on](Linear& l) { return l.SetInt8Activations(on); });
 }
 
-KvCache LlamaModel::NewCache(int64_t capacity) const {
+Result<KvCache> LlamaModel::NewCache(int64_t capacity) const {
+  const ModelConfig& c = config_;
   KvCache cache;
-  cache.capacity = std::min(capacity, config_.max_position_embeddings);
-  const size_t per_layer = static_cast<size_t>(cache.capacity * config_.num_key_value_heads * config_.head_dim);
-  cache.k.assign(config_.num_hidden_layers, std::vector<float>(per_layer));
-  cache.v.assign(config_.num_hidden_layers, std::vector<float>(per_layer));
+  cache.capacity = std::clamp<int64_t>(capacity, 1, c.max_position_embeddings);
+  const int64_t per_layer = cache.capacity * c.num_key_value_heads * c.head_dim;
+  std::lock_guard<std::mutex> lock(rope_mu_);
+  const bool new_rope = rope_ == nullptr || rope_->positions() < cache.capacity;
+  const double bytes = 8.0 * static_cast<double>(c.num_hidden_layers) * static_cast<double>(per_layer) +
+                      (new_rope ? 4.0 * static_cast<double>(cache.capacity) * static_cast<double>(c.head_dim) : 0.0);
+  NIBBLE_RETURN_IF_ERROR(CheckMemoryFor(bytes, "a KV cache of " + std::to_string(cache.capacity) + " positions (" +
+                                                   std::to_string(c.num_hidden_layers) + " layers of 2 x " +
+                                                   std::to_string(c.num_key_value_heads * c.head_dim) + " floats each)"));
+  if (new_rope) rope_ = std::make_shared<const RopeTables>(BuildRopeTables(c, cache.capacity));
+  cache.rope = rope_;
+  cache.k.assign(c.num_hidden_layers, std::vector<float>(static_cast<size_t>(per_layer)));
+  cache.v.assign(c.num_hidden_layers, std::vector<float>(static_cast<size_t>(per_layer)));
   return cache;
 }
 
@@ -177,6 +186,10 @@ void LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCa
       for (int64_t j = 0; j < h; ++j) x[i * h + j] = Bf16ToF32(e[j]);
     }
   }
+  // Every cache's table covers its own capacity, so the longest one covers every position here.
+  const RopeTables* rope = caches[0]->rope.get();
+  for (int64_t b = 1; b < batch; ++b)
+    if (caches[b]->rope->positions() > rope->positions()) rope = caches[b]->rope.get();
   std::vector<LayerKv> kv(static_cast<size_t>(batch));
   LayerRun run;
   run.batch = batch;
@@ -184,7 +197,7 @@ void LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCa
   run.kv = kv.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int64_t b = 0; b < batch; ++b) kv[b] = {caches[b]->k[l].data(), caches[b]->v[l].data(), caches[b]->length};
-    DecoderLayerForward(config_, ViewOf(layers_[l]), rope_, x, run, x);
+    DecoderLayerForward(config_, ViewOf(layers_[l]), *rope, x, run, x);
   }
   for (int64_t b = 0; b < batch; ++b) caches[b]->length += t;
 }

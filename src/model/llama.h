@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,7 @@ struct KvCache {
   int64_t capacity = 0;  // max positions
   int64_t length = 0;    // positions filled
   std::vector<std::vector<float>> k, v;
+  std::shared_ptr<const RopeTables> rope;  // covers [0, capacity) at least (shared with the model)
 };
 
 class LlamaModel {
@@ -70,8 +72,11 @@ class LlamaModel {
   /// (Linear::SetBf16Activations). Returns how many linears now run bf16 activations.
   int64_t SetBf16Activations(bool on);
 
-  /// A cache for up to `capacity` positions (<= max_position_embeddings).
-  KvCache NewCache(int64_t capacity) const;
+  /// A cache for up to `capacity` positions (clamped to [1, max_position_embeddings]), with RoPE
+  /// tables for those positions: tables are sized by the context a caller uses, never by
+  /// max_position_embeddings alone. Errors: the cache and tables need more memory than is
+  /// available (base/memory.h), naming the positions and the sizes.
+  Result<KvCache> NewCache(int64_t capacity) const;
 
   /// Runs `tokens[0..t)` at positions cache.length .. cache.length + t - 1 and appends their K/V.
   /// logits: [t, vocab_size] when all_logits, else [vocab_size] for the last token.
@@ -102,7 +107,9 @@ class LlamaModel {
   std::vector<float> norm_;          // [hidden_size]
   std::vector<DecoderLayerWeights> layers_;
   std::unique_ptr<Linear> lm_head_;
-  RopeTables rope_;  // max_position_embeddings positions
+  // RoPE tables for the longest cache made so far (NewCache grows them; sessions share them).
+  mutable std::mutex rope_mu_;
+  mutable std::shared_ptr<const RopeTables> rope_;
 
   // How many of the projections and lm_head `f(Linear&)` returns true for (applied to each once).
   template <class F>

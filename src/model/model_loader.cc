@@ -39,6 +39,64 @@ Status CheckFloat(const TensorStore& store, const std::string& name, const std::
   return Status::Ok();
 }
 
+// The layer indices the checkpoint stores tensors for ("model.layers.<i>.*"); bounded by the
+// store, whatever config.json says.
+std::set<int64_t> StoredLayers(const TensorStore& store) {
+  static const std::string kPrefix = "model.layers.";
+  std::set<int64_t> layers;
+  for (const std::string& name : store.Names()) {
+    if (!name.starts_with(kPrefix)) continue;
+    const size_t dot = name.find('.', kPrefix.size());
+    const std::string index = name.substr(kPrefix.size(), dot == std::string::npos ? dot : dot - kPrefix.size());
+    if (index.empty() || index.size() > 9 || index.find_first_not_of("0123456789") != std::string::npos) continue;
+    layers.insert(std::stoll(index));
+  }
+  return layers;
+}
+
+// num_hidden_layers, vocab_size and hidden_size against the stored tensors: the sizes the loaders
+// build tables by (names per layer, embedding rows) are checked before anything is sized by them.
+Status CheckDeclaredSizes(const ModelConfig& c, const TensorStore& store) {
+  const std::set<int64_t> layers = StoredLayers(store);
+  if (c.num_hidden_layers > static_cast<int64_t>(layers.size()))
+    return MakeErrorCode(ErrorCode::kCorruptInput, c.path, ": num_hidden_layers is ", c.num_hidden_layers,
+                         " but the checkpoint has tensors for ", layers.size(), " layers",
+                         layers.empty() ? std::string(" (no model.layers.* tensor)")
+                                        : " (model.layers." + std::to_string(*layers.begin()) + " .. model.layers." +
+                                              std::to_string(*layers.rbegin()) + ")");
+  const TensorView* e = store.Find("model.embed_tokens.weight");
+  if (e == nullptr || e->shape.size() != 2) return Status::Ok();  // CheckFloat names it
+  if (e->shape[0] != c.vocab_size)
+    return MakeErrorCode(ErrorCode::kCorruptInput, c.path, ": vocab_size is ", c.vocab_size, " but ", e->name, " (",
+                         e->file, ") has ", e->shape[0], " rows (shape ", e->ShapeString(), ")");
+  if (e->shape[1] != c.hidden_size)
+    return MakeErrorCode(ErrorCode::kCorruptInput, c.path, ": hidden_size is ", c.hidden_size, " but ", e->name, " (",
+                         e->file, ") has ", e->shape[1], " columns (shape ", e->ShapeString(), ")");
+  return Status::Ok();
+}
+
+// Which config.json keys give a linear's [out_features, in_features], for shape errors.
+std::string ShapeKeys(const ModelConfig& c, const std::string& module) {
+  auto key = [](const char* name, int64_t v) { return std::string(name) + " " + std::to_string(v); };
+  const std::string h = key("hidden_size", c.hidden_size), i = key("intermediate_size", c.intermediate_size);
+  const std::string q = key("num_attention_heads", c.num_attention_heads) + " x " + key("head_dim", c.head_dim);
+  const std::string kv = key("num_key_value_heads", c.num_key_value_heads) + " x " + key("head_dim", c.head_dim);
+  std::string out = h, in = h;
+  if (module == "lm_head") out = key("vocab_size", c.vocab_size);
+  else if (module.ends_with("q_proj")) out = q;
+  else if (module.ends_with("k_proj") || module.ends_with("v_proj")) out = kv;
+  else if (module.ends_with("o_proj")) in = q;
+  else if (module.ends_with("gate_proj") || module.ends_with("up_proj")) out = i;
+  else if (module.ends_with("down_proj")) in = i;
+  return c.path + ": out_features = " + out + ", in_features = " + in;
+}
+
+// A shape error of `module` with the config keys its expected shape comes from.
+Status WithShapeKeys(Status s, const ModelConfig& c, const std::string& module) {
+  if (s.ok()) return s;
+  return Error{s.error().message + " (" + ShapeKeys(c, module) + ")", s.error().code};
+}
+
 bool HasBias(const ModelConfig& c, const std::string& module) {
   if (module == "lm_head") return false;
   const bool qkv = module.ends_with("q_proj") || module.ends_with("k_proj") || module.ends_with("v_proj");
@@ -48,6 +106,7 @@ bool HasBias(const ModelConfig& c, const std::string& module) {
 }  // namespace
 
 Status CheckCheckpointShapes(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format) {
+  NIBBLE_RETURN_IF_ERROR(CheckDeclaredSizes(c, store));
   const int64_t h = c.hidden_size;
   NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(c, store));
   NIBBLE_RETURN_IF_ERROR(CheckFloat(store, "model.embed_tokens.weight", {c.vocab_size, h}));
@@ -57,19 +116,21 @@ Status CheckCheckpointShapes(const ModelConfig& c, const TensorStore& store, con
     NIBBLE_RETURN_IF_ERROR(CheckFloat(store, p + "input_layernorm.weight", {h}));
     NIBBLE_RETURN_IF_ERROR(CheckFloat(store, p + "post_attention_layernorm.weight", {h}));
     if (c.qk_norm) {
-      NIBBLE_RETURN_IF_ERROR(CheckFloat(store, p + "self_attn.q_norm.weight", {c.head_dim}));
-      NIBBLE_RETURN_IF_ERROR(CheckFloat(store, p + "self_attn.k_norm.weight", {c.head_dim}));
+      for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
+        if (Status s = CheckFloat(store, p + norm, {c.head_dim}); !s.ok())
+          return Error{s.error().message + " (" + c.path + ": head_dim " + std::to_string(c.head_dim) + ")",
+                       s.error().code};
     }
   }
   for (const std::string& module : LinearModuleNames(c, proj.ReadsHeadModule())) {
     const auto [n, k] = LinearShape(c, module);
-    if (HasBias(c, module)) NIBBLE_RETURN_IF_ERROR(CheckFloat(store, module + ".bias", {n}));
+    if (HasBias(c, module)) NIBBLE_RETURN_IF_ERROR(WithShapeKeys(CheckFloat(store, module + ".bias", {n}), c, module));
     if (format == nullptr) {
-      NIBBLE_RETURN_IF_ERROR(CheckFloat(store, module + ".weight", {n, k}));
+      NIBBLE_RETURN_IF_ERROR(WithShapeKeys(CheckFloat(store, module + ".weight", {n, k}), c, module));
       continue;
     }
     NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, format->Resolve(module));
-    NIBBLE_RETURN_IF_ERROR(format->CheckLinear(store, module, plan, n, k));
+    NIBBLE_RETURN_IF_ERROR(WithShapeKeys(format->CheckLinear(store, module, plan, n, k), c, module));
   }
   return Status::Ok();
 }
@@ -131,6 +192,7 @@ Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, std::st
   NIBBLE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   NIBBLE_ASSIGN_OR_RETURN(TensorStore store, TensorStore::OpenDir(dir));
   if (format_name != nullptr) *format_name = format ? format->name() : "dense";
+  NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(config, store, format.get()));
   std::vector<std::string> notes;
   NIBBLE_ASSIGN_OR_RETURN(std::string unread, CheckUnreadTensors(config, store, format.get()));
   if (!unread.empty()) notes.push_back(unread);

@@ -24,8 +24,11 @@ LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format,
 
 /// Checks, without converting any data, that `store` holds every tensor a model with config `c`
 /// reads, with the shape config.json implies: embeddings, norms and biases as float tensors, each
-/// linear as `format` stores it (nullptr: dense, float [N, K]). What `nibble generate` would refuse
-/// at load, quantize and inspect refuse up front. Errors name the file, tensor, expected and found.
+/// linear as `format` stores it (nullptr: dense, float [N, K]). First, before anything is sized by
+/// them, num_hidden_layers against the stored model.layers.<i> tensors and vocab_size / hidden_size
+/// against model.embed_tokens.weight (errors name config.json, the key, expected and found). Every
+/// command that reads a model calls it before anything else. Errors name the file, tensor,
+/// expected and found, and the config keys a linear's expected shape comes from.
 Status CheckCheckpointShapes(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format);
 
 /// Every tensor of `store` should be one the model reads: embeddings, norms, each linear's weight

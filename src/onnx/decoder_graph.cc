@@ -6,6 +6,7 @@
 
 #include <onnx/defs/schema.h>
 
+#include "base/memory.h"
 #include "formats/float_dtype.h"
 #include "formats/matmul_nbits.h"
 #include "model/decoder_layer.h"
@@ -295,6 +296,12 @@ Status CheckDecoderGraph(const ModelConfig& c, const QuantizedFormat* format, co
   if (c.qk_norm)
     return MakeErrorCode(ErrorCode::kUnsupported, "model_type ", c.model_type, " (", c.architecture,
                          "): the ONNX export does not support Qwen3's per-head q_norm / k_norm before the rotary");
+  // cos_cache / sin_cache cover every position GroupQueryAttention may see (as ORT GenAI's builder
+  // writes them); both are built in memory before they are written.
+  NIBBLE_RETURN_IF_ERROR(CheckMemoryFor(4.0 * static_cast<double>(c.max_position_embeddings) * static_cast<double>(c.head_dim),
+                                        c.path + ": the rotary cos/sin caches of max_position_embeddings " +
+                                            std::to_string(c.max_position_embeddings) + " x head_dim / 2 " +
+                                            std::to_string(c.head_dim / 2)));
   if (!format) return Status::Ok();
   for (const std::string& module : LinearModuleNames(c, true)) {
     NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, format->Resolve(module));

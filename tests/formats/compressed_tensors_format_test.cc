@@ -361,9 +361,9 @@ TEST(CompressedTensorsFormat, BadTensorsAreErrorsNamingFileTensorExpectedFound) 
        },
        {"tensor " + kP + ".weight_g_idx", "g_idx[3] = 2, expected a group in 0..1"}},
       {[&](std::vector<TensorToWrite>& ts) { StoreFloatAs(-0.25f, DType::kBF16, find(ts, ".weight_scale").bytes.data() + 2); },
-       {"tensor " + kP + ".weight_scale", "scale [0][1] = -0.25, expected a finite value >= 0"}},
+       {"tensor " + kP + ".weight_scale", "scale [0][1] is -0.25 (expected a finite scale >= 0)"}},
       {[&](std::vector<TensorToWrite>& ts) { StoreFloatAs(NAN, DType::kBF16, find(ts, ".weight_scale").bytes.data() + 6); },
-       {"tensor " + kP + ".weight_scale", "scale [1][1] = nan"}},
+       {"tensor " + kP + ".weight_scale", "scale [1][1] is nan"}},
       {[&](std::vector<TensorToWrite>& ts) { find(ts, ".weight_zero_point").shape = {2, 1}; },
        {"tensor " + kP + ".weight_zero_point", "shape [2, 1], expected [1, 2]"}},
       {[&](std::vector<TensorToWrite>& ts) {

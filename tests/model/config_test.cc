@@ -84,6 +84,19 @@ TEST(ModelConfigErrors, NegativeIntermediateSize) {
   ExpectError(j, "key \"intermediate_size\": expected a positive integer, found -172");
 }
 
+TEST(ModelConfigErrors, SizesAboveTheInt32RangeAreRefusedByKey) {
+  for (const char* key : {"num_hidden_layers", "vocab_size", "max_position_embeddings", "hidden_size"}) {
+    json j = Base();
+    j[key] = 2147483648LL;
+    ExpectError(j, std::string("key \"") + key + "\": expected a positive integer up to 2147483647, found 2147483648");
+    j[key] = 18446744073709551615ULL;
+    ExpectError(j, std::string("key \"") + key + "\": expected a positive integer up to 2147483647");
+  }
+  json j = Base();
+  j["max_position_embeddings"] = 2147483647;
+  ASSERT_TRUE(ParseModelConfig(j, kPath).ok());
+}
+
 TEST(ModelConfigErrors, HeadsNotDivisibleByKvHeads) {
   json j = Base();
   j["num_key_value_heads"] = 3;

@@ -359,7 +359,7 @@ void CheckCase(const Spec& s, const Spec& mutant, uint64_t seed) {
   const double tol = RelTolerance(s) * LogitScale(ref);
 
   std::vector<float> full(T * V);
-  nibble::KvCache cache = m.NewCache(T);
+  nibble::KvCache cache = m.NewCache(T).value();
   auto st = m.Forward(kTokens.data(), T, cache, full.data(), /*all_logits=*/true);
   ASSERT_TRUE(st.ok()) << st.error().message;
   EXPECT_EQ(cache.length, T);
@@ -368,7 +368,7 @@ void CheckCase(const Spec& s, const Spec& mutant, uint64_t seed) {
 
   // Incremental: prefill 5 (all rows), then 7 decode steps (last row each) on the same cache.
   std::vector<float> inc(T * V);
-  nibble::KvCache c2 = m.NewCache(T);
+  nibble::KvCache c2 = m.NewCache(T).value();
   st = m.Forward(kTokens.data(), 5, c2, inc.data(), true);
   ASSERT_TRUE(st.ok()) << st.error().message;
   for (int64_t t = 5; t < T; ++t) {
@@ -619,6 +619,32 @@ TEST(ReferenceForward, Llama3RopeAtLongPositions) {
   }
   // The unscaled angles are far off at many of these (position, frequency) pairs.
   EXPECT_GT(scaled_misses, 50);
+}
+
+// RoPE tables are sized by the caches made, not by max_position_embeddings: a 131072-position
+// model running 12 tokens builds 12 rows; a longer cache grows the shared table, and a cache keeps
+// the table it was made with, so its logits do not change.
+TEST(ReferenceForward, RopeTablesAreSizedByTheContextInUse) {
+  TempDir dir;
+  Spec s = GqaHeadDim();
+  s.max_pos = 131072;
+  const Checkpoint ck = MakeCheckpoint(s, 21);
+  WriteCheckpoint(dir.path(), s, ck.tensors);
+  auto model = nibble::LlamaModel::Load(dir.path());
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const auto& m = **model;
+  const int64_t T = kTokens.size(), V = s.vocab;
+  nibble::KvCache small = m.NewCache(T).value();
+  ASSERT_NE(small.rope, nullptr);
+  EXPECT_EQ(small.rope->positions(), T);
+  EXPECT_EQ(m.NewCache(4).value().rope, small.rope);  // covered: shared, not rebuilt
+  nibble::KvCache large = m.NewCache(3 * T).value();
+  EXPECT_EQ(large.rope->positions(), 3 * T);
+  EXPECT_EQ(small.rope->positions(), T);
+  std::vector<float> a(T * V), b(T * V);
+  ASSERT_TRUE(m.Forward(kTokens.data(), T, small, a.data(), true).ok());
+  ASSERT_TRUE(m.Forward(kTokens.data(), T, large, b.data(), true).ok());
+  EXPECT_EQ(a, b);
 }
 
 // ---------------------------------------------------------------------------------------------

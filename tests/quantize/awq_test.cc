@@ -488,7 +488,7 @@ TEST(Awq, Qwen3CalibrationForwardIsTheModelForward) {
   const std::vector<float> emb = TensorValues(*in.store, "model.embed_tokens.weight");
   for (int64_t b = 0; b < batch; ++b) {
     std::vector<float> want(static_cast<size_t>(seq * v));
-    nibble::KvCache cache = (*model)->NewCache(seq);
+    nibble::KvCache cache = (*model)->NewCache(seq).value();
     ASSERT_TRUE((*model)->Forward(tokens.data() + b * seq, seq, cache, want.data(), true).ok());
     std::vector<float> xn(static_cast<size_t>(seq * h));
     nibble::RmsNorm(cap.out.data() + b * seq * h, norm.data(), seq, h, mc.rms_norm_eps, xn.data());

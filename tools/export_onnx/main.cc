@@ -1,6 +1,7 @@
 // nibble-export-onnx (run as `nibble export-onnx`): an int4 checkpoint as an ONNX Runtime GenAI
 // model. A program of its own: see include/nibble/export_onnx.h for why.
 #include <cstdio>
+#include <new>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -17,7 +18,14 @@ int main(int argc, char** argv) {
   app.add_option("--execution_provider", r.execution_provider, "ONNX Runtime execution provider: cpu (default)");
   app.add_flag("--overwrite", r.overwrite, "Replace an existing output directory");
   CLI11_PARSE(app, argc, argv);
-  auto s = nibble::ExportOnnx(r);
+  // Last resort, as `nibble`'s main: sizes are checked before allocation, so this is a bug.
+  auto s = [&r]() -> decltype(nibble::ExportOnnx(r)) {
+    try {
+      return nibble::ExportOnnx(r);
+    } catch (const std::bad_alloc&) {
+      return nibble::MakeError("out of memory while running export-onnx (an allocation failed)");
+    }
+  }();
   if (!s.ok()) {
     std::fprintf(stderr, "nibble: error: %s\n", s.error().message.c_str());
     return 1;

@@ -20,6 +20,7 @@
 #include <nibble/nibble.h>
 
 #include "base/half.h"
+#include "base/memory.h"
 #include "base/page_buffer.h"
 #include "base/result.h"
 #include "formats/int4_matrix.h"
@@ -257,6 +258,24 @@ uint64_t SplitMix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// The bf16 checkpoint a config makes, from its sizes alone, against the free disk space where it
+// is staged and its largest tensor against the available memory: an implausible config is refused
+// before any tensor list or file is made.
+Status CheckSynthSize(const ModelConfig& c, const std::string& out_dir) {
+  const double h = static_cast<double>(c.hidden_size), i = static_cast<double>(c.intermediate_size),
+               v = static_cast<double>(c.vocab_size), q = static_cast<double>(c.num_attention_heads * c.head_dim),
+               kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double params = v * h * (c.tie_word_embeddings ? 1 : 2) +
+                        static_cast<double>(c.num_hidden_layers) * (h * (2 * q + 2 * kv + 3 * i) + 2 * h);
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::absolute(out_dir, ec).parent_path();
+  const std::filesystem::space_info disk = std::filesystem::space(parent, ec);
+  if (!ec && 2 * params > static_cast<double>(disk.available))
+    return MakeError(c.path, ": these sizes make a bf16 checkpoint of ", FormatBytes(2 * params), ", more than the ",
+                     FormatBytes(static_cast<double>(disk.available)), " free in ", parent.string());
+  return CheckMemoryFor(2 * std::max({v * h, i * h, q * h}), c.path + ": the largest tensor these sizes make");
+}
+
 // One tensor of a synthetic checkpoint: name, shape, and whether it holds ones (RMSNorm weights)
 // instead of random values; `index` seeds its values.
 struct SynthTensor {
@@ -371,6 +390,7 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   if (q.out_dir.empty()) return MakeError("synth: --out is empty");
   if (fs::exists(fs::path(q.out_dir), ec) && !q.overwrite)
     return MakeError("synth: output ", q.out_dir, " exists (use --overwrite)");
+  NIBBLE_RETURN_IF_ERROR(CheckSynthSize(mc, q.out_dir));
   // The dense checkpoint goes to a staging directory beside the output (io/checkpoint_writer.h):
   // renamed onto it for "dense", the quantizer's input for "quark" (which stages and commits its
   // own output) and removed afterwards. A failed run leaves no partial output, and an existing

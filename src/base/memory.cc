@@ -1,0 +1,67 @@
+#include "base/memory.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+namespace nibble {
+
+namespace {
+
+// MemAvailable in bytes, -1 when /proc/meminfo has none.
+int64_t MemAvailable() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
+// RLIMIT_AS minus the address space in use, -1 when unlimited or unknown.
+int64_t AddressSpaceLeft() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return -1;
+  std::ifstream in("/proc/self/statm");
+  int64_t pages = 0;
+  if (!(in >> pages)) return -1;
+  const int64_t used = pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  const int64_t limit = static_cast<int64_t>(lim.rlim_cur);
+  return limit > used ? limit - used : 0;
+}
+
+}  // namespace
+
+int64_t AvailableMemoryBytes() {
+  const int64_t mem = MemAvailable(), as = AddressSpaceLeft();
+  if (mem < 0) return as;
+  return as < 0 ? mem : std::min(mem, as);
+}
+
+std::string FormatBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 6) {
+    bytes /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return buf;
+}
+
+Status CheckMemoryFor(double bytes, const std::string& what) {
+  const int64_t avail = AvailableMemoryBytes();
+  if (avail < 0 || bytes <= static_cast<double>(avail)) return Status::Ok();
+  return MakeError(what, " needs ", FormatBytes(bytes), ", more than the ",
+                   FormatBytes(static_cast<double>(avail)), " of memory available (MemAvailable",
+                   AddressSpaceLeft() >= 0 ? ", RLIMIT_AS" : "", ")");
+}
+
+}  // namespace nibble
