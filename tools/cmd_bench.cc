@@ -30,6 +30,29 @@ struct BenchArgs {
   bool int8 = false;
   bool bf16 = false;
 };
+
+// Every flag before anything is measured: shapes, group sizes the paths serve, positive sizes.
+std::string CheckFlags(const BenchArgs& a) {
+  if (!(a.bandwidth_gib > 0)) return "--bandwidth_gib " + std::to_string(a.bandwidth_gib) + " must be > 0";
+  if (a.passes < 1) return "--passes " + std::to_string(a.passes) + " must be >= 1";
+  if (!(a.cycle_gib > 0)) return "--cycle_gib " + std::to_string(a.cycle_gib) + " must be > 0";
+  if (!(a.seconds > 0)) return "--seconds " + std::to_string(a.seconds) + " must be > 0";
+  for (int64_t m : a.ms)
+    if (m < 1) return "--m " + std::to_string(m) + " must be >= 1";
+  for (int64_t g : a.groups) {
+    if (g < 1) return "--group_size " + std::to_string(g) + " must be >= 1";
+    if (const std::string refusal = nibble::OptInGroupSizeRefusal(a.int8, a.bf16, g); !refusal.empty()) return refusal;
+  }
+  for (const std::string& sh : a.shapes) {
+    long k = 0, n = 0;
+    char end = 0;
+    if (std::sscanf(sh.c_str(), "%ldx%ld%c", &k, &n, &end) != 2 || k < 1 || n < 1)
+      return "--shapes: expected KxN with positive K and N, got \"" + sh + "\"";
+    for (int64_t g : a.groups)
+      if (k % g != 0) return "--shapes " + sh + ": K " + std::to_string(k) + " is not a multiple of --group_size " + std::to_string(g);
+  }
+  return "";
+}
 }  // namespace
 
 Runner RegisterBench(CLI::App& app) {
@@ -51,6 +74,7 @@ Runner RegisterBench(CLI::App& app) {
   cmd->add_flag("--bf16_activations", a->bf16,
                 "Also time the opt-in bf16-activation path after each W4A32 case, same weights");
   return [a]() {
+    if (const std::string err = CheckFlags(*a); !err.empty()) return UsageError(err);
     nibble::SetNumThreads(a->threads);
     const nibble::KernelDispatchReport k = nibble::DescribeKernels();
     std::printf("threads: %d | kernels: %s\n", nibble::NumThreads(), k.chosen.c_str());
@@ -75,11 +99,6 @@ Runner RegisterBench(CLI::App& app) {
       }
     }
     if (a->skip_gemm) return 0;
-    // Group sizes an opt-in path cannot serve are refused before anything is timed.
-    for (int64_t g : a->groups) {
-      const std::string refusal = nibble::OptInGroupSizeRefusal(a->int8, a->bf16, g);
-      if (!refusal.empty()) return Fail(refusal);
-    }
     // Each case's % is against the bandwidth measured right before it (column bw): the machine's
     // bandwidth can move by tens of percent between the first measurement and a case a minute later.
     std::printf("%-11s %5s %4s %-26s %6s %9s %10s %9s %7s %7s %9s %10s %6s\n", "KxN", "g", "M", "path", "mats",
@@ -87,7 +106,7 @@ Runner RegisterBench(CLI::App& app) {
     double bw_min = 1e300, bw_max = 0;
     for (const std::string& sh : a->shapes) {
       nibble::GemmBenchCase c;
-      if (std::sscanf(sh.c_str(), "%ldx%ld", &c.k, &c.n) != 2) return Fail("--shapes: expected KxN, got \"" + sh + "\"");
+      if (std::sscanf(sh.c_str(), "%ldx%ld", &c.k, &c.n) != 2) return Fail("--shapes: \"" + sh + "\"");  // CheckFlags'd
       for (int64_t g : a->groups)
         for (int64_t m : a->ms) {
           c.group_size = g;

@@ -318,17 +318,17 @@ nibble::Status RunModel(const std::string& dir, const std::vector<int>& threads,
 }
 
 int RunBenchModel(const BenchModelArgs& a) {
-  if (a.repetitions < 1) return Fail("-r " + std::to_string(a.repetitions) + " must be >= 1");
+  if (a.repetitions < 1) return UsageError("-r " + std::to_string(a.repetitions) + " must be >= 1");
   for (int64_t v : a.n_prompt)
-    if (v < 0) return Fail("-p " + std::to_string(v) + " must be >= 0");
+    if (v < 0) return UsageError("-p " + std::to_string(v) + " must be >= 0");
   for (int64_t v : a.n_gen)
-    if (v < 0) return Fail("-n " + std::to_string(v) + " must be >= 0");
+    if (v < 0) return UsageError("-n " + std::to_string(v) + " must be >= 0");
   for (int64_t v : a.parallel)
-    if (v < 1) return Fail("--parallel " + std::to_string(v) + " must be >= 1");
+    if (v < 1) return UsageError("--parallel " + std::to_string(v) + " must be >= 1");
   nibble::ActivationType unused;
   for (const std::string& s : a.activations)
     if (!nibble::ParseActivationType(s, &unused))
-      return Fail("--activations: unknown mode \"" + s + "\" (auto, fp32, bf16, int8)");
+      return UsageError("--activations: unknown mode \"" + s + "\" (auto, fp32, bf16, int8)");
   std::vector<int> threads;  // 0 resolved to the count it means, so the table shows it
   for (int t : a.threads) {
     if (t == 0) nibble::SetNumThreads(0);
@@ -363,7 +363,7 @@ Runner RegisterBenchModel(CLI::App& app) {
   auto a = std::make_shared<BenchModelArgs>();
   CLI::App* cmd = app.add_subcommand(
       "bench-model", "Prompt processing and token generation tokens/s of whole models (llama-bench's pp / tg)");
-  cmd->add_option("--model,-m", a->models, "Model directories (several: one after another)")->required()->delimiter(',');
+  cmd->add_option("--model,-m,--model_dir", a->models, "Model directories (several: one after another)")->required()->delimiter(',');
   cmd->add_option("-p,--n_prompt", a->n_prompt, "Prompt lengths for pp tests, comma-separated; 0 = none")
       ->delimiter(',')->capture_default_str();
   cmd->add_option("-n,--n_gen", a->n_gen, "Generated tokens for tg tests, comma-separated; 0 = none")

@@ -75,12 +75,16 @@ nibble::Result<std::vector<MethodRun>> QuantizeMethods(const CompareArgs& a, con
     r.overwrite = true;
     std::fprintf(stderr, "compare: quantizing with %s (%zu of %zu)\n", methods[i].c_str(), i + 1, methods.size());
     std::unique_ptr<nibble::ProgressBar> bar;
-    r.progress = [&bar, &methods, i](int64_t done, int64_t total) {
-      if (!bar) bar = std::make_unique<nibble::ProgressBar>(methods[i] + " steps", total);
+    int64_t bar_total = -1;
+    const bool calibrated = r.quant_algo != "rtn";
+    r.progress = [&bar, &bar_total, &methods, i, calibrated](int64_t done, int64_t total) {
+      if (!bar || total != bar_total) {
+        bar = std::make_unique<nibble::ProgressBar>(methods[i] + (calibrated ? " steps" : ""), total, true, !calibrated);
+        bar_total = total;
+      }
       bar->Update(done);
     };
-    const auto t0 = std::chrono::steady_clock::now();
-    r.on_layer = [&methods, i, t0](int64_t layer, int64_t layers) { nibble::LogLine(methods[i] + " layers", layer, layers, t0); };
+    r.on_layer = nibble::LayerLog(methods[i] + " layers");
     r.on_message = [&bar](const std::string& m) {
       if (bar) bar->Finish();
       std::fprintf(stderr, "%s\n", m.c_str());
@@ -174,7 +178,7 @@ nibble::Result<nibble::ComparisonReport> RunComparison(const CompareArgs& a, con
 Runner RegisterCompare(CLI::App& app) {
   auto a = std::make_shared<CompareArgs>();
   CLI::App* cmd = app.add_subcommand("compare", "Perplexity, KLD statistics and top-1 agreement of quantized models vs the float model");
-  auto* m = cmd->add_option("--model,-m", a->model, "Float (reference) model directory");
+  auto* m = cmd->add_option("--model,-m,--model_dir", a->model, "Float (reference) model directory");
   auto* kb = cmd->add_option("--kl_divergence_base", a->kl_base,
                              "Logits of the float model saved by --save_logits (a file, or a directory holding "
                              "nibble-logits.bin), read instead of running --model");
@@ -202,10 +206,18 @@ Runner RegisterCompare(CLI::App& app) {
   cmd->add_option("--misaligned", a->quant.misaligned, "--methods: layers whose in_features is not a multiple of group_size: "
                   "error | exclude | per_channel")->capture_default_str();
   return [a]() {
-    if (a->model.empty() && a->kl_base.empty()) return Fail("compare: give the float model (--model) or its saved logits (--kl_divergence_base)");
-    if (a->quantized.empty() && a->methods.empty()) return Fail("compare: give --quantized DIR... or --methods LIST");
-    if (!a->methods.empty() && a->model.empty()) return Fail("compare: --methods quantizes the float model: give --model");
-    if (auto st = nibble::CheckSavedLogitsFormat(a->save_logits_format); !st.ok()) return Fail(st.error().message);
+    if (a->model.empty() && a->kl_base.empty()) return UsageError("compare: give the float model (--model) or its saved logits (--kl_divergence_base)");
+    if (a->quantized.empty() && a->methods.empty()) return UsageError("compare: give --quantized DIR... or --methods LIST");
+    if (!a->methods.empty() && a->model.empty()) return UsageError("compare: --methods quantizes the float model: give --model");
+    if (nibble::Status v = nibble::ValidateWindowOptions(a->seq_len, a->max_windows, false); !v.ok())
+      return UsageError(v.error().message);
+    if (!a->methods.empty()) {  // the method list and its calibration data, before the first method runs
+      auto methods = ParseMethods(a->methods);
+      if (!methods.ok()) return UsageError(methods.error().message);
+      for (const std::string& m : *methods)
+        if (m != "rtn" && a->quant.dataset.empty()) return UsageError("--methods " + m + " needs calibration data: --dataset FILE");
+    }
+    if (auto st = nibble::CheckSavedLogitsFormat(a->save_logits_format); !st.ok()) return UsageError(st.error().message);
     nibble::SetNumThreads(a->threads);
     std::string text;
     if (const std::string err = ReadTextFile(a->text, &text); !err.empty()) return Fail(err);

@@ -1,5 +1,8 @@
 // `nibble generate`: stream a continuation of a prompt; prefill / decode tokens/s on stderr.
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -78,29 +81,51 @@ void PrintStats(const nibble::GenerateStats& s, const StopStringFilter& stop) {
                nibble::NumThreads());
 }
 
-int RunChat(const GenerateArgs& a, const nibble::Model& model) {
-  if (a.opt.max_new_tokens < 1) return Fail("-n " + std::to_string(a.opt.max_new_tokens) + " must be >= 1 with --chat");
-  auto tmpl = nibble::LoadChatTemplate(a.model, a.chat_template);
-  if (!tmpl.ok()) return Fail(tmpl.error().message);
+int RunChat(const GenerateArgs& a, const nibble::Model& model, const nibble::ChatTemplate& tmpl) {
   std::fprintf(stderr, "seed: %llu | chat template: %s\n", static_cast<unsigned long long>(a.opt.sampling.seed),
-               tmpl->origin.c_str());
+               tmpl.origin.c_str());
   ChatLoopOptions o;
   o.system = a.system;
   o.extra_vars_json = a.chat_kwargs;
   o.max_new_tokens = a.opt.max_new_tokens;
   o.sampling = a.opt.sampling;
-  return RunChatLoop(model, *tmpl, o, stdin, stdout);
+  o.prompt_marker = ::isatty(0) ? "> " : "";  // as llama-cli: a marker on a terminal, none when piped
+  return RunChatLoop(model, tmpl, o, stdin, stdout);
 }
 
-int RunGenerate(GenerateArgs& a) {
+// Every flag is checked before anything is loaded (a 7B takes a minute to load): the sampling
+// values by the library's rules, the stop strings, the chat template (read, parsed and rendered
+// once with the system message and the kwargs). Returns the exit code, or -1 to go on.
+int CheckFlags(GenerateArgs& a, nibble::ChatTemplate* tmpl) {
   if (!a.chat && (!a.system.empty() || !a.chat_template.empty() || !a.chat_kwargs.empty()))
-    return Fail("--system, --chat_template and --chat_template_kwargs need --chat");
+    return UsageError("--system, --chat_template and --chat_template_kwargs need --chat");
+  if (const nibble::Status v = nibble::ValidateGenerateOptions(a.opt, "--"); !v.ok()) return UsageError(v.error().message);
+  if (a.chat && a.opt.max_new_tokens < 1)
+    return UsageError("--max_new_tokens (-n) " + std::to_string(a.opt.max_new_tokens) + " must be >= 1 with --chat");
+  for (const std::string& s : a.stops)
+    if (s.empty()) return UsageError("--stop: empty stop string");
+  if (const nibble::Status v = nibble::ValidateChatTemplateVars(a.chat_kwargs); !v.ok())
+    return UsageError("--chat_template_kwargs: " + v.error().message);
   if (!a.prompt_file.empty()) {
     if (const std::string err = ReadTextFile(a.prompt_file, &a.opt.prompt); !err.empty()) return Fail("-f: " + err);
     if (!a.opt.prompt.empty() && a.opt.prompt.back() == '\n') a.opt.prompt.pop_back();  // as llama.cpp's -f
   }
-  for (const std::string& s : a.stops)
-    if (s.empty()) return Fail("--stop: empty stop string");
+  // The template needs only tokenizer_config.json; a missing model directory is left to Load.
+  if (a.chat && (std::filesystem::is_directory(a.model) || !a.chat_template.empty())) {
+    auto t = nibble::LoadChatTemplate(a.model, a.chat_template);
+    if (!t.ok()) return Fail(t.error().message);
+    std::vector<nibble::ChatMessage> probe;
+    if (!a.system.empty()) probe.push_back({"system", a.system});
+    probe.push_back({"user", "Hello"});
+    if (auto r = nibble::RenderChat(*t, probe, true, a.chat_kwargs); !r.ok()) return Fail(r.error().message);
+    *tmpl = std::move(t).value();
+  }
+  return -1;
+}
+
+int RunGenerate(GenerateArgs& a) {
+  nibble::ChatTemplate tmpl;
+  if (const int rc = CheckFlags(a, &tmpl); rc >= 0) return rc;
   nibble::SetNumThreads(a.threads);
   nibble::LoadOptions lo;
   lo.activations = a.activations;
@@ -112,7 +137,14 @@ int RunGenerate(GenerateArgs& a) {
   PrintWarnings(a.model, (*model)->info().warnings);
   if (const std::string err = ReportActivations(a.model, lo.activations, (*model)->info()); !err.empty()) return Fail(err);
   if (a.seed->count() == 0) a.opt.sampling.seed = std::random_device{}();
-  if (a.chat) return RunChat(a, **model);
+  if (a.chat) {
+    if (tmpl.origin.empty()) {  // the directory appeared between the check and the load
+      auto t = nibble::LoadChatTemplate(a.model, a.chat_template);
+      if (!t.ok()) return Fail(t.error().message);
+      tmpl = std::move(t).value();
+    }
+    return RunChat(a, **model, tmpl);
+  }
   if (const std::string err = CheckPromptFits(**model, a.opt); !err.empty()) return Fail(err);
   std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(a.opt.sampling.seed));
   std::fwrite(a.opt.prompt.data(), 1, a.opt.prompt.size(), stdout);  // echo, as llama.cpp does
@@ -136,7 +168,7 @@ int RunGenerate(GenerateArgs& a) {
 Runner RegisterGenerate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a prompt (streams tokens as they come)");
-  cmd->add_option("--model,-m", args->model, "Model directory (HF layout: config.json, safetensors, tokenizer.model or tokenizer.json)")->required();
+  cmd->add_option("--model,-m,--model_dir", args->model, "Model directory (HF layout: config.json, safetensors, tokenizer.model or tokenizer.json)")->required();
   CLI::Option* prompt = cmd->add_option("--prompt,-p", args->opt.prompt, "Prompt text (empty: start from BOS alone)");
   cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file (one trailing newline dropped)")
       ->excludes(prompt);
@@ -152,8 +184,8 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_option("--chat_template_kwargs", args->chat_kwargs,
                   "More chat template variables as a JSON object, e.g. '{\"enable_thinking\": false}'");
   AddSamplingFlags(cmd, *args);
-  cmd->add_option("--stop", args->stops, "Stop when the text contains this string (not printed); repeatable")
-      ->allow_extra_args(false);
+  cmd->add_option("--stop", args->stops,
+                  "Stop when the text contains this string (not printed); several strings: --stop A B or --stop A --stop B");
   cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
   cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 1024));
   AddActivationsOption(cmd, &args->activations);

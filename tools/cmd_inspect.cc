@@ -1,8 +1,10 @@
 // `nibble inspect DIR`: format, per-layer resolved config and the rule that produced it, sizes.
 // `nibble inspect --kernels`: the W4A32 kernel ISA chosen at run time and why the others were not.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -69,20 +71,39 @@ double BitsPerWeight(const nibble::InspectReport::Layer& l) {
 }
 // `inspect --engines`: per linear what each engine resolves ("=" where it agrees with the file),
 // the disagreements with the flag that avoids each, and tensor-parallel readiness.
-void PrintEngines(const nibble::InspectReport& rep) {
+void PrintEngines(const nibble::InspectReport& rep, bool all) {
   if (rep.engines.empty()) {
     std::printf("engines: %s is a dense checkpoint; every engine reads it in float\n", rep.dir.c_str());
     return;
   }
-  std::printf("%-36s %-22s", "layer", "the file means");
-  for (size_t e = 1; e < rep.engines.size(); ++e) std::printf(" %-24s", rep.engines[e].c_str());
-  std::printf("\n");
+  // An engine that loads no linear at all (ORT GenAI and compressed-tensors) is one line below,
+  // not a reason to list every linear.
+  std::vector<bool> reads_nothing(rep.engines.size(), !rep.engine_rows.empty());
+  for (const auto& row : rep.engine_rows)
+    for (size_t e = 0; e < row.agrees.size() && e < reads_nothing.size(); ++e)
+      if (row.agrees[e] || row.readings[e] != "fails to load") reads_nothing[e] = false;
+  auto agreed = [&reads_nothing](const nibble::InspectReport::EngineRow& row) {
+    for (size_t e = 0; e < row.agrees.size(); ++e)
+      if (!row.agrees[e] && !(e < reads_nothing.size() && reads_nothing[e])) return false;
+    return true;
+  };
+  int64_t shown = 0;
+  for (const auto& row : rep.engine_rows) shown += all || !agreed(row) ? 1 : 0;
+  if (shown > 0) {
+    std::printf("%-36s %-22s", "layer", "the file means");
+    for (size_t e = 1; e < rep.engines.size(); ++e) std::printf(" %-24s", rep.engines[e].c_str());
+    std::printf("\n");
+  }
   for (const auto& row : rep.engine_rows) {
+    if (!all && agreed(row)) continue;
     std::printf("%-36s %-22s", row.name.c_str(), row.meant.c_str());
     for (size_t e = 1; e < row.readings.size(); ++e)
       std::printf(" %-24s", row.agrees[e] ? "=" : row.readings[e].c_str());
     std::printf("\n");
   }
+  if (!all)
+    std::printf("(%lld of %zu linears where an engine disagrees; --all lists every one)\n", static_cast<long long>(shown),
+                rep.engine_rows.size());
   if (rep.engine_disagreements.empty()) std::printf("every engine resolves every linear as the file means\n");
   for (const auto& d : rep.engine_disagreements) std::printf("disagreement: %s\n", d.c_str());
   for (const auto& t : rep.tensor_parallel)
@@ -119,12 +140,15 @@ Runner RegisterInspect(CLI::App& app) {
   cmd->add_flag("--engines", *engines,
                 "What vLLM, ONNX Runtime GenAI, Transformers and nibble resolve per linear, their disagreements, "
                 "and tensor-parallel readiness (TP 1, 2, 4, 8)");
-  return [dir, as_json, kernels, engines]() {
+  auto all = std::make_shared<bool>(false);
+  cmd->add_flag("--all", *all, "With --engines: list every linear, not only those where an engine disagrees");
+  return [dir, as_json, kernels, engines, all]() {
     if (*kernels) {
       ShowKernels(*as_json);
       if (dir->empty()) return 0;
     }
-    if (dir->empty()) return Fail("inspect: a model directory is required (or --kernels)");
+    if (dir->empty()) return UsageError("inspect: a model directory is required (or --kernels)");
+    if (*all && !*engines) return UsageError("inspect: --all goes with --engines");
     auto rep = nibble::Inspect(*dir);
     if (!rep.ok()) return Fail(rep.error().message);
     PrintWarnings(*dir, rep->warnings);
@@ -151,12 +175,16 @@ Runner RegisterInspect(CLI::App& app) {
     for (const auto& [key, value] : rep->format_properties) props += " | " + key + ": " + value;
     std::printf("%s\nformat: %s%s | torch_dtype: %s | tensors on disk: %.2f MB\n", rep->dir.c_str(), rep->format.c_str(),
                 props.c_str(), rep->torch_dtype.c_str(), rep->total_tensor_bytes / 1e6);
-    std::printf("%-36s %-22s %6s %6s %10s %7s  %s\n", "layer", "scheme", "N", "K", "bytes", "bits/w", "rule");
-    for (const auto& l : rep->layers)
-      std::printf("%-36s %-22s %6lld %6lld %10lld %7.2f  %s\n", l.name.c_str(), l.scheme.c_str(), static_cast<long long>(l.n),
-                  static_cast<long long>(l.k), static_cast<long long>(l.stored_bytes), BitsPerWeight(l), l.rule.c_str());
+    // With --engines the engines table is the per-layer table (its "the file means" column is
+    // the scheme); the layout table is not printed a second time.
+    if (!*engines) {
+      std::printf("%-36s %-22s %6s %6s %10s %7s  %s\n", "layer", "scheme", "N", "K", "bytes", "bits/w", "rule");
+      for (const auto& l : rep->layers)
+        std::printf("%-36s %-22s %6lld %6lld %10lld %7.2f  %s\n", l.name.c_str(), l.scheme.c_str(), static_cast<long long>(l.n),
+                    static_cast<long long>(l.k), static_cast<long long>(l.stored_bytes), BitsPerWeight(l), l.rule.c_str());
+    }
     std::printf("size: %s\n", nibble::FormatSize(rep->size).c_str());
-    if (*engines) PrintEngines(*rep);
+    if (*engines) PrintEngines(*rep, *all);
     return 0;
   };
 }

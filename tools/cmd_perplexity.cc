@@ -167,7 +167,7 @@ int RunPlain(const Run& run, const nibble::PerplexityOptions& opt) {
 Runner RegisterPerplexity(CLI::App& app) {
   auto a = std::make_shared<PerplexityArgs>();
   CLI::App* cmd = app.add_subcommand("perplexity", "Token perplexity of a text file (GPTQ/AWQ protocol, SPEC 6.1)");
-  cmd->add_option("--model,-m", a->model, "Model directory")->required();
+  cmd->add_option("--model,-m,--model_dir", a->model, "Model directory")->required();
   cmd->add_option("--text,-f", a->text, "UTF-8 text file, evaluated as one string")->required();
   cmd->add_option("--seq_len", a->seq_len, "Window length in tokens (0 = min(2048, max_position_embeddings))")->capture_default_str();
   cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -195,7 +195,12 @@ Runner RegisterPerplexity(CLI::App& app) {
       ->excludes("--int8_activations")
       ->excludes("--activations");
   return [a]() {
-    if (auto st = nibble::CheckSavedLogitsFormat(a->save_logits_format); !st.ok()) return Fail(st.error().message);
+    // Flags first, before anything is loaded.
+    if (nibble::Status v = nibble::ValidateWindowOptions(a->seq_len, a->max_windows, true); !v.ok())
+      return UsageError(v.error().message);
+    if (!a->save_logits.empty() && !a->kl_base.empty() && !nibble::FindSavedLogits(a->kl_base).empty())
+      return UsageError("--save_logits: --kl_divergence_base reads saved logits, there is no base model to save");
+    if (auto st = nibble::CheckSavedLogitsFormat(a->save_logits_format); !st.ok()) return UsageError(st.error().message);
     nibble::SetNumThreads(a->threads);
     Run run{a.get(), "", nullptr, nullptr, {}, 0, a->json ? stderr : stdout};
     if (const std::string err = ReadTextFile(a->text, &run.text); !err.empty()) return Fail(err);

@@ -1,7 +1,6 @@
 // `nibble quantize`: float HF checkpoint -> AMD Quark hf_format int4 checkpoint (Quark's flags).
 #include <algorithm>
 #include <cctype>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -36,7 +35,12 @@ bool ParseSize(const std::string& text, int64_t* out) {
   size_t i = 0;
   while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
   if (i == 0) return false;
-  const double v = std::stod(text.substr(0, i));
+  double v = 0;
+  try {
+    v = std::stod(text.substr(0, i));
+  } catch (const std::exception&) {  // "." alone
+    return false;
+  }
   std::string unit = text.substr(i);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   double mul;
@@ -156,8 +160,8 @@ Runner RegisterQuantize(CLI::App& app) {
   auto a = std::make_shared<QuantizeArgs>();
   auto& r = a->req;
   CLI::App* cmd = app.add_subcommand("quantize", "Quantize a float checkpoint to 4-bit weights (AMD Quark hf_format)");
-  cmd->add_option("--model_dir", r.model_dir, "Input HF model directory (float weights)")->required();
-  cmd->add_option("--output_dir", r.output_dir, "Output directory (written atomically)")->required();
+  cmd->add_option("--model_dir,--model,-m", r.model_dir, "Input HF model directory (float weights)")->required();
+  cmd->add_option("--output_dir,--out,-o", r.output_dir, "Output directory (written atomically)")->required();
   auto* scheme = cmd->add_option("--quant_scheme", r.quant_scheme,
                                  "w_uint4_per_group_asym | w_int4_per_group_sym | w_uint4_per_channel_asym | w_int4_per_channel_sym")
                      ->capture_default_str();
@@ -213,13 +217,13 @@ Runner RegisterQuantize(CLI::App& app) {
   return [a, cmd, scheme, gs, pm, ex, lqc]() {
     auto& r = a->req;
     r.exclude_layers_given = ex->count() > 0;
-    if (!ParseSize(a->max_shard_size, &r.max_shard_size)) return Fail("--max_shard_size \"" + a->max_shard_size + "\" is not a size like 5GB or 200MiB");
+    if (!ParseSize(a->max_shard_size, &r.max_shard_size)) return UsageError("--max_shard_size \"" + a->max_shard_size + "\" is not a size like 5GB or 200MiB");
     if (!r.quant_config_file.empty()) {
       for (CLI::Option* o : {scheme, gs, pm, ex, lqc})
-        if (o->count() > 0) return Fail("--quant_config is applied as written; do not combine it with " + o->get_name());
+        if (o->count() > 0) return UsageError("--quant_config is applied as written; do not combine it with " + o->get_name());
     }
     if (gs->count() > 0 && r.quant_scheme.find("per_channel") != std::string::npos)
-      return Fail("--group_size does not apply to " + r.quant_scheme + " (one scale per output row)");
+      return UsageError("--group_size does not apply to " + r.quant_scheme + " (one scale per output row)");
     if (!a->report.empty()) {  // checked before quantizing, so a long AWQ run does not end in this error
       std::error_code ec;
       const std::filesystem::path parent = std::filesystem::absolute(a->report, ec).parent_path();
@@ -231,22 +235,25 @@ Runner RegisterQuantize(CLI::App& app) {
     nibble::SetNumThreads(a->threads);
     std::unique_ptr<nibble::ProgressBar> bar;
     int64_t bar_total = -1;
-    r.progress = [&bar, &bar_total, &r](int64_t done, int64_t total) {
+    // RTN reports every linear quantized and written; the calibrated algorithms their (layer,
+    // step) units, logged per layer (LayerLog) where the bar is not drawn.
+    const bool calibrated = r.quant_algo != "rtn";
+    r.progress = [&bar, &bar_total, &r, calibrated](int64_t done, int64_t total) {
       if (!bar || total != bar_total) {
-        bar = std::make_unique<nibble::ProgressBar>(r.quant_algo == "rtn" ? "quantize" : r.quant_algo + " steps", total);
+        bar = std::make_unique<nibble::ProgressBar>(calibrated ? r.quant_algo + " steps" : "quantize", total,
+                                                    /*enabled=*/true, /*log_lines=*/!calibrated);
         bar_total = total;
       }
       bar->Update(done);
     };
-    const auto t0 = std::chrono::steady_clock::now();
-    r.on_layer = [&r, t0](int64_t layer, int64_t layers) { nibble::LogLine(r.quant_algo + " layers", layer, layers, t0); };
+    r.on_layer = nibble::LayerLog(r.quant_algo + " layers");
     r.on_message = [&bar](const std::string& m) {
       if (bar) bar->Finish();
       std::fprintf(stderr, "%s\n", m.c_str());
     };
     auto s = nibble::Quantize(r);
     bar.reset();
-    if (!s.ok()) return Fail(s.error().message);
+    if (!s.ok()) return FailStatus(s.error());
     if (!std::filesystem::exists(std::filesystem::path(r.model_dir) / "tokenizer.model") &&
         !std::filesystem::exists(std::filesystem::path(r.model_dir) / "tokenizer.json"))
       std::fprintf(stderr, "warning: %s has no tokenizer.model or tokenizer.json; the output cannot run generate or "

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "support/bench.h"
 #include "support/llama2c.h"
+#include "support/progress.h"
 
 namespace nibble_cli {
 namespace {
@@ -40,7 +41,7 @@ Runner RegisterSynth(CLI::App& app) {
   q->tokenizer_dir = DefaultTokenizerDir();
   CLI::App* cmd = app.add_subcommand("synth", "Write a random-weight checkpoint with the shapes of an HF config.json");
   cmd->add_option("--config", q->config_path, "HF config.json (e.g. bench/configs/tinyllama-1.1b.json)")->required();
-  cmd->add_option("--out", q->out_dir, "Output directory")->required();
+  cmd->add_option("--out,--output_dir", q->out_dir, "Output directory")->required();
   cmd->add_option("--format", q->format, "quark (uint4 asym RTN, lm_head excluded) | dense (bf16)")->capture_default_str();
   cmd->add_option("--group_size", q->group_size, "Quark group size")->capture_default_str();
   cmd->add_option("--tokenizer_dir", q->tokenizer_dir, "Copy tokenizer.model / .json, tokenizer_config.json, special_tokens_map.json from here (those that exist)")
@@ -52,9 +53,24 @@ Runner RegisterSynth(CLI::App& app) {
                 "tokenizer.llama2c.bin) for llama.cpp's convert-llama2c-to-ggml");
   cmd->add_option("--threads,-t", *threads, "Worker threads (0 = all cores)")->capture_default_str();
   return [q, threads, llama2c]() {
+    if (q->format != "dense" && q->format != "quark")
+      return UsageError("synth: --format \"" + q->format + "\" is not a format (dense, quark)");
+    if (q->group_size < 1) return UsageError("synth: --group_size " + std::to_string(q->group_size) + " must be >= 1");
+    if (*llama2c && q->format != "dense") return UsageError("synth: --llama2c needs --format dense");
     nibble::SetNumThreads(*threads);
-    if (*llama2c && q->format != "dense") return Fail("synth: --llama2c needs --format dense");
+    std::unique_ptr<nibble::ProgressBar> bar;
+    std::string bar_phase;
+    q->progress = [&bar, &bar_phase](const std::string& phase, int64_t done, int64_t total) {
+      if (!bar || phase != bar_phase) {
+        bar.reset();  // ends the previous phase's line first
+        bar = std::make_unique<nibble::ProgressBar>(phase == "synth" ? "synth tensors" : phase, total);
+        bar_phase = phase;
+      }
+      bar->Update(done);
+    };
     const nibble::Status s = nibble::WriteSyntheticCheckpoint(*q);
+    bar.reset();
+    q->progress = nullptr;
     if (!s.ok()) return Fail(s.error().message);
     if (*llama2c) {
       const std::string model = q->out_dir + "/model.llama2c.bin", vocab = q->out_dir + "/tokenizer.llama2c.bin";

@@ -53,7 +53,7 @@ int RunTokenize(const TokenizeArgs& a) {
 Runner RegisterTokenize(CLI::App& app) {
   auto a = std::make_shared<TokenizeArgs>();
   CLI::App* cmd = app.add_subcommand("tokenize", "Print the token ids (a JSON array) or pieces of a text");
-  cmd->add_option("--model,-m", a->model, "Model directory (only its tokenizer files are read)")->required();
+  cmd->add_option("--model,-m,--model_dir", a->model, "Model directory (only its tokenizer files are read)")->required();
   CLI::Option* text = cmd->add_option("--text,-p", a->text, "Text to tokenize");
   CLI::Option* file = cmd->add_option("--file,-f", a->file, "Tokenize this file's contents (as they are)")->excludes(text);
   text->excludes(file);

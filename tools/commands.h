@@ -34,8 +34,19 @@ std::string VersionText();
 /// The commit the binary was built from ("unknown" outside a git tree).
 std::string BuildCommit();
 
-/// Prints "nibble: error: <message>" to stderr and returns exit code 1.
+/// Exit codes of every command (`verify` adds 1 = the checkpoints differ): 0 success, 1 a runtime
+/// error (a file missing or malformed, a model it cannot run), 2 a usage error (unknown flag, a
+/// value out of range, a missing or conflicting flag), reported before anything is loaded.
+inline constexpr int kExitRuntime = 1;
+inline constexpr int kExitUsage = 2;
+
+/// Prints "nibble: error: <message>" to stderr and returns kExitRuntime.
 int Fail(const std::string& message);
+/// The same for a usage error: returns kExitUsage.
+int UsageError(const std::string& message);
+/// A library error: a usage error when it is kInvalidArgument or kUnsupported naming a flag
+/// ("--..."), else Fail.
+int FailStatus(const nibble::Error& error);
 
 /// Prints each of a loaded model's warnings to stderr as "warning: <dir>: <text>" (a text that
 /// starts with "note: " as "note: <dir>: <rest>").

@@ -18,7 +18,19 @@
 namespace nibble_cli {
 int Fail(const std::string& message) {
   std::fprintf(stderr, "nibble: error: %s\n", message.c_str());
-  return 1;
+  return kExitRuntime;
+}
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "nibble: error: %s\n", message.c_str());
+  return kExitUsage;
+}
+
+int FailStatus(const nibble::Error& error) {
+  // The library names a flag's bad value "--flag ..." (checked before it reads anything).
+  const bool usage = (error.code == nibble::ErrorCode::kInvalidArgument || error.code == nibble::ErrorCode::kUnsupported) &&
+                     error.message.starts_with("--");
+  return usage ? UsageError(error.message) : Fail(error.message);
 }
 
 void PrintWarnings(const std::string& dir, const std::vector<std::string>& warnings) {
@@ -112,6 +124,21 @@ std::string ReportActivations(const std::string& dir, nibble::ActivationType req
 }
 namespace {
 
+// The known flag a mistyped one most likely meant: the closest by edit distance, else a known
+// flag it starts with ("--model_dir_x" -> "--model_dir") or one that starts with it ("--model" ->
+// "--model_dir"). "" when none is near.
+std::string FlagHint(const std::string& flag, const std::vector<std::string>& known) {
+  if (std::string best = ClosestOf(flag, known); !best.empty()) return best;
+  auto word_boundary = [](const std::string& longer, size_t at) {
+    return !std::isalnum(static_cast<unsigned char>(longer[at]));
+  };
+  for (const std::string& k : known)
+    if (flag.size() > k.size() && flag.starts_with(k) && word_boundary(flag, k.size())) return k;
+  for (const std::string& k : known)
+    if (k.size() > flag.size() && flag.size() > 3 && k.starts_with(flag) && word_boundary(k, flag.size())) return k;
+  return "";
+}
+
 // CLI11 checks required options before unexpected ones, so "--model-dir X" for a required
 // "--model_dir" would be reported as "--model_dir is required". When the parsed command was also
 // given flags it does not know, name those first, with the closest known flag. Empty when none.
@@ -123,18 +150,8 @@ std::string UnknownFlags(const CLI::App& sub) {
   for (const std::string& arg : sub.remaining()) {
     if (arg.size() < 2 || arg[0] != '-') continue;
     const std::string flag = arg.substr(0, arg.find('='));
-    const std::string best = ClosestOf(flag, known);
     msg += (msg.empty() ? "" : "; ") + std::string("unknown option ") + flag;
-    if (!best.empty()) {
-      msg += " (did you mean " + best + "?)";
-    } else {
-      // A known flag the typed one starts with ("--model-dir" for "--model").
-      for (const std::string& k : known)
-        if (flag.size() > k.size() && flag.compare(0, k.size(), k) == 0 && !std::isalnum(static_cast<unsigned char>(flag[k.size()]))) {
-          msg += " (did you mean " + k + "?)";
-          break;
-        }
-    }
+    if (const std::string hint = FlagHint(flag, known); !hint.empty()) msg += " (did you mean " + hint + "?)";
   }
   return msg.empty() ? msg : sub.get_name() + ": " + msg + " (see nibble " + sub.get_name() + " --help)";
 }
@@ -186,7 +203,7 @@ int main(int argc, char** argv) {
       known = known || sub->get_name() == argv[1];
       names += (names.empty() ? "" : ", ") + sub->get_name();
     }
-    if (!known) return nibble_cli::Fail(std::string("unknown command \"") + argv[1] + "\" (commands: " + names + ")");
+    if (!known) return nibble_cli::UsageError(std::string("unknown command \"") + argv[1] + "\" (commands: " + names + ")");
   }
   // A misspelt flag is named with the closest known one, whether CLI11 stops at it (ExtrasError:
   // "The following arguments were not expected: 128 --seqlen") or at a required option it left
@@ -196,20 +213,26 @@ int main(int argc, char** argv) {
       if (sub->parsed()) return nibble_cli::UnknownFlags(*sub);
     return "";
   };
+  // Usage errors (unknown flag, bad value, missing required flag) exit with 2, whatever CLI11's
+  // own code for them (105, 106, 109, ...); --help and --version exit with 0.
+  app.failure_message([&commands](const CLI::App*, const CLI::Error& e) {
+    std::string cmd;
+    for (auto& [sub, run] : commands)
+      if (sub->parsed()) cmd = " " + sub->get_name();
+    return "nibble: error: " + std::string(e.what()) + " (see nibble" + cmd + " --help)\n";
+  });
   try {
     app.parse(argc, argv);
   } catch (const CLI::RequiredError& e) {
     const std::string unknown = unknown_flags();
-    if (unknown.empty()) return app.exit(e);
-    nibble_cli::Fail(unknown);
-    return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    if (unknown.empty()) return app.exit(e) == 0 ? 0 : nibble_cli::kExitUsage;
+    return nibble_cli::UsageError(unknown);
   } catch (const CLI::ExtrasError& e) {
     const std::string unknown = unknown_flags();
-    if (unknown.empty()) return app.exit(e);
-    nibble_cli::Fail(unknown);
-    return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    if (unknown.empty()) return app.exit(e) == 0 ? 0 : nibble_cli::kExitUsage;
+    return nibble_cli::UsageError(unknown);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : nibble_cli::kExitUsage;
   }
   for (auto& [sub, run] : commands)
     if (sub->parsed()) return nibble_cli::RunGuarded(sub->get_name(), run);

@@ -30,6 +30,10 @@ struct ChatTemplate {
 /// (names line:col and what it met).
 Result<ChatTemplate> LoadChatTemplate(const std::string& dir, const std::string& template_file = "");
 
+/// Checks extra template variables as RenderChat takes them: "" (none) or a JSON object text.
+/// Model-free, so a front end checks them before loading anything. Errors quote the text.
+Status ValidateChatTemplateVars(const std::string& extra_vars_json);
+
 /// Renders `messages` with `add_generation_prompt` (the assistant header after the last turn)
 /// and any extra template variables as a JSON object text (e.g. {"enable_thinking": false}).
 /// `strftime_now` uses the current time. Errors name origin, line:col and what the template met

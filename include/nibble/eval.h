@@ -22,6 +22,12 @@ inline constexpr char kSavedLogitsFileName[] = "nibble-logits.bin";
 /// nibble-logits.bin when `path` is a directory holding one, else "" (e.g. a model directory).
 std::string FindSavedLogits(const std::string& path);
 
+/// The model-free rules of the window protocol (SPEC §6.1), for a front end to check before it
+/// loads anything: seq_len >= 2 (0 too when `zero_is_default`: perplexity's min(2048, context)),
+/// max_windows >= 0. Errors name "--seq_len" / "--max_windows" with the value. That seq_len fits
+/// the model's context is checked when it runs.
+Status ValidateWindowOptions(int64_t seq_len, int64_t max_windows, bool zero_is_default);
+
 struct PerplexityOptions {
   int64_t seq_len = 2048;
   int64_t max_windows = 0;  // 0 = every full window

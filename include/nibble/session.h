@@ -29,6 +29,13 @@ struct SamplingOptions {
   uint64_t seed = 0;
 };
 
+/// The rules every front end applies (CLI flags, a server's request fields): temperature >= 0
+/// and finite, top_k >= 0, top_p in (0, 1], min_p in [0, 1], repeat_penalty > 0 and finite,
+/// repeat_last_n >= -1. Cheap and model-free, so a front end checks before loading anything. The
+/// error names the field as `name_prefix` + field name ("--temperature" for the CLI's "--";
+/// the bare names are llama.cpp server's request fields) with the value and the allowed range.
+Status ValidateSamplingOptions(const SamplingOptions& options, std::string_view name_prefix = "");
+
 struct SessionOptions {
   int64_t context = 0;  // KV cache positions; 0 = max_position_embeddings
   int threads = 0;      // threads of this session's compute; 0 = the calling thread's setting
@@ -43,6 +50,9 @@ struct GenerateOptions {
   /// end-of-turn token); stop_reason "stop_token".
   std::vector<int32_t> stop_ids;
 };
+
+/// ValidateSamplingOptions, then max_new_tokens >= 0 and warmup >= 0 (named the same way).
+Status ValidateGenerateOptions(const GenerateOptions& options, std::string_view name_prefix = "");
 
 struct GenerateStats {
   int64_t prompt_tokens = 0;     // incl. BOS

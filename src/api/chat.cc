@@ -27,17 +27,32 @@ Result<ChatTemplate> LoadChatTemplate(const std::string& dir, const std::string&
   return out;
 }
 
+namespace {
+
+Result<nlohmann::ordered_json> ParseTemplateVars(const std::string& text) {
+  if (text.empty()) return nlohmann::ordered_json::object();
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return MakeError("extra chat template variables: expected a JSON object such as {\"enable_thinking\": false}, found: ",
+                     text);
+  return j;
+}
+
+}  // namespace
+
+Status ValidateChatTemplateVars(const std::string& extra_vars_json) {
+  auto parsed = ParseTemplateVars(extra_vars_json);
+  if (!parsed.ok()) return parsed.error();
+  return Status::Ok();
+}
+
 Result<std::string> RenderChat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
                                bool add_generation_prompt, const std::string& extra_vars_json) {
   nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
   for (const ChatMessage& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
   chat::ChatRenderOptions o;
   o.add_generation_prompt = add_generation_prompt;
-  if (!extra_vars_json.empty()) {
-    o.extra_vars = nlohmann::ordered_json::parse(extra_vars_json, nullptr, false);
-    if (o.extra_vars.is_discarded() || !o.extra_vars.is_object())
-      return MakeError("extra chat template variables: expected a JSON object, found: ", extra_vars_json);
-  }
+  NIBBLE_ASSIGN_OR_RETURN(o.extra_vars, ParseTemplateVars(extra_vars_json));
   return chat::RenderChat(chat::ChatTemplateSource{tmpl.source, tmpl.bos_token, tmpl.eos_token, tmpl.origin}, msgs, o);
 }
 

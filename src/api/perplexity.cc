@@ -13,6 +13,14 @@ Status CheckSavedLogitsFormat(const std::string& format) {
   return f.ok() ? Status::Ok() : Status(f.error());
 }
 
+Status ValidateWindowOptions(int64_t seq_len, int64_t max_windows, bool zero_is_default) {
+  if (seq_len < 2 && !(zero_is_default && seq_len == 0))
+    return MakeError("--seq_len ", seq_len, " is too small (need at least 2", zero_is_default ? ", or 0 for the default" : "",
+                     ")");
+  if (max_windows < 0) return MakeError("--max_windows ", max_windows, " must be >= 0 (0 = all windows)");
+  return Status::Ok();
+}
+
 Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::string& text,
                                             const PerplexityOptions& options) {
   ScopedThreads threads(options.threads);

@@ -209,6 +209,7 @@ static Status AddConfigWarnings(const QuantizeRequest& r, const QuarkQuantConfig
   NIBBLE_ASSIGN_OR_RETURN(TensorStore written_store, TensorStore::OpenDir(r.output_dir));
   NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, written_store));
   NIBBLE_ASSIGN_OR_RETURN(EnginesReport engines, written->Engines(shapes, proj.tied));
+  for (const std::string& d : EngineNotReadingLines(engines)) lines.push_back("note: " + d);
   for (const std::string& d : EngineDisagreementLines(engines)) lines.push_back("warning: " + d);
   for (const std::string& l : lines) {
     if (r.on_message) r.on_message(l);
@@ -396,7 +397,8 @@ static Status AddEngines(InspectReport& rep, const ModelConfig& mc, const Tensor
     }
     rep.engine_rows.push_back(std::move(row));
   }
-  rep.engine_disagreements = EngineDisagreementLines(e);
+  rep.engine_disagreements = EngineNotReadingLines(e);
+  for (std::string& d : EngineDisagreementLines(e)) rep.engine_disagreements.push_back(std::move(d));
   for (const auto& t : e.tp) rep.tensor_parallel.push_back({t.tp, t.ok, t.failure});
   return Status::Ok();
 }

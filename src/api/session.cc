@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <optional>
 
 #include "api/model_impl.h"
@@ -76,14 +78,40 @@ Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_
   return Status::Ok();
 }
 
+namespace {
+// "-1", "0.95", "nan": a flag's value as the user typed it, not std::to_string's "-1.000000".
+std::string Shown(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
+  return buf;
+}
+}  // namespace
+
+Status ValidateSamplingOptions(const SamplingOptions& o, std::string_view prefix) {
+  const std::string p(prefix);
+  // Written as !(in range) so that NaN fails every check.
+  if (!(o.temperature >= 0 && std::isfinite(o.temperature)))
+    return MakeError(p, "temperature ", Shown(o.temperature), " must be >= 0 (0 = greedy) and finite");
+  if (o.top_k < 0) return MakeError(p, "top_k ", o.top_k, " must be >= 0 (0 = all tokens)");
+  if (!(o.top_p > 0 && o.top_p <= 1)) return MakeError(p, "top_p ", Shown(o.top_p), " must be in (0, 1] (1 = off)");
+  if (!(o.min_p >= 0 && o.min_p <= 1)) return MakeError(p, "min_p ", Shown(o.min_p), " must be in [0, 1] (0 = off)");
+  if (!(o.repeat_penalty > 0 && std::isfinite(o.repeat_penalty)))
+    return MakeError(p, "repeat_penalty ", Shown(o.repeat_penalty), " must be > 0 (1 = off) and finite");
+  if (o.repeat_last_n < -1) return MakeError(p, "repeat_last_n ", o.repeat_last_n, " must be >= -1 (-1 = all, 0 = off)");
+  return Status::Ok();
+}
+
+Status ValidateGenerateOptions(const GenerateOptions& o, std::string_view prefix) {
+  NIBBLE_RETURN_IF_ERROR(ValidateSamplingOptions(o.sampling, prefix));
+  const std::string p(prefix);
+  if (o.max_new_tokens < 0) return MakeError(p, "max_new_tokens ", o.max_new_tokens, " must be >= 0");
+  if (o.warmup < 0) return MakeError(p, "warmup ", o.warmup, " must be >= 0");
+  return Status::Ok();
+}
+
 Result<int32_t> Session::Sample(const SamplingOptions& o) {
   if (impl_->logits.empty()) return MakeError("Sample: no logits yet (prefill a prompt first)");
-  if (o.temperature < 0) return MakeError("temperature ", o.temperature, " must be >= 0");
-  if (o.top_p <= 0 || o.top_p > 1) return MakeError("top_p ", o.top_p, " must be in (0, 1]");
-  if (o.top_k < 0) return MakeError("top_k ", o.top_k, " must be >= 0");
-  if (!(o.min_p >= 0 && o.min_p <= 1)) return MakeError("min_p ", o.min_p, " must be in [0, 1]");
-  if (!(o.repeat_penalty > 0)) return MakeError("repeat_penalty ", o.repeat_penalty, " must be > 0");
-  if (o.repeat_last_n < -1) return MakeError("repeat_last_n ", o.repeat_last_n, " must be >= -1");
+  NIBBLE_RETURN_IF_ERROR(ValidateSamplingOptions(o));
   const SamplingOptions& cur = impl_->sampler_options;
   if (!impl_->sampler || o.temperature != cur.temperature || o.top_k != cur.top_k || o.top_p != cur.top_p ||
       o.min_p != cur.min_p || o.repeat_penalty != cur.repeat_penalty || o.repeat_last_n != cur.repeat_last_n ||
@@ -112,17 +140,6 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
-Status CheckGenerateOptions(const GenerateOptions& o) {
-  if (o.max_new_tokens < 0) return MakeError("-n ", o.max_new_tokens, " must be >= 0");
-  if (o.sampling.temperature < 0) return MakeError("--temperature ", o.sampling.temperature, " must be >= 0");
-  if (o.sampling.top_p <= 0 || o.sampling.top_p > 1) return MakeError("--top_p ", o.sampling.top_p, " must be in (0, 1]");
-  if (o.sampling.top_k < 0) return MakeError("--top_k ", o.sampling.top_k, " must be >= 0");
-  if (!(o.sampling.min_p >= 0 && o.sampling.min_p <= 1)) return MakeError("--min_p ", o.sampling.min_p, " must be in [0, 1]");
-  if (!(o.sampling.repeat_penalty > 0))
-    return MakeError("--repeat_penalty ", o.sampling.repeat_penalty, " must be > 0");
-  if (o.sampling.repeat_last_n < -1) return MakeError("--repeat_last_n ", o.sampling.repeat_last_n, " must be >= -1");
-  return Status::Ok();
-}
 
 // The prompt's ids for `session`: BOS (the tokenizer's special tokens) only at position 0.
 Result<std::vector<int32_t>> PromptIds(const Session& session, const std::string& prompt) {
@@ -164,7 +181,7 @@ Status DecodeLoop(Session& s, const GenerateOptions& o, const std::vector<int32_
 }  // namespace
 
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text) {
-  NIBBLE_RETURN_IF_ERROR(CheckGenerateOptions(options));
+  NIBBLE_RETURN_IF_ERROR(ValidateGenerateOptions(options));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(session, options.prompt));
   Session::Impl& impl = *session.impl_;
   GenerateStats stats;
@@ -201,7 +218,7 @@ Result<std::vector<int32_t>> PromptTokens(const Model& model, const std::string&
 }
 
 Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TextCallback& on_text) {
-  NIBBLE_RETURN_IF_ERROR(CheckGenerateOptions(options));
+  NIBBLE_RETURN_IF_ERROR(ValidateGenerateOptions(options));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(model, options.prompt));
   const int64_t max_pos = model.info().max_position_embeddings;
   SessionOptions so;

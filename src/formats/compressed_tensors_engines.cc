@@ -137,10 +137,10 @@ Result<Read> ReadVllm(const CtConfig& c, const std::string& name, bool tied) {
 std::pair<std::string, std::string> Explain(size_t engine, const std::string& name, const Read& got, bool tied,
                                             const std::optional<QuantSpec>& meant) {
   if (engine == 3)
-    return {"its builder does not read quant_method \"compressed-tensors\" (NotImplementedError)",
+    return {"its model builder reads Quark, AWQ and GPTQ checkpoints, not quant_method \"compressed-tensors\"",
             meant && meant->act_order
-                ? "re-quantize without --actorder group, --model_export hf_format (ONNX Runtime GenAI reads Quark uint4, which has no g_idx)"
-                : "--model_export hf_format or nibble convert --to hf_format (ONNX Runtime GenAI reads Quark uint4)"};
+                ? "re-quantize without --actorder group (ONNX models have no g_idx), then nibble export-onnx"
+                : "nibble export-onnx --model DIR --out ONNX_DIR writes the ONNX model ONNX Runtime GenAI runs"};
   if (name == "lm_head" && tied && meant)
     return {"tie_word_embeddings is true: runs the embedding", "re-export with nibble quantize (it unties a quantized lm_head)"};
   if (got.fails.rfind("fused", 0) == 0)

@@ -52,6 +52,28 @@ bool SameEngineSpec(const std::optional<QuantSpec>& a, const std::optional<Quant
          a->EffectiveGroupSize(k) == b->EffectiveGroupSize(k);
 }
 
+namespace {
+
+// An engine that fails to load every linear does not read the checkpoint at all (ORT GenAI and
+// compressed-tensors): that is one statement about the format, not a misreading of each linear.
+bool ReadsNothing(const EnginesReport& r, size_t e) {
+  if (r.linears.empty()) return false;
+  for (const auto& l : r.linears)
+    if (l.readings[e].agrees || l.readings[e].text != "fails to load") return false;
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::string> EngineNotReadingLines(const EnginesReport& r) {
+  std::vector<std::string> out;
+  for (size_t e = 1; e < r.engines.size(); ++e)
+    if (ReadsNothing(r, e))
+      out.push_back(r.engines[e] + " does not read this checkpoint: " + r.linears[0].readings[e].why + "; instead: " +
+                    r.linears[0].readings[e].avoid);
+  return out;
+}
+
 std::vector<std::string> EngineDisagreementLines(const EnginesReport& r) {
   struct Group {
     int64_t count = 0;
@@ -62,7 +84,7 @@ std::vector<std::string> EngineDisagreementLines(const EnginesReport& r) {
   for (const auto& l : r.linears)
     for (size_t e = 0; e < l.readings.size(); ++e) {
       const EngineReading& x = l.readings[e];
-      if (x.agrees) continue;
+      if (x.agrees || ReadsNothing(r, e)) continue;
       const auto key = std::make_pair(r.engines[e], x.why);
       Group& g = groups[key];
       if (g.count++ == 0) {

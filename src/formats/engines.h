@@ -67,6 +67,10 @@ std::string EngineSpecText(const std::optional<QuantSpec>& s, int64_t k);
 EngineReading EngineCell(const EngineRead& got, const std::optional<QuantSpec>& meant, int64_t k,
                          const std::string& tied_avoid);
 
+/// One line per engine that loads none of the linears ("ENGINE does not read this checkpoint:
+/// why; instead: what to run"); EngineDisagreementLines leaves those engines out.
+std::vector<std::string> EngineNotReadingLines(const EnginesReport& r);
+
 /// One line per (engine, reason) with the number of linears it affects, the first of them and the
 /// flag that avoids it ("" when every engine agrees).
 std::vector<std::string> EngineDisagreementLines(const EnginesReport& r);

@@ -340,6 +340,11 @@ Status CheckRequest(const QuantizeOptions& o) {
                            o.model_export, " (", format->description, ") cannot hold one; use --model_export gptq or "
                            "compressed-tensors, or --actorder static (groups on the natural columns) or none");
   }
+  // Every flag before the model directory is read (a typo is named at once, whatever the size).
+  if (auto f = FindExportFormat(o.model_export); !f.ok()) return f.error();
+  if (o.tp < 0) return MakeError("--tp ", o.tp, " must be >= 1 (or 0: no tensor-parallel check)");
+  if (o.quant_algo != "rtn" && !fs::exists(o.dataset))
+    return MakeErrorCode(ErrorCode::kNotFound, "--dataset ", o.dataset, ": no such file");
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> fmt, OpenCheckpointFormat(o.model_dir));
   if (fmt != nullptr) return MakeError(o.model_dir, ": the checkpoint is already quantized; quantize a float checkpoint");
   if (fs::exists(o.output_dir) && !o.overwrite)

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -304,6 +305,62 @@ TEST(Session, LogitsDoNotDependOnTheThreadCount) {
   }
   ASSERT_EQ(logits[0].size(), logits[1].size());
   for (size_t i = 0; i < logits[0].size(); ++i) EXPECT_EQ(logits[0][i], logits[1][i]) << "call " << i;
+}
+
+// The sampling rules a front end checks before it loads anything (the CLI's flags, a server's
+// request fields): every field out of range is refused by name, with the prefix the caller gives.
+TEST(Session, SamplingOptionsAreValidatedWithTheFieldNamed) {
+  EXPECT_TRUE(nibble::ValidateSamplingOptions(nibble::SamplingOptions()).ok());
+  EXPECT_TRUE(nibble::ValidateGenerateOptions(nibble::GenerateOptions()).ok());
+  struct Case {
+    std::function<void(nibble::GenerateOptions&)> set;
+    std::string field;
+  };
+  const float nan = std::nanf("");
+  const std::vector<Case> cases = {
+      {[](auto& o) { o.sampling.temperature = -1; }, "temperature -1"},
+      {[nan](auto& o) { o.sampling.temperature = nan; }, "temperature nan"},
+      {[](auto& o) { o.sampling.temperature = INFINITY; }, "temperature inf"},
+      {[](auto& o) { o.sampling.top_k = -1; }, "top_k -1"},
+      {[](auto& o) { o.sampling.top_p = 0; }, "top_p 0"},
+      {[](auto& o) { o.sampling.top_p = 1.5f; }, "top_p 1.5"},
+      {[nan](auto& o) { o.sampling.top_p = nan; }, "top_p nan"},
+      {[](auto& o) { o.sampling.min_p = -0.1f; }, "min_p -0.1"},
+      {[](auto& o) { o.sampling.min_p = 2; }, "min_p 2"},
+      {[](auto& o) { o.sampling.repeat_penalty = 0; }, "repeat_penalty 0"},
+      {[](auto& o) { o.sampling.repeat_last_n = -2; }, "repeat_last_n -2"},
+      {[](auto& o) { o.max_new_tokens = -1; }, "max_new_tokens -1"},
+      {[](auto& o) { o.warmup = -1; }, "warmup -1"},
+  };
+  for (const Case& c : cases) {
+    nibble::GenerateOptions o;
+    c.set(o);
+    const nibble::Status s = nibble::ValidateGenerateOptions(o, "--");
+    ASSERT_FALSE(s.ok()) << c.field;
+    EXPECT_EQ(s.error().code, nibble::ErrorCode::kInvalidArgument) << c.field;
+    EXPECT_EQ(s.error().message.rfind("--" + c.field, 0), 0u) << s.error().message;
+    const nibble::Status bare = nibble::ValidateGenerateOptions(o);
+    EXPECT_EQ(bare.error().message.rfind(c.field, 0), 0u) << bare.error().message;
+  }
+  // The boundaries themselves are valid.
+  nibble::SamplingOptions edge;
+  edge.temperature = 0;
+  edge.top_k = 0;
+  edge.top_p = 1;
+  edge.min_p = 1;
+  edge.repeat_last_n = -1;
+  EXPECT_TRUE(nibble::ValidateSamplingOptions(edge).ok());
+  // Session::Sample applies the same rules.
+  auto session = nibble::Session::Create(EmbeddedModel());
+  ASSERT_TRUE(session.ok());
+  auto ids = EmbeddedModel().Tokenize("And");
+  ASSERT_TRUE(ids.ok());
+  ASSERT_TRUE((*session)->Prefill(*ids).ok());
+  nibble::SamplingOptions bad;
+  bad.top_p = 0;
+  auto sampled = (*session)->Sample(bad);
+  ASSERT_FALSE(sampled.ok());
+  EXPECT_EQ(sampled.error().message.rfind("top_p 0", 0), 0u) << sampled.error().message;
 }
 
 TEST(Session, ErrorsCarryCodes) {

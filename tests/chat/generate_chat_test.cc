@@ -81,7 +81,33 @@ TEST(GenerateChat, ErrorsNameTheTemplateProblem) {
                               nibble_test::Quote(nibble_test::EmbeddedModel()) + " --chat --chat_template " +
                               nibble_test::Quote(good) + " --chat_template_kwargs '[1]' -n 2 2>&1");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.out.find("extra chat template variables: expected a JSON object, found: [1]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("nibble: error: --chat_template_kwargs: extra chat template variables: expected a JSON object"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("found: [1]"), std::string::npos) << r.out;
+}
+
+// On a terminal each user turn is asked for with "> " (as llama-cli does); piped, stdout holds
+// the replies alone. script(1) gives the command a pseudo-terminal.
+TEST(GenerateChat, PromptMarkerOnATerminalOnly) {
+  nibble_test::TempDir dir("nibble_chat_cli_tty_");
+  const std::string tmpl = dir.path() + "/chat.jinja";
+  std::ofstream(tmpl) << kChatTestTemplate;
+  const std::string cmd = nibble_test::Quote(nibble_test::NibbleBinary()) + " generate -m " +
+                          nibble_test::Quote(nibble_test::EmbeddedModel()) + " --chat --chat_template " +
+                          nibble_test::Quote(tmpl) + " -n 3 --temperature 0";
+  auto count = [](const std::string& s) {  // lines that start with the marker
+    size_t n = s.starts_with("> ") ? 1 : 0;
+    for (size_t p = s.find("\n> "); p != std::string::npos; p = s.find("\n> ", p + 1)) ++n;
+    return n;
+  };
+  const auto piped = nibble_test::RunCommand("printf 'hi\\nthere\\n' | " + cmd + " 2>/dev/null");
+  ASSERT_EQ(piped.exit_code, 0) << piped.out;
+  EXPECT_EQ(count(piped.out), 0u) << piped.out;
+  if (nibble_test::RunCommand("command -v script >/dev/null").exit_code != 0) GTEST_SKIP() << "needs script(1) (util-linux)";
+  const auto tty = nibble_test::RunCommand("printf 'hi\\nthere\\n' | timeout 60 script -qec " +
+                                           nibble_test::Quote(cmd + " 2>/dev/null") + " /dev/null");
+  ASSERT_EQ(tty.exit_code, 0) << tty.out;
+  EXPECT_EQ(count(tty.out), 3u) << tty.out;  // before each of the two turns, and before EOF
 }
 
 }  // namespace

@@ -278,7 +278,7 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
       {"unknown flag", "generate --model " + model + " --frobnicate 3", "frobnicate"},
       {"unknown command", "bogus --model " + model, "unknown command \"bogus\""},
       // CLI11 would report the required flag as missing; the misspelt one is named instead.
-      {"misspelt required flag", "perplexity --model-dir " + model + " --text x", "unknown option --model-dir (did you mean --model?)"},
+      {"misspelt required flag", "perplexity --model-dir " + model + " --text x", "unknown option --model-dir (did you mean --model_dir?)"},
       {"misspelt required flag, close", "quantize --model-dir " + model + " --output_dir /tmp/nibble-unused-out",
        "unknown option --model-dir (did you mean --model_dir?)"},
       {"misspelt optional flag", "perplexity --model " + model + " --text x --seqlen 128",
@@ -387,7 +387,7 @@ TEST(Cli, EnginesReportAndTpRefusal) {
   EXPECT_NE(j.out.find("\"tensor_parallel\""), std::string::npos) << j.out;
   RunResult t = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + out +
                           " --tp 8 --overwrite");
-  EXPECT_EQ(t.exit_code, 1) << t.out;
+  EXPECT_EQ(t.exit_code, 2) << t.out;  // a flag's value the model cannot take: a usage error
   EXPECT_NE(t.out.find("--tp 8: model.layers.0.self_attn.o_proj"), std::string::npos) << t.out;
   std::system(("rm -rf " + out).c_str());
 }
@@ -645,6 +645,206 @@ TEST(Cli, RtnReportIsSummarizedAndPlotted) {
   EXPECT_NE(r.out.find("kept in float: lm_head"), std::string::npos) << r.out;
   EXPECT_EQ(ReadFile(dir + "/p.png").substr(0, 4), "\x89PNG");
   std::system(("rm -rf " + dir).c_str());
+}
+
+}  // namespace
+
+namespace {
+
+// stdout and stderr apart, and the wall time, of one nibble run.
+struct TimedRun {
+  int exit_code = -1;
+  std::string out, err;
+  double seconds = 0;
+};
+
+TimedRun RunTimed(const std::string& args) {
+  nibble_test::TempDir tmp;
+  const std::string err_file = tmp.path() + "/stderr";
+  const auto t0 = std::chrono::steady_clock::now();
+  RunResult r = RunCommand(Quote(nibble_test::NibbleBinary()) + " " + args + " 2>" + Quote(err_file));
+  TimedRun t;
+  t.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  t.exit_code = r.exit_code;
+  t.out = r.out;
+  t.err = ReadFile(err_file);
+  return t;
+}
+
+struct FlagCase {
+  std::string args;
+  std::string expect;  // in the error
+  int exit_code;       // 2: usage error, 1: a file named by a flag that cannot be read
+};
+
+// Every flag is checked before anything is loaded: a bad value is named, with exit code 2 (1
+// for a file a flag names that cannot be read), nothing on stdout, long before a load could
+// finish. The model directory does not exist, so any load would fail with another error: the
+// flag's error proves nothing was opened. The same flags against a real model print nothing
+// either (no "seed:", no echoed prompt).
+TEST(Cli, FlagsAreCheckedBeforeAnythingIsLoaded) {
+  nibble_test::TempDir tmp;
+  const std::string bad_template = tmp.path() + "/bad.jinja";
+  std::ofstream(bad_template) << "{% for m in messages %}{{ m.content }";
+  const std::string none = "/nonexistent/nibble-model";
+  const std::string g = "generate --model " + none + " --prompt hi ";
+  const FlagCase cases[] = {
+      {g + "--temperature -1", "--temperature -1", 2},
+      {g + "--temperature nan", "--temperature nan", 2},
+      {g + "--top_p 0", "--top_p 0", 2},
+      {g + "--top_k -3", "--top_k -3", 2},
+      {g + "--min_p 1.5", "--min_p 1.5", 2},
+      {g + "--repeat_penalty 0", "--repeat_penalty 0", 2},
+      {g + "--repeat_last_n -2", "--repeat_last_n -2", 2},
+      {g + "-n -1", "--max_new_tokens -1", 2},
+      {g + "--warmup -1", "--warmup -1", 2},
+      {g + "--stop ''", "--stop: empty stop string", 2},
+      {g + "--activations fp16", "expected auto, fp32, bf16 or int8", 2},
+      {g + "--tokenizer sp", "expected auto, hf or spm", 2},
+      {"generate --model " + none + " --chat --chat_template_kwargs '{bad'", "nibble: error: --chat_template_kwargs: ", 2},
+      {"generate --model " + none + " --chat --chat_template_kwargs '[1]'", "expected a JSON object", 2},
+      {"generate --model " + none + " --chat -n 0", "must be >= 1 with --chat", 2},
+      {"generate --model " + none + " --chat --chat_template /nonexistent/t.jinja", "/nonexistent/t.jinja", 1},
+      {"generate --model " + none + " --chat --chat_template " + Quote(bad_template), bad_template + ":1:", 1},
+      {"generate --model " + none + " --system hi", "need --chat", 2},
+      {"perplexity --model " + none + " --text x --seq_len 1", "--seq_len 1 is too small", 2},
+      {"perplexity --model " + none + " --text x --max_windows -1", "--max_windows", 2},
+      {"compare --model " + none + " -q " + none + " --text x --seq_len 1", "--seq_len 1", 2},
+      {"compare --model " + none + " --methods rtn,gptx --text x", "\"gptx\" is not a method", 2},
+      {"compare --model " + none + " --methods rtn,awq --text x", "--methods awq needs calibration data", 2},
+      {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --quant_algo gtpq", "--quant_algo \"gtpq\"", 2},
+      {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --max_shard_size 5XB", "--max_shard_size", 2},
+      {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --misaligned pad", "--misaligned \"pad\"", 2},
+      {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --model_export gguf", "--model_export", 2},
+      {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --group_size 0", "--group_size 0", 2},
+      {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --quant_algo awq --dataset /nonexistent/c.txt",
+       "--dataset /nonexistent/c.txt: no such file", 1},
+      {"convert --in " + none + " --out /tmp/nibble-unused-out --to gguf", "--to", 2},
+      {"export-onnx --model " + none + " --out /tmp/nibble-unused-out --io_dtype bf16", "--io_dtype \"bf16\"", 2},
+      {"export-onnx --model " + none + " --out /tmp/nibble-unused-out --accuracy_level 9", "--accuracy_level", 2},
+      {"bench-model -m " + none + " -r 0", "-r 0 must be >= 1", 2},
+      {"bench-model -m " + none + " --activations fp8", "unknown mode \"fp8\"", 2},
+      {"inspect " + none + " --all", "--all goes with --engines", 2},
+      {"inspect", "a model directory is required", 2},
+      {"tokenize --model " + none + " --text a --file b", "excludes", 2},
+      {"tokenize --model " + none + " --text a --tokenizer sp", "expected auto, hf or spm", 2},
+      {"verify " + none, "B is required", 2},
+      {"synth --config " + none + " --out /tmp/nibble-unused-out --format gguf", "--format \"gguf\"", 2},
+      {"synth --config " + none + " --out /tmp/nibble-unused-out --group_size 0", "--group_size", 2},
+      {"report", "files is required", 2},
+      {"bench --shapes 4096 --no_bandwidth", "--shapes: expected KxN", 2},
+      {"bench --m 0 --no_bandwidth", "--m 0 must be >= 1", 2},
+      {"bench --group_size 48 --shapes 4096x64 --no_bandwidth", "K 4096 is not a multiple of --group_size 48", 2},
+  };
+  for (const FlagCase& c : cases) {
+    const TimedRun r = RunTimed(c.args);
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find("nibble: error: "), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_EQ(r.err.find(none + ":"), std::string::npos) << c.args << ": the model was opened\n" << r.err;
+    EXPECT_EQ(r.out, "") << c.args;
+    EXPECT_LT(r.seconds, 0.5) << c.args;
+  }
+  // Against a real model: nothing is loaded or printed before the error either.
+  const std::string model = Quote(nibble_test::EmbeddedModel());
+  for (const std::string flags : {"--temperature -1", "--top_p 0", "--chat --chat_template_kwargs '{bad'"}) {
+    const std::string prompt = std::string(flags).find("--chat") == std::string::npos ? " --prompt hi " : " ";
+    const TimedRun r = RunTimed("generate --model " + model + prompt + flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << "\n" << r.err;
+    EXPECT_EQ(r.out, "") << flags;
+    EXPECT_EQ(r.err.find("seed:"), std::string::npos) << flags << "\n" << r.err;
+    EXPECT_EQ(r.err.find("activations:"), std::string::npos) << flags << ": the model was loaded\n" << r.err;
+  }
+}
+
+// One exit-code scheme: 2 for usage errors (CLI11's own codes are 105, 106, 109, ...), 1 for
+// runtime errors, 0 for success and --help.
+TEST(Cli, UsageErrorsExitWithTwoRuntimeErrorsWithOne) {
+  const std::string model = Quote(nibble_test::EmbeddedModel());
+  EXPECT_EQ(RunNibble("generate --model " + model + " --frobnicate 3").exit_code, 2);
+  EXPECT_EQ(RunNibble("generate --prompt hi").exit_code, 2);                       // required --model
+  EXPECT_EQ(RunNibble("generate --model " + model + " -n abc").exit_code, 2);      // not a number
+  EXPECT_EQ(RunNibble("generate --model " + model + " --threads -2").exit_code, 2);  // CLI11 range check
+  EXPECT_EQ(RunNibble("bogus").exit_code, 2);
+  EXPECT_EQ(RunNibble("generate --model /nonexistent/dir -n 1").exit_code, 1);
+  EXPECT_EQ(RunNibble("generate --help").exit_code, 0);
+  EXPECT_EQ(RunNibble("--version").exit_code, 0);
+  const RunResult r = RunNibble("perplexity --text x");
+  EXPECT_NE(r.out.find("nibble: error: --model is required (see nibble perplexity --help)"), std::string::npos) << r.out;
+}
+
+// --model / --out are accepted where the command spells them --model_dir / --output_dir and the
+// other way round; an unknown flag names the closest known one.
+TEST(Cli, ModelAndOutputFlagsHaveEachOthersSpellings) {
+  nibble_test::TempDir tmp;
+  const std::string model = Quote(nibble_test::EmbeddedModel());
+  const RunResult q = RunNibble("quantize --model " + model + " --out " + Quote(tmp.path() + "/q"));
+  ASSERT_EQ(q.exit_code, 0) << q.out;
+  const RunResult g = RunNibble("generate --model_dir " + Quote(tmp.path() + "/q") + " -n 2 --temperature 0 --prompt hi");
+  EXPECT_EQ(g.exit_code, 0) << g.out;
+  const RunResult c = RunNibble("convert --model " + Quote(tmp.path() + "/q") + " --output_dir " + Quote(tmp.path() + "/c") +
+                                " --to compressed-tensors");
+  EXPECT_EQ(c.exit_code, 0) << c.out;
+  const RunResult t = RunNibble("tokenize --model_dir " + model + " --text hi");
+  EXPECT_EQ(t.exit_code, 0) << t.out;
+  const RunResult s = RunNibble("quantize --model_d " + model + " --out x");
+  EXPECT_EQ(s.exit_code, 2) << s.out;
+  EXPECT_NE(s.out.find("unknown option --model_d (did you mean --model_dir?)"), std::string::npos) << s.out;
+  const RunResult p = RunNibble("convert --in x --out y --to awq --pack");
+  EXPECT_NE(p.out.find("unknown option --pack (did you mean --pack_method?)"), std::string::npos) << p.out;
+}
+
+// --stop takes several strings, in one flag or repeated, as its help says.
+TEST(Cli, StopTakesSeveralStrings) {
+  const std::string model = Quote(nibble_test::EmbeddedModel());
+  const RunResult ref = RunNibble("generate --model " + model + " -n 24 --temperature 0 --prompt 'And God said'", false);
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  const std::string text = ref.out.substr(std::string("And God said").size());
+  ASSERT_GT(text.size(), 12u) << ref.out;
+  const std::string stop = text.substr(6, 3);  // a piece of the continuation
+  for (const std::string& flags : {"--stop zzqx " + Quote(stop), "--stop zzqx --stop " + Quote(stop)}) {
+    const RunResult r = RunNibble("generate --model " + model + " -n 24 --temperature 0 --prompt 'And God said' " + flags);
+    ASSERT_EQ(r.exit_code, 0) << flags << "\n" << r.out;
+    EXPECT_NE(r.out.find("stop: stop string \"" + stop + "\""), std::string::npos) << flags << "\n" << r.out;
+  }
+  const RunResult h = RunNibble("generate --help");
+  EXPECT_NE(h.out.find("--stop A B or --stop A --stop B"), std::string::npos) << h.out;
+}
+
+// inspect --engines prints one per-linear table: only the linears where an engine disagrees,
+// every one with --all.
+TEST(Cli, InspectEnginesPrintsOneTable) {
+  nibble_test::TempDir tmp;
+  const std::string out = Quote(tmp.path() + "/q");
+  ASSERT_EQ(RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + out +
+                      " --layer_quant_config 'model.layers.0.self_attn.q_proj:group_size=32'").exit_code, 0);
+  auto count = [](const std::string& s, const std::string& row) {  // table rows: lines that start with it
+    size_t n = 0;
+    for (size_t p = s.find("\n" + row); p != std::string::npos; p = s.find("\n" + row, p + 1)) ++n;
+    return n;
+  };
+  const RunResult e = RunNibble("inspect " + out + " --engines");
+  ASSERT_EQ(e.exit_code, 0) << e.out;
+  EXPECT_EQ(count(e.out, "model.layers.1.mlp.down_proj "), 0u) << e.out;  // every engine agrees there
+  EXPECT_EQ(count(e.out, "model.layers.0.self_attn.q_proj "), 1u) << e.out;
+  EXPECT_NE(e.out.find("linears where an engine disagrees; --all lists every one"), std::string::npos) << e.out;
+  const RunResult a = RunNibble("inspect " + out + " --engines --all");
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  EXPECT_EQ(count(a.out, "model.layers.1.mlp.down_proj "), 1u) << a.out;
+  const RunResult plain = RunNibble("inspect " + out);
+  EXPECT_EQ(count(plain.out, "model.layers.1.mlp.down_proj "), 1u) << plain.out;
+}
+
+// ONNX Runtime GenAI reads no compressed-tensors checkpoint: one note saying so and what to run
+// instead, not a warning that it misreads each linear (the float lm_head among them).
+TEST(Cli, CompressedTensorsExportNotesThatOrtGenAiDoesNotReadIt) {
+  nibble_test::TempDir tmp;
+  const RunResult q = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " +
+                                Quote(tmp.path() + "/ct") + " --model_export compressed-tensors");
+  ASSERT_EQ(q.exit_code, 0) << q.out;
+  EXPECT_EQ(q.out.find("onnxruntime-genai misreads"), std::string::npos) << q.out;
+  EXPECT_NE(q.out.find("note: onnxruntime-genai does not read this checkpoint"), std::string::npos) << q.out;
+  EXPECT_NE(q.out.find("nibble export-onnx"), std::string::npos) << q.out;
 }
 
 }  // namespace

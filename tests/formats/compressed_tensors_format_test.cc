@@ -522,6 +522,13 @@ TEST(CompressedTensorsEngines, HandWrittenConfigsVllmMisreads) {
   bool vllm = false;
   for (const auto& l : lines) vllm = vllm || Has(l, "vllm misreads 3 linears");
   EXPECT_TRUE(vllm);
+  // ONNX Runtime GenAI reads no compressed-tensors checkpoint: one line about the format (with
+  // what to run instead), not a misreading of each linear or of the float lm_head.
+  for (const auto& l : lines) EXPECT_FALSE(Has(l, "onnxruntime-genai")) << l;
+  const auto unread = EngineNotReadingLines(*rep);
+  ASSERT_EQ(unread.size(), 1u);
+  EXPECT_TRUE(Has(unread[0], "onnxruntime-genai does not read this checkpoint")) << unread[0];
+  EXPECT_TRUE(Has(unread[0], "nibble export-onnx")) << unread[0];
 }
 
 // ---- quantize → load ----

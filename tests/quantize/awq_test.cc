@@ -323,7 +323,10 @@ TEST(Awq, BadRequestsAreNamedErrors) {
   EXPECT_NE(r.error().message.find("--propagate"), std::string::npos);
   req.propagate = "fp";
   req.dataset = tmp.sub("missing.txt");
-  EXPECT_FALSE(nibble::Quantize(req).ok());
+  r = nibble::Quantize(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("--dataset " + req.dataset + ": no such file"), std::string::npos) << r.error().message;
+  EXPECT_EQ(r.error().code, nibble::ErrorCode::kNotFound);
 }
 
 // The inputs of a direct RunAwq call: a tiny model written to `dir`, its config and tensors, and

@@ -11,13 +11,22 @@ int main(int argc, char** argv) {
   nibble::ExportOnnxRequest r;
   CLI::App app("nibble export-onnx: write an int4 checkpoint as an ONNX Runtime GenAI model (MatMulNBits)",
                "nibble export-onnx");
-  app.add_option("--model", r.input_dir, "Quantized checkpoint directory (hf_format, compressed-tensors, awq, gptq)")->required();
-  app.add_option("--out", r.output_dir, "Output directory (written staged, renamed when complete)")->required();
-  app.add_option("--accuracy_level", r.accuracy_level, "MatMulNBits accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 (default 4)");
+  app.add_option("--model,--model_dir", r.input_dir, "Quantized checkpoint directory (hf_format, compressed-tensors, awq, gptq)")->required();
+  app.add_option("--out,--output_dir", r.output_dir, "Output directory (written staged, renamed when complete)")->required();
+  app.add_option("--accuracy_level", r.accuracy_level, "MatMulNBits accuracy_level: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 (default 4)")
+      ->check(CLI::Range(0, 4));
   app.add_option("--io_dtype", r.io_dtype, "Activation / KV cache / scale dtype: fp32 | fp16 (default fp32)");
   app.add_option("--execution_provider", r.execution_provider, "ONNX Runtime execution provider: cpu (default)");
   app.add_flag("--overwrite", r.overwrite, "Replace an existing output directory");
-  CLI11_PARSE(app, argc, argv);
+  // Exit codes as nibble's (tools/commands.h): 2 for a usage error, 1 for a runtime error.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "nibble: error: " + std::string(e.what()) + " (see nibble export-onnx --help)\n";
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   // Last resort, as `nibble`'s main: sizes are checked before allocation, so this is a bug.
   auto s = [&r]() -> decltype(nibble::ExportOnnx(r)) {
     try {
@@ -28,7 +37,7 @@ int main(int argc, char** argv) {
   }();
   if (!s.ok()) {
     std::fprintf(stderr, "nibble: error: %s\n", s.error().message.c_str());
-    return 1;
+    return s.error().message.starts_with("--") ? 2 : 1;  // a flag's value, checked before anything is read
   }
   for (const std::string& m : s->messages) std::fprintf(stderr, "%s\n", m.c_str());
   std::string blocks;

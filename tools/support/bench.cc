@@ -398,8 +398,10 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   auto created = CheckpointWriter::Create(q.out_dir, q.max_shard_bytes, q.format == "dense" ? "tmp" : "synth-dense");
   if (!created.ok()) return created.error().WithContext("synth");
   CheckpointWriter out = std::move(created).value();
-  for (const SynthTensor& sp : SynthTensors(mc)) {
-    NIBBLE_RETURN_IF_ERROR(out.Add(RandomBf16Tensor(sp, q.seed)));
+  const std::vector<SynthTensor> specs = SynthTensors(mc);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    NIBBLE_RETURN_IF_ERROR(out.Add(RandomBf16Tensor(specs[i], q.seed)));
+    if (q.progress) q.progress("synth", static_cast<int64_t>(i + 1), static_cast<int64_t>(specs.size()));
   }
   NIBBLE_RETURN_IF_ERROR(out.Finish());
   c["torch_dtype"] = "bfloat16";
@@ -417,6 +419,7 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   qr.output_dir = q.out_dir;
   qr.group_size = q.group_size;
   qr.overwrite = q.overwrite;
+  if (q.progress) qr.progress = [&q](int64_t done, int64_t total) { q.progress("quantize", done, total); };
   auto summary = Quantize(qr);
   if (!summary.ok()) return summary.error().WithContext("synth: quantizing the synthetic checkpoint");
   return Status::Ok();

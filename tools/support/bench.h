@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -147,6 +148,9 @@ struct SynthRequest {
   uint64_t seed = 0;
   int64_t max_shard_bytes = int64_t{2} << 30;
   bool overwrite = false;
+  /// Progress of each phase: ("synth", tensors written, tensors), then for "quark" the
+  /// quantizer's own ("quantize", linears done, linears).
+  std::function<void(const std::string& phase, int64_t done, int64_t total)> progress;
 };
 
 /// Writes the checkpoint: config.json (torch_dtype bfloat16), the tensors the config implies

@@ -81,7 +81,7 @@ std::string DropTemplateBos(const nibble::Model& model, const nibble::ChatTempla
 int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, const ChatLoopOptions& o, std::FILE* in,
                 std::FILE* out) {
   auto session = nibble::Session::Create(model);
-  if (!session.ok()) return std::fprintf(stderr, "error: %s\n", session.error().message.c_str()), 1;
+  if (!session.ok()) return std::fprintf(stderr, "nibble: error: %s\n", session.error().message.c_str()), 1;
   nibble::Session& s = **session;
   std::vector<nibble::ChatMessage> history;
   if (!o.system.empty()) history.push_back({"system", o.system});
@@ -93,13 +93,20 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
   std::string line;
   for (int turn = 1;; ++turn) {
     line.clear();
+    if (!o.prompt_marker.empty()) {
+      std::fputs(o.prompt_marker.c_str(), out);
+      std::fflush(out);
+    }
     int c;
     while ((c = std::fgetc(in)) != EOF && c != '\n') line += static_cast<char>(c);
-    if (c == EOF && line.empty()) break;
+    if (c == EOF && line.empty()) {
+      if (!o.prompt_marker.empty()) std::fputc('\n', out);  // end the marker's line
+      break;
+    }
     if (!line.empty() && line.back() == '\r') line.pop_back();
     history.push_back({"user", line});
     auto rendered = nibble::RenderChat(tmpl, history, true, o.extra_vars_json);
-    if (!rendered.ok()) return std::fprintf(stderr, "error: %s\n", rendered.error().message.c_str()), 1;
+    if (!rendered.ok()) return std::fprintf(stderr, "nibble: error: %s\n", rendered.error().message.c_str()), 1;
     std::string text = NewText(s, *rendered, fed, marks, unfed);
     const int64_t reused = s.position();
     fed = *rendered;
@@ -117,7 +124,7 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
       std::fflush(out);
       return !stop.stopped();
     });
-    if (!stats.ok()) return std::fprintf(stderr, "error: %s\n", stats.error().message.c_str()), 1;
+    if (!stats.ok()) return std::fprintf(stderr, "nibble: error: %s\n", stats.error().message.c_str()), 1;
     const std::string rest = stop.Flush();
     reply += rest;
     std::fwrite(rest.data(), 1, rest.size(), out);

@@ -17,6 +17,7 @@ struct ChatLoopOptions {
   std::string extra_vars_json;     // extra template variables ("" = none)
   int64_t max_new_tokens = 256;    // per reply
   nibble::SamplingOptions sampling;
+  std::string prompt_marker;       // written to `out` before each user turn is read ("" = none)
 };
 
 /// Reads user turns from `in` (one line each, until EOF), prints each reply on `out` followed by
