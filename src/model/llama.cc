@@ -146,12 +146,39 @@ int64_t LlamaModel::SetInt8Activations(bool on) {
   return CountLinears([on](Linear& l) { return l.SetInt8Activations(on); });
 }
 
+int64_t KvBytes(const ModelConfig& c, int64_t positions, bool bf16) {
+  return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * positions * (bf16 ? 2 : 4);
+}
+
+void KvCache::Reserve(int64_t positions) {
+  NIBBLE_CHECK(positions <= capacity);
+  if (positions <= allocated) return;
+  allocated = std::min(capacity, (positions + kKvBlock - 1) / kKvBlock * kKvBlock);
+  const size_t n = static_cast<size_t>(allocated * row);
+  for (auto* layers : {&k, &v})
+    for (auto& l : *layers) l.resize(n);
+  for (auto* layers : {&k16, &v16})
+    for (auto& l : *layers) l.resize(n);
+}
+
+int64_t KvCache::bytes() const {
+  const int64_t layers = static_cast<int64_t>(bf16 ? k16.size() : k.size());
+  return 2 * layers * allocated * row * (bf16 ? 2 : 4);
+}
+
 KvCache LlamaModel::NewCache(int64_t capacity) const {
   KvCache cache;
   cache.capacity = std::min(capacity, config_.max_position_embeddings);
-  const size_t per_layer = static_cast<size_t>(cache.capacity * config_.num_key_value_heads * config_.head_dim);
-  cache.k.assign(config_.num_hidden_layers, std::vector<float>(per_layer));
-  cache.v.assign(config_.num_hidden_layers, std::vector<float>(per_layer));
+  cache.row = config_.num_key_value_heads * config_.head_dim;
+  cache.bf16 = kv_bf16_;
+  const size_t layers = static_cast<size_t>(config_.num_hidden_layers);
+  if (cache.bf16) {
+    cache.k16.resize(layers);
+    cache.v16.resize(layers);
+  } else {
+    cache.k.resize(layers);
+    cache.v.resize(layers);
+  }
   return cache;
 }
 
@@ -179,13 +206,18 @@ void LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCa
       for (int64_t j = 0; j < h; ++j) x[i * h + j] = Bf16ToF32(embed_bf16_[static_cast<size_t>(row + j)]);
     }
   }
+  for (int64_t b = 0; b < batch; ++b) caches[b]->Reserve(caches[b]->length + t);
   std::vector<LayerKv> kv(static_cast<size_t>(batch));
   LayerRun run;
   run.batch = batch;
   run.t = t;
   run.kv = kv.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
-    for (int64_t b = 0; b < batch; ++b) kv[b] = {caches[b]->k[l].data(), caches[b]->v[l].data(), caches[b]->length};
+    for (int64_t b = 0; b < batch; ++b) {
+      KvCache& cb = *caches[b];
+      kv[b] = cb.bf16 ? LayerKv{nullptr, nullptr, cb.length, cb.k16[l].data(), cb.v16[l].data()}
+                      : LayerKv{cb.k[l].data(), cb.v[l].data(), cb.length, nullptr, nullptr};
+    }
     DecoderLayerForward(config_, ViewOf(layers_[l]), rope_, x, run, x);
   }
   for (int64_t b = 0; b < batch; ++b) caches[b]->length += t;

@@ -17,6 +17,7 @@ struct ChatLoopOptions {
   std::string extra_vars_json;     // extra template variables ("" = none)
   int64_t max_new_tokens = 256;    // per reply
   nibble::SamplingOptions sampling;
+  nibble::SessionOptions session;  // ctx_size and max_memory of the conversation's KV cache
 };
 
 /// Reads user turns from `in` (one line each, until EOF), prints each reply on `out` followed by
