@@ -89,7 +89,8 @@ class LlamaModel {
   /// (Linear::SetBf16Activations). Returns how many linears now run bf16 activations.
   int64_t SetBf16Activations(bool on);
 
-  /// Whether new caches store K/V as bf16 (the default) or fp32.
+  /// Whether new caches store K/V as bf16 or fp32 (the default here: the exact forward the
+  /// reference tests check; Model::Load sets LoadOptions::kv_dtype, bf16 unless asked).
   void SetKvBf16(bool on) { kv_bf16_ = on; }
   bool kv_bf16() const { return kv_bf16_; }
   /// A cache for up to `capacity` positions (<= max_position_embeddings); no storage yet (it
@@ -124,7 +125,7 @@ class LlamaModel {
   std::vector<float> norm_;          // [hidden_size]
   std::vector<DecoderLayerWeights> layers_;
   std::unique_ptr<Linear> lm_head_;
-  bool kv_bf16_ = true;
+  bool kv_bf16_ = false;
   RopeTables rope_;  // max_position_embeddings positions
 
   // How many of the projections and lm_head `f(Linear&)` returns true for (applied to each once).
