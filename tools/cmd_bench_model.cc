@@ -36,6 +36,7 @@ struct BenchModelArgs {
   std::vector<int64_t> parallel = {1};
   std::vector<std::string> activations = {"auto"};
   bool json = false;
+  KvArgs kv;  // --ctx_size 0: the longest test's positions
 };
 
 struct ModelDesc {
@@ -50,6 +51,9 @@ struct TestResult {
   int64_t n_prompt = 0, n_gen = 0, parallel = 1;
   std::vector<double> tps;  // tokens/s per repetition
   std::vector<double> ns;   // nanoseconds per repetition
+  int64_t n_ctx = 0;        // each session's ctx_size
+  int64_t kv_bytes = 0;     // KV bytes of the sessions at their full ctx_size (all `parallel` of them)
+  std::string kv_type;
 };
 
 struct Summary {
@@ -182,6 +186,9 @@ nlohmann::ordered_json ToJson(const TestResult& r, const nibble::KernelDispatchR
   j["n_prompt"] = r.n_prompt;
   j["n_gen"] = r.n_gen;
   j["n_parallel"] = r.parallel;
+  j["n_ctx"] = r.n_ctx;
+  j["type_kv"] = r.kv_type;
+  j["kv_bytes"] = r.kv_bytes;
   j["repetitions"] = r.tps.size();
   j["samples_ns"] = r.ns;
   j["samples_ts"] = r.tps;
@@ -209,7 +216,10 @@ int64_t ContextNeeded(const BenchModelArgs& a) {
 }
 
 // Prints the row of a finished test and keeps its result.
-nibble::Status Report(TestResult r, const BenchRun& run) {
+nibble::Status Report(TestResult r, const BenchRun& run, const nibble::Model& m) {
+  r.n_ctx = run.a.kv.ctx_size > 0 ? run.a.kv.ctx_size : ContextNeeded(run.a);
+  r.kv_type = nibble::KvDtypeName(m.info().kv_dtype);
+  r.kv_bytes = nibble::KvCacheBytes(m, r.n_ctx) * r.parallel;
   if (!run.a.json) run.table.Row(r);
   run.results.push_back(std::move(r));
   return nibble::Status::Ok();
@@ -226,7 +236,7 @@ nibble::Status RunTest(nibble::Session& s, TestResult r, int32_t bos, const Benc
     r.ns.push_back(*sec * 1e9);
     r.tps.push_back(count / *sec);
   }
-  return Report(std::move(r), run);
+  return Report(std::move(r), run, s.model());
 }
 
 // tg of r.parallel sequences stepped together (StepBatch), each with its own trace per repetition.
@@ -253,7 +263,7 @@ nibble::Status RunBatchTest(const nibble::Model& m, const nibble::SessionOptions
     r.ns.push_back(*sec * 1e9);
     r.tps.push_back(static_cast<double>(r.n_gen * r.parallel) / *sec);
   }
-  return Report(std::move(r), run);
+  return Report(std::move(r), run, m);
 }
 
 // Every test on one loaded model and thread count, after an untimed warmup of each kind.
@@ -261,8 +271,9 @@ nibble::Status RunThreads(const nibble::Model& m, const ModelDesc& d, const std:
                           const BenchRun& run) {
   const int64_t vocab = m.info().vocab_size;
   nibble::SessionOptions so;
-  so.context = ContextNeeded(run.a);
+  so.context = run.a.kv.ctx_size > 0 ? run.a.kv.ctx_size : ContextNeeded(run.a);
   so.threads = threads;
+  so.max_memory = run.a.kv.max_memory;
   auto session = nibble::Session::Create(m, so);
   if (!session.ok()) return session.error();
   auto bos_ids = m.Tokenize("");
@@ -276,11 +287,11 @@ nibble::Status RunThreads(const nibble::Model& m, const ModelDesc& d, const std:
   if (auto w = TimeRun(s, Trace(1, vocab, bos, -1), false); !w.ok()) return w.error();
   for (int64_t p : run.a.n_prompt)
     if (p > 0)
-      if (auto st = RunTest(s, {&d, act, "pp" + std::to_string(p), threads, p, 0, 1, {}, {}}, bos, run); !st.ok()) return st;
+      if (auto st = RunTest(s, {&d, act, "pp" + std::to_string(p), threads, p, 0, 1, {}, {}, 0, 0, ""}, bos, run); !st.ok()) return st;
   for (int64_t n : run.a.n_gen) {
     if (n <= 0) continue;
     for (int64_t par : run.a.parallel) {
-      TestResult r{&d, act, "tg" + std::to_string(n), threads, 0, n, par, {}, {}};
+      TestResult r{&d, act, "tg" + std::to_string(n), threads, 0, n, par, {}, {}, 0, 0, ""};
       if (par > 1) r.test += " x" + std::to_string(par);
       if (auto st = par > 1 ? RunBatchTest(m, so, r, bos, run) : RunTest(s, r, bos, run); !st.ok()) return st;
     }
@@ -296,6 +307,7 @@ nibble::Status RunModel(const std::string& dir, const std::vector<int>& threads,
   for (const std::string& act : run.a.activations) {
     nibble::LoadOptions lo;
     nibble::ParseActivationType(act, &lo.activations);
+    lo.kv_dtype = run.a.kv.kv_dtype;
     auto m = nibble::Model::Load(dir, lo);
     if (!m.ok()) return m.error();
     const nibble::ModelInfo& info = (*m)->info();
@@ -308,6 +320,17 @@ nibble::Status RunModel(const std::string& dir, const std::vector<int>& threads,
     if (ContextNeeded(run.a) > info.max_position_embeddings)
       return nibble::MakeError("-p / -n ", ContextNeeded(run.a), " exceeds max_position_embeddings ",
                                info.max_position_embeddings, " of ", dir);
+    const int64_t ctx = run.a.kv.ctx_size > 0 ? run.a.kv.ctx_size : ContextNeeded(run.a);
+    if (ctx < ContextNeeded(run.a))
+      return nibble::MakeError("--ctx_size ", ctx, " is smaller than the longest test (-p / -n ", ContextNeeded(run.a), ")");
+    if (ctx > info.max_position_embeddings)
+      return nibble::MakeError("--ctx_size ", ctx, " exceeds max_position_embeddings ", info.max_position_embeddings, " of ", dir);
+    int64_t sequences = 1;  // sessions alive at once: the pp/tg session and a tg x P batch
+    for (int64_t p : run.a.parallel) sequences = std::max(sequences, 1 + (p > 1 ? p : 0));
+    if (const std::string err = ReportKvMemory(**m, ctx, run.a.kv); !err.empty()) return nibble::MakeError(err);
+    if (sequences > 1)
+      std::fprintf(stderr, "KV cache: up to %lld sessions at once (--parallel): %.1f MiB\n", static_cast<long long>(sequences),
+                   static_cast<double>(nibble::KvCacheBytes(**m, ctx) * sequences) / (1024.0 * 1024.0));
     if (descs.empty() || descs.back()->dir != dir) descs.push_back(std::make_unique<ModelDesc>(Describe(dir, info)));
     const std::string shown = act == "auto" ? "auto:" + std::string(nibble::ActivationTypeName(info.activations)) : act;
     for (int t : threads)
@@ -377,6 +400,7 @@ Runner RegisterBenchModel(CLI::App& app) {
       ->delimiter(',')->capture_default_str()->check(CLI::Range(0, 1024));
   cmd->add_option("--activations", a->activations, "Activation modes, comma-separated: auto (bf16 where served, else fp32), fp32, bf16, int8")
       ->delimiter(',')->capture_default_str();
+  AddKvOptions(cmd, &a->kv, "default the longest test's -p / -n");
   cmd->add_flag("--json", a->json, "Print the results as a JSON array (with every repetition) instead of the table");
   return [a]() { return RunBenchModel(*a); };
 }

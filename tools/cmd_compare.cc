@@ -29,6 +29,7 @@ struct CompareArgs {
   std::string model, text, kl_base, save_logits, save_logits_format = "fp32";
   std::vector<std::string> quantized;
   int64_t seq_len = 512, max_windows = 60;
+  KvArgs kv;
   int threads = 0;
   bool json = false;
   // --methods: quantize --model with each of these first, with the request's scheme and data.
@@ -166,7 +167,9 @@ nibble::Result<nibble::ComparisonReport> RunComparison(const CompareArgs& a, con
                                                        const std::vector<const nibble::Model*>& models,
                                                        nibble::CompareOptions& opt) {
   if (!a.kl_base.empty()) return nibble::CompareWithSavedLogits(a.kl_base, models, text, opt);
-  auto base = nibble::Model::Load(a.model);
+  nibble::LoadOptions lo;
+  lo.kv_dtype = a.kv.kv_dtype;
+  auto base = nibble::Model::Load(a.model, lo);
   if (!base.ok()) return base.error();
   PrintWarnings(a.model, (*base)->info().warnings);
   opt.save_logits = a.save_logits;
@@ -195,6 +198,7 @@ Runner RegisterCompare(CLI::App& app) {
   cmd->add_option("--seq_len", a->seq_len, "Window length in tokens")->capture_default_str();
   cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str();
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  AddKvOptions(cmd, &a->kv, "default --seq_len (each window runs on a fresh cache; must be >= --seq_len)");
   cmd->add_flag("--json", a->json, "Print a JSON object on stdout (the human text goes to stderr)");
   cmd->add_option("--methods", a->methods, "Quantize --model first with each of rtn,awq,gptq,awq+gptq and compare them");
   cmd->add_option("--keep", a->keep, "--methods: write the checkpoints to DIR/<method> (default: a temporary directory, removed)");
@@ -241,9 +245,12 @@ Runner RegisterCompare(CLI::App& app) {
     std::vector<std::unique_ptr<nibble::Model>> owned;
     std::vector<const nibble::Model*> models;
     for (const auto& d : a->quantized) {
-      auto m = nibble::Model::Load(d);
+      nibble::LoadOptions lo;
+      lo.kv_dtype = a->kv.kv_dtype;
+      auto m = nibble::Model::Load(d, lo);
       if (!m.ok()) return Fail(m.error().message);
       PrintWarnings(d, (*m)->info().warnings);
+      if (const std::string err = CheckWindowContext(**m, a->seq_len, a->kv); !err.empty()) return Fail(err);
       owned.push_back(std::move(m).value());
       models.push_back(owned.back().get());
     }

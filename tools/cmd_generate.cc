@@ -33,6 +33,7 @@ struct GenerateArgs {
   std::string system;          // --system
   std::string chat_template;   // --chat_template FILE
   std::string chat_kwargs;     // --chat_template_kwargs JSON
+  KvArgs kv;
 };
 
 void AddSamplingFlags(CLI::App* cmd, GenerateArgs& a) {
@@ -54,17 +55,20 @@ void AddSamplingFlags(CLI::App* cmd, GenerateArgs& a) {
 
 // The prompt must fit the context before it is echoed (an error, nothing on stdout). Generation
 // ends when the context is full: the last token is sampled from the last position's logits, so a
-// prompt of P tokens leaves room for max_position_embeddings - P + 1 new ones (a warning).
-std::string CheckPromptFits(const nibble::Model& model, const nibble::GenerateOptions& o) {
+// prompt of P tokens leaves room for ctx_size - P + 1 new ones (a warning).
+std::string CheckPromptFits(const nibble::Model& model, const nibble::GenerateOptions& o, int64_t ctx) {
   auto ids = nibble::PromptTokens(model, o.prompt);
   if (!ids.ok()) return ids.error().message;
-  const int64_t max_pos = model.info().max_position_embeddings, p = static_cast<int64_t>(ids->size());
-  const int64_t room = max_pos - p + 1;
+  const int64_t p = static_cast<int64_t>(ids->size());
+  if (p > ctx)
+    return "the prompt is " + std::to_string(p) + " tokens, more than the context of " + std::to_string(ctx) +
+           " positions (--ctx_size)";
+  const int64_t room = ctx - p + 1;
   if (o.max_new_tokens > room)
     std::fprintf(stderr,
                  "warning: -n %lld exceeds the context: the prompt takes %lld of %lld positions "
-                 "(max_position_embeddings), so at most %lld tokens will be generated\n",
-                 static_cast<long long>(o.max_new_tokens), static_cast<long long>(p), static_cast<long long>(max_pos),
+                 "(--ctx_size), so at most %lld tokens will be generated\n",
+                 static_cast<long long>(o.max_new_tokens), static_cast<long long>(p), static_cast<long long>(ctx),
                  static_cast<long long>(room));
   return "";
 }
@@ -90,6 +94,8 @@ int RunChat(const GenerateArgs& a, const nibble::Model& model, const nibble::Cha
   o.max_new_tokens = a.opt.max_new_tokens;
   o.sampling = a.opt.sampling;
   o.prompt_marker = ::isatty(0) ? "> " : "";  // as llama-cli: a marker on a terminal, none when piped
+  o.session.context = a.kv.ctx_size;
+  o.session.max_memory = a.kv.max_memory;
   return RunChatLoop(model, tmpl, o, stdin, stdout);
 }
 
@@ -130,12 +136,15 @@ int RunGenerate(GenerateArgs& a) {
   nibble::LoadOptions lo;
   lo.activations = a.activations;
   lo.tokenizer = a.tokenizer;
+  lo.kv_dtype = a.kv.kv_dtype;
   if (a.int8) lo.activations = nibble::ActivationType::kInt8;
   if (a.bf16) lo.activations = nibble::ActivationType::kBf16;
   auto model = nibble::Model::Load(a.model, lo);
   if (!model.ok()) return Fail(model.error().message);
   PrintWarnings(a.model, (*model)->info().warnings);
   if (const std::string err = ReportActivations(a.model, lo.activations, (*model)->info()); !err.empty()) return Fail(err);
+  if (a.kv.ctx_size == 0) a.kv.ctx_size = nibble::DefaultContextSize(**model);
+  if (const std::string err = ReportKvMemory(**model, a.kv.ctx_size, a.kv); !err.empty()) return Fail(err);
   if (a.seed->count() == 0) a.opt.sampling.seed = std::random_device{}();
   if (a.chat) {
     if (tmpl.origin.empty()) {  // the directory appeared between the check and the load
@@ -145,11 +154,16 @@ int RunGenerate(GenerateArgs& a) {
     }
     return RunChat(a, **model, tmpl);
   }
-  if (const std::string err = CheckPromptFits(**model, a.opt); !err.empty()) return Fail(err);
+  if (const std::string err = CheckPromptFits(**model, a.opt, a.kv.ctx_size); !err.empty()) return Fail(err);
+  nibble::SessionOptions so;
+  so.context = a.kv.ctx_size;
+  so.max_memory = a.kv.max_memory;
+  auto session = nibble::Session::Create(**model, so);
+  if (!session.ok()) return Fail(session.error().message);
   std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(a.opt.sampling.seed));
   std::fwrite(a.opt.prompt.data(), 1, a.opt.prompt.size(), stdout);  // echo, as llama.cpp does
   StopStringFilter stop(a.stops);
-  auto stats = nibble::Generate(**model, a.opt, [&stop](std::string_view piece) {
+  auto stats = nibble::Generate(**session, a.opt, [&stop](std::string_view piece) {
     const std::string shown = stop.Push(piece);
     std::fwrite(shown.data(), 1, shown.size(), stdout);
     std::fflush(stdout);
@@ -189,6 +203,7 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
   cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 1024));
   AddActivationsOption(cmd, &args->activations);
+  AddKvOptions(cmd, &args->kv, "default min(max_position_embeddings, 8192)");
   AddTokenizerOption(cmd, &args->tokenizer);
   cmd->add_flag("--int8_activations", args->int8, "Same as --activations int8")->excludes("--activations");
   cmd->add_flag("--bf16_activations", args->bf16, "Same as --activations bf16")

@@ -20,6 +20,7 @@ namespace {
 struct PerplexityArgs {
   std::string model, text, kl_base, save_logits, save_logits_format = "fp32";
   int64_t seq_len = 0, max_windows = 0;
+  KvArgs kv;
   int threads = 0;
   nibble::ActivationType activations = nibble::ActivationType::kAuto;
   nibble::TokenizerType tokenizer = nibble::TokenizerType::kAuto;
@@ -64,6 +65,7 @@ nibble::Result<nibble::ComparisonReport> CompareWithBase(const Run& run) {
     return nibble::CompareWithSavedLogits(a->kl_base, models, run.text, co);
   }
   nibble::LoadOptions base_lo;
+  base_lo.kv_dtype = a->kv.kv_dtype;
   base_lo.tokenizer = a->tokenizer;
   auto base = nibble::Model::Load(a->kl_base, base_lo);
   if (!base.ok()) return base.error();
@@ -185,6 +187,7 @@ Runner RegisterPerplexity(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print a JSON object on stdout (the human text goes to stderr)");
   AddActivationsOption(cmd, &a->activations);
   AddTokenizerOption(cmd, &a->tokenizer);
+  AddKvOptions(cmd, &a->kv, "default --seq_len (each window runs on a fresh cache; must be >= --seq_len)");
   cmd->add_flag("--int8_activations", a->int8,
                 "Evaluate the same windows twice, fp32 then int8 activations in the int4 linears, and print the "
                 "perplexity (and KLD) cost")
@@ -208,6 +211,7 @@ Runner RegisterPerplexity(CLI::App& app) {
     nibble::LoadOptions lo1;
     lo1.activations = a->int8 || a->bf16 ? nibble::ActivationType::kFp32 : a->activations;
     lo1.tokenizer = a->tokenizer;
+    lo1.kv_dtype = a->kv.kv_dtype;
     auto model = nibble::Model::Load(a->model, lo1);
     if (!model.ok()) return Fail(model.error().message);
     PrintWarnings(a->model, (*model)->info().warnings);
@@ -223,6 +227,7 @@ Runner RegisterPerplexity(CLI::App& app) {
       nibble::LoadOptions lo;
       lo.activations = run.opt_in.type;
       lo.tokenizer = a->tokenizer;
+      lo.kv_dtype = a->kv.kv_dtype;
       auto m2 = nibble::Model::Load(a->model, lo);
       if (!m2.ok()) return Fail(m2.error().message);
       model2 = std::move(*m2);
@@ -234,6 +239,7 @@ Runner RegisterPerplexity(CLI::App& app) {
         std::fprintf(stderr, "%s: %s\n", a->int8 ? "--int8_activations" : "--bf16_activations", kept.c_str());
     }
     if (a->seq_len == 0) a->seq_len = std::min<int64_t>(2048, (*model)->info().max_position_embeddings);
+    if (const std::string err = CheckWindowContext(**model, a->seq_len, a->kv); !err.empty()) return Fail(err);
     if (!a->kl_base.empty()) return RunAgainstBase(run);
     nibble::PerplexityOptions opt;
     opt.seq_len = a->seq_len;

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include <nibble/model.h>
+#include <nibble/session.h>
 
 namespace nibble_cli {
 
@@ -73,5 +74,22 @@ void AddTokenizerOption(CLI::App* cmd, nibble::TokenizerType* type);
 /// int4 linears (kernels: ...)", the linears kept at fp32, or fp32 with no int4 linears).
 /// Returns the refusal when an explicit bf16 / int8 request serves none of them, else "".
 std::string ReportActivations(const std::string& dir, nibble::ActivationType requested, const nibble::ModelInfo& info);
+
+/// The KV memory flags of every command that runs a model.
+struct KvArgs {
+  nibble::KvDtype kv_dtype = nibble::KvDtype::kBf16;
+  int64_t ctx_size = 0;    // 0 = the command's default
+  int64_t max_memory = 0;  // bytes; 0 = 90 % of MemAvailable
+};
+/// `--kv_dtype bf16|fp32`, `--ctx_size N`, `--max_memory SIZE` on `cmd`; `ctx_help` says what
+/// --ctx_size defaults to for this command.
+void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help);
+/// Prints the KV cache a run of `ctx` positions takes ("KV cache: ctx 8192 x ... = N MiB (bf16)")
+/// to stderr, then checks it against --max_memory. Returns the refusal, else "".
+std::string ReportKvMemory(const nibble::Model& model, int64_t ctx, const KvArgs& a);
+
+/// For commands that run windows of `seq_len` tokens: --ctx_size below seq_len is refused (0 =
+/// seq_len); the window's KV cache is reported and checked as ReportKvMemory does.
+std::string CheckWindowContext(const nibble::Model& model, int64_t seq_len, const KvArgs& a);
 
 }  // namespace nibble_cli

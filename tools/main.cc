@@ -84,6 +84,45 @@ void AddActivationsOption(CLI::App* cmd, nibble::ActivationType* type) {
       ->default_str("auto");
 }
 
+void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help) {
+  cmd->add_option_function<std::string>(
+         "--kv_dtype",
+         [a](const std::string& v) {
+           if (!nibble::ParseKvDtype(v, &a->kv_dtype))
+             throw CLI::ValidationError("--kv_dtype", "expected bf16 or fp32, got \"" + v + "\"");
+         },
+         "KV cache storage: bf16 (half the bytes) or fp32")
+      ->default_str("bf16");
+  cmd->add_option("--ctx_size,-c", a->ctx_size, "Context size in positions (the KV cache's); " + ctx_help)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option_function<std::string>(
+         "--max_memory",
+         [a](const std::string& v) {
+           auto r = nibble::ParseMemorySize(v);
+           if (!r.ok() || *r <= 0) throw CLI::ValidationError("--max_memory", r.ok() ? "must be > 0, got \"" + v + "\"" : r.error().message);
+           a->max_memory = *r;
+         },
+         "Refuse a KV cache larger than this (e.g. 16GB, 512MiB); default 90 % of MemAvailable");
+}
+
+std::string ReportKvMemory(const nibble::Model& model, int64_t ctx, const KvArgs& a) {
+  const nibble::ModelInfo& i = model.info();
+  const int64_t bytes = nibble::KvCacheBytes(model, ctx);
+  std::fprintf(stderr, "KV cache: ctx %lld x %lld layers x %lld kv heads x %lld head_dim x 2 (K, V) = %.1f MiB (%s)\n",
+               static_cast<long long>(ctx), static_cast<long long>(i.num_hidden_layers),
+               static_cast<long long>(i.num_key_value_heads), static_cast<long long>(i.head_dim),
+               static_cast<double>(bytes) / (1024.0 * 1024.0), nibble::KvDtypeName(i.kv_dtype));
+  const nibble::Status st = nibble::CheckKvMemory(model, ctx, a.max_memory);
+  return st.ok() ? "" : st.error().message;
+}
+
+std::string CheckWindowContext(const nibble::Model& model, int64_t seq_len, const KvArgs& a) {
+  if (a.ctx_size > 0 && a.ctx_size < seq_len)
+    return "--ctx_size " + std::to_string(a.ctx_size) + " is smaller than the window (--seq_len " +
+           std::to_string(seq_len) + "): raise --ctx_size or lower --seq_len";
+  return ReportKvMemory(model, seq_len, a);
+}
+
 void AddTokenizerOption(CLI::App* cmd, nibble::TokenizerType* type) {
   cmd->add_option_function<std::string>(
          "--tokenizer",

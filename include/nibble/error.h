@@ -27,10 +27,13 @@ enum class ErrorCode {
   kUnsupported,      // valid input nibble does not handle: a format, dtype, architecture (400)
   kCorruptInput,     // a file whose bytes or structure are malformed or contradict each other (400)
   kIo,               // the OS failed a read, write, map or rename (500)
+  kResourceExhausted,  // a request that needs more memory than allowed (--max_memory, MemAvailable):
+                       // refused up front, the message giving bytes needed and allowed (503)
   kInternal,         // a bug or an impossible state (500)
 };
 
-/// "invalid_argument", "not_found", "unsupported", "corrupt_input", "io", "internal".
+/// "invalid_argument", "not_found", "unsupported", "corrupt_input", "io", "resource_exhausted",
+/// "internal".
 inline const char* ErrorCodeName(ErrorCode c) {
   switch (c) {
     case ErrorCode::kInvalidArgument: return "invalid_argument";
@@ -38,6 +41,7 @@ inline const char* ErrorCodeName(ErrorCode c) {
     case ErrorCode::kUnsupported: return "unsupported";
     case ErrorCode::kCorruptInput: return "corrupt_input";
     case ErrorCode::kIo: return "io";
+    case ErrorCode::kResourceExhausted: return "resource_exhausted";
     default: return "internal";
   }
 }

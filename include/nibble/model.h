@@ -36,8 +36,17 @@ const char* ActivationTypeName(ActivationType a);
 /// The type named `name` ("auto" | "fp32" | "bf16" | "int8"); false for any other string.
 bool ParseActivationType(const std::string& name, ActivationType* out);
 
+/// How a session's KV cache stores keys and values: bf16 (half the bytes; each K/V value rounded
+/// to nearest even once, widened exactly by the attention) or fp32.
+enum class KvDtype { kBf16, kFp32 };
+/// "bf16" | "fp32".
+const char* KvDtypeName(KvDtype d);
+/// The dtype named `name` ("bf16" | "fp32"); false for any other string.
+bool ParseKvDtype(const std::string& name, KvDtype* out);
+
 struct LoadOptions {
   ActivationType activations = ActivationType::kAuto;
+  KvDtype kv_dtype = KvDtype::kBf16;  // of every KV cache the model's sessions and evaluations use
   int threads = 0;  // threads used while loading (0 = the calling thread's setting)
   TokenizerType tokenizer = TokenizerType::kAuto;  // which tokenizer file to read
 };
@@ -57,6 +66,7 @@ struct ModelInfo {
   /// What ran: as requested in LoadOptions, kAuto resolved (kBf16 when it serves any int4
   /// linear, else kFp32).
   ActivationType activations = ActivationType::kFp32;
+  KvDtype kv_dtype = KvDtype::kBf16;
   /// int4 linears that run those activations (the others, whose group size that path does not
   /// serve, keep fp32 activations); equals int4_linears for kFp32.
   int64_t activation_linears = 0;

@@ -37,9 +37,27 @@ struct SamplingOptions {
 Status ValidateSamplingOptions(const SamplingOptions& options, std::string_view name_prefix = "");
 
 struct SessionOptions {
-  int64_t context = 0;  // KV cache positions; 0 = max_position_embeddings
-  int threads = 0;      // threads of this session's compute; 0 = the calling thread's setting
+  int64_t context = 0;     // ctx_size: KV cache positions; 0 = DefaultContextSize(model)
+  int threads = 0;         // threads of this session's compute; 0 = the calling thread's setting
+  int64_t max_memory = 0;  // bytes the KV cache may take at full context; 0 = DefaultMaxMemory(),
+                           // < 0 = no limit
 };
+
+/// ctx_size when none is asked for: min(max_position_embeddings, 8192), a bounded context as
+/// llama.cpp's default.
+int64_t DefaultContextSize(const Model& model);
+/// Bytes of a KV cache of `context` positions in the model's kv_dtype:
+/// 2 (K and V) · num_hidden_layers · num_key_value_heads · head_dim · context · (2 bf16 | 4 fp32).
+int64_t KvCacheBytes(const Model& model, int64_t context);
+/// 90 % of MemAvailable in /proc/meminfo; -1 when unknown.
+int64_t DefaultMaxMemory();
+/// A memory size as --max_memory takes it: a byte count with an optional suffix, KB MB GB TB
+/// (powers of 1000) or KiB MiB GiB TiB (powers of 1024), case-insensitive, e.g. "16GB", "512MiB".
+/// Errors name the text.
+Result<int64_t> ParseMemorySize(const std::string& text);
+/// Ok when KvCacheBytes(model, context) fits max_memory (0 = DefaultMaxMemory(); < 0 or unknown:
+/// no limit). Else ErrorCode::kResourceExhausted with the context, the bytes needed and allowed.
+Status CheckKvMemory(const Model& model, int64_t context, int64_t max_memory);
 
 struct GenerateOptions {
   std::string prompt;  // may be empty: generation starts from BOS alone (on an empty session)
@@ -68,8 +86,10 @@ using TextCallback = std::function<bool(std::string_view)>;
 
 class Session {
  public:
-  /// Errors: context < 0 or above max_position_embeddings, a KV cache of that many positions that
-  /// does not fit the available memory (names both).
+  /// The KV cache is sized for options.context but its storage grows in blocks of 256 positions
+  /// as it fills. Errors: context < 0 or above max_position_embeddings; the full context's KV
+  /// bytes above max_memory (kResourceExhausted, CheckKvMemory);
+  /// the cache and its RoPE tables above the available memory (names both).
   static Result<std::unique_ptr<Session>> Create(const Model& model, const SessionOptions& options = SessionOptions());
   ~Session();
 
@@ -88,6 +108,8 @@ class Session {
   /// Positions filled, and the cache's capacity.
   int64_t position() const;
   int64_t capacity() const;
+  /// Bytes the KV cache holds now (it grows with position(); KvCacheBytes(model, capacity()) at most).
+  int64_t kv_bytes() const;
   /// Drops every position from `position` on (0 empties the context; the logits are cleared).
   void Truncate(int64_t position);
   const Model& model() const;

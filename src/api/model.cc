@@ -25,6 +25,14 @@ const char* ActivationTypeName(ActivationType a) {
   }
 }
 
+const char* KvDtypeName(KvDtype d) { return d == KvDtype::kFp32 ? "fp32" : "bf16"; }
+
+bool ParseKvDtype(const std::string& name, KvDtype* out) {
+  for (KvDtype d : {KvDtype::kBf16, KvDtype::kFp32})
+    if (name == KvDtypeName(d)) return *out = d, true;
+  return false;
+}
+
 bool ParseActivationType(const std::string& name, ActivationType* out) {
   for (ActivationType a : {ActivationType::kAuto, ActivationType::kFp32, ActivationType::kBf16, ActivationType::kInt8})
     if (name == ActivationTypeName(a)) return *out = a, true;
@@ -91,6 +99,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOpt
   i = DescribeModel(dir, *m->impl_->llama, format);
   i.warnings = std::move(warnings);
   i.activations = options.activations;
+  i.kv_dtype = options.kv_dtype;
+  m->impl_->llama->SetKvBf16(options.kv_dtype == KvDtype::kBf16);
   switch (options.activations) {
     case ActivationType::kFp32: i.activation_linears = i.int4_linears; break;
     case ActivationType::kAuto:

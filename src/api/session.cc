@@ -33,10 +33,12 @@ Result<std::unique_ptr<Session>> Session::Create(const Model& model, const Sessi
   const int64_t max_pos = model.info().max_position_embeddings;
   if (options.context < 0 || options.context > max_pos)
     return MakeError("session context ", options.context, " is outside [0, max_position_embeddings = ", max_pos, "]");
+  const int64_t context = options.context > 0 ? options.context : DefaultContextSize(model);
+  NIBBLE_RETURN_IF_ERROR(CheckKvMemory(model, context, options.max_memory));
   auto impl = std::make_unique<Impl>();
   impl->model = &model;
   impl->threads = options.threads;
-  NIBBLE_ASSIGN_OR_RETURN(impl->cache, ModelAccess::llama(model).NewCache(options.context > 0 ? options.context : max_pos));
+  NIBBLE_ASSIGN_OR_RETURN(impl->cache, ModelAccess::llama(model).NewCache(context));
   return std::unique_ptr<Session>(new Session(std::move(impl)));
 }
 
@@ -125,6 +127,7 @@ Result<int32_t> Session::Sample(const SamplingOptions& o) {
 const std::vector<float>& Session::logits() const { return impl_->logits; }
 int64_t Session::position() const { return impl_->cache.length; }
 int64_t Session::capacity() const { return impl_->cache.capacity; }
+int64_t Session::kv_bytes() const { return impl_->cache.bytes(); }
 const Model& Session::model() const { return *impl_->model; }
 
 void Session::Truncate(int64_t position) {

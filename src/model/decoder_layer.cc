@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/half.h"
 #include "base/parallel.h"
 #include "kernels/dense_gemm.h"
 #include "kernels/vec_ops.h"
@@ -53,13 +54,24 @@ float* Scratch(std::vector<float>& v, int64_t n) {
   return v.data();
 }
 
-// Where sequence b's keys and values are read: its cache, or this call's projections k / v
-// [batch·t, kv_dim] (positions from 0).
+// Where sequence b's keys and values are read: its cache (fp32 k / v or bf16 k16 / v16), or this
+// call's projections k / v [batch·t, kv_dim] (positions from 0).
 struct SeqKeys {
   const float* k;
   const float* v;
   int64_t p0;
+  const uint16_t* k16 = nullptr;
+  const uint16_t* v16 = nullptr;
 };
+
+// Rows [0, n) of one kv head (columns [col, col + hd) of a [.., kv_dim] bf16 cache) widened into
+// out [n, hd]: exact, so the attention's arithmetic is that of an fp32 cache holding those values.
+void WidenHead(const uint16_t* src, int64_t n, int64_t kv_dim, int64_t col, int64_t hd, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t* r = src + i * kv_dim + col;
+    for (int64_t j = 0; j < hd; ++j) out[i * hd + j] = Bf16ToF32(r[j]);
+  }
+}
 
 // Attention of every (sequence, head, block of query rows) on RoPE'd q [batch·t, q_dim]:
 // rows [i0, i1) of a sequence attend to keys [0, p0 + i1) (later ones are masked by the softmax
@@ -73,35 +85,52 @@ void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, in
   for (int64_t b = 0; b < batch; ++b) max_keys = std::max(max_keys, keys[b].p0 + t);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t window = c.sliding_window;
-  const int64_t score_floats = std::min(t, kAttnRowBlock) * max_keys;
+  bool bf16 = false;
+  for (int64_t b = 0; b < batch; ++b) bf16 = bf16 || keys[b].k16 != nullptr;
+  // Per item: scores [rows of a block, keys], then (bf16 caches) its head's K and V widened.
+  const int64_t score_floats = std::min(t, kAttnRowBlock) * max_keys, kv_floats = bf16 ? max_keys * hd : 0;
+  const int64_t scratch_floats = score_floats + 2 * kv_floats;
   const auto item = [&](int64_t it, float* scores) {
     const int64_t b = it / (nh * blocks), head = (it / blocks) % nh, blk = it % blocks;
     const SeqKeys& s = keys[b];
     const int64_t i0 = blk * kAttnRowBlock, i1 = std::min(t, i0 + kAttnRowBlock), n_keys = s.p0 + i1;
     const float* qb = q + (b * t + i0) * q_dim + head * hd;
-    const float* kb = s.k + (head / group) * hd;
-    const float* vb = s.v + (head / group) * hd;
-    SgemmXWt(i1 - i0, n_keys, hd, qb, q_dim, kb, kv_dim, 0.0f, scores, n_keys);
+    const int64_t col = (head / group) * hd;
+    const float *kb = nullptr, *vb = nullptr;
+    int64_t ld = kv_dim;
+    if (s.k16 != nullptr) {
+      float* const kw = scores + score_floats;
+      float* const vw = kw + kv_floats;
+      WidenHead(s.k16, n_keys, kv_dim, col, hd, kw);
+      WidenHead(s.v16, n_keys, kv_dim, col, hd, vw);
+      kb = kw;
+      vb = vw;
+      ld = hd;
+    } else {
+      kb = s.k + col;
+      vb = s.v + col;
+    }
+    SgemmXWt(i1 - i0, n_keys, hd, qb, q_dim, kb, ld, 0.0f, scores, n_keys);
     for (int64_t i = i0; i < i1; ++i) {
       float* row = scores + (i - i0) * n_keys;
       const int64_t first = window > 0 ? std::max<int64_t>(0, s.p0 + i + 1 - window) : 0;
       std::fill(row, row + first, 0.0f);
       ScaledSoftmaxRow(row + first, s.p0 + i + 1 - first, n_keys - first, scale);
     }
-    SgemmXW(i1 - i0, hd, n_keys, scores, n_keys, vb, kv_dim, 0.0f, attn + (b * t + i0) * q_dim + head * hd, q_dim);
+    SgemmXW(i1 - i0, hd, n_keys, scores, n_keys, vb, ld, 0.0f, attn + (b * t + i0) * q_dim + head * hd, q_dim);
   };
   // The GEMMs inside run single-threaded (oneDNN does not nest inside an OpenMP parallel
   // region): every item's arithmetic is the same for any thread count. So a team opens wherever
   // more than one thread may run, also for little work: outside a region oneDNN would thread the
   // GEMMs itself. Items differ in length (later query blocks see more keys): dynamic schedule.
   if (!OpenTeam(true)) {
-    std::vector<float> scores(static_cast<size_t>(score_floats));
+    std::vector<float> scores(static_cast<size_t>(scratch_floats));
     for (int64_t it = 0; it < items; ++it) item(it, scores.data());
     return;
   }
 #pragma omp parallel
   {
-    std::vector<float> scores(static_cast<size_t>(score_floats));
+    std::vector<float> scores(static_cast<size_t>(scratch_floats));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < items; ++it) item(it, scores.data());
   }
@@ -140,9 +169,20 @@ void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, cons
       keys[b] = {kp + b * t * kv_dim, vp + b * t * kv_dim, 0};
       continue;
     }
-    std::memcpy(kv[b].k + kv[b].p0 * kv_dim, kp + b * t * kv_dim, sizeof(float) * t * kv_dim);
-    std::memcpy(kv[b].v + kv[b].p0 * kv_dim, vp + b * t * kv_dim, sizeof(float) * t * kv_dim);
-    keys[b] = {kv[b].k, kv[b].v, kv[b].p0};
+    const LayerKv& c_b = kv[b];
+    if (c_b.k16 != nullptr) {
+      const float *ks = kp + b * t * kv_dim, *vs = vp + b * t * kv_dim;
+      uint16_t *kd = c_b.k16 + c_b.p0 * kv_dim, *vd = c_b.v16 + c_b.p0 * kv_dim;
+      for (int64_t i = 0; i < t * kv_dim; ++i) {
+        kd[i] = F32ToBf16(ks[i]);
+        vd[i] = F32ToBf16(vs[i]);
+      }
+      keys[b] = {nullptr, nullptr, c_b.p0, c_b.k16, c_b.v16};
+      continue;
+    }
+    std::memcpy(c_b.k + c_b.p0 * kv_dim, kp + b * t * kv_dim, sizeof(float) * t * kv_dim);
+    std::memcpy(c_b.v + c_b.p0 * kv_dim, vp + b * t * kv_dim, sizeof(float) * t * kv_dim);
+    keys[b] = {c_b.k, c_b.v, c_b.p0};
   }
   AttentionCore(c, qp, keys.data(), batch, t, attn);
   w.o_proj->Forward(attn, rows, out);

@@ -63,10 +63,14 @@ DecoderLayerView ViewOf(const DecoderLayerWeights& w);
 
 /// One sequence's cached keys and values for this layer: rows [0, p0) hold earlier positions,
 /// the call writes its t new rows at p0 .. p0 + t - 1 (each row num_key_value_heads · head_dim).
+/// Either k / v (fp32) or k16 / v16 (bf16 bits: new rows rounded to nearest even, read back
+/// exactly widened by the attention) are set.
 struct LayerKv {
-  float* k = nullptr;  // [capacity, kv_dim]
-  float* v = nullptr;  // [capacity, kv_dim]
+  float* k = nullptr;  // [>= p0 + t, kv_dim]
+  float* v = nullptr;  // [>= p0 + t, kv_dim]
   int64_t p0 = 0;
+  uint16_t* k16 = nullptr;  // [>= p0 + t, kv_dim]
+  uint16_t* v16 = nullptr;  // [>= p0 + t, kv_dim]
 };
 
 /// Intermediate activations a caller wants kept (nullptr = not kept); shapes as in the file

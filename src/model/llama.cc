@@ -142,22 +142,52 @@ int64_t LlamaModel::SetInt8Activations(bool on) {
   return CountLinears([on](Linear& l) { return l.SetInt8Activations(on); });
 }
 
+int64_t KvBytes(const ModelConfig& c, int64_t positions, bool bf16) {
+  return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * positions * (bf16 ? 2 : 4);
+}
+
+void KvCache::Reserve(int64_t positions) {
+  NIBBLE_CHECK(positions <= capacity);
+  if (positions <= allocated) return;
+  allocated = std::min(capacity, (positions + kKvBlock - 1) / kKvBlock * kKvBlock);
+  const size_t n = static_cast<size_t>(allocated * row);
+  for (auto* layers : {&k, &v})
+    for (auto& l : *layers) l.resize(n);
+  for (auto* layers : {&k16, &v16})
+    for (auto& l : *layers) l.resize(n);
+}
+
+int64_t KvCache::bytes() const {
+  const int64_t layers = static_cast<int64_t>(bf16 ? k16.size() : k.size());
+  return 2 * layers * allocated * row * (bf16 ? 2 : 4);
+}
+
 Result<KvCache> LlamaModel::NewCache(int64_t capacity) const {
   const ModelConfig& c = config_;
   KvCache cache;
   cache.capacity = std::clamp<int64_t>(capacity, 1, c.max_position_embeddings);
-  const int64_t per_layer = cache.capacity * c.num_key_value_heads * c.head_dim;
+  cache.row = c.num_key_value_heads * c.head_dim;
+  cache.bf16 = kv_bf16_;
   std::lock_guard<std::mutex> lock(rope_mu_);
   const bool new_rope = rope_ == nullptr || rope_->positions() < cache.capacity;
-  const double bytes = 8.0 * static_cast<double>(c.num_hidden_layers) * static_cast<double>(per_layer) +
-                      (new_rope ? 4.0 * static_cast<double>(cache.capacity) * static_cast<double>(c.head_dim) : 0.0);
+  // In double: the sizes are checked against the tensors, but their product may exceed int64.
+  const double bytes = 2.0 * (cache.bf16 ? 2 : 4) * static_cast<double>(c.num_hidden_layers) *
+                           static_cast<double>(cache.row) * static_cast<double>(cache.capacity) +
+                       (new_rope ? 4.0 * static_cast<double>(cache.capacity) * static_cast<double>(c.head_dim) : 0.0);
   NIBBLE_RETURN_IF_ERROR(CheckMemoryFor(bytes, "a KV cache of " + std::to_string(cache.capacity) + " positions (" +
                                                    std::to_string(c.num_hidden_layers) + " layers of 2 x " +
-                                                   std::to_string(c.num_key_value_heads * c.head_dim) + " floats each)"));
+                                                   std::to_string(cache.row) + (cache.bf16 ? " bf16" : " fp32") +
+                                                   " values each)"));
   if (new_rope) rope_ = std::make_shared<const RopeTables>(BuildRopeTables(c, cache.capacity));
   cache.rope = rope_;
-  cache.k.assign(c.num_hidden_layers, std::vector<float>(static_cast<size_t>(per_layer)));
-  cache.v.assign(c.num_hidden_layers, std::vector<float>(static_cast<size_t>(per_layer)));
+  const size_t layers = static_cast<size_t>(c.num_hidden_layers);
+  if (cache.bf16) {
+    cache.k16.resize(layers);
+    cache.v16.resize(layers);
+  } else {
+    cache.k.resize(layers);
+    cache.v.resize(layers);
+  }
   return cache;
 }
 
@@ -190,13 +220,18 @@ void LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCa
   const RopeTables* rope = caches[0]->rope.get();
   for (int64_t b = 1; b < batch; ++b)
     if (caches[b]->rope->positions() > rope->positions()) rope = caches[b]->rope.get();
+  for (int64_t b = 0; b < batch; ++b) caches[b]->Reserve(caches[b]->length + t);
   std::vector<LayerKv> kv(static_cast<size_t>(batch));
   LayerRun run;
   run.batch = batch;
   run.t = t;
   run.kv = kv.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
-    for (int64_t b = 0; b < batch; ++b) kv[b] = {caches[b]->k[l].data(), caches[b]->v[l].data(), caches[b]->length};
+    for (int64_t b = 0; b < batch; ++b) {
+      KvCache& cb = *caches[b];
+      kv[b] = cb.bf16 ? LayerKv{nullptr, nullptr, cb.length, cb.k16[l].data(), cb.v16[l].data()}
+                      : LayerKv{cb.k[l].data(), cb.v[l].data(), cb.length, nullptr, nullptr};
+    }
     DecoderLayerForward(config_, ViewOf(layers_[l]), *rope, x, run, x);
   }
   for (int64_t b = 0; b < batch; ++b) caches[b]->length += t;

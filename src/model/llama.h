@@ -43,13 +43,27 @@ std::vector<std::string> LinearModuleNames(const ModelConfig& c, bool has_lm_hea
 /// {N = out_features, K = in_features} of a linear module named as LinearModuleNames does.
 std::pair<int64_t, int64_t> LinearShape(const ModelConfig& c, const std::string& name);
 
-/// Per-sequence key/value cache: per layer [capacity, num_key_value_heads * head_dim] for K and V.
+/// Positions a KV cache grows by: storage follows the filled length, not the capacity.
+inline constexpr int64_t kKvBlock = 256;
+
+/// Per-sequence key/value cache: per layer [allocated, num_key_value_heads * head_dim] for K and V,
+/// as bf16 bits (k16 / v16, the default) or fp32 (k / v); the other pair stays empty.
 struct KvCache {
-  int64_t capacity = 0;  // max positions
-  int64_t length = 0;    // positions filled
+  int64_t capacity = 0;   // max positions (the session's ctx_size)
+  int64_t length = 0;     // positions filled
+  int64_t allocated = 0;  // positions with storage: a multiple of kKvBlock (or capacity), >= length
+  int64_t row = 0;        // num_key_value_heads * head_dim
+  bool bf16 = true;
   std::vector<std::vector<float>> k, v;
   std::shared_ptr<const RopeTables> rope;  // covers [0, capacity) at least (shared with the model)
+  std::vector<std::vector<uint16_t>> k16, v16;
+  /// Grows the storage to hold `positions` (<= capacity), rounded up to a block; keeps the rows.
+  void Reserve(int64_t positions);
+  /// Bytes of K and V storage held now.
+  int64_t bytes() const;
 };
+/// Bytes of K and V for `positions` positions: 2 · layers · kv_heads · head_dim · positions · (2 | 4).
+int64_t KvBytes(const ModelConfig& c, int64_t positions, bool bf16);
 
 class LlamaModel {
  public:
@@ -72,10 +86,15 @@ class LlamaModel {
   /// (Linear::SetBf16Activations). Returns how many linears now run bf16 activations.
   int64_t SetBf16Activations(bool on);
 
+  /// Whether new caches store K/V as bf16 or fp32 (the default here: the exact forward the
+  /// reference tests check; Model::Load sets LoadOptions::kv_dtype, bf16 unless asked).
+  void SetKvBf16(bool on) { kv_bf16_ = on; }
+  bool kv_bf16() const { return kv_bf16_; }
   /// A cache for up to `capacity` positions (clamped to [1, max_position_embeddings]), with RoPE
   /// tables for those positions: tables are sized by the context a caller uses, never by
-  /// max_position_embeddings alone. Errors: the cache and tables need more memory than is
-  /// available (base/memory.h), naming the positions and the sizes.
+  /// max_position_embeddings alone. No K/V storage yet: it grows by kKvBlock positions as Forward
+  /// fills it. Errors: the full cache and tables need more memory than is available
+  /// (base/memory.h), naming the positions and the sizes.
   Result<KvCache> NewCache(int64_t capacity) const;
 
   /// Runs `tokens[0..t)` at positions cache.length .. cache.length + t - 1 and appends their K/V.
@@ -110,6 +129,7 @@ class LlamaModel {
   // RoPE tables for the longest cache made so far (NewCache grows them; sessions share them).
   mutable std::mutex rope_mu_;
   mutable std::shared_ptr<const RopeTables> rope_;
+  bool kv_bf16_ = false;
 
   // How many of the projections and lm_head `f(Linear&)` returns true for (applied to each once).
   template <class F>

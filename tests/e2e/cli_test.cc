@@ -204,6 +204,36 @@ TEST(Cli, MaxNewTokensBeyondTheContextIsWarnedUpFront) {
   EXPECT_NE(r.out.find("at most 509 tokens"), std::string::npos) << r.out;
 }
 
+// --ctx_size bounds the context (and the warning); the KV bytes are printed before the run; a KV
+// cache beyond --max_memory is refused with the numbers before anything runs; bad values are named.
+TEST(Cli, CtxSizeKvDtypeAndMaxMemory) {
+  const std::string gen = "generate --model " + Quote(nibble_test::EmbeddedModel()) + " --prompt 'And God said' --temperature 0";
+  RunResult r = RunNibble(gen + " -n 40 --ctx_size 16");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("the prompt takes 4 of 16 positions (--ctx_size), so at most 13 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("KV cache: ctx 16 x "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(bf16)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("stop: context_full"), std::string::npos) << r.out;
+  RunResult fp = RunNibble(gen + " -n 4 --kv_dtype fp32 --ctx_size 256");
+  ASSERT_EQ(fp.exit_code, 0) << fp.out;
+  EXPECT_NE(fp.out.find("(fp32)"), std::string::npos) << fp.out;
+  RunResult big = RunNibble(gen + " -n 4 --ctx_size 512 --max_memory 1MiB");
+  EXPECT_NE(big.exit_code, 0) << big.out;
+  EXPECT_NE(big.out.find("1048576 bytes"), std::string::npos) << big.out;
+  EXPECT_NE(big.out.find("a KV cache of 512 positions"), std::string::npos) << big.out;
+  EXPECT_EQ(big.out.find("And God said"), std::string::npos) << "refused before generating:\n" << big.out;
+  RunResult dtype = RunNibble(gen + " --kv_dtype fp8");
+  EXPECT_NE(dtype.exit_code, 0);
+  EXPECT_NE(dtype.out.find("--kv_dtype"), std::string::npos) << dtype.out;
+  RunResult mem = RunNibble(gen + " --max_memory 12XB");
+  EXPECT_NE(mem.exit_code, 0);
+  EXPECT_NE(mem.out.find("\"12XB\""), std::string::npos) << mem.out;
+  RunResult ppl = RunNibble("perplexity --model " + Quote(nibble_test::EmbeddedModel()) + " --text " +
+                            Quote(nibble_test::EmbeddedModel() + "/README.md") + " --seq_len 64 --ctx_size 32");
+  EXPECT_NE(ppl.exit_code, 0);
+  EXPECT_NE(ppl.out.find("--ctx_size 32 is smaller than the window (--seq_len 64)"), std::string::npos) << ppl.out;
+}
+
 TEST(Cli, VersionNamesTheCommitAndKernels) {
   RunResult r = RunNibble("--version");
   ASSERT_EQ(r.exit_code, 0) << r.out;

@@ -19,7 +19,9 @@ void CheckGolden(const std::string& model_dir) {
   auto golden = nibble::ReadJsonFile(model_dir + "/goldens/logits_once_upon_a_time.json");
   ASSERT_TRUE(golden.ok()) << golden.error().message;
   const auto& g = *golden;
-  auto model = nibble::Model::Load(model_dir);
+  nibble::LoadOptions lo;
+  lo.kv_dtype = nibble::KvDtype::kFp32;  // the goldens are fp32 forwards (bf16 KV: tests/api/kv_memory_test.cc)
+  auto model = nibble::Model::Load(model_dir, lo);
   ASSERT_TRUE(model.ok()) << model.error().message;
 
   // The prompt must tokenize to the golden's prompt_ids (tokenizer + BOS rule).

@@ -656,9 +656,11 @@ Kld RtnVsAwq(const std::string& model, const std::string& scheme) {
   r.seq_len = 512;
   auto s = nibble::Quantize(r);
   EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message);
-  auto fp = nibble::Model::Load(model);
-  auto rtn = nibble::Model::Load(tmp.sub("rtn"));
-  auto awq = nibble::Model::Load(tmp.sub("awq"));
+  nibble::LoadOptions lo;
+  lo.kv_dtype = nibble::KvDtype::kFp32;  // the thresholds measure the weights, not the KV cache
+  auto fp = nibble::Model::Load(model, lo);
+  auto rtn = nibble::Model::Load(tmp.sub("rtn"), lo);
+  auto awq = nibble::Model::Load(tmp.sub("awq"), lo);
   EXPECT_TRUE(fp.ok() && rtn.ok() && awq.ok());
   nibble::CompareOptions o;
   o.seq_len = 512;

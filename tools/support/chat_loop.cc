@@ -80,7 +80,7 @@ std::string DropTemplateBos(const nibble::Model& model, const nibble::ChatTempla
 
 int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, const ChatLoopOptions& o, std::FILE* in,
                 std::FILE* out) {
-  auto session = nibble::Session::Create(model);
+  auto session = nibble::Session::Create(model, o.session);
   if (!session.ok()) return std::fprintf(stderr, "nibble: error: %s\n", session.error().message.c_str()), 1;
   nibble::Session& s = **session;
   std::vector<nibble::ChatMessage> history;

@@ -18,6 +18,7 @@ struct ChatLoopOptions {
   int64_t max_new_tokens = 256;    // per reply
   nibble::SamplingOptions sampling;
   std::string prompt_marker;       // written to `out` before each user turn is read ("" = none)
+  nibble::SessionOptions session;  // ctx_size and max_memory of the conversation's KV cache
 };
 
 /// Reads user turns from `in` (one line each, until EOF), prints each reply on `out` followed by
