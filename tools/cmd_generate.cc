@@ -13,7 +13,6 @@
 #include "commands.h"
 #include "support/bench.h"
 #include "support/chat_loop.h"
-#include "support/stop_strings.h"
 
 namespace nibble_cli {
 
@@ -73,7 +72,7 @@ std::string CheckPromptFits(const nibble::Model& model, const nibble::GenerateOp
   return "";
 }
 
-void PrintStats(const nibble::GenerateStats& s, const StopStringFilter& stop) {
+void PrintStats(const nibble::GenerateStats& s, const nibble::StopStringMatcher& stop) {
   const int64_t decoded = s.generated_tokens > 0 ? s.generated_tokens - 1 : 0;
   const std::string reason = stop.stopped() ? "stop string \"" + stop.matched() + "\"" : s.stop_reason;
   std::fprintf(stderr,
@@ -162,7 +161,7 @@ int RunGenerate(GenerateArgs& a) {
   if (!session.ok()) return Fail(session.error().message);
   std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(a.opt.sampling.seed));
   std::fwrite(a.opt.prompt.data(), 1, a.opt.prompt.size(), stdout);  // echo, as llama.cpp does
-  StopStringFilter stop(a.stops);
+  nibble::StopStringMatcher stop(a.stops);
   auto stats = nibble::Generate(**session, a.opt, [&stop](std::string_view piece) {
     const std::string shown = stop.Push(piece);
     std::fwrite(shown.data(), 1, shown.size(), stdout);

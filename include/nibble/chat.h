@@ -1,12 +1,29 @@
 // Chat templates: a model's `chat_template` (tokenizer_config.json, a Jinja template) rendered for
 // a conversation the way Transformers' apply_chat_template renders it, for `generate --chat`
-// and any front end that holds conversations.
+// and any front end that holds conversations; the end-of-turn markers a template writes; and
+// ChatTurns, which keeps a conversation's KV cache across turns.
+//
+// One turn of a front end (as `generate --chat` runs it):
+//   ChatTurns turns(session, tmpl);  EndOfTurn eot = EndOfTurnFor(model, tmpl);
+//   messages.push_back({"user", line});
+//   auto p = turns.NextPrompt(messages);                  // only the new suffix
+//   GenerateOptions g;  g.prompt = p->text;  g.stop_ids = eot.ids;
+//   StopStringMatcher stop(eot.markers);                  // <nibble/stop_strings.h>
+//   auto stats = Generate(session, g, [&](std::string_view piece) {
+//     reply += stop.Push(piece);  return !stop.stopped(); });
+//   reply += stop.Flush();
+//   turns.AddReply(*stats, reply, stop.matched());
+//   messages.push_back({"assistant", reply});
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include <nibble/error.h>
+#include <nibble/model.h>
+#include <nibble/session.h>
 
 namespace nibble {
 
@@ -40,5 +57,61 @@ Status ValidateChatTemplateVars(const std::string& extra_vars_json);
 /// (an unknown filter, a raise_exception message, ...).
 Result<std::string> RenderChat(const ChatTemplate& tmpl, const std::vector<ChatMessage>& messages,
                                bool add_generation_prompt, const std::string& extra_vars_json = "");
+
+/// What ends an assistant turn of `tmpl`: the end-of-turn markers of the common chat formats
+/// that the template writes (<|eot_id|>, <|im_end|>, <end_of_turn>, <|end|>, <|endoftext|>), and
+/// its eos_token when the template writes eos_token. The model's EOS ids end a turn as well
+/// (Generate stops at them).
+struct EndOfTurn {
+  std::vector<std::string> markers;  // as text: stop strings (StopStringMatcher)
+  std::vector<int32_t> ids;          // the markers that are one token of `model`'s vocabulary (special
+                                     // added tokens): GenerateOptions::stop_ids, so generation stops
+                                     // at the id whatever the detokenizer shows for it
+};
+EndOfTurn EndOfTurnFor(const Model& model, const ChatTemplate& tmpl);
+
+/// KV-cache reuse across the turns of one conversation on one Session (llama-server's
+/// cache_prompt for a chat). Each turn renders the whole conversation; NextPrompt returns only
+/// the text beyond what the session already holds. The template normally writes earlier replies
+/// back verbatim, so the render starts with the cached text; when it does not (a template that
+/// trims or rewrites earlier turns), the session is cut back to the last point where text and
+/// positions are known to agree (the start, the end of every turn's prompt, the end of every
+/// reply that ended at EOS or an end-of-turn id) and that point on is prefilled again. On an
+/// empty session a template's leading bos_token is dropped from the text when the tokenizer
+/// prepends BOS itself, so the prompt holds one BOS, not two.
+///
+/// The session and this object go together: between NextPrompt and AddReply run exactly one
+/// Generate on the session with the returned text as its prompt, and change the session
+/// otherwise only through this object. The Session must outlive it.
+class ChatTurns {
+ public:
+  explicit ChatTurns(Session& session, ChatTemplate tmpl, std::string extra_vars_json = "");
+
+  struct Prompt {
+    std::string text;              // GenerateOptions::prompt of this turn
+    int64_t reused_positions = 0;  // session positions kept from earlier turns
+    bool cut = false;              // the render differed from the cached text: the session was cut back
+    size_t differs_at = 0;         // the first byte where it differed (when cut)
+  };
+  /// Renders `messages` (the whole conversation, last a user turn) with the generation prompt
+  /// and the extra template variables; cuts the session back when needed. Errors: RenderChat's.
+  Result<Prompt> NextPrompt(const std::vector<ChatMessage>& messages);
+  /// Records the reply Generate gave for the last NextPrompt: `reply` the text shown (without
+  /// the end-of-turn marker), `end_marker` the stop string that ended it ("" when none did).
+  void AddReply(const GenerateStats& stats, const std::string& reply, const std::string& end_marker);
+
+ private:
+  struct Mark {
+    int64_t position;
+    size_t text_len;
+  };
+  Session* session_;
+  ChatTemplate tmpl_;
+  std::string extra_vars_json_;
+  std::string fed_;                   // the text whose tokens the session holds (plus `unfed_`)
+  std::vector<Mark> marks_ = {{0, 0}};  // points where text and positions agree
+  int64_t unfed_ = 0;                 // a reply cut by -n leaves its last token for the next Generate
+  int64_t reused_ = 0;
+};
 
 }  // namespace nibble

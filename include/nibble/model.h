@@ -76,6 +76,18 @@ struct ModelInfo {
   std::vector<std::string> warnings;
 };
 
+/// The model's special-token ids: config.json's bos_token_id / eos_token_id / pad_token_id over
+/// the tokenizer's own (tokenizer.model's ids; tokenizer.json's post-processor and
+/// tokenizer_config.json's bos_token / eos_token / pad_token). A chat template's end-of-turn ids
+/// (`<|eot_id|>`, `<|im_end|>`, ...) come with the template: EndOfTurnFor in <nibble/chat.h>.
+struct SpecialTokenIds {
+  int32_t bos_id = -1;           // -1: none
+  std::vector<int32_t> eos_ids;  // generation ends at any of them (Llama 3: <|end_of_text|>, <|eot_id|>, ...)
+  int32_t pad_id = -1;           // -1: none; a server pads batches with it, it is never generated
+  bool add_bos = true;           // Tokenize prepends bos_id (tokenizer_config.json add_bos_token)
+  bool add_eos = false;          // Tokenize appends eos_ids[0] (add_eos_token)
+};
+
 class Model {
  public:
   /// Loads `dir` (config.json, model.safetensors or a sharded index, tokenizer.model or
@@ -89,6 +101,8 @@ class Model {
   /// Tokenizes like the HF tokenizer's default call (BOS prepended when add_bos_token).
   Result<std::vector<int32_t>> Tokenize(const std::string& text) const;
   std::string Detokenize(const std::vector<int32_t>& ids) const;
+  /// BOS / EOS / pad ids and whether Tokenize adds BOS / EOS.
+  SpecialTokenIds special_tokens() const;
 
   /// fp32 logits for every position of `ids` run as one sequence from position 0: [T, vocab].
   Result<std::vector<float>> Logits(const std::vector<int32_t>& ids) const;

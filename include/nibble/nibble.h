@@ -10,4 +10,5 @@
 #include <nibble/model.h>
 #include <nibble/quantize.h>
 #include <nibble/session.h>
+#include <nibble/stop_strings.h>
 #include <nibble/tokenizer.h>

@@ -120,6 +120,11 @@ Result<std::vector<int32_t>> Model::Tokenize(const std::string& text) const {
 
 std::string Model::Detokenize(const std::vector<int32_t>& ids) const { return impl_->tokenizer->Decode(ids); }
 
+SpecialTokenIds Model::special_tokens() const {
+  const SpecialTokens& s = impl_->tokenizer->special_tokens();
+  return SpecialTokenIds{s.bos_id, s.eos_ids, s.pad_id, s.add_bos, s.add_eos};
+}
+
 Result<std::vector<float>> Model::Logits(const std::vector<int32_t>& ids) const {
   const LlamaModel& llama = *impl_->llama;
   if (ids.empty()) return MakeError("Logits: empty token sequence");

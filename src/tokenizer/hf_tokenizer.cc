@@ -274,6 +274,7 @@ Result<std::unique_ptr<HfTokenizer>> HfTokenizer::Build(TokenizerJson& t, const 
   defaults.bos_id = !before.empty() ? before[0] : ConfigTokenId(cfg, "bos_token", p->model.vocab(), p->added);
   if (!after.empty()) defaults.eos_ids = {after[0]};
   else if (int32_t eos = ConfigTokenId(cfg, "eos_token", p->model.vocab(), p->added); eos >= 0) defaults.eos_ids = {eos};
+  defaults.pad_id = ConfigTokenId(cfg, "pad_token", p->model.vocab(), p->added);
   std::unique_ptr<HfTokenizer> tok(new HfTokenizer(std::move(p), SpecialTokens{}));
   for (int32_t id : {defaults.bos_id, defaults.eos_ids.empty() ? -1 : defaults.eos_ids[0]})
     if (id >= tok->vocab_size())

@@ -21,6 +21,7 @@ Result<std::unique_ptr<SentencePieceTokenizer>> SentencePieceTokenizer::Load(con
   SpecialTokens defaults;
   defaults.bos_id = sp->bos_id();
   if (sp->eos_id() >= 0) defaults.eos_ids = {sp->eos_id()};
+  defaults.pad_id = sp->pad_id();
   NIBBLE_ASSIGN_OR_RETURN(SpecialTokens special, ReadSpecialTokens(dir, sp->GetPieceSize(), std::move(defaults)));
   return std::unique_ptr<SentencePieceTokenizer>(new SentencePieceTokenizer(std::move(sp), std::move(special)));
 }

@@ -107,6 +107,10 @@ Status ReadModelConfigIds(const std::string& path, int32_t n, SpecialTokens& st)
     if (!valid(cfg["bos_token_id"])) return MakeError(path, ": key \"bos_token_id\": expected a token id in [0, ", n, "), found ", cfg["bos_token_id"].dump());
     st.bos_id = cfg["bos_token_id"].get<int32_t>();
   }
+  if (cfg.is_object() && cfg.contains("pad_token_id") && !cfg["pad_token_id"].is_null()) {
+    if (!valid(cfg["pad_token_id"])) return MakeError(path, ": key \"pad_token_id\": expected a token id in [0, ", n, "), found ", cfg["pad_token_id"].dump());
+    st.pad_id = cfg["pad_token_id"].get<int32_t>();
+  }
   if (cfg.is_object() && cfg.contains("eos_token_id") && !cfg["eos_token_id"].is_null()) {
     const json& e = cfg["eos_token_id"];
     std::vector<json> ids = e.is_array() ? e.get<std::vector<json>>() : std::vector<json>{e};

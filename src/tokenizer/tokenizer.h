@@ -3,7 +3,7 @@
 // tokenizer.json: the Hugging Face format, hf_tokenizer.h).
 // The HF special-token rules are shared by all implementations and live here: BOS/EOS settings
 // from tokenizer_config.json (`add_bos_token`, `add_eos_token`) and ids from config.json
-// (`bos_token_id`, `eos_token_id`), falling back to the tokenizer's own.
+// (`bos_token_id`, `eos_token_id`, `pad_token_id`), falling back to the tokenizer's own.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,7 @@ struct SpecialTokens {
   std::vector<int32_t> eos_ids;  // empty: none; the first is the one Encode appends
   bool add_bos = true;
   bool add_eos = false;
+  int32_t pad_id = -1;           // -1: none (batch padding; never generated)
 };
 
 /// Which tokenizer file Tokenizer::Load reads.
@@ -62,6 +63,7 @@ class Tokenizer {
 
   const SpecialTokens& special_tokens() const { return special_; }
   int32_t bos_id() const { return special_.bos_id; }
+  int32_t pad_id() const { return special_.pad_id; }
   const std::vector<int32_t>& eos_ids() const { return special_.eos_ids; }
   bool add_bos() const { return special_.add_bos; }
   bool add_eos() const { return special_.add_eos; }

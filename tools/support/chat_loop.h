@@ -1,6 +1,6 @@
 // `nibble generate --chat`: an interactive conversation over one Session. Each user line is a
-// turn; the whole conversation is rendered through the chat template every turn, and only the
-// text beyond what the session's KV cache already holds is tokenized and prefilled.
+// turn; the library's ChatTurns (<nibble/chat.h>) renders the whole conversation every turn and
+// gives only the text beyond what the session's KV cache already holds.
 #pragma once
 
 #include <cstdio>

@@ -1,10 +1,11 @@
-#include "support/stop_strings.h"
+// Public API: the stop-string matcher over streamed text.
+#include <nibble/stop_strings.h>
 
 #include <algorithm>
 
-namespace nibble_cli {
+namespace nibble {
 
-std::string StopStringFilter::Push(std::string_view piece) {
+std::string StopStringMatcher::Push(std::string_view piece) {
   if (stopped()) return "";
   pending_.append(piece);
   size_t first = std::string::npos;
@@ -30,10 +31,10 @@ std::string StopStringFilter::Push(std::string_view piece) {
   return out;
 }
 
-std::string StopStringFilter::Flush() {
+std::string StopStringMatcher::Flush() {
   std::string out;
   out.swap(pending_);
   return out;
 }
 
-}  // namespace nibble_cli
+}  // namespace nibble

@@ -1,0 +1,74 @@
+// Model::special_tokens: BOS / EOS / pad ids from config.json over the tokenizer's own, and a
+// pad_token_id outside the vocabulary refused naming the key.
+#include <nibble/nibble.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_paths.h"
+#include "test_util.h"
+
+namespace {
+
+std::string ReadText(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::unique_ptr<nibble::Model> LoadOrFail(const std::string& dir) {
+  auto m = nibble::Model::Load(dir);
+  if (!m.ok()) {
+    ADD_FAILURE() << m.error().message;
+    return nullptr;
+  }
+  return std::move(m).value();
+}
+
+// A copy of the embedded model whose config.json has `key` set to `value`.
+std::string ModelWithConfigKey(const nibble_test::TempDir& dir, const std::string& key, const nlohmann::json& value) {
+  namespace fs = std::filesystem;
+  for (const auto& e : fs::directory_iterator(nibble_test::EmbeddedModel()))
+    if (e.is_regular_file()) fs::copy_file(e.path(), fs::path(dir.path()) / e.path().filename());
+  auto cfg = nlohmann::json::parse(ReadText(dir.path() + "/config.json"));
+  cfg[key] = value;
+  std::ofstream(dir.path() + "/config.json") << cfg.dump(2);
+  return dir.path();
+}
+
+TEST(SpecialTokens, IdsComeFromConfigJson) {
+  auto model = LoadOrFail(nibble_test::EmbeddedModel());
+  ASSERT_NE(model, nullptr);
+  const auto cfg = nlohmann::json::parse(ReadText(nibble_test::EmbeddedModel() + "/config.json"));
+  const nibble::SpecialTokenIds st = model->special_tokens();
+  EXPECT_EQ(st.bos_id, cfg.at("bos_token_id").get<int32_t>());
+  EXPECT_EQ(st.eos_ids, std::vector<int32_t>{cfg.at("eos_token_id").get<int32_t>()});
+  EXPECT_TRUE(st.add_bos);
+  EXPECT_FALSE(st.add_eos);
+  // Tokenize prepends exactly bos_id.
+  auto ids = model->Tokenize("Once upon a time");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->front(), st.bos_id);
+
+  nibble_test::TempDir dir("nibble_pad_");
+  auto padded = LoadOrFail(ModelWithConfigKey(dir, "pad_token_id", 3));
+  ASSERT_NE(padded, nullptr);
+  EXPECT_EQ(padded->special_tokens().pad_id, 3);
+}
+
+TEST(SpecialTokens, APadIdOutsideTheVocabularyIsRefusedNamingTheKey) {
+  nibble_test::TempDir dir("nibble_bad_pad_");
+  auto m = nibble::Model::Load(ModelWithConfigKey(dir, "pad_token_id", 1 << 20));
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.error().message.find("config.json: key \"pad_token_id\": expected a token id in [0, 4096), found 1048576"),
+            std::string::npos)
+      << m.error().message;
+}
+
+}  // namespace
