@@ -644,7 +644,7 @@ TEST(Cli, SavedLogitsJsonAndOneSizeConvention) {
   const auto t0 = std::chrono::steady_clock::now();
   RunResult bad = RunNibble("perplexity --model " + model + " --text " + text + " --save_logits " + dir + "/x.bin --save_logits_format topk:0");
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.5);  // refused before loading
-  EXPECT_EQ(bad.exit_code, 1) << bad.out;
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;  // a bad flag value: a usage error
   EXPECT_NE(bad.out.find("--save_logits_format \"topk:0\": expected fp32, uint16 or topk:K"), std::string::npos) << bad.out;
   RunResult k = RunNibble("perplexity --model " + dir + "/q --text " + text + " --max_windows 2 --threads 1 --kl_divergence_base " +
                           dir + "/nibble-logits.bin");

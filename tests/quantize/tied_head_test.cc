@@ -58,7 +58,7 @@ nibble::QuantizeRequest Request(const std::string& in, const std::string& out, b
   return r;
 }
 
-std::vector<float> Logits(const std::string& dir, std::vector<std::string>* warnings = nullptr) {
+std::vector<float> HeadLogits(const std::string& dir, std::vector<std::string>* warnings = nullptr) {
   auto m = nibble::Model::Load(dir);
   EXPECT_TRUE(m.ok()) << dir << ": " << m.error().message;
   if (!m.ok()) return {};
@@ -112,7 +112,7 @@ TEST(TiedHead, EveryCombinationExportsTheModelTransformersRuns) {
       WriteCase(ref, tied, head, true);
       // The float model: nibble's forward runs the projection Transformers runs.
       std::vector<std::string> warnings;
-      const std::vector<float> fp = Logits(in, &warnings), fp_ref = Logits(ref);
+      const std::vector<float> fp = HeadLogits(in, &warnings), fp_ref = HeadLogits(ref);
       ASSERT_FALSE(fp.empty());
       EXPECT_EQ(fp, fp_ref);
       const bool ignored = tied && head == Head::kDifferent;
@@ -138,7 +138,7 @@ TEST(TiedHead, EveryCombinationExportsTheModelTransformersRuns) {
         const nlohmann::json cfg = Config(q);
         EXPECT_EQ(cfg["tie_word_embeddings"].get<bool>(), tied && !quantize_head) << cfg.dump();
         // The export against the reference export: the same model, bit for bit.
-        const std::vector<float> lq = Logits(q), lref = Logits(qref);
+        const std::vector<float> lq = HeadLogits(q), lref = HeadLogits(qref);
         ASSERT_FALSE(lq.empty());
         EXPECT_EQ(lq, lref);
         auto v = nibble::Verify({q, qref});
@@ -204,7 +204,7 @@ TEST(TiedHead, StoredQuantizedHeadOfATiedConfigIsIgnored) {
   cfg["tie_word_embeddings"] = true;
   std::ofstream(qh + "/config.json") << cfg.dump(2);
   std::vector<std::string> warnings;
-  EXPECT_EQ(Logits(qh, &warnings), Logits(qf));
+  EXPECT_EQ(HeadLogits(qh, &warnings), HeadLogits(qf));
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_NE(warnings[0].find("lm_head is stored quantized: nibble uses model.embed_tokens.weight"), std::string::npos)
       << warnings[0];
