@@ -16,21 +16,13 @@
 
 #include "e2e/run_nibble.h"
 #include "test_paths.h"
+#include "api/load_or_fail.h"
 #include "test_util.h"
 
 namespace {
 
-std::unique_ptr<nibble::Model> LoadOrFail(const std::string& dir) {
-  auto m = nibble::Model::Load(dir);
-  if (!m.ok()) {
-    ADD_FAILURE() << m.error().message;
-    return nullptr;
-  }
-  return std::move(m).value();
-}
-
 TEST(EndOfTurn, MarkersAreWhatTheTemplateWritesIdsThoseThatAreOneToken) {
-  auto model = LoadOrFail(nibble_test::EmbeddedModel());
+  auto model = nibble_test::LoadOrFail(nibble_test::EmbeddedModel());
   ASSERT_NE(model, nullptr);
   nibble::ChatTemplate t;
   t.source = "{% for m in messages %}{{ m.content }}<|im_end|>{% endfor %}{{ eos_token }}";
@@ -62,7 +54,7 @@ TEST(EndOfTurn, Llama3EotIsAStopIdFromTokenizerJson) {
                                         " --format dense --out " + nibble_test::Quote(model_dir) + " --tokenizer_dir " +
                                         nibble_test::Quote(tok_dir));
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  auto model = LoadOrFail(model_dir);
+  auto model = nibble_test::LoadOrFail(model_dir);
   ASSERT_NE(model, nullptr);
   auto tmpl = nibble::LoadChatTemplate(model_dir);
   ASSERT_TRUE(tmpl.ok()) << tmpl.error().message;
@@ -127,7 +119,7 @@ Turn RunTurn(nibble::Session& s, nibble::ChatTurns& turns, const nibble::EndOfTu
 }
 
 TEST(ChatTurns, TheSecondTurnPrefillsOnlyTheNewText) {
-  auto model = LoadOrFail(nibble_test::EmbeddedModel());
+  auto model = nibble_test::LoadOrFail(nibble_test::EmbeddedModel());
   ASSERT_NE(model, nullptr);
   const nibble::ChatTemplate tmpl = TestTemplate(0, /*with_bos=*/true);
   auto session = nibble::Session::Create(*model);
@@ -159,7 +151,7 @@ TEST(ChatTurns, TheSecondTurnPrefillsOnlyTheNewText) {
 }
 
 TEST(ChatTurns, ARewrittenReplyCutsBackToTheLastAgreeingPoint) {
-  auto model = LoadOrFail(nibble_test::EmbeddedModel());
+  auto model = nibble_test::LoadOrFail(nibble_test::EmbeddedModel());
   ASSERT_NE(model, nullptr);
   const nibble::ChatTemplate tmpl = TestTemplate(3, /*with_bos=*/false);  // replies written back as 3 bytes
   auto session = nibble::Session::Create(*model);

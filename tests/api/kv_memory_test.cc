@@ -11,17 +11,16 @@
 #include <vector>
 
 #include "test_paths.h"
+#include "api/load_or_fail.h"
 #include "test_util.h"
 #include "tiny_llama.h"
 
 namespace {
 
-std::unique_ptr<nibble::Model> LoadOrFail(const std::string& dir, nibble::KvDtype kv) {
+std::unique_ptr<nibble::Model> LoadWithKv(const std::string& dir, nibble::KvDtype kv) {
   nibble::LoadOptions lo;
   lo.kv_dtype = kv;
-  auto m = nibble::Model::Load(dir, lo);
-  EXPECT_TRUE(m.ok()) << m.error().message;
-  return m.ok() ? std::move(m).value() : nullptr;
+  return nibble_test::LoadOrFail(dir, lo);
 }
 
 TEST(KvMemory, FollowsCtxSizeNotMaxPositionEmbeddings) {
@@ -30,7 +29,7 @@ TEST(KvMemory, FollowsCtxSizeNotMaxPositionEmbeddings) {
   spec.max_pos = 131072;
   nibble_test::WriteTinyModel(tmp.path(), spec);
   for (nibble::KvDtype kv : {nibble::KvDtype::kBf16, nibble::KvDtype::kFp32}) {
-    auto m = LoadOrFail(tmp.path(), kv);
+    auto m = LoadWithKv(tmp.path(), kv);
     ASSERT_NE(m, nullptr);
     const int64_t bytes = kv == nibble::KvDtype::kBf16 ? 2 : 4;
     const int64_t per_pos = 2 * 2 * 2 * 8 * bytes;  // K and V, layers, kv heads, head_dim
@@ -78,8 +77,8 @@ GreedyRun Greedy(const nibble::Model& m, const std::vector<int32_t>& ids, int st
 // bf16 rounds each K/V value once (relative error <= 2^-9); through softmax and the layers the
 // logits of the embedded model move by well under 0.05 and the greedy tokens stay the same.
 TEST(KvMemory, Bf16KvMatchesFp32KvOnTheEmbeddedModel) {
-  auto bf = LoadOrFail(nibble_test::EmbeddedModel(), nibble::KvDtype::kBf16);
-  auto fp = LoadOrFail(nibble_test::EmbeddedModel(), nibble::KvDtype::kFp32);
+  auto bf = LoadWithKv(nibble_test::EmbeddedModel(), nibble::KvDtype::kBf16);
+  auto fp = LoadWithKv(nibble_test::EmbeddedModel(), nibble::KvDtype::kFp32);
   ASSERT_NE(bf, nullptr);
   ASSERT_NE(fp, nullptr);
   EXPECT_EQ(bf->info().kv_dtype, nibble::KvDtype::kBf16);
@@ -100,7 +99,7 @@ TEST(KvMemory, Bf16KvMatchesFp32KvOnTheEmbeddedModel) {
 }
 
 TEST(KvMemory, MaxMemoryRefusesUpFrontWithTheNumbers) {
-  auto m = LoadOrFail(nibble_test::EmbeddedModel(), nibble::KvDtype::kBf16);
+  auto m = LoadWithKv(nibble_test::EmbeddedModel(), nibble::KvDtype::kBf16);
   ASSERT_NE(m, nullptr);
   nibble::SessionOptions so;
   so.context = 256;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "test_paths.h"
+#include "api/load_or_fail.h"
 #include "test_util.h"
 
 namespace {
@@ -20,15 +21,6 @@ namespace {
 std::string ReadText(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-std::unique_ptr<nibble::Model> LoadOrFail(const std::string& dir) {
-  auto m = nibble::Model::Load(dir);
-  if (!m.ok()) {
-    ADD_FAILURE() << m.error().message;
-    return nullptr;
-  }
-  return std::move(m).value();
 }
 
 // A copy of the embedded model whose config.json has `key` set to `value`.
@@ -43,7 +35,7 @@ std::string ModelWithConfigKey(const nibble_test::TempDir& dir, const std::strin
 }
 
 TEST(SpecialTokens, IdsComeFromConfigJson) {
-  auto model = LoadOrFail(nibble_test::EmbeddedModel());
+  auto model = nibble_test::LoadOrFail(nibble_test::EmbeddedModel());
   ASSERT_NE(model, nullptr);
   const auto cfg = nlohmann::json::parse(ReadText(nibble_test::EmbeddedModel() + "/config.json"));
   const nibble::SpecialTokenIds st = model->special_tokens();
@@ -57,7 +49,7 @@ TEST(SpecialTokens, IdsComeFromConfigJson) {
   EXPECT_EQ(ids->front(), st.bos_id);
 
   nibble_test::TempDir dir("nibble_pad_");
-  auto padded = LoadOrFail(ModelWithConfigKey(dir, "pad_token_id", 3));
+  auto padded = nibble_test::LoadOrFail(ModelWithConfigKey(dir, "pad_token_id", 3));
   ASSERT_NE(padded, nullptr);
   EXPECT_EQ(padded->special_tokens().pad_id, 3);
 }

@@ -20,7 +20,7 @@ TEST(KvCache, GrowingInBlocksMatchesAPresizedCacheBitForBit) {
   for (int i = 0; i < 8; ++i) chunks.push_back(1);
   for (bool bf16 : {true, false}) {
     m.SetKvBf16(bf16);
-    KvCache grown = m.NewCache(ctx), presized = m.NewCache(ctx);
+    KvCache grown = m.NewCache(ctx).value(), presized = m.NewCache(ctx).value();
     EXPECT_EQ(grown.bytes(), 0);
     presized.Reserve(ctx);
     EXPECT_EQ(presized.bytes(), KvBytes(m.config(), ctx, bf16));
