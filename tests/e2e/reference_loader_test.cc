@@ -36,11 +36,17 @@ struct ReferenceCase {
 
 std::string ReferenceLoader() { return nibble_test::SourceDir() + "/tests/reference/dequantize.py"; }
 
-double ProseValPerplexity(const std::string& model) {
+double ProseValPerplexity(const std::string& model, const std::string& flags = "--seq_len 512 --max_windows 3") {
   const RunResult r = RunNibble("perplexity --model " + Quote(model) + " --text " +
-                                Quote(nibble_test::SharedData("prose-val.txt")) + " --seq_len 512 --max_windows 3");
+                                Quote(nibble_test::SharedData("prose-val.txt")) + " " + flags);
   EXPECT_EQ(r.exit_code, 0) << model << ": " << r.out;
   return ParsePerplexity(r.out);
+}
+
+// Short windows with fp32 activations on both sides (auto would run the int4 linears with bf16
+// inputs: another rounding, ~0.1 % of perplexity here, than the dense checkpoint's fp32).
+double ShortFp32Perplexity(const std::string& model) {
+  return ProseValPerplexity(model, "--seq_len 128 --max_windows 4 --activations fp32");
 }
 
 RunResult RunReferenceLoader(const std::string& in, const std::string& out) {
@@ -163,13 +169,7 @@ TEST(ReferenceLoader, Qwen3AwqQuarkReadsAsTheSameModel) {
   EXPECT_NE(r.out.find("quark: 14 quantized linears dequantized"), std::string::npos) << r.out;
   // fp32 activations on both sides (auto would run the int4 linears with bf16 inputs: another
   // rounding, ~0.1 % of perplexity here, than the dense checkpoint's fp32).
-  auto perplexity = [](const std::string& m) {
-    const RunResult p = RunNibble("perplexity --model " + Quote(m) + " --text " +
-                                  Quote(nibble_test::SharedData("prose-val.txt")) + " --seq_len 128 --max_windows 4 --activations fp32");
-    EXPECT_EQ(p.exit_code, 0) << m << ": " << p.out;
-    return ParsePerplexity(p.out);
-  };
-  const double fp = perplexity(model), pq = perplexity(q), pd = perplexity(d);
+  const double fp = ShortFp32Perplexity(model), pq = ShortFp32Perplexity(q), pd = ShortFp32Perplexity(d);
   std::printf("qwen3-shaped: float %.4f  awq quark %.4f  dequantized by the reference loader %.4f (%+.4f %%)\n", fp, pq,
               pd, 100.0 * (pd / pq - 1.0));
   ASSERT_GT(fp, 1.0);
@@ -214,13 +214,7 @@ TEST(ReferenceLoader, TiedHeadQuantizedFromTheEmbeddingReadsAsTheSameModel) {
   r = RunReferenceLoader(q, d);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("quark: 15 quantized linears dequantized"), std::string::npos) << r.out;
-  auto perplexity = [](const std::string& m) {
-    const RunResult p = RunNibble("perplexity --model " + Quote(m) + " --text " +
-                                  Quote(nibble_test::SharedData("prose-val.txt")) + " --seq_len 128 --max_windows 4 --activations fp32");
-    EXPECT_EQ(p.exit_code, 0) << m << ": " << p.out;
-    return ParsePerplexity(p.out);
-  };
-  const double fp = perplexity(model), pq = perplexity(q), pd = perplexity(d);
+  const double fp = ShortFp32Perplexity(model), pq = ShortFp32Perplexity(q), pd = ShortFp32Perplexity(d);
   std::printf("tied lm_head quantized: float %.4f  quark %.4f  dequantized by the reference loader %.4f\n", fp, pq, pd);
   ASSERT_GT(fp, 1.0);
   EXPECT_NEAR(pd, pq, 0.001 * pq);
