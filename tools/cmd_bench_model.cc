@@ -320,9 +320,7 @@ nibble::Status RunModel(const std::string& dir, const std::vector<int>& threads,
     if (ContextNeeded(run.a) > info.max_position_embeddings)
       return nibble::MakeError("-p / -n ", ContextNeeded(run.a), " exceeds max_position_embeddings ",
                                info.max_position_embeddings, " of ", dir);
-    const int64_t ctx = run.a.kv.ctx_size > 0 ? run.a.kv.ctx_size : ContextNeeded(run.a);
-    if (ctx < ContextNeeded(run.a))
-      return nibble::MakeError("--ctx_size ", ctx, " is smaller than the longest test (-p / -n ", ContextNeeded(run.a), ")");
+    const int64_t ctx = run.a.kv.ctx_size > 0 ? run.a.kv.ctx_size : ContextNeeded(run.a);  // >= it (RunBenchModel)
     if (ctx > info.max_position_embeddings)
       return nibble::MakeError("--ctx_size ", ctx, " exceeds max_position_embeddings ", info.max_position_embeddings, " of ", dir);
     int64_t sequences = 1;  // sessions alive at once: the pp/tg session and a tg x P batch
@@ -352,6 +350,9 @@ int RunBenchModel(const BenchModelArgs& a) {
   for (const std::string& s : a.activations)
     if (!nibble::ParseActivationType(s, &unused))
       return UsageError("--activations: unknown mode \"" + s + "\" (auto, fp32, bf16, int8)");
+  if (a.kv.ctx_size > 0 && a.kv.ctx_size < ContextNeeded(a))
+    return UsageError("--ctx_size " + std::to_string(a.kv.ctx_size) + " is smaller than the longest test (-p / -n " +
+                      std::to_string(ContextNeeded(a)) + ")");
   std::vector<int> threads;  // 0 resolved to the count it means, so the table shows it
   for (int t : a.threads) {
     if (t == 0) nibble::SetNumThreads(0);

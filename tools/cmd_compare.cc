@@ -192,11 +192,12 @@ Runner RegisterCompare(CLI::App& app) {
   cmd->add_option("--save_logits_format", a->save_logits_format,
                   "How --save_logits stores each position: fp32 (raw logits), uint16 (log-probs in 16 bits, as llama.cpp's "
                   "KL-divergence base) or topk:K (the K largest log-probs and the rest's mass; docs/FORMATS.md)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs("--save_logits");
   cmd->add_option("--quantized,-q", a->quantized, "Quantized model directories")->expected(1, -1);
   cmd->add_option("--text,-f", a->text, "UTF-8 text file, evaluated as one string")->required();
   cmd->add_option("--seq_len", a->seq_len, "Window length in tokens")->capture_default_str();
-  cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str();
+  cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str()->check(AtLeast(0));
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
   AddKvOptions(cmd, &a->kv, "default --seq_len (each window runs on a fresh cache; must be >= --seq_len)");
   cmd->add_flag("--json", a->json, "Print a JSON object on stdout (the human text goes to stderr)");

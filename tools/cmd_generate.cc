@@ -1,6 +1,7 @@
 // `nibble generate`: stream a continuation of a prompt; prefill / decode tokens/s on stderr.
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -49,7 +50,15 @@ void AddSamplingFlags(CLI::App* cmd, GenerateArgs& a) {
       ->capture_default_str();
   cmd->add_option("--repeat_last_n", s.repeat_last_n, "Tokens the repeat penalty looks back over; 0 = off, -1 = all")
       ->capture_default_str();
-  a.seed = cmd->add_option("--seed", s.seed, "Sampling seed (default: a random one, printed on stderr)");
+  // Parsed here: CLI11 wraps "-1" to 2^64 - 1 and clamps a value past 2^64 - 1 to it.
+  a.seed = cmd->add_option_function<std::string>(
+      "--seed",
+      [&s](const std::string& v) {
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), s.seed);
+        if (ec != std::errc{} || end != v.data() + v.size())
+          throw CLI::ValidationError("--seed", "expected an integer in [0, 18446744073709551615], got \"" + v + "\"");
+      },
+      "Sampling seed (default: a random one, printed on stderr)");
 }
 
 // The prompt must fit the context before it is echoed (an error, nothing on stdout). Generation

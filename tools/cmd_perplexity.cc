@@ -172,7 +172,7 @@ Runner RegisterPerplexity(CLI::App& app) {
   cmd->add_option("--model,-m,--model_dir", a->model, "Model directory")->required();
   cmd->add_option("--text,-f", a->text, "UTF-8 text file, evaluated as one string")->required();
   cmd->add_option("--seq_len", a->seq_len, "Window length in tokens (0 = min(2048, max_position_embeddings))")->capture_default_str();
-  cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str()->check(AtLeast(0));
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
   cmd->add_option("--kl_divergence_base", a->kl_base,
                   "Float model directory, or logits saved by --save_logits (a file, or a directory holding "
@@ -183,7 +183,8 @@ Runner RegisterPerplexity(CLI::App& app) {
   cmd->add_option("--save_logits_format", a->save_logits_format,
                   "How --save_logits stores each position: fp32 (raw logits), uint16 (log-probs in 16 bits, as llama.cpp's "
                   "KL-divergence base) or topk:K (the K largest log-probs and the rest's mass; docs/FORMATS.md)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs("--save_logits");
   cmd->add_flag("--json", a->json, "Print a JSON object on stdout (the human text goes to stderr)");
   AddActivationsOption(cmd, &a->activations);
   AddTokenizerOption(cmd, &a->tokenizer);

@@ -210,7 +210,7 @@ Runner RegisterQuantize(CLI::App& app) {
   cmd->add_option("--misaligned", r.misaligned,
                   "Layers whose in_features is not a multiple of group_size: error | exclude | per_channel")
       ->capture_default_str();
-  cmd->add_option("--tp", r.tp, "Refuse up front a configuration vLLM would refuse at this tensor-parallel size");
+  cmd->add_option("--tp", r.tp, "Refuse up front a configuration vLLM would refuse at this tensor-parallel size")->check(AtLeast(1));
   cmd->add_option("--max_shard_size", a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB, 200MiB")->capture_default_str();
   cmd->add_flag("--overwrite", r.overwrite, "Replace an existing output directory");
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();

@@ -63,7 +63,7 @@ Runner RegisterTokenize(CLI::App& app) {
   cmd->add_flag("--time", a->time, "Print the encoding time and MB/s on stderr (loading not included)");
   AddTokenizerOption(cmd, &a->tokenizer);
   return [a, text, file]() {
-    if (text->count() == 0 && file->count() == 0) return Fail("tokenize: give --text STRING or --file FILE");
+    if (text->count() == 0 && file->count() == 0) return UsageError("tokenize: give --text STRING or --file FILE");
     return RunTokenize(*a);
   };
 }

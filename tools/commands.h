@@ -41,6 +41,11 @@ std::string BuildCommit();
 inline constexpr int kExitRuntime = 1;
 inline constexpr int kExitUsage = 2;
 
+/// A CLI11 parse error's text, reworded where CLI11's is obscure (a flag given twice).
+std::string UsageMessage(const CLI::Error& e);
+/// An integer flag's "must be >= min" check (CLI11's NonNegativeNumber prints its whole range).
+CLI::Validator AtLeast(int64_t min);
+
 /// Prints "nibble: error: <message>" to stderr and returns kExitRuntime.
 int Fail(const std::string& message);
 /// The same for a usage error: returns kExitUsage.

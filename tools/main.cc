@@ -1,6 +1,6 @@
 // nibble — quantize LLMs to 4-bit weights and run them on the CPU.
 #include <algorithm>
-#include <cctype>
+#include <charconv>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "support/bench.h"
+#include "support/flags.h"
 #include "support/openmp_wait.h"
 #include "support/text.h"
 
@@ -161,39 +162,28 @@ std::string ReportActivations(const std::string& dir, nibble::ActivationType req
   if (!kept.empty()) std::fprintf(stderr, "activations: %s\n", kept.c_str());
   return "";
 }
+
+std::string UsageMessage(const CLI::Error& e) {
+  // CLI11 words a repeated single-value flag "--seed: At Most 1 required but received 2".
+  const std::string what = e.what();
+  const std::string at_most = ": At Most 1 required but received ";
+  if (const size_t at = what.find(at_most); at != std::string::npos)
+    return what.substr(0, at) + " given " + what.substr(at + at_most.size()) + " times (once expected)";
+  return what;
+}
+
+CLI::Validator AtLeast(int64_t min) {
+  return CLI::Validator(
+      [min](std::string& v) -> std::string {
+        int64_t n = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+        if (ec == std::errc{} && end == v.data() + v.size() && n >= min) return "";
+        return "must be an integer >= " + std::to_string(min) + ", got \"" + v + "\"";
+      },
+      "INT >= " + std::to_string(min));
+}
+
 namespace {
-
-// The known flag a mistyped one most likely meant: the closest by edit distance, else a known
-// flag it starts with ("--model_dir_x" -> "--model_dir") or one that starts with it ("--model" ->
-// "--model_dir"). "" when none is near.
-std::string FlagHint(const std::string& flag, const std::vector<std::string>& known) {
-  if (std::string best = ClosestOf(flag, known); !best.empty()) return best;
-  auto word_boundary = [](const std::string& longer, size_t at) {
-    return !std::isalnum(static_cast<unsigned char>(longer[at]));
-  };
-  for (const std::string& k : known)
-    if (flag.size() > k.size() && flag.starts_with(k) && word_boundary(flag, k.size())) return k;
-  for (const std::string& k : known)
-    if (k.size() > flag.size() && flag.size() > 3 && k.starts_with(flag) && word_boundary(k, flag.size())) return k;
-  return "";
-}
-
-// CLI11 checks required options before unexpected ones, so "--model-dir X" for a required
-// "--model_dir" would be reported as "--model_dir is required". When the parsed command was also
-// given flags it does not know, name those first, with the closest known flag. Empty when none.
-std::string UnknownFlags(const CLI::App& sub) {
-  std::vector<std::string> known;
-  for (const CLI::Option* o : sub.get_options())
-    for (const std::string& l : o->get_lnames()) known.push_back("--" + l);
-  std::string msg;
-  for (const std::string& arg : sub.remaining()) {
-    if (arg.size() < 2 || arg[0] != '-') continue;
-    const std::string flag = arg.substr(0, arg.find('='));
-    msg += (msg.empty() ? "" : "; ") + std::string("unknown option ") + flag;
-    if (const std::string hint = FlagHint(flag, known); !hint.empty()) msg += " (did you mean " + hint + "?)";
-  }
-  return msg.empty() ? msg : sub.get_name() + ": " + msg + " (see nibble " + sub.get_name() + " --help)";
-}
 
 // Last resort: the library checks the sizes it allocates by before allocating (base/memory.h), so
 // an exception escaping a command is a bug; it is named with exit code 1, never an abort.
@@ -249,7 +239,7 @@ int main(int argc, char** argv) {
   // unset (RequiredError).
   auto unknown_flags = [&]() -> std::string {
     for (auto& [sub, run] : commands)
-      if (sub->parsed()) return nibble_cli::UnknownFlags(*sub);
+      if (sub->parsed()) return nibble_cli::UnknownFlags(*sub, sub->get_name());
     return "";
   };
   // Usage errors (unknown flag, bad value, missing required flag) exit with 2, whatever CLI11's
@@ -258,7 +248,7 @@ int main(int argc, char** argv) {
     std::string cmd;
     for (auto& [sub, run] : commands)
       if (sub->parsed()) cmd = " " + sub->get_name();
-    return "nibble: error: " + std::string(e.what()) + " (see nibble" + cmd + " --help)\n";
+    return "nibble: error: " + nibble_cli::UsageMessage(e) + " (see nibble" + cmd + " --help)\n";
   });
   try {
     app.parse(argc, argv);

@@ -274,6 +274,9 @@ static Status AlgorithmOptions(const QuantizeRequest& r, QuantizeOptions& o) {
   NIBBLE_ASSIGN_OR_RETURN(o.gptq.scale_timing, ParseGptqScaleTiming(r.gptq_scale_timing, "--gptq_scale_timing"));
   NIBBLE_ASSIGN_OR_RETURN(o.gptq.actorder, ParseGptqActOrder(r.actorder, "--actorder"));
   o.gptq.true_sequential = r.true_sequential;
+  if (o.gptq.actorder != GptqActOrder::kNone && o.quant_algo.find("gptq") == std::string::npos)
+    return MakeError("--actorder ", r.actorder, " is a GPTQ setting; --quant_algo ", o.quant_algo,
+                     " does not use it (use --quant_algo gptq or awq,gptq, or drop --actorder)");
   if (o.gptq.scale_timing == GptqScaleTiming::kDynamic && o.gptq.actorder == GptqActOrder::kStatic)
     return MakeError("--gptq_scale_timing dynamic with --actorder static would refit groups in the permuted order "
                      "while they stay on the natural columns; use --actorder group (a g_idx) or none with dynamic");
@@ -318,6 +321,8 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   o.quant_algo = r.quant_algo == "awq+gptq" ? "awq,gptq" : r.quant_algo;
   o.model_export = r.model_export;
   o.gptq_format = r.gptq_format;
+  if (r.gptq_format != "v1" && r.gptq_format != "v2")  // checked for every export, not only when it is used
+    return MakeErrorCode(ErrorCode::kUnsupported, "--gptq_format \"", r.gptq_format, "\" is not supported (supported: v1, v2)");
   if (r.misaligned == "error") o.misaligned = MisalignedPolicy::kError;
   else if (r.misaligned == "exclude") o.misaligned = MisalignedPolicy::kExclude;
   else if (r.misaligned == "per_channel") o.misaligned = MisalignedPolicy::kPerChannel;

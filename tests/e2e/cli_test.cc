@@ -326,6 +326,11 @@ TEST(Cli, BadInputGivesNamedErrorAndExitCode) {
       {"negative threads", "generate --model " + model + " --threads -2 -n 1", "--threads"},
       {"synth without a tokenizer", "synth --config " + Quote(nibble_test::SourceDir() + "/bench/configs/tinyllama-1.1b.json") +
            " --out /tmp/nibble-unused-synth --tokenizer_dir /nonexistent", "/nonexistent: no tokenizer.model"},
+      {"synth group size that divides no linear", "synth --config " + Quote(nibble_test::SourceDir() + "/bench/configs/llama2-7b.json") +
+           " --out /tmp/nibble-unused-synth --group_size 100",
+       "--group_size 100 does not divide model.layers.0.self_attn.q_proj.weight (in_features 4096) of " +
+           nibble_test::SourceDir() + "/bench/configs/llama2-7b.json; group sizes that divide every linear's in_features: "
+           "1, 2, 4, 8, 16, 32, 64, 128, 256"},
       {"int8 activations on a dense model", "generate --model " + model + " --int8_activations -n 1", "no int4 linear"},
       {"bf16 activations on a dense model", "generate --model " + model + " --bf16_activations -n 1", "no int4 linear"},
       {"bench bf16 activations at a group size they cannot serve",
@@ -738,7 +743,6 @@ TEST(Cli, FlagsAreCheckedBeforeAnythingIsLoaded) {
       {"generate --model " + none + " --chat --chat_template " + Quote(bad_template), bad_template + ":1:", 1},
       {"generate --model " + none + " --system hi", "need --chat", 2},
       {"perplexity --model " + none + " --text x --seq_len 1", "--seq_len 1 is too small", 2},
-      {"perplexity --model " + none + " --text x --max_windows -1", "--max_windows", 2},
       {"compare --model " + none + " -q " + none + " --text x --seq_len 1", "--seq_len 1", 2},
       {"compare --model " + none + " --methods rtn,gptx --text x", "\"gptx\" is not a method", 2},
       {"compare --model " + none + " --methods rtn,awq --text x", "--methods awq needs calibration data", 2},
@@ -765,6 +769,23 @@ TEST(Cli, FlagsAreCheckedBeforeAnythingIsLoaded) {
       {"bench --shapes 4096 --no_bandwidth", "--shapes: expected KxN", 2},
       {"bench --m 0 --no_bandwidth", "--m 0 must be >= 1", 2},
       {"bench --group_size 48 --shapes 4096x64 --no_bandwidth", "K 4096 is not a multiple of --group_size 48", 2},
+      {"tokenize --model " + none, "give --text STRING or --file FILE", 2},
+      {"bench-model -m " + none + " --ctx_size 32 -p 64", "--ctx_size 32 is smaller than the longest test", 2},
+      {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --gptq_format v3", "--gptq_format \"v3\"", 2},
+      {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --tp 0", "--tp: must be an integer >= 1", 2},
+      {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --actorder group --quant_algo rtn", "--actorder group is a GPTQ setting; --quant_algo rtn", 2},
+      {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --quant_algo awq --actorder static", "--quant_algo awq does not use it", 2},
+      {g + "--seed -1", "--seed: expected an integer in [0, 18446744073709551615], got \"-1\"", 2},
+      {g + "--seed 99999999999999999999", "got \"99999999999999999999\"", 2},
+      {g + "--temperature 0.5 --temperature 0.7", "--temperature given 2 times (once expected)", 2},
+      {"perplexity --model " + none + " --text x --max_windows -1", "--max_windows: must be an integer >= 0, got \"-1\"", 2},
+      {"perplexity --model " + none + " --text x --save_logits_format uint16", "--save_logits_format requires --save_logits", 2},
+      {"compare --model " + none + " -q " + none + " --text x --save_logits_format uint16",
+       "--save_logits_format requires --save_logits", 2},
+      {"compare --model " + none + " -q " + none + " --text x --max_windows -1", "--max_windows: must be an integer >= 0", 2},
+      {"export-onnx --in " + none, "export-onnx: unknown option --in (see nibble export-onnx --help)", 2},
+      {"export-onnx --model " + none + " --out /tmp/nibble-unused-out --io_dtyp fp32",
+       "unknown option --io_dtyp (did you mean --io_dtype?)", 2},
   };
   for (const FlagCase& c : cases) {
     const TimedRun r = RunTimed(c.args);

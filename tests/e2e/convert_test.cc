@@ -113,11 +113,14 @@ TEST(Convert, GptqSettingsSurviveAndErrorsNameConvertsFlags) {
   EXPECT_EQ(r.out.find("--model_export"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("symmetric"), std::string::npos) << r.out;
   EXPECT_FALSE(std::filesystem::exists(dir.sub("x")));
-  // Flags the run does not use are named, not silently dropped.
+  // Flags the run does not use are named, not silently dropped; a GPTQ setting without GPTQ is refused.
   r = RunNibble("quantize --model_dir " + Quote(model) + " --output_dir " + Quote(dir.sub("rtn")) +
-                " --actorder group --gptq_format v2 --model_export compressed-tensors");
+                " --actorder group --model_export compressed-tensors");
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("--actorder group is a GPTQ setting; --quant_algo rtn does not use it"), std::string::npos) << r.out;
+  r = RunNibble("quantize --model_dir " + Quote(model) + " --output_dir " + Quote(dir.sub("rtn")) +
+                " --gptq_format v2 --model_export compressed-tensors");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("warning: --actorder group is used only by GPTQ; --quant_algo rtn ignores it"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("warning: --gptq_format v2 is used only by --model_export gptq"), std::string::npos) << r.out;
 }
 

@@ -7,6 +7,8 @@
 #include <CLI/CLI.hpp>
 #include <nibble/export_onnx.h>
 
+#include "support/flags.h"
+
 int main(int argc, char** argv) {
   nibble::ExportOnnxRequest r;
   CLI::App app("nibble export-onnx: write an int4 checkpoint as an ONNX Runtime GenAI model (MatMulNBits)",
@@ -25,6 +27,12 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // An unknown flag is named as nibble names it, even when CLI11 stopped at a required option.
+    const bool unknown_or_required = dynamic_cast<const CLI::ExtrasError*>(&e) || dynamic_cast<const CLI::RequiredError*>(&e);
+    if (const std::string unknown = unknown_or_required ? nibble_cli::UnknownFlags(app, "export-onnx") : ""; !unknown.empty()) {
+      std::fprintf(stderr, "nibble: error: %s\n", unknown.c_str());
+      return 2;
+    }
     return app.exit(e) == 0 ? 0 : 2;
   }
   // Last resort, as `nibble`'s main: sizes are checked before allocation, so this is a bug.

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <new>
+#include <numeric>
 #include <random>
 #include <sstream>
 
@@ -363,6 +364,25 @@ Status TakeTokenizerSpecialIds(const std::string& tokenizer_dir, nlohmann::json&
 
 }  // namespace
 
+// --format quark: synth quantizes every linear but lm_head with --group_size, so it must divide
+// each one's in_features (quantize's --misaligned / --exclude_layers are not synth's flags).
+static Status CheckSynthGroupSize(const std::vector<SynthTensor>& specs, int64_t group_size, const std::string& config) {
+  int64_t common = 0;
+  std::string first_bad;
+  for (const SynthTensor& t : specs) {
+    if (t.shape.size() != 2 || !t.name.ends_with("_proj.weight")) continue;
+    common = std::gcd(common, t.shape[1]);
+    if (first_bad.empty() && t.shape[1] % group_size != 0)
+      first_bad = t.name + " (in_features " + std::to_string(t.shape[1]) + ")";
+  }
+  if (first_bad.empty()) return Status::Ok();
+  std::string fits;
+  for (int64_t d = 1; d <= common; ++d)
+    if (common % d == 0) fits += (fits.empty() ? "" : ", ") + std::to_string(d);
+  return MakeError("synth: --group_size ", group_size, " does not divide ", first_bad, " of ", config,
+                   "; group sizes that divide every linear's in_features: ", fits);
+}
+
 Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   if (q.format != "dense" && q.format != "quark")
     return MakeError("synth: unknown format \"", q.format, "\" (expected dense or quark)");
@@ -390,6 +410,8 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   if (q.out_dir.empty()) return MakeError("synth: --out is empty");
   if (fs::exists(fs::path(q.out_dir), ec) && !q.overwrite)
     return MakeError("synth: output ", q.out_dir, " exists (use --overwrite)");
+  const std::vector<SynthTensor> specs = SynthTensors(mc);
+  if (q.format == "quark") NIBBLE_RETURN_IF_ERROR(CheckSynthGroupSize(specs, q.group_size, q.config_path));
   NIBBLE_RETURN_IF_ERROR(CheckSynthSize(mc, q.out_dir));
   // The dense checkpoint goes to a staging directory beside the output (io/checkpoint_writer.h):
   // renamed onto it for "dense", the quantizer's input for "quark" (which stages and commits its
@@ -398,7 +420,6 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   auto created = CheckpointWriter::Create(q.out_dir, q.max_shard_bytes, q.format == "dense" ? "tmp" : "synth-dense");
   if (!created.ok()) return created.error().WithContext("synth");
   CheckpointWriter out = std::move(created).value();
-  const std::vector<SynthTensor> specs = SynthTensors(mc);
   for (size_t i = 0; i < specs.size(); ++i) {
     NIBBLE_RETURN_IF_ERROR(out.Add(RandomBf16Tensor(specs[i], q.seed)));
     if (q.progress) q.progress("synth", static_cast<int64_t>(i + 1), static_cast<int64_t>(specs.size()));

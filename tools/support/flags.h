@@ -1,0 +1,17 @@
+// Unknown-flag messages shared by `nibble` and `nibble export-onnx` (a program of its own), so
+// both name a misspelt flag the same way, with the closest known one.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace nibble_cli {
+
+/// The flags `app` was given but does not know, each with the closest known flag:
+/// "<command>: unknown option --seqlen (did you mean --seq_len?) (see nibble <command> --help)".
+/// "" when there are none. CLI11 checks required options before unexpected ones, so this is
+/// asked first, whether it stopped at a RequiredError or an ExtrasError.
+std::string UnknownFlags(const CLI::App& app, const std::string& command);
+
+}  // namespace nibble_cli
