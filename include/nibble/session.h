@@ -49,7 +49,8 @@ int64_t DefaultContextSize(const Model& model);
 /// Bytes of a KV cache of `context` positions in the model's kv_dtype:
 /// 2 (K and V) · num_hidden_layers · num_key_value_heads · head_dim · context · (2 bf16 | 4 fp32).
 int64_t KvCacheBytes(const Model& model, int64_t context);
-/// 90 % of MemAvailable in /proc/meminfo; -1 when unknown.
+/// 90 % of the available memory (MemAvailable, lowered to what RLIMIT_AS leaves; base/memory.h);
+/// -1 when unknown.
 int64_t DefaultMaxMemory();
 /// A memory size as --max_memory takes it: a byte count with an optional suffix, KB MB GB TB
 /// (powers of 1000) or KiB MiB GiB TiB (powers of 1024), case-insensitive, e.g. "16GB", "512MiB".

@@ -4,13 +4,13 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <string>
 #include <utility>
 
 #include <nibble/session.h>
 
 #include "api/model_impl.h"
+#include "base/memory.h"
 
 namespace nibble {
 
@@ -34,14 +34,8 @@ int64_t KvCacheBytes(const Model& model, int64_t context) {
 }
 
 int64_t DefaultMaxMemory() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (in >> key >> kib) {
-    std::getline(in, unit);
-    if (key == "MemAvailable:") return kib / 10 * 9 * 1024;
-  }
-  return -1;
+  const int64_t available = AvailableMemoryBytes();  // MemAvailable, lowered to RLIMIT_AS's room
+  return available < 0 ? -1 : available / 10 * 9;
 }
 
 Result<int64_t> ParseMemorySize(const std::string& text) {

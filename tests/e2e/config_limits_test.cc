@@ -169,7 +169,8 @@ TEST_F(ConfigLimits, LargestContextRunsWithTablesSizedByTheContextInUse) {
   }
 }
 
-// A session that asks for the whole declared context gets a named error instead of an abort.
+// A chat over the largest declared context runs in the default bounded context (8192 positions,
+// not max_position_embeddings); asking for the whole declared context is a named error, not an abort.
 TEST_F(ConfigLimits, ChatOverTheLargestContextIsAMemoryErrorNamingThePositions) {
 #ifdef NIBBLE_TEST_ASAN
   GTEST_SKIP() << "ASan reserves more address space than the limit these runs use";
@@ -177,9 +178,13 @@ TEST_F(ConfigLimits, ChatOverTheLargestContextIsAMemoryErrorNamingThePositions) 
   const std::string dense = Variant(nibble_test::EmbeddedModel(), "dense-chat", {{"max_position_embeddings", 2147483647}});
   const std::string tmpl = root_ + "/chat.jinja";
   std::ofstream(tmpl) << "{% for m in messages %}{{ m['content'] }}{% endfor %}";
+  const std::string chat = "generate --model " + Quote(dense) + " --chat --chat_template " + Quote(tmpl) + " -n 2";
   double seconds = 0;
-  const RunResult r = RunLimited("generate --model " + Quote(dense) + " --chat --chat_template " + Quote(tmpl) +
-                                     " -n 2 < /dev/null", &seconds);
+  RunResult r = RunLimited(chat + " < /dev/null", &seconds);
+  EXPECT_LT(seconds, 3.0) << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("KV cache: ctx 8192 "), std::string::npos) << r.out;
+  r = RunLimited(chat + " --ctx_size 2147483647 < /dev/null", &seconds);
   EXPECT_LT(seconds, 3.0) << r.out;
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_NE(r.out.find("a KV cache of 2147483647 positions"), std::string::npos) << r.out;
