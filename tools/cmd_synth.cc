@@ -16,8 +16,8 @@ namespace nibble_cli {
 namespace {
 
 // The embedded default model's tokenizer: models/prose-llama-7m from the current directory, else
-// from the source tree the binary was built in (build/<preset>/nibble → ../../models), so that
-// synth works from any directory. Falls back to the relative path (WriteSyntheticCheckpoint then
+// from the source tree the binary was built in (build/<preset>/nibble → ../../models, or the
+// tree's absolute path for an installed binary), so that synth works from any directory. Falls back to the relative path (WriteSyntheticCheckpoint then
 // names it as missing).
 std::string DefaultTokenizerDir() {
   namespace fs = std::filesystem;
@@ -29,6 +29,11 @@ std::string DefaultTokenizerDir() {
     const fs::path near = exe.parent_path() / ".." / ".." / rel;
     if (fs::is_regular_file(near / "tokenizer.model")) return fs::weakly_canonical(near, ec).string();
   }
+#ifdef NIBBLE_SOURCE_DIR
+  // An installed binary: the source tree it was built from, when it is still there.
+  const fs::path src = fs::path(NIBBLE_SOURCE_DIR) / rel;
+  if (fs::is_regular_file(src / "tokenizer.model")) return src.string();
+#endif
   return rel.string();
 }
 

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,8 @@ EndOfTurn EndOfTurnFor(const Model& model, const ChatTemplate& tmpl);
 /// the text beyond what the session already holds. The template normally writes earlier replies
 /// back verbatim, so the render starts with the cached text; when it does not (a template that
 /// trims or rewrites earlier turns), the session is cut back to the last point where text and
-/// positions are known to agree (the start, the end of every turn's prompt, the end of every
+/// positions are known to agree (the start, the end of every turn's prompt and of that prompt
+/// without its generation prompt, e.g. Qwen3's `<think>\n\n</think>\n\n`, the end of every
 /// reply that ended at EOS or an end-of-turn id) and that point on is prefilled again. On an
 /// empty session a template's leading bos_token is dropped from the text when the tokenizer
 /// prepends BOS itself, so the prompt holds one BOS, not two.
@@ -112,6 +114,7 @@ class ChatTurns {
   std::vector<Mark> marks_ = {{0, 0}};  // points where text and positions agree
   int64_t unfed_ = 0;                 // a reply cut by -n leaves its last token for the next Generate
   int64_t reused_ = 0;
+  std::optional<Mark> pending_mark_;  // this turn's prompt without the generation prompt
 };
 
 }  // namespace nibble

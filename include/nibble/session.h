@@ -109,6 +109,9 @@ class Session {
   /// Positions filled, and the cache's capacity.
   int64_t position() const;
   int64_t capacity() const;
+  /// Positions a Generate with `prompt` fills before sampling: the prompt's tokens (BOS only on
+  /// an empty session) and a token an earlier Generate left to run first. Errors: Generate's.
+  Result<int64_t> PromptPositions(const std::string& prompt) const;
   /// Bytes the KV cache holds now (it grows with position(); KvCacheBytes(model, capacity()) at most).
   int64_t kv_bytes() const;
   /// Drops every position from `position` on (0 empties the context; the logits are cleared).

@@ -3,7 +3,10 @@
 // KV reuse: `fed_` is the text whose tokens the session holds (the rendered prompt plus the
 // reply as streamed). A reply cut by -n leaves its last token for the next Generate call to run
 // first (`unfed_`), which positions count in; `marks_` are the points where text length and
-// position are known to agree.
+// position are known to agree. Besides the end of each prompt and reply, the end of the
+// conversation without the generation prompt is one: templates such as Qwen3's with
+// enable_thinking=false write `<think>\n\n</think>\n\n` after the open turn's header but not in
+// a finished assistant turn, so the next render departs from the cache inside that header.
 #include <algorithm>
 
 #include <nibble/chat.h>
@@ -50,11 +53,25 @@ Result<ChatTurns::Prompt> ChatTurns::NextPrompt(const std::vector<ChatMessage>& 
   if (reused_ == 0 && st.add_bos && st.bos_id >= 0 && !tmpl_.bos_token.empty() &&
       p.text.compare(0, tmpl_.bos_token.size(), tmpl_.bos_token) == 0)
     p.text.erase(0, tmpl_.bos_token.size());
+  pending_mark_.reset();
+  auto closed = RenderChat(tmpl_, messages, false, extra_vars_json_);
+  const size_t skipped = rendered.size() - p.text.size();  // the kept text plus a dropped bos_token
+  if (closed.ok() && closed->size() > skipped && closed->size() < rendered.size() &&
+      rendered.compare(0, closed->size(), *closed) == 0) {
+    // A mark only where the prefix tokenizes as the start of the whole prompt's tokens.
+    const Tokenizer& tok = ModelAccess::tokenizer(session_->model());
+    auto head = tok.Encode(p.text.substr(0, closed->size() - skipped), reused_ == 0);
+    auto whole = tok.Encode(p.text, reused_ == 0);
+    if (head.ok() && whole.ok() && head->size() < whole->size() &&
+        std::equal(head->begin(), head->end(), whole->begin()))
+      pending_mark_ = Mark{reused_ + unfed_ + static_cast<int64_t>(head->size()), closed->size()};
+  }
   fed_ = std::move(rendered);
   return p;
 }
 
 void ChatTurns::AddReply(const GenerateStats& stats, const std::string& reply, const std::string& end_marker) {
+  if (pending_mark_) marks_.push_back(*pending_mark_);
   marks_.push_back({reused_ + unfed_ + stats.prompt_tokens, fed_.size()});
   fed_ += reply + end_marker;
   const bool at_stop_id = stats.stop_reason == "eos" || stats.stop_reason == "stop_token";

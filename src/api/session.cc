@@ -183,6 +183,11 @@ Status DecodeLoop(Session& s, const GenerateOptions& o, const std::vector<int32_
 
 }  // namespace
 
+Result<int64_t> Session::PromptPositions(const std::string& prompt) const {
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptIds(*this, prompt));
+  return static_cast<int64_t>(ids.size() + impl_->unfed.size());
+}
+
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text) {
   NIBBLE_RETURN_IF_ERROR(ValidateGenerateOptions(options));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(session, options.prompt));

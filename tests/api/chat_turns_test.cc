@@ -191,4 +191,43 @@ TEST(ChatTurns, ARewrittenReplyCutsBackToTheLastAgreeingPoint) {
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-4f * (1 + std::abs(b[i]))) << "logit " << i;
 }
 
+// Qwen3's structure: with enable_thinking=false the generation prompt adds an empty think block
+// that a finished assistant turn does not have, so each render departs from the cache there.
+TEST(ChatTurns, AThinkBlockInTheGenerationPromptCutsBackOnlyToTheClosedConversation) {
+  auto model = nibble_test::LoadOrFail(nibble_test::EmbeddedModel());
+  ASSERT_NE(model, nullptr);
+  nibble::ChatTemplate tmpl;
+  tmpl.source = R"({%- for m in messages %}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
+{%- endif %})";
+  tmpl.origin = "qwen3-like.jinja";
+  const std::string kwargs = R"({"enable_thinking": false})";
+  auto session = nibble::Session::Create(*model);
+  ASSERT_TRUE(session.ok());
+  nibble::ChatTurns turns(**session, tmpl, kwargs);
+  const nibble::EndOfTurn eot = nibble::EndOfTurnFor(*model, tmpl);
+  std::vector<nibble::ChatMessage> history;
+  const Turn t1 = RunTurn(**session, turns, eot, history, "Once upon a time there was a dog.", 6);
+  EXPECT_NE(t1.prompt.text.find("<think>\n\n</think>\n\n"), std::string::npos) << t1.prompt.text;
+  auto closed1 = nibble::RenderChat(tmpl, {history[0]}, false, kwargs);
+  ASSERT_TRUE(closed1.ok());
+  const Turn t2 = RunTurn(**session, turns, eot, history, "What did the dog do?", 6);
+  // Kept: BOS and the tokens of the conversation up to the open turn's header.
+  auto ids1 = model->Tokenize(*closed1);
+  ASSERT_TRUE(ids1.ok());
+  EXPECT_TRUE(t2.prompt.cut);
+  EXPECT_GE(t2.prompt.differs_at, closed1->size() + std::string("<|im_start|>assistant\n").size());
+  EXPECT_EQ(t2.prompt.reused_positions, static_cast<int64_t>(ids1->size()));
+  std::vector<nibble::ChatMessage> upto2(history.begin(), history.begin() + 3);
+  auto closed2 = nibble::RenderChat(tmpl, upto2, false, kwargs);
+  ASSERT_TRUE(closed2.ok());
+  EXPECT_EQ(t2.prompt.text.rfind(closed2->substr(closed1->size()), 0), 0u) << t2.prompt.text;
+  const Turn t3 = RunTurn(**session, turns, eot, history, "And then?", 6);
+  auto ids2 = model->Tokenize(closed2->substr(closed1->size()));  // with the BOS Tokenize prepends
+  ASSERT_TRUE(ids2.ok());
+  EXPECT_TRUE(t3.prompt.cut);
+  EXPECT_EQ(t3.prompt.reused_positions, static_cast<int64_t>(ids1->size() + ids2->size() - 1));
+}
+
 }  // namespace

@@ -383,6 +383,31 @@ TEST(Session, ErrorsCarryCodes) {
   EXPECT_NE(full.error().message.find("remaining context"), std::string::npos) << full.error().message;
 }
 
+// PromptPositions counts what Generate fills: BOS only on an empty session, and the last token
+// of a reply cut by max_new_tokens, which the next Generate runs first.
+TEST(Session, PromptPositionsAreWhatGenerateFills) {
+  const nibble::Model& m = EmbeddedModel();
+  auto session = nibble::Session::Create(m);
+  ASSERT_TRUE(session.ok());
+  const std::string text = "And God said unto Moses";
+  auto with_bos = m.Tokenize(text);
+  ASSERT_TRUE(with_bos.ok());
+  auto first = (*session)->PromptPositions(text);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(*first, static_cast<int64_t>(with_bos->size()));
+  auto stats = nibble::Generate(**session, Greedy(text, 3), [](std::string_view) { return true; });
+  ASSERT_TRUE(stats.ok());
+  ASSERT_EQ(stats->stop_reason, "max_new_tokens");
+  EXPECT_EQ(stats->prompt_tokens, *first);
+  const int64_t p0 = (*session)->position();
+  auto next = (*session)->PromptPositions(text);
+  ASSERT_TRUE(next.ok());
+  const int64_t bos = m.special_tokens().add_bos ? 1 : 0;
+  EXPECT_EQ(*next, static_cast<int64_t>(with_bos->size()) - bos + 1);  // no BOS, one unfed token
+  ASSERT_TRUE(nibble::Generate(**session, Greedy(text, 1), [](std::string_view) { return true; }).ok());
+  EXPECT_EQ((*session)->position(), p0 + *next);
+}
+
 TEST(ErrorCodes, LoadErrorsSayWhatKindOfFailure) {
   nibble_test::TempDir tmp;
   auto missing = nibble::Model::Load(tmp.sub("nope"));

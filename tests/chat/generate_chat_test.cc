@@ -58,6 +58,24 @@ TEST(GenerateChat, TwoTurnsReuseTheKvCache) {
   EXPECT_LT(turns[1].prefill, turns[0].prefill) << r.out;
 }
 
+// A conversation that outgrows --ctx_size ends at a turn boundary with a message, exit 0.
+TEST(GenerateChat, AFullContextEndsTheChatAtATurnBoundary) {
+  nibble_test::TempDir dir("nibble_chat_cli_");
+  const std::string tmpl = dir.path() + "/chat.jinja";
+  std::ofstream(tmpl) << kChatTestTemplate;
+  const auto r = nibble_test::RunCommand(
+      "printf 'Once upon a time there was a dog.\\nWhat did the dog do next?\\nAnd then?\\nTell me more.\\n' | " +
+      nibble_test::Quote(nibble_test::NibbleBinary()) + " generate -m " + nibble_test::Quote(nibble_test::EmbeddedModel()) +
+      " --chat --chat_template " + nibble_test::Quote(tmpl) + " --chat_template_kwargs '{\"speaker\": \"Assistant\"}'" +
+      " -n 8 --temperature 0 -t 2 --ctx_size 64 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::vector<ChatTurnStats> turns = ParseChatTurns(r.out);
+  EXPECT_GE(turns.size(), 1u) << r.out;
+  EXPECT_LT(turns.size(), 4u) << r.out;
+  EXPECT_NE(r.out.find("no longer fits the context of 64 positions (--ctx_size); ending the chat"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("error"), std::string::npos) << r.out;
+}
+
 TEST(GenerateChat, ErrorsNameTheTemplateProblem) {
   nibble_test::TempDir dir("nibble_chat_cli_err_");
   const std::string bad = dir.path() + "/bad.jinja";

@@ -12,6 +12,9 @@ cmake --install "$build" --prefix "$tmp/prefix" >/dev/null
 # What the example must print: the CLI's token ids and greedy text for the same prompt.
 ids=$("$tmp/prefix/bin/nibble" tokenize --model "$model" --text "$prompt" | tr -d '[] ' | tr ',' ' ')
 text=$("$tmp/prefix/bin/nibble" generate --model "$model" --prompt "$prompt" -n 16 --temperature 0 2>/dev/null)
+# The installed synth outside the source tree: its default --tokenizer_dir is still found.
+(cd "$tmp" && "$tmp/prefix/bin/nibble" synth --config "$model/config.json" --out synth --format dense >/dev/null 2>&1) &&
+  [ -f "$tmp/synth/tokenizer.model" ] || { echo "installed synth: no default tokenizer outside the source tree"; exit 1; }
 check() {  # $1: what built it, $2: the program
   out=$("$2" "$model" "$prompt")
   [ "$(sed -n 1p <<<"$out")" = "prompt tokens: $ids" ] || { echo "$1: token ids differ: $out / $ids"; exit 1; }

@@ -392,7 +392,7 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
       !fs::is_regular_file(fs::path(q.tokenizer_dir) / "tokenizer.json"))
     return MakeError("synth: --tokenizer_dir ", q.tokenizer_dir, ": no tokenizer.model or tokenizer.json there (expected "
                      "a model directory with a SentencePiece tokenizer.model or a Hugging Face tokenizer.json, e.g. "
-                     "models/prose-llama-7m; '' writes none)");
+                     "models/prose-llama-7m of the source tree: pass --tokenizer_dir DIR, or '' to write none)");
   std::string text;
   {
     std::ifstream f(q.config_path, std::ios::binary);

@@ -39,6 +39,14 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
     if (prompt->cut)
       std::fprintf(stderr, "chat: the rendered conversation differs from the cached text at byte %zu; re-prefilling from position %lld\n",
                    prompt->differs_at, static_cast<long long>(prompt->reused_positions));
+    // A full context ends the chat at this turn boundary, as EOF does (the reply would not fit).
+    auto need = s.PromptPositions(prompt->text);
+    if (!need.ok()) return std::fprintf(stderr, "nibble: error: %s\n", need.error().message.c_str()), 1;
+    if (s.position() + *need >= s.capacity()) {
+      std::fprintf(stderr, "chat: the conversation (%lld tokens) no longer fits the context of %lld positions (--ctx_size); ending the chat\n",
+                   static_cast<long long>(s.position() + *need), static_cast<long long>(s.capacity()));
+      break;
+    }
     nibble::GenerateOptions g;
     g.prompt = prompt->text;
     g.max_new_tokens = o.max_new_tokens;
