@@ -37,6 +37,7 @@ void RunNibbleGreedy(const std::string& dir, const std::vector<int32_t>& prompt,
                      std::vector<float>* prefill) {
   nibble::LoadOptions lo;
   lo.activations = nibble::ActivationType::kFp32;
+  lo.kv_dtype = nibble::KvDtype::kFp32;  // as the export's fp32 past_key_values (bf16 KV rounds K and V)
   auto model = nibble::Model::Load(dir, lo);
   ASSERT_TRUE(model.ok()) << model.error().message;
   auto s = nibble::Session::Create(**model);

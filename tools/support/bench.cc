@@ -410,9 +410,9 @@ Status WriteSyntheticCheckpoint(const SynthRequest& q) {
   if (q.out_dir.empty()) return MakeError("synth: --out is empty");
   if (fs::exists(fs::path(q.out_dir), ec) && !q.overwrite)
     return MakeError("synth: output ", q.out_dir, " exists (use --overwrite)");
+  NIBBLE_RETURN_IF_ERROR(CheckSynthSize(mc, q.out_dir));  // before anything sized by the config
   const std::vector<SynthTensor> specs = SynthTensors(mc);
   if (q.format == "quark") NIBBLE_RETURN_IF_ERROR(CheckSynthGroupSize(specs, q.group_size, q.config_path));
-  NIBBLE_RETURN_IF_ERROR(CheckSynthSize(mc, q.out_dir));
   // The dense checkpoint goes to a staging directory beside the output (io/checkpoint_writer.h):
   // renamed onto it for "dense", the quantizer's input for "quark" (which stages and commits its
   // own output) and removed afterwards. A failed run leaves no partial output, and an existing
