@@ -30,30 +30,12 @@ struct QuantizeArgs {
   bool json = false;
 };
 
-// "5GB" (decimal, as HF), "500MiB" (binary), or plain bytes.
+// "5GB" (decimal, as HF), "500MiB" (binary), or plain bytes: the library's one size parser.
 bool ParseSize(const std::string& text, int64_t* out) {
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  if (i == 0) return false;
-  double v = 0;
-  try {
-    v = std::stod(text.substr(0, i));
-  } catch (const std::exception&) {  // "." alone
-    return false;
-  }
-  std::string unit = text.substr(i);
-  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  double mul;
-  if (unit.empty() || unit == "B") mul = 1;
-  else if (unit == "KB") mul = 1e3;
-  else if (unit == "MB") mul = 1e6;
-  else if (unit == "GB") mul = 1e9;
-  else if (unit == "KIB") mul = 1024.0;
-  else if (unit == "MIB") mul = 1024.0 * 1024;
-  else if (unit == "GIB") mul = 1024.0 * 1024 * 1024;
-  else return false;
-  *out = static_cast<int64_t>(v * mul);
-  return *out > 0;
+  const nibble::Result<int64_t> v = nibble::ParseMemorySize(text);
+  if (!v.ok() || *v <= 0) return false;
+  *out = *v;
+  return true;
 }
 
 // Per layer: the chosen ratio and loss of each AWQ mapping, GPTQ's damping where it was not the

@@ -14,17 +14,6 @@
 
 namespace nibble {
 
-namespace {
-
-// "3.2 GiB" for messages.
-std::string Gib(int64_t bytes) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
-  return buf;
-}
-
-}  // namespace
-
 int64_t DefaultContextSize(const Model& model) {
   return std::min<int64_t>(model.info().max_position_embeddings, 8192);
 }
@@ -68,7 +57,7 @@ Status CheckKvMemory(const Model& model, int64_t context, int64_t max_memory) {
   const ModelInfo& i = model.info();
   return MakeErrorCode(ErrorCode::kResourceExhausted, "a KV cache of ", context, " positions (ctx_size; ", KvDtypeName(i.kv_dtype),
                        ", ", i.num_hidden_layers, " layers x ", i.num_key_value_heads, " kv heads x ", i.head_dim,
-                       " head_dim) needs ", need, " bytes (", Gib(need), "), more than the ", limit, " bytes (", Gib(limit),
+                       " head_dim) needs ", need, " bytes (", FormatBytes(static_cast<double>(need)), "), more than the ", limit, " bytes (", FormatBytes(static_cast<double>(limit)),
                        ") allowed by ", fallback ? "the default --max_memory (90 % of MemAvailable)" : "--max_memory",
                        ": lower --ctx_size", i.kv_dtype == KvDtype::kFp32 ? " or use --kv_dtype bf16" : "");
 }

@@ -101,6 +101,16 @@ class SavedLogitsTest : public ::testing::Test {
     opt_.threads = 1;
   }
   std::string Path(const std::string& name) const { return *dir_ + "/" + name; }
+  // Perplexity on the windows opt_ compares (seq_len 128, 3 windows, 1 thread), saving the
+  // logits to Path(file).
+  nibble::PerplexityOptions SavingOptions(const std::string& file) const {
+    nibble::PerplexityOptions po;
+    po.seq_len = opt_.seq_len;
+    po.max_windows = opt_.max_windows;
+    po.threads = opt_.threads;
+    po.save_logits = Path(file);
+    return po;
+  }
   // The compare error for the base saved at `file` under `opt`.
   std::string CompareError(const std::string& file, const nibble::CompareOptions& opt, const std::string& text,
                            const nibble::Model* m = nullptr) {
@@ -117,11 +127,7 @@ class SavedLogitsTest : public ::testing::Test {
 std::string* SavedLogitsTest::dir_ = nullptr;
 
 TEST_F(SavedLogitsTest, StatisticsMatchAnIndependentComputationFromTheSavedLogits) {
-  nibble::PerplexityOptions po;
-  po.seq_len = 128;
-  po.max_windows = 3;
-  po.threads = 1;
-  po.save_logits = Path("fp.bin");
+  nibble::PerplexityOptions po = SavingOptions("fp.bin");
   auto pf = nibble::EvaluatePerplexity(*fp_, text_, po);
   ASSERT_TRUE(pf.ok()) << pf.error().message;
   po.save_logits = Path("q.bin");
@@ -204,11 +210,7 @@ TEST_F(SavedLogitsTest, SavedBaseGivesTheSameComparisonAsRunningIt) {
 }
 
 TEST_F(SavedLogitsTest, MismatchedOrDamagedFilesAreErrorsNamingTheFileAndWhatDiffers) {
-  nibble::PerplexityOptions po;
-  po.seq_len = 128;
-  po.max_windows = 3;
-  po.threads = 1;
-  po.save_logits = Path("base.bin");
+  nibble::PerplexityOptions po = SavingOptions("base.bin");
   ASSERT_TRUE(nibble::EvaluatePerplexity(*fp_, text_, po).ok());
   const std::string base = Path("base.bin");
   std::string bytes;
@@ -321,11 +323,7 @@ Compact ReadCompact(const std::string& path) {
 }
 
 TEST_F(SavedLogitsTest, CompactFormsHoldTheDistributionAsDocumented) {
-  nibble::PerplexityOptions po;
-  po.seq_len = 128;
-  po.max_windows = 3;
-  po.threads = 1;
-  po.save_logits = Path("full.bin");
+  nibble::PerplexityOptions po = SavingOptions("full.bin");
   ASSERT_TRUE(nibble::EvaluatePerplexity(*fp_, text_, po).ok());
   const Saved full = ReadSaved(Path("full.bin"));
   po.save_logits_format = "uint16";
@@ -422,11 +420,7 @@ TEST_F(SavedLogitsTest, DamagedCompactFilesAndBadFormatsAreNamedErrors) {
     EXPECT_NE(st.error().message.find("--save_logits_format"), std::string::npos) << st.error().message;
     EXPECT_NE(st.error().message.find("topk:K"), std::string::npos) << st.error().message;
   }
-  nibble::PerplexityOptions po;
-  po.seq_len = 128;
-  po.max_windows = 3;
-  po.threads = 1;
-  po.save_logits = Path("big_k.bin");
+  nibble::PerplexityOptions po = SavingOptions("big_k.bin");
   po.save_logits_format = "topk:513";
   auto big = nibble::EvaluatePerplexity(*fp_, text_, po);
   ASSERT_FALSE(big.ok());
