@@ -29,11 +29,14 @@ enum class ErrorCode {
   kIo,               // the OS failed a read, write, map or rename (500)
   kResourceExhausted,  // a request that needs more memory than allowed (--max_memory, MemAvailable):
                        // refused up front, the message giving bytes needed and allowed (503)
+  kCancelled,        // a long call stopped because its CancellationToken was cancelled
+                     // (<nibble/cancel.h>); what it changed is rolled back to the last complete
+                     // step (a session keeps its last complete position) (499, as nginx's)
   kInternal,         // a bug or an impossible state (500)
 };
 
 /// "invalid_argument", "not_found", "unsupported", "corrupt_input", "io", "resource_exhausted",
-/// "internal".
+/// "cancelled", "internal".
 inline const char* ErrorCodeName(ErrorCode c) {
   switch (c) {
     case ErrorCode::kInvalidArgument: return "invalid_argument";
@@ -42,6 +45,7 @@ inline const char* ErrorCodeName(ErrorCode c) {
     case ErrorCode::kCorruptInput: return "corrupt_input";
     case ErrorCode::kIo: return "io";
     case ErrorCode::kResourceExhausted: return "resource_exhausted";
+    case ErrorCode::kCancelled: return "cancelled";
     default: return "internal";
   }
 }

@@ -4,6 +4,7 @@
 // key involved and whose codes say what kind of failure it is.
 #pragma once
 
+#include <nibble/cancel.h>
 #include <nibble/chat.h>
 #include <nibble/error.h>
 #include <nibble/eval.h>

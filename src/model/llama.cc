@@ -205,7 +205,8 @@ Status LlamaModel::CheckAppend(const int32_t* tokens, int64_t t, const KvCache& 
   return Status::Ok();
 }
 
-void LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCache* const* caches, float* x) const {
+Status LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCache* const* caches, float* x,
+                             const CancellationToken* cancel) const {
   const int64_t h = config_.hidden_size, rows = batch * t;
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t row = static_cast<int64_t>(tokens[i]) * h;
@@ -227,6 +228,7 @@ void LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCa
   run.t = t;
   run.kv = kv.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, "forward pass before layer " + std::to_string(l)));
     for (int64_t b = 0; b < batch; ++b) {
       KvCache& cb = *caches[b];
       kv[b] = cb.bf16 ? LayerKv{nullptr, nullptr, cb.length, cb.k16[l].data(), cb.v16[l].data()}
@@ -235,22 +237,25 @@ void LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCa
     DecoderLayerForward(config_, ViewOf(layers_[l]), *rope, x, run, x);
   }
   for (int64_t b = 0; b < batch; ++b) caches[b]->length += t;
+  return Status::Ok();
 }
 
-Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits) const {
+Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits,
+                           const CancellationToken* cancel) const {
   NIBBLE_CHECK(t > 0);
   NIBBLE_RETURN_IF_ERROR(CheckAppend(tokens, t, cache, -1));
   const int64_t h = config_.hidden_size;
   std::vector<float> x(t * h), xn(t * h);
   KvCache* caches[1] = {&cache};
-  RunLayers(tokens, 1, t, caches, x.data());
+  NIBBLE_RETURN_IF_ERROR(RunLayers(tokens, 1, t, caches, x.data(), cancel));
   const int64_t rows = all_logits ? t : 1;
   RmsNorm(x.data() + (t - rows) * h, norm_.data(), rows, h, config_.rms_norm_eps, xn.data());
   lm_head_->Forward(xn.data(), rows, logits);
   return Status::Ok();
 }
 
-Status LlamaModel::DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* const* caches, float* logits) const {
+Status LlamaModel::DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* const* caches, float* logits,
+                               const CancellationToken* cancel) const {
   NIBBLE_CHECK(batch > 0);
   for (int64_t b = 0; b < batch; ++b) {
     NIBBLE_RETURN_IF_ERROR(CheckAppend(tokens + b, 1, *caches[b], b));
@@ -259,7 +264,7 @@ Status LlamaModel::DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* co
   }
   const int64_t h = config_.hidden_size;
   std::vector<float> x(batch * h), xn(batch * h);
-  RunLayers(tokens, batch, 1, caches, x.data());
+  NIBBLE_RETURN_IF_ERROR(RunLayers(tokens, batch, 1, caches, x.data(), cancel));
   RmsNorm(x.data(), norm_.data(), batch, h, config_.rms_norm_eps, xn.data());
   lm_head_->Forward(xn.data(), batch, logits);
   return Status::Ok();

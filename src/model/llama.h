@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <nibble/cancel.h>
+
 #include "base/result.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -99,23 +101,28 @@ class LlamaModel {
 
   /// Runs `tokens[0..t)` at positions cache.length .. cache.length + t - 1 and appends their K/V.
   /// logits: [t, vocab_size] when all_logits, else [vocab_size] for the last token.
-  /// Errors: token id out of range, cache capacity exceeded (names position and limit).
-  Status Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits) const;
+  /// Errors: token id out of range, cache capacity exceeded (names position and limit);
+  /// kCancelled when `cancel` is cancelled (checked before each layer): the cache keeps its length.
+  Status Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits,
+                 const CancellationToken* cancel = nullptr) const;
 
   /// One decode step of `batch` sequences together: tokens[b] at position caches[b]->length of
   /// its own cache (positions may differ), every projection run once on the [batch, hidden] rows
   /// so each weight is read once for all of them. logits: [batch, vocab_size]. Row b equals what
   /// Forward gives for that sequence alone up to the kernels' summation order for M rows.
   /// Errors: as Forward's, naming the sequence; nothing is appended when any check fails.
-  Status DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* const* caches, float* logits) const;
+  Status DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* const* caches, float* logits,
+                     const CancellationToken* cancel = nullptr) const;
 
  private:
   // Checks token ids and capacity of `t` new tokens at the cache's position (seq < 0: a lone
   // sequence, not named).
   Status CheckAppend(const int32_t* tokens, int64_t t, const KvCache& cache, int64_t seq) const;
   // Embeds tokens [batch·t] into x [batch·t, hidden] and runs every layer, sequence b on
-  // caches[b] (its t tokens at that cache's position), which it extends by t.
-  void RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCache* const* caches, float* x) const;
+  // caches[b] (its t tokens at that cache's position), which it extends by t. Cancelled before a
+  // layer: returns kCancelled with every cache at its old length (rows past it are overwritten later).
+  Status RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCache* const* caches, float* x,
+                   const CancellationToken* cancel) const;
 
   ModelConfig config_;
   std::shared_ptr<const std::vector<float>> embed_tokens_;  // [vocab_size, hidden_size], shared with a tied lm_head

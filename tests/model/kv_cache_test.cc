@@ -43,5 +43,28 @@ TEST(KvCache, GrowingInBlocksMatchesAPresizedCacheBitForBit) {
   m.SetKvBf16(true);
 }
 
+// A cancelled forward pass stops before a layer with kCancelled and leaves the cache at its old
+// length: running the same tokens again gives the logits of a run never cancelled.
+TEST(KvCache, CancelledForwardKeepsTheLastCompletePosition) {
+  auto loaded = LlamaModel::Load(nibble_test::EmbeddedModel());
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  const LlamaModel& m = **loaded;
+  const int64_t vocab = m.config().vocab_size;
+  const std::vector<int32_t> first = {1, 50, 60, 70}, second = {80, 90, 100};
+  KvCache cache = m.NewCache(64).value(), fresh = m.NewCache(64).value();
+  std::vector<float> a(static_cast<size_t>(vocab)), b(a.size());
+  ASSERT_TRUE(m.Forward(first.data(), 4, cache, a.data(), false).ok());
+  CancellationToken cancel;
+  cancel.Cancel();
+  const Status s = m.Forward(second.data(), 3, cache, a.data(), false, &cancel);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code, ErrorCode::kCancelled) << s.error().message;
+  EXPECT_EQ(cache.length, 4);
+  ASSERT_TRUE(m.Forward(second.data(), 3, cache, a.data(), false, nullptr).ok());
+  ASSERT_TRUE(m.Forward(first.data(), 4, fresh, b.data(), false).ok());
+  ASSERT_TRUE(m.Forward(second.data(), 3, fresh, b.data(), false).ok());
+  EXPECT_EQ(a, b);
+}
+
 }  // namespace
 }  // namespace nibble
