@@ -78,6 +78,10 @@ struct GenerateStats {
   int64_t generated_tokens = 0;
   double prefill_seconds = 0;    // prompt forward pass up to the first sampled token
   double decode_seconds = 0;     // all later tokens
+  /// Positions the context held when Generate began (earlier turns, a Fork, a PrefixCache hit):
+  /// reused rather than computed. prompt_tokens counts only the new ones, so OpenAI's
+  /// usage.prompt_tokens is prompt_tokens + cached_tokens and its cached_tokens this.
+  int64_t cached_tokens = 0;
   std::string stop_reason;       // "max_new_tokens" | "eos" | "stop_token" | "context_full" | "callback"
 };
 
@@ -117,6 +121,38 @@ class Session {
   /// Drops every position from `position` on (0 empties the context; the logits are cleared).
   void Truncate(int64_t position);
   const Model& model() const;
+  /// The token ids the context holds, [position()] (a token Generate streamed but has not run yet
+  /// is not among them).
+  const std::vector<int32_t>& tokens() const;
+
+  // Prefix reuse (llama-server's cache_prompt, vLLM's automatic prefix caching). The K/V of a
+  // position depends only on the ids up to it, so a context holding the first k ids of a prompt
+  // needs only the rest prefilled. Both calls below leave a caller something to continue from:
+  // either a token still to run, or the logits of the prompt's last position.
+
+  /// Positions of this context a prompt of `tokens` can keep: the longest common prefix of
+  /// tokens() and `tokens`, but at most tokens.size() - 1 unless the context holds exactly
+  /// `tokens` with its logits (the prompt's last position must be run to sample after it).
+  /// Changes nothing.
+  int64_t CommonPrefix(const std::vector<int32_t>& tokens) const;
+  /// Keeps CommonPrefix(tokens) positions and drops the rest (Truncate; the logits are kept only
+  /// when nothing is dropped), and forgets a token Generate left to run (the caller's `tokens`
+  /// say what follows). Returns the positions kept: prefill tokens[kept..] to continue.
+  int64_t KeepCommonPrefix(const std::vector<int32_t>& tokens);
+
+  /// A new Session over the same Model holding the first `position` positions of this one
+  /// (-1 = all): a plain copy of their K/V rows (not shared or copy-on-write: the fork and this
+  /// session change independently), their token ids, and, when position == position(), the
+  /// logits and a token Generate left to run. The sampler starts fresh. The fork has this
+  /// session's capacity, threads and max_memory. Memory: KvBytes of `position` positions rounded
+  /// up to a block of 256 (kv_bytes() of the fork), plus the logits. Const and read-only: several
+  /// threads may fork one session at once while none changes it.
+  /// Errors: position outside [0, position()] (and not -1); the fork's KV above max_memory
+  /// (kResourceExhausted) or the available memory, as Create.
+  Result<std::unique_ptr<Session>> Fork(int64_t position = -1) const;
+  /// The same with the fork's own options, as Create takes them (context 0 =
+  /// DefaultContextSize); context must hold `position` (-1 = position()) positions.
+  Result<std::unique_ptr<Session>> Fork(int64_t position, const SessionOptions& options) const;
 
  private:
   friend Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens);

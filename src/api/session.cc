@@ -16,6 +16,7 @@ namespace nibble {
 struct Session::Impl {
   const Model* model = nullptr;
   int threads = 0;
+  int64_t max_memory = 0;  // SessionOptions::max_memory (a Fork checks its KV against it)
   KvCache cache;
   std::vector<int32_t> tokens;  // the ids in the cache, [cache.length] (the repeat penalty's history)
   std::vector<float> logits;  // [vocab] of the last position, empty before the first Prefill
@@ -38,6 +39,7 @@ Result<std::unique_ptr<Session>> Session::Create(const Model& model, const Sessi
   auto impl = std::make_unique<Impl>();
   impl->model = &model;
   impl->threads = options.threads;
+  impl->max_memory = options.max_memory;
   NIBBLE_ASSIGN_OR_RETURN(impl->cache, ModelAccess::llama(model).NewCache(context));
   return std::unique_ptr<Session>(new Session(std::move(impl)));
 }
@@ -137,6 +139,64 @@ void Session::Truncate(int64_t position) {
   impl_->unfed.clear();
 }
 
+const std::vector<int32_t>& Session::tokens() const { return impl_->tokens; }
+
+int64_t Session::CommonPrefix(const std::vector<int32_t>& tokens) const {
+  const std::vector<int32_t>& held = impl_->tokens;
+  const auto n = static_cast<int64_t>(std::min(held.size(), tokens.size()));
+  int64_t k = 0;
+  while (k < n && held[static_cast<size_t>(k)] == tokens[static_cast<size_t>(k)]) ++k;
+  const auto want = static_cast<int64_t>(tokens.size());
+  const bool has_last_logits = k == want && k == position() && !impl_->logits.empty();
+  return has_last_logits ? k : std::min(k, std::max<int64_t>(want - 1, 0));
+}
+
+int64_t Session::KeepCommonPrefix(const std::vector<int32_t>& tokens) {
+  const int64_t keep = CommonPrefix(tokens);
+  if (keep < position()) Truncate(keep);
+  impl_->unfed.clear();
+  return keep;
+}
+
+Result<std::unique_ptr<Session>> Session::Fork(int64_t position) const {
+  SessionOptions o;
+  o.context = capacity();
+  o.threads = impl_->threads;
+  o.max_memory = impl_->max_memory;
+  return Fork(position, o);
+}
+
+Result<std::unique_ptr<Session>> Session::Fork(int64_t position, const SessionOptions& options) const {
+  const KvCache& src = impl_->cache;
+  if (position == -1) position = src.length;
+  if (position < 0 || position > src.length)
+    return MakeError("Fork: position ", position, " is outside [0, ", src.length, "] (the positions this session holds; -1 = all)");
+  const int64_t context = options.context > 0 ? options.context : DefaultContextSize(*impl_->model);
+  if (context < position)
+    return MakeError("Fork: context ", context, " cannot hold the ", position, " positions to keep");
+  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Session> fork, Create(*impl_->model, options));
+  Impl& dst = *fork->impl_;
+  if (dst.cache.bf16 != src.bf16 || dst.cache.row != src.row)
+    return MakeErrorCode(ErrorCode::kInternal, "Fork: the model's KV layout changed since this session was made");
+  // K/V are [allocated, row] per layer; positions [0, position) are the first position·row values.
+  dst.cache.Reserve(position);
+  const auto n = static_cast<std::ptrdiff_t>(position * src.row);
+  auto copy = [n](const auto& from, auto& to) {
+    for (size_t l = 0; l < from.size(); ++l) std::copy(from[l].begin(), from[l].begin() + n, to[l].begin());
+  };
+  copy(src.k, dst.cache.k);
+  copy(src.v, dst.cache.v);
+  copy(src.k16, dst.cache.k16);
+  copy(src.v16, dst.cache.v16);
+  dst.cache.length = position;
+  dst.tokens.assign(impl_->tokens.begin(), impl_->tokens.begin() + static_cast<std::ptrdiff_t>(position));
+  if (position == src.length) {
+    dst.logits = impl_->logits;
+    dst.unfed = impl_->unfed;
+  }
+  return fork;
+}
+
 namespace {
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -194,6 +254,7 @@ Result<GenerateStats> Generate(Session& session, const GenerateOptions& options,
   Session::Impl& impl = *session.impl_;
   GenerateStats stats;
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());
+  stats.cached_tokens = session.position();
   stats.stop_reason = "max_new_tokens";
   prompt.insert(prompt.begin(), impl.unfed.begin(), impl.unfed.end());
   if (session.position() + static_cast<int64_t>(prompt.size()) > session.capacity())
