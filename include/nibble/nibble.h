@@ -9,6 +9,7 @@
 #include <nibble/error.h>
 #include <nibble/eval.h>
 #include <nibble/model.h>
+#include <nibble/prefix_cache.h>
 #include <nibble/quantize.h>
 #include <nibble/session.h>
 #include <nibble/stop_strings.h>
