@@ -91,7 +91,8 @@ class ChatTurns {
 
   struct Prompt {
     std::string text;              // GenerateOptions::prompt of this turn
-    int64_t reused_positions = 0;  // session positions kept from earlier turns
+    int64_t reused_positions = 0;  // session positions kept from earlier turns (the turn's
+                                   // GenerateStats::cached_tokens)
     bool cut = false;              // the render differed from the cached text: the session was cut back
     size_t differs_at = 0;         // the first byte where it differed (when cut)
   };

@@ -143,6 +143,8 @@ TEST(ChatTurns, TheSecondTurnPrefillsOnlyTheNewText) {
   EXPECT_FALSE(t2.prompt.cut);
   // A reply cut by -n leaves its last token to run first next turn, counted among the reused.
   EXPECT_EQ(t2.prompt.reused_positions, held);
+  EXPECT_EQ(t2.stats.cached_tokens, held);  // what Generate found in the context: OpenAI's cached_tokens
+  EXPECT_EQ(t1.stats.cached_tokens, 0);
   const bool at_stop_id = t1.stats.stop_reason == "eos" || t1.stats.stop_reason == "stop_token";
   EXPECT_EQ(held, t1.stats.prompt_tokens + t1.stats.generated_tokens - (at_stop_id ? 0 : 1));
   // The new text is the render past turn 1's prompt and reply.
@@ -228,6 +230,7 @@ TEST(ChatTurns, AThinkBlockInTheGenerationPromptCutsBackOnlyToTheClosedConversat
   ASSERT_TRUE(ids2.ok());
   EXPECT_TRUE(t3.prompt.cut);
   EXPECT_EQ(t3.prompt.reused_positions, static_cast<int64_t>(ids1->size() + ids2->size() - 1));
+  EXPECT_EQ(t3.stats.cached_tokens, t3.prompt.reused_positions);  // positions kept by the cut
 }
 
 }  // namespace
