@@ -5,10 +5,12 @@
 //
 // A server request with it:
 //   auto ids = PromptTokens(model, prompt);
-//   auto hit = cache.Acquire(*ids, session_options);       // hit->cached_tokens reused
-//   hit->session->Prefill({ids->begin() + hit->cached_tokens, ids->end()});  // unless all cached
-//   ... Sample / Step (or Generate with an empty prompt) ...
-//   cache.Insert(*hit->session);                           // after the request
+//   auto hit = cache.Acquire(*ids, session_options);  // usage: cached_tokens = hit->cached_tokens
+//   if (hit->cached_tokens < ids->size())
+//     hit->session->Prefill(std::vector<int32_t>(ids->begin() + hit->cached_tokens, ids->end()));
+//   ... Sample / Step, or Generate with an empty prompt (which samples from these logits; its
+//   own cached_tokens then counts the rest just prefilled too) ...
+//   cache.Insert(*hit->session);                      // after the request
 //
 // What is held: each entry is a Session forked from the inserted one (Session::Fork) with a
 // context of exactly its positions: a plain copy of its K/V rows (KvBytes of those positions),
