@@ -150,6 +150,7 @@ int RunGenerate(GenerateArgs& a) {
   auto model = nibble::Model::Load(a.model, lo);
   if (!model.ok()) return Fail(model.error().message);
   PrintWarnings(a.model, (*model)->info().warnings);
+  std::fprintf(stderr, "%s\n", nibble::LoadSummary((*model)->info()).c_str());
   if (const std::string err = ReportActivations(a.model, lo.activations, (*model)->info()); !err.empty()) return Fail(err);
   if (a.kv.ctx_size == 0) a.kv.ctx_size = nibble::DefaultContextSize(**model);
   if (const std::string err = ReportKvMemory(**model, a.kv.ctx_size, a.kv); !err.empty()) return Fail(err);

@@ -216,6 +216,7 @@ Runner RegisterPerplexity(CLI::App& app) {
     auto model = nibble::Model::Load(a->model, lo1);
     if (!model.ok()) return Fail(model.error().message);
     PrintWarnings(a->model, (*model)->info().warnings);
+    std::fprintf(stderr, "%s\n", nibble::LoadSummary((*model)->info()).c_str());
     if (const std::string err = ReportActivations(a->model, lo1.activations, (*model)->info()); !err.empty())
       return Fail(err);
     run.model = model->get();

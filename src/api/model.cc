@@ -1,6 +1,10 @@
 #include <omp.h>
 
+#include <chrono>
+#include <cstdio>
+
 #include "api/model_impl.h"
+#include "base/memory.h"
 #include "model/int4_linear.h"
 #include "model/model_loader.h"
 
@@ -75,12 +79,21 @@ ModelInfo DescribeModel(const std::string& dir, const LlamaModel& llama, const s
   i.int4_linears += dynamic_cast<const Int4Linear*>(&llama.lm_head()) != nullptr ? 1 : 0;
   if (!c.tie_word_embeddings) params += c.vocab_size * c.hidden_size;
   i.num_parameters = params;
+  i.weight_bytes = llama.WeightBytes();
   return i;
 }
 
 }  // namespace
 
+std::string LoadSummary(const ModelInfo& info) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.1f", info.load_seconds);
+  return std::string("loaded in ") + seconds + " s, weights " + FormatBytes(static_cast<double>(info.weight_bytes)) +
+         " resident";
+}
+
 Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
   ScopedThreads threads(options.threads);
   std::unique_ptr<Model> m(new Model());
   std::string format;
@@ -111,6 +124,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOpt
     i.activations = i.activation_linears > 0 ? ActivationType::kBf16 : ActivationType::kFp32;
     if (i.activation_linears == 0) i.activation_linears = i.int4_linears;
   }
+  i.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return m;
 }
 

@@ -14,7 +14,11 @@ namespace {
 constexpr size_t kHuge = size_t{2} << 20;
 }
 
-PageBuffer::PageBuffer(size_t bytes) : size_(bytes) {
+PageBuffer::PageBuffer(size_t bytes) : PageBuffer(bytes, Uninitialized{}) {
+  if (bytes > 0) std::memset(data_, 0, bytes);
+}
+
+PageBuffer::PageBuffer(size_t bytes, Uninitialized) : size_(bytes) {
   if (bytes == 0) return;
   const size_t align = bytes >= kHuge ? kHuge : 64;
   const size_t rounded = (bytes + align - 1) / align * align;  // aligned_alloc wants a multiple
@@ -23,7 +27,6 @@ PageBuffer::PageBuffer(size_t bytes) : size_(bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (align == kHuge) (void)madvise(data_, rounded, MADV_HUGEPAGE);
 #endif
-  std::memset(data_, 0, bytes);
 }
 
 PageBuffer::~PageBuffer() { std::free(data_); }

@@ -16,6 +16,10 @@ class PageBuffer {
   /// (Linux; a refused advice only costs speed). Aborts (std::bad_alloc) when memory is exhausted,
   /// like std::vector.
   explicit PageBuffer(size_t bytes);
+  /// The same without zeroing: for a writer that writes every byte itself, so that its own
+  /// (parallel) first writes fault the pages in rather than one serial pass of zeros.
+  struct Uninitialized {};
+  PageBuffer(size_t bytes, Uninitialized);
   ~PageBuffer();
   /// A moved-from buffer is empty (data() == nullptr, size() == 0).
   PageBuffer(PageBuffer&& o) noexcept;

@@ -43,6 +43,15 @@ class QuantizedFormat {
   /// module the plan keeps in float, checks that no quantized tensors are stored and returns nullopt.
   virtual Result<std::optional<Int4Matrix>> Import(const TensorStore& store, const std::string& module,
                                                    const LinearPlan& plan, int64_t n, int64_t k) const = 0;
+  /// Import without decoding the codes, for a loader that repacks them straight from the stored
+  /// words (DeferredInt4); same checks and errors as Import except the codes' values (any nibble
+  /// is a valid code). nullopt when this module's codes are not stored transposed (or Import
+  /// would give nullopt): the loader then calls Import.
+  virtual Result<std::optional<DeferredInt4>> ImportDeferred(const TensorStore& store, const std::string& module,
+                                                             const LinearPlan& plan, int64_t n, int64_t k) const {
+    (void)store, (void)module, (void)plan, (void)n, (void)k;
+    return std::optional<DeferredInt4>{};
+  }
   /// Import's checks of the stored tensors' names, dtypes and shapes, without decoding them.
   virtual Status CheckLinear(const TensorStore& store, const std::string& module, const LinearPlan& plan, int64_t n,
                              int64_t k) const = 0;

@@ -43,6 +43,24 @@ struct Int4Matrix {
   bool operator==(const Int4Matrix&) const = default;
 };
 
+/// Codes as some formats store them (Quark per_group): int32 words [K, ceil(N / 8)] packed along
+/// N, transposed: word (kk, c) holds outputs 8c .. 8c+7 of input kk, output 8c + order[i] in
+/// nibble i (bits 4i..4i+3); a stored nibble v is the code v ^ xor_mask (int4: 8, uint4: 0).
+/// A loader can repack these words straight into its own layout without the one-byte-per-code
+/// Int4Matrix::codes.
+struct TransposedNibbleCodes {
+  const uint8_t* words = nullptr;  // little-endian int32, K * ceil(N / 8) of them
+  int order[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  uint8_t xor_mask = 0;
+};
+
+/// A module imported without decoding its codes: `matrix` as Import gives it but with `codes`
+/// empty (scales, zero points, group size, symmetric all set and checked), and the stored codes.
+struct DeferredInt4 {
+  Int4Matrix matrix;
+  TransposedNibbleCodes codes;
+};
+
 /// The one rule for a stored scale, applied by every reader (Quark, compressed-tensors, AutoAWQ,
 /// GPTQ) and by ValidateInt4Matrix: finite and >= 0. Zero is an all-zero group (what RTN writes
 /// for one); a negative scale flips the sign of its group, which no quantizer writes.

@@ -55,6 +55,8 @@ class QuarkFormat final : public QuantizedFormat {
   Result<LinearPlan> Resolve(const std::string& module) const override { return ResolveQuarkLinear(c_, module); }
   Result<std::optional<Int4Matrix>> Import(const TensorStore& store, const std::string& module, const LinearPlan& plan,
                                            int64_t n, int64_t k) const override;
+  Result<std::optional<DeferredInt4>> ImportDeferred(const TensorStore& store, const std::string& module,
+                                                     const LinearPlan& plan, int64_t n, int64_t k) const override;
   Status CheckLinear(const TensorStore& store, const std::string& module, const LinearPlan& plan, int64_t n,
                      int64_t k) const override;
   std::vector<std::string> TensorSuffixes() const override { return QuarkTensorSuffixes(); }
@@ -105,6 +107,20 @@ Result<std::optional<Int4Matrix>> QuarkFormat::Import(const TensorStore& store, 
   NIBBLE_ASSIGN_OR_RETURN(Int4Matrix m,
                           ImportQuarkLinear(store, module, QuarkSpecFor(*plan.spec), c_.export_config.pack_method, n, k));
   return std::optional<Int4Matrix>(std::move(m));
+}
+
+// Only a module Import would decode (quantized, real_quantized, packed int32 weight); the
+// others go through Import and its errors.
+Result<std::optional<DeferredInt4>> QuarkFormat::ImportDeferred(const TensorStore& store, const std::string& module,
+                                                                const LinearPlan& plan, int64_t n, int64_t k) const {
+  const TensorView* w = store.Find(module + ".weight");
+  if (!plan.spec || c_.export_config.weight_format == WeightFormat::kFakeQuantized || w == nullptr ||
+      IsFloatScaleDType(w->dtype))
+    return std::optional<DeferredInt4>{};
+  NIBBLE_ASSIGN_OR_RETURN(QuarkLinearViews views, FindQuarkLinearViews(store, module));
+  auto r = ImportQuarkLinearDeferred(views, module, QuarkSpecFor(*plan.spec), c_.export_config.pack_method, n, k);
+  if (!r.ok() && !store.description().empty()) return r.error().WithContext(store.description());
+  return r;
 }
 
 Status QuarkFormat::CheckLinear(const TensorStore& store, const std::string& module, const LinearPlan& plan, int64_t n,

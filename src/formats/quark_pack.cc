@@ -269,8 +269,11 @@ Status CheckQuarkLinearTensors(const QuarkLinearViews& views, const std::string&
   return Status::Ok();
 }
 
-Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
-                                     PackMethod pack, int64_t expected_n, int64_t expected_k) {
+namespace {
+
+// ImportQuarkLinear; a per_group layer's codes are left empty when `decode_codes` is false.
+Result<Int4Matrix> ImportQuark(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
+                               PackMethod pack, int64_t expected_n, int64_t expected_k, bool decode_codes) {
   NIBBLE_RETURN_IF_ERROR(CheckQuarkLinearTensors(views, prefix, spec, expected_n, expected_k));
   const bool int4 = spec.dtype == QuantDType::kInt4;
   const int64_t n = expected_n, k = expected_k, g = spec.EffectiveGroupSize(k), G = k / g;
@@ -279,7 +282,7 @@ Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::s
   m.k = k;
   m.group_size = g;
   m.symmetric = int4;
-  m.codes.resize(static_cast<size_t>(n * k));
+  if (decode_codes || spec.qscheme != QScheme::kPerGroup) m.codes.resize(static_cast<size_t>(n * k));
   m.scales.resize(static_cast<size_t>(n * G));
   m.zero_points.resize(static_cast<size_t>(n * G));
 
@@ -299,7 +302,7 @@ Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::s
   const TensorView& zt = *views.weight_zero_point;
   const TensorView& st = *views.weight_scale;
   if (spec.qscheme == QScheme::kPerGroup) {
-    UnpackTransposedCodes(wt.data, k, n, pack, int4, m.codes.data());
+    if (decode_codes) UnpackTransposedCodes(wt.data, k, n, pack, int4, m.codes.data());
     UnpackGrid(zt.data, G, n, pack, [&](int64_t gi, int64_t nn, uint8_t nib) { set_zero(nn, gi, nib); });
   } else {
     UnpackGrid(wt.data, n, k, pack, set_code);
@@ -319,6 +322,26 @@ Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::s
     }
   }
   return m;
+}
+
+}  // namespace
+
+Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
+                                     PackMethod pack, int64_t expected_n, int64_t expected_k) {
+  return ImportQuark(views, prefix, spec, pack, expected_n, expected_k, true);
+}
+
+Result<std::optional<DeferredInt4>> ImportQuarkLinearDeferred(const QuarkLinearViews& views, const std::string& prefix,
+                                                              const WeightQuantSpec& spec, PackMethod pack,
+                                                              int64_t expected_n, int64_t expected_k) {
+  if (spec.qscheme != QScheme::kPerGroup) return std::optional<DeferredInt4>{};
+  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix m, ImportQuark(views, prefix, spec, pack, expected_n, expected_k, false));
+  DeferredInt4 d;
+  d.matrix = std::move(m);
+  d.codes.words = views.weight->data;
+  std::copy_n(OrderMap(pack), 8, d.codes.order);
+  d.codes.xor_mask = spec.dtype == QuantDType::kInt4 ? 8 : 0;
+  return std::optional<DeferredInt4>(std::move(d));
 }
 
 Result<Int4Matrix> ImportQuarkLinear(const TensorStore& store, const std::string& prefix, const WeightQuantSpec& spec,

@@ -98,6 +98,12 @@ Status CheckQuarkLinearTensors(const QuarkLinearViews& views, const std::string&
 Result<Int4Matrix> ImportQuarkLinear(const QuarkLinearViews& views, const std::string& prefix, const WeightQuantSpec& spec,
                                      PackMethod pack, int64_t expected_n, int64_t expected_k);
 
+/// ImportQuarkLinear without decoding the codes of a per_group layer (the transposed words,
+/// DeferredInt4); nullopt for per_channel. Same errors.
+Result<std::optional<DeferredInt4>> ImportQuarkLinearDeferred(const QuarkLinearViews& views, const std::string& prefix,
+                                                              const WeightQuantSpec& spec, PackMethod pack,
+                                                              int64_t expected_n, int64_t expected_k);
+
 /// Same, looking the three tensors up in `store` with FindQuarkLinearViews.
 Result<Int4Matrix> ImportQuarkLinear(const TensorStore& store, const std::string& prefix, const WeightQuantSpec& spec,
                                      PackMethod pack, int64_t expected_n, int64_t expected_k);

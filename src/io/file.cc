@@ -91,6 +91,14 @@ Result<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   return f;
 }
 
+void MappedFile::Release(const uint8_t* p, size_t n) const {
+  if (n == 0 || !Contains(p, n)) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

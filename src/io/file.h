@@ -39,6 +39,13 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  /// Drops the process's pages of [p, p + n) (a range inside this map; only the whole pages
+  /// inside it): madvise(MADV_DONTNEED). The map is read-only and private, so a later read of
+  /// the range faults the same bytes back in from the file (the page cache keeps them); this only
+  /// lowers resident memory once a loader has copied or repacked a tensor.
+  void Release(const uint8_t* p, size_t n) const;
+  /// Whether [p, p + n) lies inside the map.
+  bool Contains(const uint8_t* p, size_t n) const { return p >= data_ && n <= size_ && p - data_ <= static_cast<ptrdiff_t>(size_ - n); }
 
  private:
   MappedFile() = default;

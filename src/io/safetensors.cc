@@ -165,6 +165,22 @@ Result<const TensorView*> TensorStore::Get(const std::string& name) const {
   return t;
 }
 
+const std::shared_ptr<SafetensorsFile>* TensorStore::FileOf(const TensorView& t) const {
+  for (const auto& f : files_)
+    if (f->map().Contains(t.data, t.nbytes)) return &f;
+  return nullptr;
+}
+
+std::shared_ptr<const uint8_t> TensorStore::Share(const TensorView& t) const {
+  const std::shared_ptr<SafetensorsFile>* f = FileOf(t);
+  if (f == nullptr) return nullptr;
+  return std::shared_ptr<const uint8_t>(*f, t.data);
+}
+
+void TensorStore::Release(const TensorView& t) const {
+  if (const std::shared_ptr<SafetensorsFile>* f = FileOf(t)) (*f)->map().Release(t.data, t.nbytes);
+}
+
 std::vector<std::string> TensorStore::Names() const {
   std::vector<std::string> names;
   for (const auto& kv : by_name_) names.push_back(kv.first);

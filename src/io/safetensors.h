@@ -67,6 +67,7 @@ class SafetensorsFile {
   const std::vector<TensorView>& tensors() const { return header_.tensors; }
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   const std::string& path() const { return map_->path(); }
+  const MappedFile& map() const { return *map_; }
 
  private:
   std::shared_ptr<MappedFile> map_;
@@ -92,7 +93,17 @@ class TensorStore {
   std::vector<std::string> Names() const;
   const std::string& description() const { return description_; }
 
+  /// `t`'s bytes (a tensor of this store) with shared ownership of its mapped file: valid after
+  /// the store is gone, for as long as the pointer lives (zero-copy weights).
+  std::shared_ptr<const uint8_t> Share(const TensorView& t) const;
+  /// Drops the process's resident pages of `t`'s bytes (MappedFile::Release): for a tensor a
+  /// loader has copied or repacked, so that the mapping and the copy are not resident together.
+  /// Reading `t` afterwards stays valid (the bytes fault back in from the file).
+  void Release(const TensorView& t) const;
+
  private:
+  // The file holding `t`'s bytes; nullptr when `t` is not a tensor of this store.
+  const std::shared_ptr<SafetensorsFile>* FileOf(const TensorView& t) const;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorView*> by_name_;
   std::string description_;

@@ -1,5 +1,6 @@
 #include "model/int4_linear.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "base/check.h"
@@ -64,6 +65,117 @@ Int4Linear::Int4Linear(const uint8_t* packed, size_t bytes, const W4PackedWeight
   NIBBLE_CHECK(pw_.row_bytes == expect.row_bytes && pw_.rec_bytes == expect.rec_bytes);
   pw_ = expect;
   pw_.data = packed_.data();
+}
+
+Int4Linear::Int4Linear(PageBuffer packed, const W4PackedWeight& geometry, std::vector<float> bias, std::string desc)
+    : packed_(std::move(packed)), pw_(geometry), bias_(std::move(bias)), desc_(std::move(desc)) {
+  pw_.data = packed_.data();
+}
+
+namespace {
+
+// Four 32-bit lanes (SSE2 in the generic build): four stored columns at once.
+using U32x4 = uint32_t __attribute__((vector_size(16)));
+
+// Transposes an 8 x 8 matrix of nibbles held in eight words (row r = a[r], column i = nibble i)
+// in place: afterwards nibble j of a[i] is what nibble i of a[j] was. Three rounds of swapping
+// blocks (1, 2 and 4 nibbles) between word pairs. W: uint32_t, or U32x4 for four matrices.
+template <class W>
+inline void TransposeNibbles8x8(W (&a)[8]) {
+  for (int r = 0; r < 8; r += 2) {
+    const W t = ((a[r] >> 4) ^ a[r + 1]) & 0x0F0F0F0Fu;
+    a[r + 1] ^= t;
+    a[r] ^= t << 4;
+  }
+  for (int r : {0, 1, 4, 5}) {
+    const W t = ((a[r] >> 8) ^ a[r + 2]) & 0x00FF00FFu;
+    a[r + 2] ^= t;
+    a[r] ^= t << 8;
+  }
+  for (int r = 0; r < 4; ++r) {
+    const W t = ((a[r] >> 16) ^ a[r + 4]) & 0x0000FFFFu;
+    a[r + 4] ^= t;
+    a[r] ^= t << 16;
+  }
+}
+
+// The codes of outputs [8·c0, 8·c1) into w's superblocks. W4P dword l of superblock b holds
+// inputs 128b + 16j + l (j = 0..7) as nibbles j; stored word (kk, c) holds outputs 8c + order[i]
+// of input kk as nibbles i: the eight words kk = 128b + 16j + l (j = 0..7) of column c,
+// transposed, are dword l of superblock b for each of the eight outputs. Four adjacent columns
+// (16 contiguous bytes of each input row) go through one vector transpose.
+void RepackTransposedColumns(const TransposedNibbleCodes& src, const W4PackedWeight& w, int64_t c0, int64_t c1,
+                             uint8_t* out) {
+  const int64_t words = w.n / 8, sb_per_rec = w.rec_weights / 128;
+  const uint32_t flip = 0x11111111u * src.xor_mask;
+  for (int64_t b = 0; b < w.k / 128; ++b) {
+    const int64_t rec = b / sb_per_rec;
+    const int64_t sb_offset = rec * w.rec_bytes + w.rec_header + (b % sb_per_rec) * 64;
+    const uint8_t* const in = src.words + 128 * b * words * 4;
+    int64_t c = c0;
+    for (; c + 4 <= c1; c += 4)
+      for (int l = 0; l < 16; ++l) {
+        U32x4 a[8];
+        for (int j = 0; j < 8; ++j) std::memcpy(&a[j], in + ((16 * j + l) * words + c) * 4, 16);
+        TransposeNibbles8x8(a);
+        for (int i = 0; i < 8; ++i) {
+          const U32x4 d = a[i] ^ flip;
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t v = d[q];
+            std::memcpy(out + (8 * (c + q) + src.order[i]) * w.row_bytes + sb_offset + 4 * l, &v, 4);
+          }
+        }
+      }
+    for (; c < c1; ++c)
+      for (int l = 0; l < 16; ++l) {
+        uint32_t a[8];
+        for (int j = 0; j < 8; ++j) std::memcpy(&a[j], in + ((16 * j + l) * words + c) * 4, 4);
+        TransposeNibbles8x8(a);
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t d = a[i] ^ flip;
+          std::memcpy(out + (8 * c + src.order[i]) * w.row_bytes + sb_offset + 4 * l, &d, 4);
+        }
+      }
+  }
+}
+
+// Rows [r0, r1) of w's record headers: each record's fp32 scales, then (asymmetric) its zero
+// points, from m (K % R == 0: every record full).
+void WriteRecordHeaders(const Int4Matrix& m, const W4PackedWeight& w, int64_t r0, int64_t r1, uint8_t* out) {
+  const int64_t groups = m.groups();
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t ri = 0; ri < w.recs; ++ri) {
+      uint8_t* rec = out + r * w.row_bytes + ri * w.rec_bytes;
+      const size_t at = static_cast<size_t>(r * groups + ri * w.rec_groups);
+      std::memcpy(rec, &m.scales[at], static_cast<size_t>(4 * w.rec_groups));
+      if (m.symmetric) continue;
+      for (int64_t gi = 0; gi < w.rec_groups; ++gi) {
+        NIBBLE_CHECK(m.zero_points[at + static_cast<size_t>(gi)] <= 15);
+        rec[4 * w.rec_groups + gi] = m.zero_points[at + static_cast<size_t>(gi)];
+      }
+    }
+}
+
+}  // namespace
+
+std::unique_ptr<Int4Linear> Int4Linear::FromTransposed(const DeferredInt4& d, std::vector<float> bias,
+                                                       std::string desc) {
+  const Int4Matrix& m = d.matrix;
+  if (m.n % 8 != 0 || m.k % 128 != 0 || m.group_size % 16 != 0 || !m.g_idx.empty()) return nullptr;
+  NIBBLE_CHECK(m.n >= 1 && m.k >= 1 && m.k % m.group_size == 0 && d.codes.words != nullptr);
+  NIBBLE_CHECK(static_cast<int64_t>(m.scales.size()) == m.n * m.groups() && m.zero_points.size() == m.scales.size());
+  W4PackedWeight w = W4PackedGeometry(m.n, m.k, m.group_size, m.symmetric);
+  // Every byte is written below (K % R == 0: no padding), each row block by one thread.
+  PageBuffer packed(static_cast<size_t>(W4PackedBytes(m.n, m.k, m.group_size, m.symmetric)), PageBuffer::Uninitialized{});
+  uint8_t* const out = packed.data();
+  // Blocks of 16 stored columns (128 outputs): each input row's 16 words are one cache line.
+  const int64_t columns = m.n / 8, blocks = (columns + 15) / 16;
+  ParallelFor(blocks, m.n * m.k >= kTeamMinWork, [&](int64_t blk) {
+    const int64_t c0 = 16 * blk, c1 = std::min(columns, c0 + 16);
+    WriteRecordHeaders(m, w, 8 * c0, 8 * c1, out);
+    RepackTransposedColumns(d.codes, w, c0, c1, out);
+  });
+  return std::unique_ptr<Int4Linear>(new Int4Linear(std::move(packed), w, std::move(bias), std::move(desc)));
 }
 
 Int4Matrix Int4Linear::weight() const {

@@ -13,6 +13,7 @@
 // input row into that order first (one pass over M x K floats).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,12 @@ class Int4Linear final : public Linear {
   /// times). packed: W4PackedBytes(geometry...) bytes; geometry.data is ignored.
   Int4Linear(const uint8_t* packed, size_t bytes, const W4PackedWeight& geometry, std::vector<float> bias,
              std::string desc);
+  /// Packs a module straight from its stored transposed nibble words (DeferredInt4: `d.matrix`
+  /// without codes), with no one-byte-per-code copy: eight stored words become eight W4P dwords
+  /// by one 8 x 8 nibble transpose. The same bytes as the constructor on the decoded matrix.
+  /// nullptr when the shape is not served this way (N % 8, K % 128 or g % 16 not 0; a g_idx):
+  /// decode the codes and use the constructor.
+  static std::unique_ptr<Int4Linear> FromTransposed(const DeferredInt4& d, std::vector<float> bias, std::string desc);
   int64_t in_features() const override { return pw_.k; }
   int64_t out_features() const override { return pw_.n; }
   void Forward(const float* x, int64_t m, float* y) const override;
@@ -73,6 +80,7 @@ class Int4Linear final : public Linear {
   const W4PackedWeight& packed() const { return pw_; }
 
  private:
+  Int4Linear(PageBuffer packed, const W4PackedWeight& geometry, std::vector<float> bias, std::string desc);
   PageBuffer packed_;  // [N, K/g] group records (kernels/int4_packed.h), on huge pages when large
   W4PackedWeight pw_;            // geometry + pointer into packed_
   std::vector<float> bias_;

@@ -17,7 +17,20 @@ void DenseLinear::Forward(const float* x, int64_t m, float* y) const {
   if (!bias_.empty()) AddBiasRows(y, m, n_, bias_.data());
 }
 
+std::shared_ptr<const Bf16Weights> Bf16Weights::Of(std::shared_ptr<const std::vector<uint16_t>> v) {
+  if (v == nullptr) return nullptr;
+  auto w = std::make_shared<Bf16Weights>();
+  w->values = v->data();
+  w->count = v->size();
+  w->owner = std::move(v);
+  return w;
+}
+
 Bf16DenseLinear::Bf16DenseLinear(int64_t n, int64_t k, std::shared_ptr<const std::vector<uint16_t>> weight,
+                                 std::vector<float> bias, Bf16GemvKernel gemv)
+    : Bf16DenseLinear(n, k, Bf16Weights::Of(std::move(weight)), std::move(bias), gemv) {}
+
+Bf16DenseLinear::Bf16DenseLinear(int64_t n, int64_t k, std::shared_ptr<const Bf16Weights> weight,
                                  std::vector<float> bias, Bf16GemvKernel gemv)
     : n_(n), k_(k), weight_(std::move(weight)), bias_(std::move(bias)), gemv_(gemv) {
   NIBBLE_CHECK(weight_ != nullptr && static_cast<int64_t>(weight_->size()) == n * k && gemv_ != nullptr);

@@ -41,6 +41,18 @@ class Linear {
   }
 };
 
+/// bf16 weights as bit patterns, [rows, cols] row-major: in memory, or zero-copy in a mapped
+/// checkpoint (`owner` keeps the mapping alive), so a bf16 table is never resident twice.
+struct Bf16Weights {
+  std::shared_ptr<const void> owner;  // keeps `values` valid
+  const uint16_t* values = nullptr;   // 2-byte aligned
+  size_t count = 0;
+  const uint16_t* data() const { return values; }
+  size_t size() const { return count; }
+  /// Owns `v`.
+  static std::shared_ptr<const Bf16Weights> Of(std::shared_ptr<const std::vector<uint16_t>> v);
+};
+
 /// Dense fp32 linear through the dense GEMM (oneDNN sgemm). Weights may be shared (tied
 /// embeddings / lm_head).
 class DenseLinear final : public Linear {
@@ -72,6 +84,9 @@ class Bf16DenseLinear final : public Linear {
   /// table); bias: empty or [N]. `gemv` must be non-null.
   Bf16DenseLinear(int64_t n, int64_t k, std::shared_ptr<const std::vector<uint16_t>> weight, std::vector<float> bias,
                   Bf16GemvKernel gemv);
+  /// The same on weights that may live in a mapped checkpoint (zero-copy).
+  Bf16DenseLinear(int64_t n, int64_t k, std::shared_ptr<const Bf16Weights> weight, std::vector<float> bias,
+                  Bf16GemvKernel gemv);
   int64_t in_features() const override { return k_; }
   int64_t out_features() const override { return n_; }
   void Forward(const float* x, int64_t m, float* y) const override;
@@ -80,7 +95,7 @@ class Bf16DenseLinear final : public Linear {
 
  private:
   int64_t n_, k_;
-  std::shared_ptr<const std::vector<uint16_t>> weight_;
+  std::shared_ptr<const Bf16Weights> weight_;
   std::vector<float> bias_;
   Bf16GemvKernel gemv_;
 };

@@ -51,10 +51,7 @@ Result<std::unique_ptr<Linear>> LoadDenseLinear(const TensorStore& store, const 
   // bf16 weights stay bf16 where the dispatch has a bf16 GEMV: half the bytes per decode step.
   const Bf16GemvKernel gemv = ActiveW4Dispatch().kernels.gemv_bf16;
   if (const TensorView* t = store.Find(prefix + ".weight"); gemv != nullptr && t != nullptr && t->dtype == DType::kBF16) {
-    NIBBLE_ASSIGN_OR_RETURN(t, GetShaped(store, prefix + ".weight", {n, k}));  // the store checked nbytes
-    NIBBLE_RETURN_IF_ERROR(CheckFinite(*t));
-    auto w = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(n * k));
-    std::memcpy(w->data(), t->data, t->nbytes);
+    NIBBLE_ASSIGN_OR_RETURN(std::shared_ptr<const Bf16Weights> w, ShareBf16(store, prefix + ".weight", {n, k}));
     return std::unique_ptr<Linear>(new Bf16DenseLinear(n, k, std::move(w), std::move(bias), gemv));
   }
   NIBBLE_ASSIGN_OR_RETURN(std::vector<float> w, LoadF32(store, prefix + ".weight", {n, k}));
@@ -81,11 +78,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::FromStore(const ModelConfig& c, 
   std::shared_ptr<const std::vector<float>> embed_shared;
   const TensorView* et = store.Find(kEmbedTokensWeight);
   if (et != nullptr && et->dtype == DType::kBF16 && (!proj.tied || gemv != nullptr)) {
-    NIBBLE_ASSIGN_OR_RETURN(et, GetShaped(store, kEmbedTokensWeight, {c.vocab_size, h}));
-    NIBBLE_RETURN_IF_ERROR(CheckFinite(*et));
-    auto table = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(c.vocab_size * h));
-    std::memcpy(table->data(), et->data, et->nbytes);
-    m->embed_bf16_ = std::move(table);
+    NIBBLE_ASSIGN_OR_RETURN(m->embed_bf16_, ShareBf16(store, kEmbedTokensWeight, {c.vocab_size, h}));
   } else {
     auto embed = LoadF32(store, kEmbedTokensWeight, {c.vocab_size, h});
     if (!embed.ok()) return embed.error();
@@ -132,6 +125,21 @@ int64_t LlamaModel::CountLinears(F&& f) {
       n += f(*p) ? 1 : 0;
   n += f(*lm_head_) ? 1 : 0;
   return n;
+}
+
+int64_t LlamaModel::WeightBytes() const {
+  const auto floats = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * sizeof(float)); };
+  int64_t bytes = floats(norm_);
+  if (embed_tokens_ != nullptr) bytes += static_cast<int64_t>(embed_tokens_->size() * sizeof(float));
+  if (embed_bf16_ != nullptr) bytes += static_cast<int64_t>(embed_bf16_->size() * sizeof(uint16_t));
+  for (const DecoderLayerWeights& l : layers_) {
+    bytes += floats(l.input_layernorm) + floats(l.post_attention_layernorm) + floats(l.q_norm) + floats(l.k_norm);
+    for (const Linear* p : {l.q_proj.get(), l.k_proj.get(), l.v_proj.get(), l.o_proj.get(), l.gate_proj.get(),
+                            l.up_proj.get(), l.down_proj.get()})
+      bytes += p->WeightBytes();
+  }
+  if (!config_.tie_word_embeddings) bytes += lm_head_->WeightBytes();  // tied: the embedding itself
+  return bytes;
 }
 
 int64_t LlamaModel::SetBf16Activations(bool on) {

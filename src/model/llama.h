@@ -80,6 +80,10 @@ class LlamaModel {
   const std::vector<DecoderLayerWeights>& layers() const { return layers_; }
   const Linear& lm_head() const { return *lm_head_; }
   const std::vector<float>& final_norm() const { return norm_; }  // [hidden_size]
+  /// Bytes of every weight the model holds, each table once (a tied lm_head shares the
+  /// embedding): embeddings, norms, each linear's WeightBytes. Zero-copy bf16 tables count in
+  /// full, though only the pages read are resident.
+  int64_t WeightBytes() const;
 
   /// Switches every projection and lm_head to (or back from) the opt-in W4A8 path
   /// (Linear::SetInt8Activations). Returns how many linears now run int8 activations.
@@ -128,8 +132,9 @@ class LlamaModel {
   std::shared_ptr<const std::vector<float>> embed_tokens_;  // [vocab_size, hidden_size], shared with a tied lm_head
   // bf16 checkpoints keep the table as bf16 bit patterns instead (rows are widened exactly at
   // lookup; embed_tokens_ is then null): half the bytes. A tied lm_head runs on the same table
-  // (Bf16DenseLinear) where the dispatch has a bf16 GEMV.
-  std::shared_ptr<const std::vector<uint16_t>> embed_bf16_;  // [vocab_size, hidden_size]
+  // (Bf16DenseLinear) where the dispatch has a bf16 GEMV. Zero-copy in the mapped checkpoint:
+  // only the rows looked up become resident.
+  std::shared_ptr<const Bf16Weights> embed_bf16_;  // [vocab_size, hidden_size]
   std::vector<float> norm_;          // [hidden_size]
   std::vector<DecoderLayerWeights> layers_;
   std::unique_ptr<Linear> lm_head_;

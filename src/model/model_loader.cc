@@ -15,16 +15,26 @@ LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format,
   return [format, act_order](const TensorStore& store, const std::string& prefix, int64_t n, int64_t k,
                   bool has_bias) -> Result<std::unique_ptr<Linear>> {
     NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, format->Resolve(prefix));
-    NIBBLE_ASSIGN_OR_RETURN(std::optional<Int4Matrix> m, format->Import(store, prefix, plan, n, k));
-    if (!m) return LoadDenseLinear(store, prefix, n, k, has_bias);
     std::vector<float> bias;
-    if (has_bias) {
+    if (has_bias && plan.spec) {
       NIBBLE_ASSIGN_OR_RETURN(bias, LoadF32(store, prefix + ".bias", {n}));
     }
-    // Readers keep a g_idx only when it is not the natural one.
-    const std::string desc = DescribeSpec(*plan.spec) + (m->g_idx.empty() ? "" : " act-order");
-    if (act_order && !m->g_idx.empty()) ++*act_order;
-    return std::unique_ptr<Linear>(new Int4Linear(std::move(*m), std::move(bias), desc));
+    // Codes stored transposed are repacked straight from the mapped words (no decoded copy).
+    NIBBLE_ASSIGN_OR_RETURN(std::optional<DeferredInt4> deferred, format->ImportDeferred(store, prefix, plan, n, k));
+    std::unique_ptr<Linear> linear;
+    if (deferred) linear = Int4Linear::FromTransposed(*deferred, bias, DescribeSpec(*plan.spec));
+    if (linear == nullptr) {
+      NIBBLE_ASSIGN_OR_RETURN(std::optional<Int4Matrix> m, format->Import(store, prefix, plan, n, k));
+      if (!m) return LoadDenseLinear(store, prefix, n, k, has_bias);
+      // Readers keep a g_idx only when it is not the natural one.
+      const std::string desc = DescribeSpec(*plan.spec) + (m->g_idx.empty() ? "" : " act-order");
+      if (act_order && !m->g_idx.empty()) ++*act_order;
+      linear.reset(new Int4Linear(std::move(*m), std::move(bias), desc));
+    }
+    // The packed copy is what the model keeps: the mapping's pages of the module go.
+    for (const std::string& suffix : format->TensorSuffixes())
+      if (const TensorView* t = store.Find(prefix + "." + suffix)) store.Release(*t);
+    return linear;
   };
 }
 
