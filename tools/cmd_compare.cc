@@ -18,6 +18,7 @@
 #include <nibble/nibble.h>
 
 #include "commands.h"
+#include "support/cancel_signal.h"
 #include "support/eval_output.h"
 #include "support/progress.h"
 #include "support/text.h"
@@ -92,7 +93,10 @@ nibble::Result<std::vector<MethodRun>> QuantizeMethods(const CompareArgs& a, con
     };
     auto s = nibble::Quantize(r);
     bar.reset();
-    if (!s.ok()) return s.error().WithContext("--methods " + methods[i]);
+    if (!s.ok()) {
+      if (s.error().code == nibble::ErrorCode::kCancelled) return s.error();
+      return s.error().WithContext("--methods " + methods[i]);
+    }
     std::fprintf(stderr, "compare: %s took %.1f s\n", methods[i].c_str(), s->seconds);
     runs.push_back({methods[i], r.output_dir, s->seconds, s->total_bytes});
   }
@@ -226,6 +230,8 @@ Runner RegisterCompare(CLI::App& app) {
     nibble::SetNumThreads(a->threads);
     std::string text;
     if (const std::string err = ReadTextFile(a->text, &text); !err.empty()) return Fail(err);
+    const CancelOnSignal interrupt;  // Ctrl-C: quantizing or comparing stops, exit 130
+    a->quant.cancel = interrupt.token();
     std::vector<MethodRun> runs;
     std::string tmp_root;
     if (!a->methods.empty()) {
@@ -237,7 +243,7 @@ Runner RegisterCompare(CLI::App& app) {
       auto r = QuantizeMethods(*a, root);
       if (!r.ok()) {
         if (!tmp_root.empty()) std::filesystem::remove_all(tmp_root, ec);
-        return Fail(r.error().message);
+        return r.error().code == nibble::ErrorCode::kCancelled ? FailStatus(r.error()) : Fail(r.error().message);
       }
       runs = std::move(r).value();
     }
@@ -259,13 +265,20 @@ Runner RegisterCompare(CLI::App& app) {
     nibble::CompareOptions opt;
     opt.seq_len = a->seq_len;
     opt.max_windows = a->max_windows;
+    opt.cancel = interrupt.token();
     opt.progress = [&bar](int64_t done, int64_t total) {
       if (!bar) bar = std::make_unique<nibble::ProgressBar>("compare", total);
       bar->Update(done);
     };
     auto r = RunComparison(*a, text, models, opt);
     bar.reset();
-    if (!r.ok()) return Fail(a->text + ": " + r.error().message);
+    if (!r.ok()) {
+      if (!tmp_root.empty()) {
+        std::error_code ec;
+        std::filesystem::remove_all(tmp_root, ec);
+      }
+      return r.error().code == nibble::ErrorCode::kCancelled ? FailStatus(r.error()) : Fail(a->text + ": " + r.error().message);
+    }
     std::FILE* out = a->json ? stderr : stdout;
     std::fprintf(out, "text: %s\n", a->text.c_str());
     std::fprintf(out, "protocol: GPTQ/AWQ (SPEC 6.1): whole text tokenized once with the %s tokenizer, %s, "

@@ -7,6 +7,7 @@
 #include <nibble/nibble.h>
 
 #include "commands.h"
+#include "support/cancel_signal.h"
 
 namespace nibble_cli {
 
@@ -21,6 +22,8 @@ Runner RegisterConvert(CLI::App& app) {
   cmd->add_flag("--overwrite", r->overwrite, "Replace an existing output directory");
   return [r]() -> int {
     r->on_message = [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); };
+    const CancelOnSignal interrupt;  // Ctrl-C: nothing written, exit 130
+    r->cancel = interrupt.token();
     auto s = nibble::Convert(*r);
     if (!s.ok()) return FailStatus(s.error());
     std::printf("converted %s (%s) -> %s (%s): %lld quantized linears re-packed, %lld tensors copied, %lld shard(s), %.1f s\n",

@@ -11,6 +11,7 @@
 #include <nibble/nibble.h>
 
 #include "commands.h"
+#include "support/cancel_signal.h"
 #include "support/eval_output.h"
 #include "support/text.h"
 
@@ -47,7 +48,13 @@ struct Run {
   OptInActs opt_in;
   int64_t opt_linears;
   std::FILE* out;  // human text: stdout, or stderr under --json
+  const nibble::CancellationToken* cancel;  // cancelled by Ctrl-C (support/cancel_signal.h)
 };
+
+// A failed evaluation: named by the text file, or (Ctrl-C) the cancellation's exit code.
+int FailEval(const PerplexityArgs* a, const nibble::Error& e) {
+  return e.code == nibble::ErrorCode::kCancelled ? FailStatus(e) : Fail(a->text + ": " + e.message);
+}
 
 // --kl_divergence_base: the model (and its opt-in activation instance) against the float base on
 // the same windows: a base model directory run now, or logits saved earlier by --save_logits.
@@ -57,6 +64,7 @@ nibble::Result<nibble::ComparisonReport> CompareWithBase(const Run& run) {
   co.seq_len = a->seq_len;
   co.max_windows = a->max_windows;
   co.on_window = RunningPerplexityPrinter();
+  co.cancel = run.cancel;
   // The opt-in instance goes through the same comparison, so the base runs (or is read) once.
   std::vector<const nibble::Model*> models = {run.model};
   if (run.opt_in.on) models.push_back(run.model2);
@@ -78,7 +86,7 @@ nibble::Result<nibble::ComparisonReport> CompareWithBase(const Run& run) {
 int RunAgainstBase(const Run& run) {
   const PerplexityArgs* a = run.a;
   auto c = CompareWithBase(run);
-  if (!c.ok()) return Fail(a->text + ": " + c.error().message);
+  if (!c.ok()) return FailEval(a, c.error());
   const auto& row = c->rows[0];
   const std::string base = c->base_logits_file.empty() ? a->kl_base : c->base_logits_file + " (saved logits)";
   std::fprintf(run.out, "model: %s\nbase: %s\ntext: %s\n", a->model.c_str(), base.c_str(), a->text.c_str());
@@ -138,7 +146,7 @@ int RunPlain(const Run& run, const nibble::PerplexityOptions& opt) {
   o.save_logits = a->save_logits;
   o.save_logits_format = a->save_logits_format;
   auto r = nibble::EvaluatePerplexity(*run.model, run.text, o);
-  if (!r.ok()) return Fail(a->text + ": " + r.error().message);
+  if (!r.ok()) return FailEval(a, r.error());
   PrintPlain(run, *r);
   nlohmann::ordered_json j = {{"model", a->model},
                               {"text", a->text},
@@ -152,7 +160,7 @@ int RunPlain(const Run& run, const nibble::PerplexityOptions& opt) {
     nibble::PerplexityOptions o2 = opt;
     o2.on_window = RunningPerplexityPrinter();
     auto r2 = nibble::EvaluatePerplexity(*run.model2, run.text, o2);
-    if (!r2.ok()) return Fail(a->text + ": " + r2.error().message);
+    if (!r2.ok()) return FailEval(a, r2.error());
     std::fprintf(run.out, "%s, %lld int4 linears): mean NLL %.6f, perplexity %.4f (%+.2f %% vs fp32 activations %.4f)\n",
                  run.opt_in.label, static_cast<long long>(run.opt_linears), r2->mean_nll, r2->ppl,
                  100.0 * (r2->ppl / r->ppl - 1.0), r->ppl);
@@ -206,7 +214,9 @@ Runner RegisterPerplexity(CLI::App& app) {
       return UsageError("--save_logits: --kl_divergence_base reads saved logits, there is no base model to save");
     if (auto st = nibble::CheckSavedLogitsFormat(a->save_logits_format); !st.ok()) return UsageError(st.error().message);
     nibble::SetNumThreads(a->threads);
-    Run run{a.get(), "", nullptr, nullptr, {}, 0, a->json ? stderr : stdout};
+    // Ctrl-C from here on (loading included): the evaluation stops at its first check, exit 130.
+    const CancelOnSignal interrupt;
+    Run run{a.get(), "", nullptr, nullptr, {}, 0, a->json ? stderr : stdout, interrupt.token()};
     if (const std::string err = ReadTextFile(a->text, &run.text); !err.empty()) return Fail(err);
     // Comparing against an opt-in path: the first instance runs fp32 activations.
     nibble::LoadOptions lo1;
@@ -244,6 +254,7 @@ Runner RegisterPerplexity(CLI::App& app) {
     if (const std::string err = CheckWindowContext(**model, a->seq_len, a->kv); !err.empty()) return Fail(err);
     if (!a->kl_base.empty()) return RunAgainstBase(run);
     nibble::PerplexityOptions opt;
+    opt.cancel = run.cancel;
     opt.seq_len = a->seq_len;
     opt.max_windows = a->max_windows;
     opt.on_window = RunningPerplexityPrinter();

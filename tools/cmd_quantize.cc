@@ -12,6 +12,7 @@
 #include <nibble/nibble.h>
 
 #include "commands.h"
+#include "support/cancel_signal.h"
 #include "support/progress.h"
 #include "support/eval_output.h"
 #include "support/report.h"
@@ -233,6 +234,8 @@ Runner RegisterQuantize(CLI::App& app) {
       if (bar) bar->Finish();
       std::fprintf(stderr, "%s\n", m.c_str());
     };
+    const CancelOnSignal interrupt;  // Ctrl-C: the staging directory is removed, exit 130
+    r.cancel = interrupt.token();
     auto s = nibble::Quantize(r);
     bar.reset();
     if (!s.ok()) return FailStatus(s.error());

@@ -37,7 +37,9 @@ std::string BuildCommit();
 
 /// Exit codes of every command (`verify` adds 1 = the checkpoints differ): 0 success, 1 a runtime
 /// error (a file missing or malformed, a model it cannot run), 2 a usage error (unknown flag, a
-/// value out of range, a missing or conflicting flag), reported before anything is loaded.
+/// value out of range, a missing or conflicting flag), reported before anything is loaded; 130 / 143
+/// a long command (quantize, convert, export-onnx, perplexity, compare) stopped by SIGINT / SIGTERM
+/// (128 + the signal, the shell's convention), its output not written.
 inline constexpr int kExitRuntime = 1;
 inline constexpr int kExitUsage = 2;
 
@@ -51,7 +53,7 @@ int Fail(const std::string& message);
 /// The same for a usage error: returns kExitUsage.
 int UsageError(const std::string& message);
 /// A library error: a usage error when it is kInvalidArgument or kUnsupported naming a flag
-/// ("--..."), else Fail.
+/// ("--..."); kCancelled (Ctrl-C, support/cancel_signal.h) exits 128 + the signal; else Fail.
 int FailStatus(const nibble::Error& error);
 
 /// Prints each of a loaded model's warnings to stderr as "warning: <dir>: <text>" (a text that

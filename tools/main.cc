@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "support/bench.h"
+#include "support/cancel_signal.h"
 #include "support/flags.h"
 #include "support/openmp_wait.h"
 #include "support/text.h"
@@ -28,6 +29,7 @@ int UsageError(const std::string& message) {
 }
 
 int FailStatus(const nibble::Error& error) {
+  if (error.code == nibble::ErrorCode::kCancelled) return FailCancelled(error.message);  // 130 / 143
   // The library names a flag's bad value "--flag ..." (checked before it reads anything).
   const bool usage = (error.code == nibble::ErrorCode::kInvalidArgument || error.code == nibble::ErrorCode::kUnsupported) &&
                      error.message.starts_with("--");

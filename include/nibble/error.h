@@ -29,9 +29,9 @@ enum class ErrorCode {
   kIo,               // the OS failed a read, write, map or rename (500)
   kResourceExhausted,  // a request that needs more memory than allowed (--max_memory, MemAvailable):
                        // refused up front, the message giving bytes needed and allowed (503)
-  kCancelled,        // a long call stopped because its CancellationToken was cancelled
-                     // (<nibble/cancel.h>); what it changed is rolled back to the last complete
-                     // step (a session keeps its last complete position) (499, as nginx's)
+  kCancelled,        // a long call (generate, perplexity, quantize, convert, export-onnx) stopped by its
+                     // CancellationToken (<nibble/cancel.h>), rolled back to its last complete step: a session
+                     // keeps its position, a writer removes its staging dir, the target untouched (499, nginx's)
   kInternal,         // a bug or an impossible state (500)
 };
 

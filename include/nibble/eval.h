@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <nibble/cancel.h>
 #include <nibble/error.h>
 #include <nibble/model.h>
 
@@ -42,6 +43,10 @@ struct PerplexityOptions {
   /// logits), "uint16" (every log-prob in 16 bits, as llama.cpp's KL-divergence base) or "topk:K"
   /// (the K largest log-probs and the rest's mass). Reading detects the form.
   std::string save_logits_format = "fp32";
+  /// When set and cancelled (from any thread): the call stops within one decoder layer of the
+  /// window it is running (and between windows) with ErrorCode::kCancelled; no save_logits file
+  /// is left behind.
+  const CancellationToken* cancel = nullptr;
 };
 
 /// Error (naming --save_logits_format, the value and the accepted forms) unless `format` is one
@@ -76,6 +81,8 @@ struct CompareOptions {
   /// PerplexityOptions).
   std::string save_logits;
   std::string save_logits_format = "fp32";
+  /// As PerplexityOptions::cancel: checked before each decoder layer of every model's window.
+  const CancellationToken* cancel = nullptr;
 };
 
 /// One model compared with the base (float) model on the same windows.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <nibble/cancel.h>
 #include <nibble/error.h>
 
 namespace nibble {
@@ -26,6 +27,10 @@ struct ExportOnnxRequest {
   std::string execution_provider = "cpu";
   bool overwrite = false;
   std::function<void(const std::string&)> on_message;
+  /// When set and cancelled (from any thread): the export stops at its next check (every decoder
+  /// layer and linear) with ErrorCode::kCancelled; the staging directory is removed and
+  /// output_dir is left as it was.
+  const CancellationToken* cancel = nullptr;
 };
 
 struct ExportOnnxSummary {

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include <nibble/cancel.h>
 #include <nibble/error.h>
 
 namespace nibble {
@@ -87,6 +88,11 @@ struct QuantizeRequest {
   bool true_sequential = false;           // Hessians after the linears before them are quantized
   /// Warnings and notes (calibration shortfall, skipped GQA mappings) as they happen.
   std::function<void(const std::string&)> on_message;
+  /// When set and cancelled (from any thread): Quantize stops at its next check (every decoder
+  /// layer, AWQ mapping, GPTQ Hessian and linear of the calibrated pipeline; every tensor of the
+  /// export) with ErrorCode::kCancelled. The staging directory is removed and output_dir is left
+  /// as it was (absent, or the old checkpoint under overwrite).
+  const CancellationToken* cancel = nullptr;
 };
 
 /// AWQ outcome of one scaling_layers mapping in one decoder layer.
@@ -210,6 +216,8 @@ struct ConvertRequest {
   int64_t max_shard_size = 5000000000;
   bool overwrite = false;
   std::function<void(const std::string&)> on_message;
+  /// As QuantizeRequest::cancel: checked before every linear read and every tensor written.
+  const CancellationToken* cancel = nullptr;
 };
 
 struct ConvertSummary {

@@ -33,6 +33,7 @@ Result<PerplexityProtocol> ToProtocol(const CompareOptions& options) {
   protocol.progress = options.progress;
   protocol.on_window = options.on_window;
   protocol.save_logits = options.save_logits;
+  protocol.cancel = options.cancel;
   NIBBLE_ASSIGN_OR_RETURN(protocol.save_logits_format, SavedLogitsFormat::Parse(options.save_logits_format));
   return protocol;
 }

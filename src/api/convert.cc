@@ -51,11 +51,13 @@ Status CheckOutput(const ConvertRequest& r) {
 // Resolves every linear and reads each quantized one once to learn its scales' dtype and whether
 // the model's dtype holds them exactly (then they are written in it, as quantize does).
 Result<std::vector<SourceLinear>> ReadSourceLinears(const QuantizedFormat& src, const ModelConfig& mc,
-                                                    const TensorStore& store, DType model_dtype) {
+                                                    const TensorStore& store, DType model_dtype,
+                                                    const CancellationToken* cancel) {
   std::vector<SourceLinear> out;
   // A tied model's lm_head is the float embedding (FindOutputProjection): nothing to convert.
   NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, store));
   for (const std::string& m : LinearModuleNames(mc, proj.ReadsHeadModule())) {
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, "convert reading " + m));
     SourceLinear l;
     l.module = m;
     NIBBLE_ASSIGN_OR_RETURN(l.plan, src.Resolve(m));
@@ -149,10 +151,12 @@ std::map<std::string, std::string> OutputOrder(const QuantizedFormat& src, const
 
 Status WriteConverted(const QuantizedFormat& src, const FormatWriter& writer, const ModelConfig& mc,
                       const TensorStore& store, const std::vector<SourceLinear>& linears,
-                      std::optional<DType> scale_dtype, DType model_dtype, CheckpointWriter& out, ConvertSummary& s) {
+                      std::optional<DType> scale_dtype, DType model_dtype, CheckpointWriter& out, ConvertSummary& s,
+                      const CancellationToken* cancel) {
   std::map<std::string, const SourceLinear*> by_module;
   for (const SourceLinear& l : linears) by_module[l.module] = &l;
   for (const auto& [name, module] : OutputOrder(src, store, linears)) {
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, "convert at " + name));
     if (module.empty()) {
       NIBBLE_RETURN_IF_ERROR(out.Add(BorrowTensor(*store.Find(name))));
       ++s.float_tensors;
@@ -220,7 +224,7 @@ static Result<ConvertSummary> ConvertChecked(const ConvertRequest& r) {
   NIBBLE_ASSIGN_OR_RETURN(TensorStore store, TensorStore::OpenDir(r.input_dir));
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, src.get()));
   const DType model_dtype = ModelDType(mc);
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<SourceLinear> linears, ReadSourceLinears(*src, mc, store, model_dtype));
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<SourceLinear> linears, ReadSourceLinears(*src, mc, store, model_dtype, r.cancel));
   ConvertSummary s;
   s.from = src->name();
   ExportRequest request;
@@ -238,7 +242,7 @@ static Result<ConvertSummary> ConvertChecked(const ConvertRequest& r) {
   NIBBLE_ASSIGN_OR_RETURN(std::optional<DType> scale_dtype, ChooseScaleDType(linears, model_dtype, *writer));
   if (scale_dtype && *scale_dtype != model_dtype) SetScaleDType(request.config, *scale_dtype);
   NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, CheckpointWriter::Create(r.output_dir, r.max_shard_size));
-  NIBBLE_RETURN_IF_ERROR(WriteConverted(*src, *writer, mc, store, linears, scale_dtype, model_dtype, out, s));
+  NIBBLE_RETURN_IF_ERROR(WriteConverted(*src, *writer, mc, store, linears, scale_dtype, model_dtype, out, s, r.cancel));
   NIBBLE_RETURN_IF_ERROR(out.Finish());
   s.shards = out.shards();
   s.total_bytes = out.total_bytes();
@@ -266,6 +270,7 @@ static Result<ConvertSummary> ConvertChecked(const ConvertRequest& r) {
     s.messages.push_back("note: the input's algo_config is not written: " + std::string(target->description) + " has no place for it");
   for (const std::string& m : s.messages)
     if (r.on_message) r.on_message(m);
+  NIBBLE_RETURN_IF_ERROR(CheckCancelled(r.cancel, "convert before the output was committed"));
   NIBBLE_RETURN_IF_ERROR(out.Commit(r.overwrite));
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
@@ -273,7 +278,7 @@ static Result<ConvertSummary> ConvertChecked(const ConvertRequest& r) {
 
 Result<ConvertSummary> Convert(const ConvertRequest& r) {
   Result<ConvertSummary> s = ConvertChecked(r);
-  if (!s.ok()) return InConvertTerms(s.error());
+  if (!s.ok()) return NoteOutputUntouched(InConvertTerms(s.error()), r.output_dir);
   return s;
 }
 

@@ -12,6 +12,7 @@
 #include "io/checkpoint_writer.h"
 #include "io/file.h"
 #include "io/json.h"
+#include "io/staging_dir.h"
 #include "model/config.h"
 #include "model/model_loader.h"
 #include "onnx/decoder_graph.h"
@@ -30,6 +31,7 @@ Result<DecoderGraphOptions> GraphOptions(const ExportOnnxRequest& r) {
                          "\" is not supported (supported: cpu)");
   DecoderGraphOptions o;
   o.accuracy_level = r.accuracy_level;
+  o.cancel = r.cancel;
   if (r.io_dtype == "fp32") {
     o.io_dtype = DType::kF32;
   } else if (r.io_dtype == "fp16") {
@@ -97,7 +99,7 @@ ModelCardNote OnnxCardNote(const ExportOnnxRequest& r, const ExportOnnxSummary& 
 
 }  // namespace
 
-Result<ExportOnnxSummary> ExportOnnx(const ExportOnnxRequest& r) {
+static Result<ExportOnnxSummary> ExportOnnxChecked(const ExportOnnxRequest& r) {
   const auto t0 = std::chrono::steady_clock::now();
   NIBBLE_ASSIGN_OR_RETURN(DecoderGraphOptions options, GraphOptions(r));
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> format, OpenCheckpointFormat(r.input_dir));
@@ -115,6 +117,7 @@ Result<ExportOnnxSummary> ExportOnnx(const ExportOnnxRequest& r) {
   NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, CheckpointWriter::Create(r.output_dir, 1, "onnx"));
   NIBBLE_ASSIGN_OR_RETURN(OnnxWriter w, OnnxWriter::Create(out.path(), "model.onnx.data"));
   NIBBLE_ASSIGN_OR_RETURN(DecoderGraphStats g, WriteDecoderGraph(mc, store, format.get(), options, w));
+  NIBBLE_RETURN_IF_ERROR(CheckCancelled(r.cancel, "export-onnx before model.onnx was written"));
   NIBBLE_RETURN_IF_ERROR(w.Finish("model.onnx"));
   NIBBLE_RETURN_IF_ERROR(CheckWrittenModel(JoinPath(out.path(), "model.onnx")));
   ExportOnnxSummary s;
@@ -126,8 +129,15 @@ Result<ExportOnnxSummary> ExportOnnx(const ExportOnnxRequest& r) {
   side.push_back("config.json");
   NIBBLE_ASSIGN_OR_RETURN(s.copied_files, out.CopyFiles(r.input_dir, side));
   NIBBLE_RETURN_IF_ERROR(out.WriteModelCard(r.input_dir, OnnxCardNote(r, s)));
+  NIBBLE_RETURN_IF_ERROR(CheckCancelled(r.cancel, "export-onnx before the output was committed"));
   NIBBLE_RETURN_IF_ERROR(out.Commit(r.overwrite));
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
+Result<ExportOnnxSummary> ExportOnnx(const ExportOnnxRequest& r) {
+  Result<ExportOnnxSummary> s = ExportOnnxChecked(r);
+  if (!s.ok()) return NoteOutputUntouched(s.error(), r.output_dir);
   return s;
 }
 

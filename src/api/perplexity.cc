@@ -34,6 +34,7 @@ Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::strin
   protocol.progress = options.progress;
   protocol.on_window = options.on_window;
   protocol.save_logits = options.save_logits;
+  protocol.cancel = options.cancel;
   NIBBLE_ASSIGN_OR_RETURN(protocol.save_logits_format, SavedLogitsFormat::Parse(options.save_logits_format));
   auto t0 = std::chrono::steady_clock::now();
   NIBBLE_ASSIGN_OR_RETURN(PerplexityResult r, EvaluatePerplexityTokens(ModelAccess::llama(model), tokens, protocol));

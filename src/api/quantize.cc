@@ -10,6 +10,7 @@
 #include "formats/checkpoint_format.h"
 #include "formats/quark_config.h"
 #include "io/file.h"
+#include "io/staging_dir.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -334,6 +335,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   o.progress = r.progress;
   o.on_layer = r.on_layer;
   o.message = r.on_message;
+  o.cancel = r.cancel;
   o.dataset = r.dataset;
   if (r.quant_algo != "rtn") {
     if (r.num_calib_data < 1) return MakeError("--num_calib_data ", r.num_calib_data, " must be at least 1");
@@ -343,7 +345,9 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   o.calib_seq_len = r.seq_len;
   o.seed = r.seed;
   NIBBLE_RETURN_IF_ERROR(AlgorithmOptions(r, o));
-  NIBBLE_ASSIGN_OR_RETURN(QuantizeReport rep, QuantizeCheckpoint(o));
+  Result<QuantizeReport> run = QuantizeCheckpoint(o);
+  if (!run.ok()) return NoteOutputUntouched(run.error(), r.output_dir);
+  QuantizeReport& rep = *run;
   QuantizeSummary s;
   s.quant_algo = o.quant_algo;
   s.messages = notes;

@@ -170,10 +170,10 @@ Status InitCounts(int64_t n_tokens, const PerplexityProtocol& protocol, Comparis
 // One model on one window against the base rows.
 Status CompareWindow(const LlamaModel& model, const int32_t* win, int64_t seq_len, int64_t vocab, const BaseWindow& base,
                      const std::vector<int64_t>& base_arg, std::vector<float>& logits, ModelComparison& mc, Accumulator& acc,
-                     const std::string& mc_name) {
+                     const std::string& mc_name, const CancellationToken* cancel) {
   const int64_t scored = seq_len - 1;
   NIBBLE_ASSIGN_OR_RETURN(KvCache cache, model.NewCache(seq_len));
-  NIBBLE_RETURN_IF_ERROR(model.Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true));
+  NIBBLE_RETURN_IF_ERROR(model.Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true, cancel));
   mc.perplexity.window_mean_nll.push_back(MeanNll(logits.data(), vocab, win + 1, scored, &mc.perplexity.nll_sq_sum));
   NIBBLE_RETURN_IF_ERROR(CheckWindowNll(mc.perplexity.window_mean_nll.back(), static_cast<int64_t>(mc.perplexity.window_mean_nll.size()), mc_name));
   std::vector<double> row_kl(static_cast<size_t>(scored));
@@ -220,13 +220,14 @@ Result<ComparisonResult> Compare(const BaseWindowFn& base_window, int64_t vocab,
   std::vector<int64_t> base_arg(static_cast<size_t>(scored));
   for (int64_t w = 0; w < b.n_windows; ++w) {
     const int32_t* win = tokens.data() + w * seq_len;
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(protocol.cancel, WindowName(w, b.n_windows)));
     NIBBLE_ASSIGN_OR_RETURN(const BaseWindow base, base_window(w, win));
     b.window_mean_nll.push_back(BaseMeanNll(base, vocab, win + 1, scored, &b.nll_sq_sum));
     NIBBLE_RETURN_IF_ERROR(CheckWindowNll(b.window_mean_nll.back(), w + 1, "the base model"));
     for (int64_t i = 0; i < scored; ++i) base_arg[i] = BaseArgMax(base, i, vocab);
     for (size_t mi = 0; mi < models.size(); ++mi)
       NIBBLE_RETURN_IF_ERROR(CompareWindow(*models[mi], win, seq_len, vocab, base, base_arg, logits, out.models[mi], acc[mi],
-                                           "quantized model " + std::to_string(mi + 1)));
+                                           "quantized model " + std::to_string(mi + 1), protocol.cancel));
     if (protocol.progress) protocol.progress(w + 1, b.n_windows);
     if (protocol.on_window) protocol.on_window(w + 1, b.n_windows, RunningPerplexity(out.models[0].perplexity));
   }
@@ -256,7 +257,7 @@ Result<ComparisonResult> ComparePerplexityTokens(const LlamaModel& base, const s
   }
   auto forward = [&](int64_t, const int32_t* win) -> Result<BaseWindow> {
     base_cache.length = 0;
-    NIBBLE_RETURN_IF_ERROR(base.Forward(win, seq_len, base_cache, base_logits.data(), /*all_logits=*/true));
+    NIBBLE_RETURN_IF_ERROR(base.Forward(win, seq_len, base_cache, base_logits.data(), /*all_logits=*/true, protocol.cancel));
     if (save) NIBBLE_RETURN_IF_ERROR(save->AddWindow(base_logits.data()));
     return BaseWindow{base_logits.data(), nullptr, 0};
   };

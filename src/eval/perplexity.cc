@@ -56,6 +56,10 @@ void FinishPerplexity(PerplexityResult& r) {
   r.ppl_stderr = n > 1 && var > 0 ? r.ppl * std::sqrt(var / (n - 1)) : 0.0;
 }
 
+std::string WindowName(int64_t w, int64_t n_windows) {
+  return "perplexity before window " + std::to_string(w + 1) + " of " + std::to_string(n_windows);
+}
+
 Status CheckWindowMemory(int64_t seq_len, int64_t vocab) {
   return CheckMemoryFor(4.0 * static_cast<double>(seq_len) * static_cast<double>(vocab),
                         "the logits of a window of --seq_len " + std::to_string(seq_len) + " x vocab_size " +
@@ -90,7 +94,8 @@ Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const
   for (int64_t w = 0; w < r.n_windows; ++w) {
     cache.length = 0;
     const int32_t* win = tokens.data() + w * seq_len;
-    NIBBLE_RETURN_IF_ERROR(model.Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true));
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(protocol.cancel, WindowName(w, r.n_windows)));
+    NIBBLE_RETURN_IF_ERROR(model.Forward(win, seq_len, cache, logits.data(), /*all_logits=*/true, protocol.cancel));
     r.window_mean_nll.push_back(MeanNll(logits.data(), c.vocab_size, win + 1, seq_len - 1, &r.nll_sq_sum));
     NIBBLE_RETURN_IF_ERROR(CheckWindowNll(r.window_mean_nll.back(), w + 1, "the model"));
     if (save) NIBBLE_RETURN_IF_ERROR(save->AddWindow(logits.data()));

@@ -28,6 +28,9 @@ struct PerplexityProtocol {
   /// in `save_logits_format`.
   std::string save_logits;
   SavedLogitsFormat save_logits_format;
+  /// Checked before each window and, through LlamaModel::Forward, before each decoder layer:
+  /// cancelled, the evaluation returns kCancelled and the save_logits file is not committed.
+  const CancellationToken* cancel = nullptr;
 };
 
 struct PerplexityResult {
@@ -54,6 +57,9 @@ Status CheckWindowNll(double mean_nll, int64_t window, const std::string& what);
 /// Ok when a window's logits [seq_len, vocab] fit the available memory (base/memory.h); the error
 /// names --seq_len and vocab_size.
 Status CheckWindowMemory(int64_t seq_len, int64_t vocab);
+
+/// "perplexity before window 3 of 40" (0-based `w`): what a cancellation between windows names.
+std::string WindowName(int64_t w, int64_t n_windows);
 
 /// PPL over the first windows of `r` so far (the running value after each window).
 double RunningPerplexity(const PerplexityResult& r);

@@ -99,4 +99,9 @@ Status StagingDir::Commit(bool overwrite) {
   return Status::Ok();
 }
 
+Error NoteOutputUntouched(const Error& e, const std::string& target) {
+  if (e.code != ErrorCode::kCancelled) return e;
+  return Error{e.message + "; nothing was written to " + target, e.code};
+}
+
 }  // namespace nibble

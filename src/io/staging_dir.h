@@ -44,4 +44,8 @@ class StagingDir {
   std::filesystem::path target_, path_;
 };
 
+/// A cancelled (kCancelled) write's error with "; nothing was written to <target>" appended (the
+/// staging directory is gone once the writer is); any other error unchanged.
+Error NoteOutputUntouched(const Error& e, const std::string& target);
+
 }  // namespace nibble

@@ -133,6 +133,7 @@ Status GraphBuilder::FloatMatMul(const std::string& module, const TensorView& we
 }
 
 Status GraphBuilder::Linear(const std::string& module, const std::string& x, const std::string& y) {
+  NIBBLE_RETURN_IF_ERROR(CheckCancelled(o_.cancel, "export-onnx at " + module));
   const auto [n, k] = LinearShape(c_, module);
   const bool bias = HasBias(module);
   const std::string mm = bias ? "/" + module + "/MatMul/output_0" : y;
@@ -275,7 +276,11 @@ Result<DecoderGraphStats> GraphBuilder::Build() {
   NIBBLE_RETURN_IF_ERROR(WriteFloatTensor("model.embed_tokens.weight", *e, false));
   std::string hidden = "/model/embed_tokens/Gather/output_0", residual;
   w_.AddNode("Gather", "/model/embed_tokens/Gather", {"model.embed_tokens.weight", "input_ids"}, {hidden});
-  for (int64_t i = 0; i < c_.num_hidden_layers; ++i) NIBBLE_RETURN_IF_ERROR(Layer(i, hidden, residual));
+  for (int64_t i = 0; i < c_.num_hidden_layers; ++i) {
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(o_.cancel, "export-onnx at layer " + std::to_string(i + 1) + " of " +
+                                                         std::to_string(c_.num_hidden_layers)));
+    NIBBLE_RETURN_IF_ERROR(Layer(i, hidden, residual));
+  }
   NIBBLE_RETURN_IF_ERROR(Head(hidden, residual));
   return stats_;
 }

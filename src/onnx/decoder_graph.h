@@ -18,6 +18,8 @@
 #include <map>
 #include <string>
 
+#include <nibble/cancel.h>
+
 #include "base/result.h"
 #include "formats/checkpoint_format.h"
 #include "io/safetensors.h"
@@ -29,6 +31,9 @@ namespace nibble {
 struct DecoderGraphOptions {
   int64_t accuracy_level = 4;  // MatMulNBits accuracy_level (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8)
   DType io_dtype = DType::kF32;  // activations, KV cache, scales and float weights: F32 or F16
+  /// Checked before each decoder layer and each linear: cancelled, WriteDecoderGraph returns
+  /// kCancelled (the caller's staging directory holds a partial graph and is discarded).
+  const CancellationToken* cancel = nullptr;
 };
 
 struct DecoderGraphStats {

@@ -219,12 +219,16 @@ Result<std::vector<float>> EmbedTokens(const ModelConfig& mc, const TensorStore&
   return x;
 }
 
+// "quantize at model.layers.3.mlp.up_proj": where a cancelled pipeline stopped.
+std::string QuantizeAt(const std::string& what) { return "quantize at " + what; }
+
 // The final codes (the algorithm's, else RTN) and the dequantized layer they give.
-Status QuantizeLayer(const CalibLayer& L, LayerCodes& codes, CalibLayer* deq) {
+Status QuantizeLayer(const CalibLayer& L, LayerCodes& codes, CalibLayer* deq, const CancellationToken* cancel) {
   *deq = L.Clone();
   for (int i = 0; i < kNumLinears; ++i) {
     if (!L.spec[i]) continue;
     const std::string name = L.name + "." + DecoderLinearNames()[i];
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(name)));
     if (codes[i]) {
       DequantizeRef(*codes[i], deq->w[i]->data());
       continue;
@@ -238,8 +242,8 @@ Status QuantizeLayer(const CalibLayer& L, LayerCodes& codes, CalibLayer* deq) {
 
 // Per-linear output errors: RTN of the original weights on the original layer's inputs, and the
 // final weights (deq) against the transformed ones on the transformed layer's inputs (fp).
-std::vector<LinearErrorReport> ErrorReport(const LayerRunner& runner, const CalibLayer& orig, const CalibLayer& L,
-                                           const CalibLayer& deq, const LayerActs& fp) {
+Result<std::vector<LinearErrorReport>> ErrorReport(const LayerRunner& runner, const CalibLayer& orig, const CalibLayer& L,
+                                                   const CalibLayer& deq, const LayerActs& fp, const CancellationToken* cancel) {
   const int64_t report_batch = std::min<int64_t>(runner.batch(), std::max<int64_t>(1, ReportRows(runner.rows()) / runner.t()));
   const int64_t rr = report_batch * runner.t();
   LayerActs oa;
@@ -248,6 +252,7 @@ std::vector<LinearErrorReport> ErrorReport(const LayerRunner& runner, const Cali
   for (int i = 0; i < kNumLinears; ++i) {
     LinearErrorReport lr;
     lr.name = L.name + "." + DecoderLinearNames()[i];
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(lr.name + " (error report)")));
     lr.quantized = L.spec[i].has_value();
     if (lr.quantized) {
       auto rq = RtnDequant(*orig.w[i], L.n[i], L.k[i], *L.spec[i], L.dtype[i]);
@@ -260,7 +265,8 @@ std::vector<LinearErrorReport> ErrorReport(const LayerRunner& runner, const Cali
   return out;
 }
 
-Status SinkLayer(CalibLayer& L, LayerCodes& codes, const LayerTensorSink& sink) {
+Status SinkLayer(CalibLayer& L, LayerCodes& codes, const LayerTensorSink& sink, const CancellationToken* cancel) {
+  NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + " (export)")));
   const std::string p = L.name + ".";
   NIBBLE_RETURN_IF_ERROR(sink({p + "input_layernorm.weight", std::move(L.ln1), std::nullopt}));
   NIBBLE_RETURN_IF_ERROR(sink({p + "post_attention_layernorm.weight", std::move(L.ln2), std::nullopt}));
@@ -285,13 +291,20 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
   NIBBLE_ASSIGN_OR_RETURN(std::vector<float> x, EmbedTokens(mc, store, tokens));
   const int64_t total_steps = mc.num_hidden_layers * (algo.StepsPerLayer() + 1);
   int64_t step = 0;
-  auto tick = [&] {
+  int64_t layer = 0;
+  auto tick = [&]() -> Status {
     if (o.progress) o.progress(++step, total_steps);
+    return CheckCancelled(o.cancel, QuantizeAt("layer " + std::to_string(layer + 1) + " of " +
+                                               std::to_string(mc.num_hidden_layers) + ", step " + std::to_string(step) +
+                                               " of " + std::to_string(total_steps)));
   };
   LayerRunner runner(mc, batch, seq_len, o.reuse_attention);
   PipelineResult res;
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
+    layer = l;
     const auto tl = std::chrono::steady_clock::now();
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, QuantizeAt("layer " + std::to_string(l + 1) + " of " +
+                                                                std::to_string(mc.num_hidden_layers))));
     NIBBLE_ASSIGN_OR_RETURN(CalibLayer L, LoadLayer(mc, store, cfg, l));
     const CalibLayer orig = L.Clone();
     runner.SetInput(x.data());
@@ -302,7 +315,7 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     LayerCodes codes;
     NIBBLE_RETURN_IF_ERROR(algo.Finish(runner, L, codes, tick));
     CalibLayer deq;
-    NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq));
+    NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq, o.cancel));
     if (o.propagation == Propagation::kQuantized) {
       LayerActs qa;
       runner.RunFresh(deq, batch, &qa);
@@ -310,12 +323,12 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     }
     LayerReport rep;
     rep.layer = l;
-    rep.linears = ErrorReport(runner, orig, L, deq, runner.acts());
+    NIBBLE_ASSIGN_OR_RETURN(rep.linears, ErrorReport(runner, orig, L, deq, runner.acts(), o.cancel));
     x = std::move(x_next);
-    NIBBLE_RETURN_IF_ERROR(SinkLayer(L, codes, sink));
+    NIBBLE_RETURN_IF_ERROR(SinkLayer(L, codes, sink, o.cancel));
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     res.layers.push_back(std::move(rep));
-    tick();
+    NIBBLE_RETURN_IF_ERROR(tick());
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return res;

@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <nibble/cancel.h>
+
 #include "base/result.h"
 #include "formats/int4_matrix.h"
 #include "formats/quant_spec.h"
@@ -126,19 +128,20 @@ struct LayerReport {
 using LayerCodes = std::array<std::optional<Int4Matrix>, kNumLinears>;
 
 /// A per-layer calibration algorithm (AWQ, GPTQ, ...). The defaults change nothing: a layer
-/// that only runs them is plain RTN.
+/// that only runs them is plain RTN. `step` reports one unit of work done and returns the
+/// pipeline's verdict: non-OK (kCancelled) means stop and return it.
 class LayerAlgorithm {
  public:
   virtual ~LayerAlgorithm() = default;
   /// Progress steps the algorithm reports per layer through `step` in Transform and Finish.
   virtual int64_t StepsPerLayer() const { return 0; }
   /// Before the fp pass (algorithms keep their own per-layer report sections).
-  virtual Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<void()>& step) {
+  virtual Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) {
     return Status::Ok();
   }
   /// After the fp pass: `runner.acts()` holds the transformed layer's activations.
   virtual Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
-                        const std::function<void()>& step) {
+                        const std::function<Status()>& step) {
     return Status::Ok();
   }
   /// Notes collected over the run (each once), e.g. skipped mappings.
@@ -160,6 +163,10 @@ struct PipelineOptions {
   Propagation propagation = Propagation::kFp;
   bool reuse_attention = true;  // LayerRunner's reuse (false recomputes, for tests)
   std::function<void(int64_t done, int64_t total)> progress;  // (layer, step) units
+  /// Checked before each layer, at each algorithm step (AWQ mapping, GPTQ Hessian), before each
+  /// linear's RTN and error report and each tensor handed to the sink: cancelled, the pipeline
+  /// returns kCancelled ("cancelled: quantize at model.layers.3.mlp.up_proj").
+  const CancellationToken* cancel = nullptr;
 };
 
 struct PipelineResult {
@@ -171,7 +178,8 @@ struct PipelineResult {
 /// calibration tokens [batch, seq_len] (each row an independent sequence from position 0); each
 /// projection's spec comes from the Quark config `cfg` (excluded ones stay in float).
 /// Errors: seq_len > max_position_embeddings, a projection whose K is not a multiple of its group
-/// size, missing / mis-shaped tensors, an algorithm's error (with the layer named), a sink error.
+/// size, missing / mis-shaped tensors, an algorithm's error (with the layer named), a sink error,
+/// kCancelled (PipelineOptions::cancel).
 Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
                                         const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len,
                                         LayerAlgorithm& algo, const PipelineOptions& options,

@@ -235,6 +235,7 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
   };
   std::map<std::string, Produced> produced;
   auto sink = [&](LayerTensor lt) -> Status {
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, "quantize at " + lt.name));
     NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(lt.name));
     NIBBLE_ASSIGN_OR_RETURN(Produced p, ProduceTensor(*t, &lt.values, lt.codes ? &*lt.codes : nullptr, ex));
     produced[lt.name] = std::move(p);
@@ -244,8 +245,9 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
   NIBBLE_ASSIGN_OR_RETURN(cfg.calibration,
                           CalibrationRecord(o.dataset, *calib, o.seed, prop == Propagation::kFp ? "fp" : "quantized"));
   if (!gptq) {
-    auto r = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, sink, progress);
-    if (!r.ok()) return r.error().WithContext("AWQ");
+    auto r = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, sink, progress,
+                    o.cancel);
+    if (!r.ok()) return r.error().code == ErrorCode::kCancelled ? r.error() : r.error().WithContext("AWQ");
     for (const auto& m : r->messages) note(m);
     cfg.algo_config = AwqAlgoConfigJson(report.awq_settings, r->used, mc);
     report.awq = std::move(r).value();
@@ -253,8 +255,8 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
   }
   const std::optional<AwqSettings> first = awq ? std::optional<AwqSettings>(report.awq_settings) : std::nullopt;
   auto r = RunGptq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.gptq_settings, first, sink,
-                   progress);
-  if (!r.ok()) return r.error().WithContext(awq ? "AWQ+GPTQ" : "GPTQ");
+                   progress, o.cancel);
+  if (!r.ok()) return r.error().code == ErrorCode::kCancelled ? r.error() : r.error().WithContext(awq ? "AWQ+GPTQ" : "GPTQ");
   for (const auto& m : r->messages) note(m);
   cfg.algo_config = awq ? AwqAlgoConfigJson(report.awq_settings, r->awq_used, mc) : nlohmann::ordered_json::array();
   cfg.algo_config.push_back(GptqAlgoConfigEntry(report.gptq_settings));
@@ -267,6 +269,7 @@ Status WriteTensors(const QuantizeOptions& o, const TensorStore& store, const Ex
                     std::map<std::string, Produced>& produced, CheckpointWriter& out, QuantizeReport& report) {
   int64_t done = 0;
   for (const std::string& tname : store.Names()) {
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, "quantize at " + tname));
     if (!ex.head_source.empty() && tname.starts_with("lm_head.")) continue;  // replaced, see head_source
     Produced p;
     if (auto it = produced.find(tname); it != produced.end()) {
@@ -431,6 +434,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   for (const auto& [file, text] : writer->ExtraFiles(request)) NIBBLE_RETURN_IF_ERROR(out.WriteFile(file, text));
   NIBBLE_ASSIGN_OR_RETURN(report.copied_files, out.CopyFiles(o.model_dir, CheckpointSideFiles(o.model_dir)));
   NIBBLE_RETURN_IF_ERROR(out.WriteModelCard(o.model_dir, QuantizeCardNote(o, *format, report)));
+  NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, "quantize before the output was committed"));
   NIBBLE_RETURN_IF_ERROR(out.Commit(o.overwrite));
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;

@@ -52,6 +52,9 @@ struct QuantizeOptions {
   bool overwrite = false;
   std::function<void(int64_t done, int64_t total)> progress;
   std::function<void(int64_t layer, int64_t layers)> on_layer;  // calibrated algorithms, per layer done
+  /// Checked by the calibrated pipeline (PipelineOptions::cancel), before each tensor is exported
+  /// and before the commit: cancelled, the staging directory is removed and kCancelled returned.
+  const CancellationToken* cancel = nullptr;
 };
 
 /// One linear module as exported.
@@ -83,7 +86,8 @@ struct QuantizeReport {
 
 /// Runs the whole export. Errors: input errors (config, tensors), a misaligned layer under
 /// kError, an existing output_dir without overwrite, unwritable output (names the path).
-/// The output directory is either absent / unchanged or complete (atomic rename).
+/// The output directory is either absent / unchanged or complete (atomic rename); so after
+/// kCancelled.
 Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& options);
 
 }  // namespace nibble

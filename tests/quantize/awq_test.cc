@@ -455,7 +455,7 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
 class CaptureLayerOutput : public nibble::LayerAlgorithm {
  public:
   nibble::Status Finish(const nibble::LayerRunner& runner, nibble::CalibLayer&, nibble::LayerCodes&,
-                        const std::function<void()>&) override {
+                        const std::function<nibble::Status()>&) override {
     out = runner.acts().out;
     return nibble::Status::Ok();
   }

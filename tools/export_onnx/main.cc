@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nibble/export_onnx.h>
 
+#include "support/cancel_signal.h"
 #include "support/flags.h"
 
 int main(int argc, char** argv) {
@@ -36,6 +37,8 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   // Last resort, as `nibble`'s main: sizes are checked before allocation, so this is a bug.
+  const nibble_cli::CancelOnSignal interrupt;  // Ctrl-C: nothing written, exit 130 (143 for SIGTERM)
+  r.cancel = interrupt.token();
   auto s = [&r]() -> decltype(nibble::ExportOnnx(r)) {
     try {
       return nibble::ExportOnnx(r);
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
       return nibble::MakeError("out of memory while running export-onnx (an allocation failed)");
     }
   }();
+  if (!s.ok() && s.error().code == nibble::ErrorCode::kCancelled) return nibble_cli::FailCancelled(s.error().message);
   if (!s.ok()) {
     std::fprintf(stderr, "nibble: error: %s\n", s.error().message.c_str());
     return s.error().message.starts_with("--") ? 2 : 1;  // a flag's value, checked before anything is read

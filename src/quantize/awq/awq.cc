@@ -29,7 +29,7 @@ std::string AwqAlgorithm::SkipReason(const ModelConfig& c, const ResolvedMapping
   return "no balance layer is quantized";
 }
 
-Status AwqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::function<void()>& step) {
+Status AwqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::function<Status()>& step) {
   std::vector<AwqMappingReport> reps;
   for (const ResolvedMapping& r : maps_) {
     AwqMappingReport mr;
@@ -46,14 +46,14 @@ Status AwqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::fu
       used_.insert(Describe(r.mapping));
     }
     reps.push_back(std::move(mr));
-    step();
+    NIBBLE_RETURN_IF_ERROR(step());
   }
   reports_.push_back(std::move(reps));
   return Status::Ok();
 }
 
 Status AwqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCodes& codes,
-                            const std::function<void()>& step) {
+                            const std::function<Status()>& step) {
   if (!st_.clip) return Status::Ok();
   for (int i = 0; i < kNumLinears; ++i) {
     if (!L.spec[i] || i == kQ || i == kK) continue;
@@ -71,12 +71,14 @@ std::vector<AwqMapping> AwqAlgorithm::Used() const {
 
 Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
                          const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const AwqSettings& st,
-                         const LayerTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress) {
+                         const LayerTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress,
+                         const CancellationToken* cancel) {
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<AwqAlgorithm> algo, AwqAlgorithm::Create(st));
   PipelineOptions po;
   po.propagation = st.propagation;
   po.reuse_attention = st.reuse_attention;
   po.progress = progress;
+  po.cancel = cancel;
   NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, cfg, tokens, batch, seq_len, *algo, po, sink));
   AwqResult res;
   res.seconds = pr.seconds;

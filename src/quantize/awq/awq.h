@@ -47,9 +47,9 @@ class AwqAlgorithm final : public LayerAlgorithm {
   static Result<std::unique_ptr<AwqAlgorithm>> Create(const AwqSettings& settings);
 
   int64_t StepsPerLayer() const override { return static_cast<int64_t>(maps_.size()); }
-  Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<void()>& step) override;
+  Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) override;
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
-                const std::function<void()>& step) override;
+                const std::function<Status()>& step) override;
   std::vector<std::string> Messages() const override { return {messages_.begin(), messages_.end()}; }
 
   /// Per layer, in order, the mapping reports of every Transform so far.
@@ -72,6 +72,7 @@ class AwqAlgorithm final : public LayerAlgorithm {
 /// sink) with settings.propagation and settings.reuse_attention, and assembles the report.
 Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
                          const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const AwqSettings& settings,
-                         const LayerTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress);
+                         const LayerTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress,
+                         const CancellationToken* cancel = nullptr);
 
 }  // namespace nibble

@@ -25,7 +25,7 @@ Result<std::unique_ptr<GptqAlgorithm>> GptqAlgorithm::Create(const GptqSettings&
   return std::unique_ptr<GptqAlgorithm>(new GptqAlgorithm(s, std::move(awq)));
 }
 
-Status GptqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::function<void()>& step) {
+Status GptqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::function<Status()>& step) {
   return awq_ ? awq_->Transform(runner, L, step) : Status::Ok();
 }
 
@@ -64,7 +64,7 @@ Status GptqAlgorithm::QuantizeInput(LayerInput in, const float* x, int64_t rows,
 }
 
 Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCodes& codes,
-                             const std::function<void()>& step) {
+                             const std::function<Status()>& step) {
   if (awq_) NIBBLE_RETURN_IF_ERROR(awq_->Finish(runner, L, codes, step));
   std::array<GptqLinearInfo, kNumLinears> info{};
   const std::array<LayerInput, 4> inputs = {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn,
@@ -72,7 +72,7 @@ Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCode
   if (!st_.true_sequential) {
     for (LayerInput in : inputs) {
       NIBBLE_RETURN_IF_ERROR(QuantizeInput(in, runner.acts().Of(in), runner.rows(), L, codes, info));
-      step();
+      NIBBLE_RETURN_IF_ERROR(step());
     }
   } else {
     // Each input from the layer with every linear before it already quantized (dequantized).
@@ -81,7 +81,7 @@ Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCode
     const LayerActs* a = &runner.acts();
     for (LayerInput in : inputs) {
       NIBBLE_RETURN_IF_ERROR(QuantizeInput(in, a->Of(in), runner.rows(), L, codes, info));
-      step();
+      NIBBLE_RETURN_IF_ERROR(step());
       for (int i : LinearsOf(in))
         if (codes[i]) DequantizeRef(*codes[i], deq.w[i]->data());
       if (in != LayerInput::kMlpAct) {
@@ -104,7 +104,8 @@ std::vector<std::string> GptqAlgorithm::Messages() const {
 Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
                            const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const GptqSettings& st,
                            const std::optional<AwqSettings>& awq, const LayerTensorSink& sink,
-                           const std::function<void(int64_t, int64_t)>& progress) {
+                           const std::function<void(int64_t, int64_t)>& progress,
+                           const CancellationToken* cancel) {
   std::unique_ptr<AwqAlgorithm> awq_algo;
   if (awq) {
     NIBBLE_ASSIGN_OR_RETURN(awq_algo, AwqAlgorithm::Create(*awq));
@@ -114,6 +115,7 @@ Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, cons
   po.propagation = st.propagation;
   po.reuse_attention = awq ? awq->reuse_attention : true;
   po.progress = progress;
+  po.cancel = cancel;
   NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, cfg, tokens, batch, seq_len, *algo, po, sink));
   GptqResult res;
   res.seconds = pr.seconds;

@@ -63,9 +63,9 @@ class GptqAlgorithm final : public LayerAlgorithm {
 
   /// AWQ's steps, then one per distinct linear input.
   int64_t StepsPerLayer() const override { return (awq_ ? awq_->StepsPerLayer() : 0) + 4; }
-  Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<void()>& step) override;
+  Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) override;
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
-                const std::function<void()>& step) override;
+                const std::function<Status()>& step) override;
   std::vector<std::string> Messages() const override;
 
   const std::vector<std::array<GptqLinearInfo, kNumLinears>>& infos() const { return infos_; }
@@ -90,6 +90,7 @@ class GptqAlgorithm final : public LayerAlgorithm {
 Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
                            const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const GptqSettings& settings,
                            const std::optional<AwqSettings>& awq, const LayerTensorSink& sink,
-                           const std::function<void(int64_t, int64_t)>& progress);
+                           const std::function<void(int64_t, int64_t)>& progress,
+                           const CancellationToken* cancel = nullptr);
 
 }  // namespace nibble

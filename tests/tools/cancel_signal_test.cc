@@ -1,0 +1,84 @@
+// The CLI's Ctrl-C handling (tools/support/cancel_signal.h): while a CancelOnSignal is alive,
+// SIGINT / SIGTERM cancel its token and are recorded for the exit code; the handler resets to the
+// default action on delivery (a second Ctrl-C kills), an ignored signal stays ignored, and the
+// previous handlers come back after.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "support/cancel_signal.h"
+
+namespace {
+
+using nibble_cli::CancelOnSignal;
+using Action = void (*)(int);
+
+// The current action for `sig`.
+Action Handler(int sig) {
+  struct sigaction sa {};
+  sigaction(sig, nullptr, &sa);
+  return sa.sa_handler;
+}
+
+// Sets the action for `sig`; returns the old one.
+struct sigaction SetHandler(int sig, Action a) {
+  struct sigaction sa {}, old {};
+  sa.sa_handler = a;
+  sigemptyset(&sa.sa_mask);
+  sigaction(sig, &sa, &old);
+  return old;
+}
+
+volatile sig_atomic_t g_own_calls = 0;
+void OwnHandler(int) { g_own_calls = g_own_calls + 1; }
+
+TEST(CancelOnSignal, SigintCancelsTheTokenAndTheNextOneGetsTheDefaultAction) {
+  const struct sigaction saved = SetHandler(SIGINT, SIG_DFL);
+  {
+    const CancelOnSignal interrupt;
+    EXPECT_FALSE(interrupt.token()->cancelled());
+    EXPECT_NE(Handler(SIGINT), SIG_DFL);
+    EXPECT_EQ(nibble_cli::CancelSignal(), 0);
+    ASSERT_EQ(raise(SIGINT), 0);  // handled: the process goes on
+    EXPECT_TRUE(interrupt.token()->cancelled());
+    EXPECT_EQ(nibble_cli::CancelSignal(), SIGINT);
+    EXPECT_EQ(Handler(SIGINT), SIG_DFL);  // a second Ctrl-C would kill
+  }
+  EXPECT_EQ(Handler(SIGINT), SIG_DFL);
+  sigaction(SIGINT, &saved, nullptr);
+  EXPECT_EQ(nibble_cli::CancelledExitCode(SIGINT), 130);
+  EXPECT_EQ(nibble_cli::CancelledExitCode(SIGTERM), 143);
+  EXPECT_EQ(nibble_cli::CancelledExitCode(0), 1);
+}
+
+TEST(CancelOnSignal, SigtermCancelsAndThePreviousHandlerComesBack) {
+  const struct sigaction saved = SetHandler(SIGTERM, OwnHandler);
+  g_own_calls = 0;
+  {
+    const CancelOnSignal interrupt;
+    ASSERT_EQ(raise(SIGTERM), 0);
+    EXPECT_TRUE(interrupt.token()->cancelled());
+    EXPECT_EQ(nibble_cli::CancelSignal(), SIGTERM);
+    EXPECT_EQ(g_own_calls, 0);
+  }
+  EXPECT_EQ(Handler(SIGTERM), OwnHandler);
+  {
+    const CancelOnSignal next;  // each scope starts uncancelled
+    EXPECT_FALSE(next.token()->cancelled());
+    EXPECT_EQ(nibble_cli::CancelSignal(), 0);
+  }
+  sigaction(SIGTERM, &saved, nullptr);
+}
+
+TEST(CancelOnSignal, AnIgnoredSigintStaysIgnored) {
+  const struct sigaction saved = SetHandler(SIGINT, SIG_IGN);
+  {
+    const CancelOnSignal interrupt;
+    EXPECT_EQ(Handler(SIGINT), SIG_IGN);
+    ASSERT_EQ(raise(SIGINT), 0);
+    EXPECT_FALSE(interrupt.token()->cancelled());
+  }
+  EXPECT_EQ(Handler(SIGINT), SIG_IGN);
+  sigaction(SIGINT, &saved, nullptr);
+}
+
+}  // namespace

@@ -1,0 +1,63 @@
+#include "support/cancel_signal.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <utility>
+
+namespace nibble_cli {
+
+namespace {
+
+// What the handler touches: the token (a pointer to it, set before the handlers are installed)
+// and the signal's number. Both lock-free: a handler may only store to such objects.
+std::atomic<const nibble::CancellationToken*> g_token{nullptr};
+volatile std::sig_atomic_t g_signal = 0;
+static_assert(std::atomic<const nibble::CancellationToken*>::is_always_lock_free);
+static_assert(std::atomic<bool>::is_always_lock_free);  // CancellationToken's flag
+
+struct sigaction g_old_int, g_old_term;
+
+extern "C" void OnCancelSignal(int sig) {
+  g_signal = sig;
+  if (const nibble::CancellationToken* t = g_token.load(std::memory_order_relaxed)) t->Cancel();
+}
+
+}  // namespace
+
+CancelOnSignal::CancelOnSignal() {
+  g_signal = 0;
+  g_token.store(&token_, std::memory_order_relaxed);
+  struct sigaction sa {};
+  sa.sa_handler = OnCancelSignal;
+  sigemptyset(&sa.sa_mask);
+  // SA_RESETHAND: the next same signal takes the default action (a second Ctrl-C kills).
+  // SA_RESTART: reads and writes in progress are resumed, not failed with EINTR.
+  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  for (auto [sig, old] : {std::pair{SIGINT, &g_old_int}, std::pair{SIGTERM, &g_old_term}}) {
+    sigaction(sig, nullptr, old);
+    // An ignored signal stays ignored (a shell starts background jobs with SIGINT ignored).
+    if (old->sa_handler != SIG_IGN) sigaction(sig, &sa, nullptr);
+  }
+}
+
+CancelOnSignal::~CancelOnSignal() {
+  sigaction(SIGINT, &g_old_int, nullptr);
+  sigaction(SIGTERM, &g_old_term, nullptr);
+  g_token.store(nullptr, std::memory_order_relaxed);
+}
+
+int CancelSignal() { return g_signal; }
+
+int CancelledExitCode(int signal) { return signal > 0 ? 128 + signal : 1; }
+
+int FailCancelled(const std::string& message) {
+  const int sig = CancelSignal();
+  const char* name = sig == SIGINT ? " (SIGINT)" : sig == SIGTERM ? " (SIGTERM)" : "";
+  std::fprintf(stderr, "nibble: %s%s\n", message.c_str(), name);
+  return CancelledExitCode(sig);
+}
+
+}  // namespace nibble_cli
