@@ -31,7 +31,9 @@ enum class ErrorCode {
                        // refused up front, the message giving bytes needed and allowed (503)
   kCancelled,        // a long call stopped because its CancellationToken was cancelled
                      // (<nibble/cancel.h>); what it changed is rolled back to the last complete
-                     // step (a session keeps its last complete position) (499, as nginx's)
+                     // step (a session keeps its last complete position) (499, as nginx's).
+                     // Generate returns it only before the first token is streamed (the session
+                     // then as before the call); later a cancel ends it Ok, StopReason::kCancelled
   kInternal,         // a bug or an impossible state (500)
 };
 
