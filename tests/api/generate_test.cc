@@ -301,6 +301,32 @@ TEST(TokenEvents, CancelBeforeTheFirstTokenIsAnErrorAndChangesNothing) {
   EXPECT_EQ(a.stats.prompt_tokens, b.stats.prompt_tokens);
 }
 
+// Session::Prefill and Step with a cancelled token: kCancelled, and position, tokens and logits
+// as before (the repeat penalty's history too: the next greedy choice with a penalty is unchanged).
+TEST(TokenEvents, CancelledPrefillAndStepChangeNothing) {
+  const nibble::Model& m = Embedded();
+  auto s = NewSession(m);
+  ASSERT_TRUE(s && s->Prefill({1, 365, 581, 558}).ok());
+  const std::vector<float> logits = s->logits();
+  nibble::CancellationToken cancel;
+  cancel.Cancel();
+  const nibble::Status p = s->Prefill({437, 1392}, &cancel), t = s->Step(437, &cancel);
+  ASSERT_FALSE(p.ok());
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(p.error().code, nibble::ErrorCode::kCancelled) << p.error().message;
+  EXPECT_EQ(t.error().code, nibble::ErrorCode::kCancelled) << t.error().message;
+  EXPECT_EQ(s->position(), 4);
+  EXPECT_EQ(s->logits(), logits);
+  ASSERT_TRUE(s->Step(437, nullptr).ok());
+  auto fresh = NewSession(m);
+  ASSERT_TRUE(fresh && fresh->Prefill({1, 365, 581, 558, 437}).ok());
+  EXPECT_EQ(s->position(), fresh->position());
+  nibble::SamplingOptions o;
+  o.temperature = 0;
+  o.repeat_penalty = 1.5f;
+  EXPECT_EQ(*s->Sample(o), *fresh->Sample(o));
+}
+
 // A cancel from another thread that lands inside the prefill (after its first layer): kCancelled,
 // the session at its old position, and a later Generate as on a session never cancelled.
 TEST(TokenEvents, CancelFromAnotherThreadMidPrefill) {
