@@ -21,7 +21,6 @@ namespace {
 struct GenerateArgs {
   std::string model;
   std::string prompt_file;
-  std::vector<std::string> stops;
   nibble::GenerateOptions opt;
   CLI::Option* seed = nullptr;
   int threads = 0;
@@ -81,9 +80,10 @@ std::string CheckPromptFits(const nibble::Model& model, const nibble::GenerateOp
   return "";
 }
 
-void PrintStats(const nibble::GenerateStats& s, const nibble::StopStringMatcher& stop) {
+void PrintStats(const nibble::GenerateStats& s) {
   const int64_t decoded = s.generated_tokens > 0 ? s.generated_tokens - 1 : 0;
-  const std::string reason = stop.stopped() ? "stop string \"" + stop.matched() + "\"" : s.stop_reason;
+  const std::string reason = s.stop_reason == nibble::StopReason::kStopString ? "stop string \"" + s.stop_string + "\""
+                                                                              : nibble::StopReasonName(s.stop_reason);
   std::fprintf(stderr,
                "\nprefill: %lld tokens in %.3f s (%.1f tokens/s) | decode: %lld tokens in %.3f s (%.1f tokens/s) | "
                "stop: %s | threads: %d\n",
@@ -116,8 +116,6 @@ int CheckFlags(GenerateArgs& a, nibble::ChatTemplate* tmpl) {
   if (const nibble::Status v = nibble::ValidateGenerateOptions(a.opt, "--"); !v.ok()) return UsageError(v.error().message);
   if (a.chat && a.opt.max_new_tokens < 1)
     return UsageError("--max_new_tokens (-n) " + std::to_string(a.opt.max_new_tokens) + " must be >= 1 with --chat");
-  for (const std::string& s : a.stops)
-    if (s.empty()) return UsageError("--stop: empty stop string");
   if (const nibble::Status v = nibble::ValidateChatTemplateVars(a.chat_kwargs); !v.ok())
     return UsageError("--chat_template_kwargs: " + v.error().message);
   if (!a.prompt_file.empty()) {
@@ -171,19 +169,15 @@ int RunGenerate(GenerateArgs& a) {
   if (!session.ok()) return Fail(session.error().message);
   std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(a.opt.sampling.seed));
   std::fwrite(a.opt.prompt.data(), 1, a.opt.prompt.size(), stdout);  // echo, as llama.cpp does
-  nibble::StopStringMatcher stop(a.stops);
-  auto stats = nibble::Generate(**session, a.opt, [&stop](std::string_view piece) {
-    const std::string shown = stop.Push(piece);
-    std::fwrite(shown.data(), 1, shown.size(), stdout);
+  auto stats = nibble::Generate(**session, a.opt, [](std::string_view piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
-    return !stop.stopped();
+    return true;
   });
   if (!stats.ok()) return Fail(stats.error().message);
-  const std::string rest = stop.Flush();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  PrintStats(*stats, stop);
+  PrintStats(*stats);
   return 0;
 }
 }  // namespace
@@ -207,7 +201,7 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_option("--chat_template_kwargs", args->chat_kwargs,
                   "More chat template variables as a JSON object, e.g. '{\"enable_thinking\": false}'");
   AddSamplingFlags(cmd, *args);
-  cmd->add_option("--stop", args->stops,
+  cmd->add_option("--stop", args->opt.stop,
                   "Stop when the text contains this string (not printed); several strings: --stop A B or --stop A --stop B");
   cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
   cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 1024));

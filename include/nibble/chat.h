@@ -7,12 +7,9 @@
 //   ChatTurns turns(session, tmpl);  EndOfTurn eot = EndOfTurnFor(model, tmpl);
 //   messages.push_back({"user", line});
 //   auto p = turns.NextPrompt(messages);                  // only the new suffix
-//   GenerateOptions g;  g.prompt = p->text;  g.stop_ids = eot.ids;
-//   StopStringMatcher stop(eot.markers);                  // <nibble/stop_strings.h>
-//   auto stats = Generate(session, g, [&](std::string_view piece) {
-//     reply += stop.Push(piece);  return !stop.stopped(); });
-//   reply += stop.Flush();
-//   turns.AddReply(*stats, reply, stop.matched());
+//   GenerateOptions g;  g.prompt = p->text;  g.stop_ids = eot.ids;  g.stop = eot.markers;
+//   auto stats = Generate(session, g, [&](std::string_view piece) { reply += piece; return true; });
+//   turns.AddReply(*stats, reply, stats->stop_string);
 //   messages.push_back({"assistant", reply});
 #pragma once
 
@@ -64,7 +61,7 @@ Result<std::string> RenderChat(const ChatTemplate& tmpl, const std::vector<ChatM
 /// its eos_token when the template writes eos_token. The model's EOS ids end a turn as well
 /// (Generate stops at them).
 struct EndOfTurn {
-  std::vector<std::string> markers;  // as text: stop strings (StopStringMatcher)
+  std::vector<std::string> markers;  // as text: GenerateOptions::stop
   std::vector<int32_t> ids;          // the markers that are one token of `model`'s vocabulary (special
                                      // added tokens): GenerateOptions::stop_ids, so generation stops
                                      // at the id whatever the detokenizer shows for it
@@ -100,7 +97,8 @@ class ChatTurns {
   /// and the extra template variables; cuts the session back when needed. Errors: RenderChat's.
   Result<Prompt> NextPrompt(const std::vector<ChatMessage>& messages);
   /// Records the reply Generate gave for the last NextPrompt: `reply` the text shown (without
-  /// the end-of-turn marker), `end_marker` the stop string that ended it ("" when none did).
+  /// the end-of-turn marker), `end_marker` the stop string that ended it ("" when none did:
+  /// GenerateStats::stop_string).
   void AddReply(const GenerateStats& stats, const std::string& reply, const std::string& end_marker);
 
  private:

@@ -31,7 +31,9 @@ enum class ErrorCode {
                        // refused up front, the message giving bytes needed and allowed (503)
   kCancelled,        // a long call (generate, perplexity, quantize, convert, export-onnx) stopped by its
                      // CancellationToken (<nibble/cancel.h>), rolled back to its last complete step: a session
-                     // keeps its position, a writer removes its staging dir, the target untouched (499, nginx's)
+                     // keeps its position, a writer removes its staging dir, the target untouched (499, nginx's).
+                     // Generate returns it only before the first token is streamed (the session
+                     // then as before the call); later a cancel ends it Ok, StopReason::kCancelled
   kInternal,         // a bug or an impossible state (500)
 };
 

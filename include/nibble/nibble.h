@@ -8,6 +8,7 @@
 #include <nibble/chat.h>
 #include <nibble/error.h>
 #include <nibble/eval.h>
+#include <nibble/generate.h>
 #include <nibble/model.h>
 #include <nibble/prefix_cache.h>
 #include <nibble/quantize.h>

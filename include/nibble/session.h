@@ -11,7 +11,9 @@
 #include <string_view>
 #include <vector>
 
+#include <nibble/cancel.h>
 #include <nibble/error.h>
+#include <nibble/generate.h>
 #include <nibble/model.h>
 
 namespace nibble {
@@ -66,28 +68,48 @@ struct GenerateOptions {
   SamplingOptions sampling;
   int64_t warmup = 0;  // untimed prompt prefills before the timed run (benchmarks)
   /// More ids that end generation as EOS does, neither run nor shown (a chat template's
-  /// end-of-turn token); stop_reason "stop_token".
+  /// end-of-turn token); StopReason::kStopToken.
   std::vector<int32_t> stop_ids;
+  /// Stop strings (OpenAI's `stop`, `generate --stop`, a chat template's end-of-turn markers):
+  /// text that may be the start of one is held back; the first to complete ends generation
+  /// (StopReason::kStopString) and neither it nor what follows is shown (StopStringMatcher).
+  std::vector<std::string> stop;
+  /// Compute TokenEvent::logprob of each generated token (OpenAI's `logprobs`), and its
+  /// top_logprobs most likely alternatives, in [0, kMaxTopLogprobs]; raw logprobs (generate.h).
+  bool logprobs = false;
+  int top_logprobs = 0;
+  /// Checked before every token and, through the forward pass, before every layer of the prefill
+  /// and of each step (<nibble/cancel.h>). Cancelled before the first token is streamed: Error
+  /// kCancelled; after: Ok with StopReason::kCancelled. Either way the session stays at its last
+  /// complete position (a cancelled prefill leaves it where it was). Must outlive the call.
+  const CancellationToken* cancel = nullptr;
 };
 
-/// ValidateSamplingOptions, then max_new_tokens >= 0 and warmup >= 0 (named the same way).
+/// ValidateSamplingOptions, then max_new_tokens >= 0, warmup >= 0, no empty stop string,
+/// top_logprobs in [0, kMaxTopLogprobs] and only with logprobs (named the same way).
 Status ValidateGenerateOptions(const GenerateOptions& options, std::string_view name_prefix = "");
 
 struct GenerateStats {
   int64_t prompt_tokens = 0;     // incl. BOS
-  int64_t generated_tokens = 0;
+  int64_t generated_tokens = 0;  // tokens streamed (an EOS or stop id is not one)
   double prefill_seconds = 0;    // prompt forward pass up to the first sampled token
   double decode_seconds = 0;     // all later tokens
   /// Positions the context held when Generate began (earlier turns, a Fork, a PrefixCache hit):
   /// reused rather than computed. prompt_tokens counts only the new ones, so OpenAI's
   /// usage.prompt_tokens is prompt_tokens + cached_tokens and its cached_tokens this.
   int64_t cached_tokens = 0;
-  std::string stop_reason;       // "max_new_tokens" | "eos" | "stop_token" | "context_full" | "callback"
+  StopReason stop_reason = StopReason::kLength;
+  std::string stop_string;       // the stop string that matched (kStopString), else ""
+  int32_t stop_token = -1;       // the EOS or stop id that ended generation (kEos, kStopToken), else -1
 };
 
 /// Called with each new piece of UTF-8 text as soon as it is complete; returning false stops
-/// generation after that piece (stop_reason "callback").
+/// generation after that piece (StopReason::kCallback).
 using TextCallback = std::function<bool(std::string_view)>;
+/// Called with each generated token (generate.h), returning false stops generation after it
+/// (StopReason::kCallback). A last event with id TokenEvent::kNoToken carries text held back to
+/// the end, if any (not after kCallback or kStopString); its return value is ignored.
+using TokenCallback = std::function<bool(const TokenEvent&)>;
 
 class Session {
  public:
@@ -99,10 +121,12 @@ class Session {
   ~Session();
 
   /// Appends `tokens` at the current position and computes the logits of the last one.
-  /// Errors: no tokens, a token id outside the vocabulary, the context full (names the limit).
-  Status Prefill(const std::vector<int32_t>& tokens);
+  /// Errors: no tokens, a token id outside the vocabulary, the context full (names the limit);
+  /// kCancelled when `cancel` is cancelled (checked before each layer). On any error the
+  /// session is unchanged: position, tokens and the previous logits stay.
+  Status Prefill(const std::vector<int32_t>& tokens, const CancellationToken* cancel = nullptr);
   /// Appends one token (a decode step); same errors.
-  Status Step(int32_t token);
+  Status Step(int32_t token, const CancellationToken* cancel = nullptr);
   /// Samples the next token from the current logits (greedy when temperature is 0); the repeat
   /// penalty looks back over the tokens the context holds. The sampler is seeded with
   /// options.seed at the first call and again whenever the options change.
@@ -156,7 +180,7 @@ class Session {
 
  private:
   friend Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens);
-  friend Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text);
+  friend Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TokenCallback& on_token);
   struct Impl;
   explicit Session(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
@@ -170,11 +194,16 @@ class Session {
 Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens);
 
 /// Tokenizes `options.prompt` (BOS only on an empty session), appends it to the session, then
-/// samples up to max_new_tokens, streaming the text (the prompt is not echoed). Errors: prompt
-/// not UTF-8, prompt longer than the remaining context, empty prompt without a BOS token.
+/// samples up to max_new_tokens, streaming each token's event (the prompt is not echoed). The
+/// last token streamed is left for the next call to run first (so the context holds every token
+/// shown) unless generation ended at EOS or a stop id. Errors: prompt not UTF-8, prompt longer
+/// than the remaining context, empty prompt without a BOS token, invalid options, kCancelled.
+Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TokenCallback& on_token);
+/// The same streaming text only: each non-empty TokenEvent::text.
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text);
 /// The same on a fresh session over `model` sized for the prompt and max_new_tokens.
 Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TextCallback& on_text);
+Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TokenCallback& on_token);
 /// The prompt's ids as Generate(model, ...) runs them, checked against the model's context: a
 /// front end that echoes the prompt calls it first. Errors: prompt not UTF-8, more tokens than
 /// max_position_embeddings (names both).

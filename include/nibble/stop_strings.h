@@ -1,8 +1,8 @@
 // Stop strings over streamed text (`generate --stop`, a chat template's end-of-turn markers, an
 // OpenAI-style `stop` list): text is released as soon as it can no longer be the start of a stop
 // string; a stop string and everything after it never are, even when it arrives split over
-// several pieces (tokens). Feed it the pieces a Generate callback receives and return
-// `!stopped()` from the callback, so generation ends at the first complete stop string.
+// several pieces (tokens). Generate applies it to GenerateOptions::stop; it is public for front
+// ends that filter text of their own.
 #pragma once
 
 #include <string>

@@ -74,7 +74,7 @@ void ChatTurns::AddReply(const GenerateStats& stats, const std::string& reply, c
   if (pending_mark_) marks_.push_back(*pending_mark_);
   marks_.push_back({reused_ + unfed_ + stats.prompt_tokens, fed_.size()});
   fed_ += reply + end_marker;
-  const bool at_stop_id = stats.stop_reason == "eos" || stats.stop_reason == "stop_token";
+  const bool at_stop_id = stats.stop_reason == StopReason::kEos || stats.stop_reason == StopReason::kStopToken;
   unfed_ = !at_stop_id && stats.generated_tokens > 0 ? 1 : 0;
   if (unfed_ == 0) marks_.push_back({session_->position(), fed_.size()});
 }

@@ -7,6 +7,9 @@
 #include <cstdio>
 #include <optional>
 
+#include <nibble/stop_strings.h>
+
+#include "api/logprobs.h"
 #include "api/model_impl.h"
 #include "model/sampler.h"
 #include "tokenizer/stream_decoder.h"
@@ -44,19 +47,22 @@ Result<std::unique_ptr<Session>> Session::Create(const Model& model, const Sessi
   return std::unique_ptr<Session>(new Session(std::move(impl)));
 }
 
-Status Session::Prefill(const std::vector<int32_t>& tokens) {
+Status Session::Prefill(const std::vector<int32_t>& tokens, const CancellationToken* cancel) {
   if (tokens.empty()) return MakeError("Prefill: no tokens");
   ScopedThreads threads(impl_->threads);
   const LlamaModel& llama = ModelAccess::llama(*impl_->model);
+  // Forward writes the logits only once every layer ran: on an error the old ones stay.
+  const bool had_logits = !impl_->logits.empty();
   impl_->logits.resize(static_cast<size_t>(llama.config().vocab_size));
-  const Status s = llama.Forward(tokens.data(), static_cast<int64_t>(tokens.size()), impl_->cache, impl_->logits.data(), false);
+  const Status s = llama.Forward(tokens.data(), static_cast<int64_t>(tokens.size()), impl_->cache, impl_->logits.data(),
+                                 false, cancel);
   if (s.ok()) impl_->tokens.insert(impl_->tokens.end(), tokens.begin(), tokens.end());
-  else impl_->logits.clear();
+  else if (!had_logits) impl_->logits.clear();
   impl_->tokens.resize(static_cast<size_t>(impl_->cache.length));
   return s;
 }
 
-Status Session::Step(int32_t token) { return Prefill({token}); }
+Status Session::Step(int32_t token, const CancellationToken* cancel) { return Prefill({token}, cancel); }
 
 Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens) {
   if (sessions.empty()) return MakeError("StepBatch: no sessions");
@@ -110,6 +116,12 @@ Status ValidateGenerateOptions(const GenerateOptions& o, std::string_view prefix
   const std::string p(prefix);
   if (o.max_new_tokens < 0) return MakeError(p, "max_new_tokens ", o.max_new_tokens, " must be >= 0");
   if (o.warmup < 0) return MakeError(p, "warmup ", o.warmup, " must be >= 0");
+  for (size_t i = 0; i < o.stop.size(); ++i)
+    if (o.stop[i].empty()) return MakeError(p, "stop: empty stop string (entry ", i, ")");
+  if (o.top_logprobs < 0 || o.top_logprobs > kMaxTopLogprobs)
+    return MakeError(p, "top_logprobs ", o.top_logprobs, " must be in [0, ", kMaxTopLogprobs, "]");
+  if (o.top_logprobs > 0 && !o.logprobs)
+    return MakeError(p, "top_logprobs ", o.top_logprobs, " needs ", p, "logprobs");
   return Status::Ok();
 }
 
@@ -213,30 +225,70 @@ Result<std::vector<int32_t>> PromptIds(const Session& session, const std::string
   return ids;
 }
 
-// Samples and streams until max_new_tokens, EOS or a stop id, a full context or the callback says stop.
-Status DecodeLoop(Session& s, const GenerateOptions& o, const std::vector<int32_t>& context, const TextCallback& on_text,
+// The text streams through a StreamDecoder (whole characters) and a StopStringMatcher (held back
+// while it may start a stop string). End of generation: what both still hold goes out in a last
+// event without a token, unless the callback or a stop string ended it.
+class TextStream {
+ public:
+  TextStream(const Tokenizer& tok, const std::vector<int32_t>& context, const std::vector<std::string>& stops)
+      : decoder_(tok, context), stop_(stops) {}
+  const StreamDecoder& decoder() const { return decoder_; }
+  std::string Push(int32_t id) { return stop_.Push(decoder_.Push(id)); }
+  const StopStringMatcher& stop() const { return stop_; }
+  void Finish(const TokenCallback& on_token) {
+    TokenEvent last;
+    last.text = stop_.Push(decoder_.Flush());
+    last.text += stop_.Flush();
+    if (!last.text.empty()) on_token(last);
+  }
+
+ private:
+  StreamDecoder decoder_;
+  StopStringMatcher stop_;
+};
+
+// Samples and streams until max_new_tokens, EOS or a stop id, a stop string, a full context, a
+// cancel or the callback says stop. A cancel before the first token is an error; later it ends
+// generation (kCancelled) with the last streamed token left unfed, as every other end but EOS.
+Status DecodeLoop(Session& s, const GenerateOptions& o, const std::vector<int32_t>& context, const TokenCallback& on_token,
                   GenerateStats& stats, std::vector<int32_t>& unfed) {
   const Tokenizer& tok = ModelAccess::tokenizer(s.model());
-  StreamDecoder stream(tok, context);
+  TextStream stream(tok, context, o.stop);
+  auto end = [&](StopReason r) {
+    stats.stop_reason = r;
+    if (r != StopReason::kCallback && r != StopReason::kStopString) stream.Finish(on_token);
+    if (stream.stop().stopped()) {  // also when the text flushed at the end completed a stop string
+      stats.stop_reason = StopReason::kStopString;
+      stats.stop_string = stream.stop().matched();
+    }
+    return Status::Ok();
+  };
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    if (o.cancel != nullptr && o.cancel->cancelled())
+      return i == 0 ? CheckCancelled(o.cancel, "generation before the first token") : end(StopReason::kCancelled);
     NIBBLE_ASSIGN_OR_RETURN(const int32_t next, s.Sample(o.sampling));
     const bool eos = std::find(tok.eos_ids().begin(), tok.eos_ids().end(), next) != tok.eos_ids().end();
     if (eos || std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) {
-      stats.stop_reason = eos ? "eos" : "stop_token";
-      if (const std::string rest = stream.Flush(); !rest.empty()) on_text(rest);
-      return Status::Ok();
+      stats.stop_token = next;
+      return end(eos ? StopReason::kEos : StopReason::kStopToken);
     }
     ++stats.generated_tokens;
-    const std::string text = stream.Push(next);
-    const bool go_on = text.empty() || on_text(text);
-    if (!go_on || i + 1 == o.max_new_tokens || s.position() >= s.capacity()) {
-      if (!go_on) stats.stop_reason = "callback";
-      else if (i + 1 < o.max_new_tokens) stats.stop_reason = "context_full";
+    TokenEvent ev;
+    ev.id = next;
+    if (o.logprobs)
+      FillLogprobs(s.logits().data(), static_cast<int64_t>(s.logits().size()), o.top_logprobs, stream.decoder(), ev);
+    ev.text = stream.Push(next);
+    const bool go_on = on_token(ev);
+    if (stream.stop().stopped() || !go_on || i + 1 == o.max_new_tokens || s.position() >= s.capacity()) {
       unfed = {next};
-      if (const std::string rest = stream.Flush(); go_on && !rest.empty()) on_text(rest);
-      return Status::Ok();
+      if (stream.stop().stopped()) return end(StopReason::kStopString);
+      return end(!go_on ? StopReason::kCallback : i + 1 < o.max_new_tokens ? StopReason::kContextFull : StopReason::kLength);
     }
-    NIBBLE_RETURN_IF_ERROR(s.Step(next));
+    if (const Status st = s.Step(next, o.cancel); !st.ok()) {
+      unfed = {next};
+      if (st.error().code != ErrorCode::kCancelled) return st;
+      return end(StopReason::kCancelled);
+    }
   }
   return Status::Ok();
 }
@@ -248,14 +300,13 @@ Result<int64_t> Session::PromptPositions(const std::string& prompt) const {
   return static_cast<int64_t>(ids.size() + impl_->unfed.size());
 }
 
-Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text) {
+Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TokenCallback& on_token) {
   NIBBLE_RETURN_IF_ERROR(ValidateGenerateOptions(options));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(session, options.prompt));
   Session::Impl& impl = *session.impl_;
   GenerateStats stats;
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());
   stats.cached_tokens = session.position();
-  stats.stop_reason = "max_new_tokens";
   prompt.insert(prompt.begin(), impl.unfed.begin(), impl.unfed.end());
   if (session.position() + static_cast<int64_t>(prompt.size()) > session.capacity())
     return MakeError("prompt is ", stats.prompt_tokens, " tokens, longer than the remaining context (",
@@ -264,18 +315,32 @@ Result<GenerateStats> Generate(Session& session, const GenerateOptions& options,
   if (options.max_new_tokens == 0) return stats;
   const int64_t p0 = session.position();
   for (int64_t i = 0; i < options.warmup; ++i) {  // first calls pay one-time GEMM kernel generation
-    NIBBLE_RETURN_IF_ERROR(session.Prefill(prompt));
+    NIBBLE_RETURN_IF_ERROR(session.Prefill(prompt, options.cancel));
     impl.cache.length = p0;
     impl.tokens.resize(static_cast<size_t>(p0));
   }
+  // An error before the first token streamed leaves the session as it was before the call.
+  const std::vector<int32_t> unfed0 = std::move(impl.unfed);
+  const std::vector<float> logits0 = impl.logits;
   impl.unfed.clear();
   const auto t0 = std::chrono::steady_clock::now();
-  if (!prompt.empty()) NIBBLE_RETURN_IF_ERROR(session.Prefill(prompt));
+  Status st = prompt.empty() ? Status::Ok() : session.Prefill(prompt, options.cancel);
   const auto t1 = std::chrono::steady_clock::now();
   stats.prefill_seconds = Seconds(t0, t1);
-  NIBBLE_RETURN_IF_ERROR(DecodeLoop(session, options, prompt, on_text, stats, impl.unfed));
+  if (st.ok()) st = DecodeLoop(session, options, prompt, on_token, stats, impl.unfed);
   stats.decode_seconds = Seconds(t1, std::chrono::steady_clock::now());
+  if (!st.ok() && stats.generated_tokens == 0) {
+    impl.cache.length = p0;
+    impl.tokens.resize(static_cast<size_t>(p0));
+    impl.unfed = unfed0;
+    impl.logits = logits0;
+  }
+  if (!st.ok()) return st.error();
   return stats;
+}
+
+Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text) {
+  return Generate(session, options, [&on_text](const TokenEvent& ev) { return ev.text.empty() || on_text(ev.text); });
 }
 
 Result<std::vector<int32_t>> PromptTokens(const Model& model, const std::string& prompt) {
@@ -287,13 +352,17 @@ Result<std::vector<int32_t>> PromptTokens(const Model& model, const std::string&
 }
 
 Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TextCallback& on_text) {
+  return Generate(model, options, [&on_text](const TokenEvent& ev) { return ev.text.empty() || on_text(ev.text); });
+}
+
+Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TokenCallback& on_token) {
   NIBBLE_RETURN_IF_ERROR(ValidateGenerateOptions(options));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(model, options.prompt));
   const int64_t max_pos = model.info().max_position_embeddings;
   SessionOptions so;
   so.context = std::max<int64_t>(1, std::min<int64_t>(max_pos, static_cast<int64_t>(prompt.size()) + options.max_new_tokens));
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Session> session, Session::Create(model, so));
-  return Generate(*session, options, on_text);
+  return Generate(*session, options, on_token);
 }
 
 }  // namespace nibble

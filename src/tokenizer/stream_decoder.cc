@@ -25,6 +25,13 @@ std::string StreamDecoder::Push(int32_t id) {
 
 std::string StreamDecoder::Flush() { return Emit(true); }
 
+std::string StreamDecoder::Peek(int32_t id) const {
+  std::vector<int32_t> window = window_;
+  window.push_back(id);
+  const std::string text = tok_.Decode(window);
+  return text.size() > shown_ ? text.substr(shown_) : std::string();
+}
+
 // Each call decodes the window, not the whole sequence, so a long generation costs linear time.
 // After an emission the anchor moves to where the emitted text began (a character boundary: text
 // ending in an incomplete sequence is never emitted early), provided those ids decode on their own

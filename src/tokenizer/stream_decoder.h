@@ -22,6 +22,9 @@ class StreamDecoder {
   std::string Push(int32_t id);
   /// Returns the text still held back (an incomplete sequence as U+FFFD); call once at the end.
   std::string Flush();
+  /// The text not shown yet if `id` came next, an incomplete sequence as U+FFFD (the text of a
+  /// candidate token in context, e.g. a top logprob's); changes nothing.
+  std::string Peek(int32_t id) const;
 
  private:
   std::string Emit(bool final);

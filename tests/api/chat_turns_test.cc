@@ -104,16 +104,15 @@ Turn RunTurn(nibble::Session& s, nibble::ChatTurns& turns, const nibble::EndOfTu
   g.max_new_tokens = n;
   g.sampling.temperature = 0;
   g.stop_ids = eot.ids;
-  nibble::StopStringMatcher stop(eot.markers);
+  g.stop = eot.markers;
   auto stats = nibble::Generate(s, g, [&](std::string_view piece) {
-    t.reply += stop.Push(piece);
-    return !stop.stopped();
+    t.reply += piece;
+    return true;
   });
   EXPECT_TRUE(stats.ok()) << stats.error().message;
   if (!stats.ok()) return t;
-  t.reply += stop.Flush();
   t.stats = *stats;
-  turns.AddReply(*stats, t.reply, stop.matched());
+  turns.AddReply(*stats, t.reply, stats->stop_string);
   history.push_back({"assistant", t.reply});
   return t;
 }
@@ -145,7 +144,7 @@ TEST(ChatTurns, TheSecondTurnPrefillsOnlyTheNewText) {
   EXPECT_EQ(t2.prompt.reused_positions, held);
   EXPECT_EQ(t2.stats.cached_tokens, held);  // what Generate found in the context: OpenAI's cached_tokens
   EXPECT_EQ(t1.stats.cached_tokens, 0);
-  const bool at_stop_id = t1.stats.stop_reason == "eos" || t1.stats.stop_reason == "stop_token";
+  const bool at_stop_id = t1.stats.stop_reason == nibble::StopReason::kEos || t1.stats.stop_reason == nibble::StopReason::kStopToken;
   EXPECT_EQ(held, t1.stats.prompt_tokens + t1.stats.generated_tokens - (at_stop_id ? 0 : 1));
   // The new text is the render past turn 1's prompt and reply.
   EXPECT_EQ(t2.prompt.text, render2->substr(render1->size() + t1.reply.size(), t2.prompt.text.size()));

@@ -200,7 +200,7 @@ TEST(Session, CallbackReturningFalseStopsGeneration) {
   auto s = nibble::Generate(m, Greedy("And God said", 40), [&](std::string_view) { return ++calls < 3; });
   ASSERT_TRUE(s.ok()) << s.error().message;
   EXPECT_EQ(calls, 3);
-  EXPECT_EQ(s->stop_reason, "callback");
+  EXPECT_EQ(s->stop_reason, nibble::StopReason::kCallback);
   EXPECT_LT(s->generated_tokens, 40);
 }
 
@@ -227,7 +227,8 @@ TEST(Session, StopIdsEndGenerationLikeEos) {
   o.stop_ids = {greedy[at]};
   nibble::GenerateStats stats;
   const std::string text = GenerateText(m, o, &stats);
-  EXPECT_EQ(stats.stop_reason, "stop_token");
+  EXPECT_EQ(stats.stop_reason, nibble::StopReason::kStopToken);
+  EXPECT_EQ(stats.stop_token, greedy[at]);
   EXPECT_EQ(stats.generated_tokens, static_cast<int64_t>(at));
   std::vector<int32_t> shown = *prompt;
   shown.insert(shown.end(), greedy.begin(), greedy.begin() + static_cast<std::ptrdiff_t>(at));
@@ -397,7 +398,7 @@ TEST(Session, PromptPositionsAreWhatGenerateFills) {
   EXPECT_EQ(*first, static_cast<int64_t>(with_bos->size()));
   auto stats = nibble::Generate(**session, Greedy(text, 3), [](std::string_view) { return true; });
   ASSERT_TRUE(stats.ok());
-  ASSERT_EQ(stats->stop_reason, "max_new_tokens");
+  ASSERT_EQ(stats->stop_reason, nibble::StopReason::kLength);
   EXPECT_EQ(stats->prompt_tokens, *first);
   const int64_t p0 = (*session)->position();
   auto next = (*session)->PromptPositions(text);

@@ -2,8 +2,6 @@
 // prefix, generate until an end-of-turn marker, print the reply and the turn's statistics.
 #include "support/chat_loop.h"
 
-#include <nibble/stop_strings.h>
-
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,22 +50,18 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
     g.max_new_tokens = o.max_new_tokens;
     g.sampling = o.sampling;
     g.stop_ids = eot.ids;
-    nibble::StopStringMatcher stop(eot.markers);
+    g.stop = eot.markers;
     std::string reply;
     auto stats = nibble::Generate(s, g, [&](std::string_view piece) {
-      const std::string shown = stop.Push(piece);
-      reply += shown;
-      std::fwrite(shown.data(), 1, shown.size(), out);
+      reply += piece;
+      std::fwrite(piece.data(), 1, piece.size(), out);
       std::fflush(out);
-      return !stop.stopped();
+      return true;
     });
     if (!stats.ok()) return std::fprintf(stderr, "nibble: error: %s\n", stats.error().message.c_str()), 1;
-    const std::string rest = stop.Flush();
-    reply += rest;
-    std::fwrite(rest.data(), 1, rest.size(), out);
     std::fputc('\n', out);
     std::fflush(out);
-    turns.AddReply(*stats, reply, stop.matched());
+    turns.AddReply(*stats, reply, stats->stop_string);
     history.push_back({"assistant", reply});
     const int64_t decoded = stats->generated_tokens > 0 ? stats->generated_tokens - 1 : 0;
     std::fprintf(stderr,
@@ -76,7 +70,8 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
                  turn, static_cast<long long>(prompt->reused_positions), static_cast<long long>(stats->prompt_tokens),
                  stats->prefill_seconds, static_cast<long long>(decoded), stats->decode_seconds,
                  stats->decode_seconds > 0 ? decoded / stats->decode_seconds : 0.0,
-                 stop.stopped() ? ("end of turn \"" + stop.matched() + "\"").c_str() : stats->stop_reason.c_str());
+                 stats->stop_reason == nibble::StopReason::kStopString ? ("end of turn \"" + stats->stop_string + "\"").c_str()
+                                                                       : nibble::StopReasonName(stats->stop_reason));
   }
   return 0;
 }
