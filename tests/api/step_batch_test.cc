@@ -30,7 +30,7 @@ std::unique_ptr<nibble::Model> LoadEmbedded(nibble::KvDtype kv = nibble::KvDtype
   return std::move(m).value();
 }
 
-const nibble::Model& EmbeddedModel() {
+const nibble::Model& BatchTestModel() {
   static std::unique_ptr<nibble::Model> model = LoadEmbedded();
   return *model;
 }
@@ -46,7 +46,7 @@ std::unique_ptr<nibble::Session> NewSession(const nibble::Model& m, int64_t cont
   return std::move(s).value();
 }
 
-int32_t Greedy(nibble::Session& s) {
+int32_t GreedyNext(nibble::Session& s) {
   nibble::SamplingOptions o;
   o.temperature = 0;
   auto t = s.Sample(o);
@@ -117,8 +117,8 @@ void CheckMixedSteps(const nibble::Model& m, double tolerance) {
         fed[i] += chunk;
         ++chunks;
       } else {
-        item.tokens = {Greedy(*batch[i])};
-        ASSERT_EQ(item.tokens[0], Greedy(*solo[i])) << "sequence " << i << " step " << step;
+        item.tokens = {GreedyNext(*batch[i])};
+        ASSERT_EQ(item.tokens[0], GreedyNext(*solo[i])) << "sequence " << i << " step " << step;
         ++decodes;
       }
       ASSERT_TRUE(solo[i]->Prefill(item.tokens).ok());
@@ -138,12 +138,12 @@ void CheckMixedSteps(const nibble::Model& m, double tolerance) {
   }
   EXPECT_GE(mixed_steps, 6) << "the schedule should mix prefill chunks and decode tokens";
   EXPECT_GE(most_rows, 100) << "the schedule should cross the kernels' row thresholds";
-  for (size_t i = 0; i < n; ++i) EXPECT_EQ(Greedy(*batch[i]), Greedy(*solo[i])) << "sequence " << i;
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(GreedyNext(*batch[i]), GreedyNext(*solo[i])) << "sequence " << i;
   ::testing::Test::RecordProperty("worst_relative_logit_difference", std::to_string(worst));
   ::testing::Test::RecordProperty("most_rows", std::to_string(most_rows));
 }
 
-TEST(StepBatch, MixedPrefillChunksAndDecodeMatchEachSequenceAlone) { CheckMixedSteps(EmbeddedModel(), 3e-3); }
+TEST(StepBatch, MixedPrefillChunksAndDecodeMatchEachSequenceAlone) { CheckMixedSteps(BatchTestModel(), 3e-3); }
 
 TEST(StepBatch, MixedStepsWithAnFp32KvCacheDifferOnlyByFp32Rounding) {
   auto m = LoadEmbedded(nibble::KvDtype::kFp32);
@@ -175,7 +175,7 @@ TEST(StepBatch, MixedStepsOnInt4WeightsMatchEachSequenceAlone) {
 // count (and rows), a sequence's logits are bit-equal whichever other sequences share the step;
 // a step of one item is Prefill / Step bit for bit.
 TEST(StepBatch, SameRowCountGivesBitEqualLogitsWhateverElseIsInTheStep) {
-  const nibble::Model& m = EmbeddedModel();
+  const nibble::Model& m = BatchTestModel();
   const std::vector<int32_t> prompt = Ids(m, kPrompts[0]), other = Ids(m, kPrompts[2]);
   auto a1 = NewSession(m), a2 = NewSession(m), a3 = NewSession(m), b = NewSession(m), c = NewSession(m),
        d = NewSession(m);
@@ -194,7 +194,7 @@ TEST(StepBatch, SameRowCountGivesBitEqualLogitsWhateverElseIsInTheStep) {
   ASSERT_TRUE(alone->Prefill(chunk).ok());
   EXPECT_EQ(a3->logits(), alone->logits());
   // Decode: 3 rows each.
-  const int32_t next = Greedy(*a1);
+  const int32_t next = GreedyNext(*a1);
   ASSERT_TRUE(nibble::StepBatch({{a1.get(), {next}}, {b.get(), {5}}, {c.get(), {6}}}).ok());
   ASSERT_TRUE(nibble::StepBatch({{a2.get(), {next}}, {d.get(), {7, 8}}}).ok());
   ASSERT_TRUE(nibble::StepBatch({{a3.get(), {next}}}).ok());
@@ -214,7 +214,7 @@ Snapshot Take(const nibble::Session& s) { return {s.position(), s.logits()}; }
 // Every refused batch names its fault (by item index where there is one) and leaves every
 // session as it was: position, logits and the tokens the next step continues from.
 TEST(StepBatch, RefusedBatchesChangeNoSession) {
-  const nibble::Model& m = EmbeddedModel();
+  const nibble::Model& m = BatchTestModel();
   auto other_model = LoadEmbedded();
   ASSERT_NE(other_model, nullptr);
   auto a = NewSession(m), b = NewSession(m), c = NewSession(m, 8), stranger = NewSession(*other_model);
@@ -263,7 +263,7 @@ TEST(StepBatch, RefusedBatchesChangeNoSession) {
 // A cancelled step returns kCancelled and leaves every session at its last complete position
 // with its logits; the same step run again gives what a step never cancelled gives.
 TEST(StepBatch, CancelledStepKeepsEverySessionAtItsLastCompletePosition) {
-  const nibble::Model& m = EmbeddedModel();
+  const nibble::Model& m = BatchTestModel();
   std::vector<std::unique_ptr<nibble::Session>> s, twin;
   for (size_t i = 0; i < 3; ++i) {
     s.push_back(NewSession(m));

@@ -58,13 +58,13 @@ std::unique_ptr<LlamaModel> LoadCancellingAt(int64_t layer, const std::shared_pt
   return m.ok() ? std::move(m).value() : nullptr;
 }
 
-struct Step {
+struct RaggedStep {
   std::vector<int32_t> tokens;
   std::vector<int64_t> query_start_loc;
 };
 
 // Three sequences: a decode token, a 5-token chunk, a decode token (7 rows).
-Step MixedStep() { return {{11, 20, 21, 22, 23, 24, 30}, {0, 1, 6, 7}}; }
+RaggedStep MixedStep() { return {{11, 20, 21, 22, 23, 24, 30}, {0, 1, 6, 7}}; }
 
 std::vector<KvCache> Prefilled(const LlamaModel& m) {
   const std::vector<std::vector<int32_t>> prompts = {{1, 5, 6, 7}, {1, 8}, {1, 9, 10, 11, 12, 13, 14}};
@@ -87,7 +87,7 @@ TEST(ForwardBatch, CancelledBetweenLayersKeepsEveryCacheAtItsLength) {
   *token = CancellationToken();  // the prefills cancelled the old one (unchecked there)
   KvCache* cp[3] = {&caches[0], &caches[1], &caches[2]};
   KvCache* tp[3] = {&twins[0], &twins[1], &twins[2]};
-  const Step s = MixedStep();
+  const RaggedStep s = MixedStep();
   std::vector<float> got(static_cast<size_t>(3 * vocab)), want(got.size());
   const Status st = m.ForwardBatch(s.tokens.data(), s.query_start_loc.data(), 3, cp, got.data(), false, token.get());
   ASSERT_FALSE(st.ok());
@@ -113,7 +113,7 @@ TEST(ForwardBatch, AllLogitsAreEachSequencesPositions) {
   std::vector<KvCache> caches = Prefilled(m), last = Prefilled(m), solo = Prefilled(m);
   KvCache* cp[3] = {&caches[0], &caches[1], &caches[2]};
   KvCache* lp[3] = {&last[0], &last[1], &last[2]};
-  const Step s = MixedStep();
+  const RaggedStep s = MixedStep();
   std::vector<float> all(static_cast<size_t>(7 * vocab)), tail(static_cast<size_t>(3 * vocab));
   ASSERT_TRUE(m.ForwardBatch(s.tokens.data(), s.query_start_loc.data(), 3, cp, all.data(), true).ok());
   ASSERT_TRUE(m.ForwardBatch(s.tokens.data(), s.query_start_loc.data(), 3, lp, tail.data(), false).ok());
