@@ -5,6 +5,10 @@
 // reported as median ± sample standard deviation over the repetitions, after one untimed warmup.
 // With --parallel P > 1, tg runs P sequences together (Session StepBatch: one decode step of all
 // of them, each weight read once), each with its own trace; t/s counts the tokens of all P.
+// With --chunk C, every tg test also runs mixed (continuous batching with chunked prefill): P
+// decoding sequences (P = 1 too) and, every --chunk_every steps, a C-token prefill chunk of one
+// more sequence in the same step; t/s still counts decode tokens only, so it compares with the
+// decode-only row (the JSON adds the chunks' tokens/s).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -35,6 +39,8 @@ struct BenchModelArgs {
   std::vector<int> threads = {0};
   std::vector<int64_t> parallel = {1};
   std::vector<std::string> activations = {"auto"};
+  int64_t chunk = 0;        // prefill chunk tokens in mixed tg steps; 0 = no mixed tests
+  int64_t chunk_every = 4;  // steps between two chunks
   bool json = false;
   KvArgs kv;  // --ctx_size 0: the longest test's positions
 };
@@ -49,7 +55,9 @@ struct TestResult {
   std::string activations, test;
   int threads = 0;
   int64_t n_prompt = 0, n_gen = 0, parallel = 1;
-  std::vector<double> tps;  // tokens/s per repetition
+  int64_t chunk = 0, chunk_every = 0;  // mixed tg: a chunk-token prefill every chunk_every steps
+  std::vector<double> tps;  // tokens/s per repetition (decode tokens in a mixed test)
+  std::vector<double> chunk_tps;  // mixed tg: prefill chunk tokens/s per repetition
   std::vector<double> ns;   // nanoseconds per repetition
   int64_t n_ctx = 0;        // each session's ctx_size
   int64_t kv_bytes = 0;     // KV bytes of the sessions at their full ctx_size (all `parallel` of them)
@@ -110,15 +118,32 @@ nibble::Result<double> TimeRun(nibble::Session& s, const std::vector<int32_t>& i
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A prefill sequence whose chunks join decode steps (mixed tg): `chunk` ids every `every` steps;
+// it starts over from an empty context when the next chunk would not fit.
+struct ChunkFeed {
+  nibble::Session* session = nullptr;
+  std::vector<int32_t> chunk;
+  int64_t every = 1;
+};
+
 // Seconds for n_gen batched steps of the sessions from an empty context: step i feeds
-// traces[s][i] to session s.
-nibble::Result<double> TimeBatch(const std::vector<nibble::Session*>& ss, const std::vector<std::vector<int32_t>>& traces) {
+// traces[s][i] to session s, plus the feed's chunk on every feed->every-th step when given.
+nibble::Result<double> TimeBatch(const std::vector<nibble::Session*>& ss, const std::vector<std::vector<int32_t>>& traces,
+                                 const ChunkFeed* feed = nullptr) {
   for (nibble::Session* s : ss) s->Truncate(0);
-  std::vector<int32_t> ids(ss.size());
+  if (feed != nullptr) feed->session->Truncate(0);
+  std::vector<nibble::BatchItem> items(ss.size());
+  for (size_t s = 0; s < ss.size(); ++s) items[s] = {ss[s], {0}};
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < traces[0].size(); ++i) {
-    for (size_t s = 0; s < ss.size(); ++s) ids[s] = traces[s][i];
-    if (nibble::Status st = nibble::StepBatch(ss, ids); !st.ok()) return st.error();
+    items.resize(ss.size());
+    for (size_t s = 0; s < ss.size(); ++s) items[s].tokens[0] = traces[s][i];
+    if (feed != nullptr && static_cast<int64_t>(i) % feed->every == 0) {
+      nibble::Session& p = *feed->session;
+      if (p.position() + static_cast<int64_t>(feed->chunk.size()) > p.capacity()) p.Truncate(0);
+      items.push_back({&p, feed->chunk});
+    }
+    if (nibble::Status st = nibble::StepBatch(items); !st.ok()) return st.error();
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -186,6 +211,11 @@ nlohmann::ordered_json ToJson(const TestResult& r, const nibble::KernelDispatchR
   j["n_prompt"] = r.n_prompt;
   j["n_gen"] = r.n_gen;
   j["n_parallel"] = r.parallel;
+  if (r.chunk > 0) {
+    j["n_chunk"] = r.chunk;
+    j["chunk_every"] = r.chunk_every;
+    j["chunk_median_ts"] = Summarise(r.chunk_tps).median;
+  }
   j["n_ctx"] = r.n_ctx;
   j["type_kv"] = r.kv_type;
   j["kv_bytes"] = r.kv_bytes;
@@ -198,6 +228,7 @@ nlohmann::ordered_json ToJson(const TestResult& r, const nibble::KernelDispatchR
   j["min_ts"] = s.min;
   j["max_ts"] = s.max;
   j["build_commit"] = BuildCommit();
+  j["cpu_info"] = k.cpu_name;
   return j;
 }
 
@@ -212,14 +243,14 @@ int64_t ContextNeeded(const BenchModelArgs& a) {
   int64_t ctx = 1;
   for (int64_t p : a.n_prompt) ctx = std::max(ctx, p);
   for (int64_t n : a.n_gen) ctx = std::max(ctx, n);
-  return ctx;
+  return std::max(ctx, a.chunk);
 }
 
 // Prints the row of a finished test and keeps its result.
 nibble::Status Report(TestResult r, const BenchRun& run, const nibble::Model& m) {
   r.n_ctx = run.a.kv.ctx_size > 0 ? run.a.kv.ctx_size : ContextNeeded(run.a);
   r.kv_type = nibble::KvDtypeName(m.info().kv_dtype);
-  r.kv_bytes = nibble::KvCacheBytes(m, r.n_ctx) * r.parallel;
+  r.kv_bytes = nibble::KvCacheBytes(m, r.n_ctx) * (r.parallel + (r.chunk > 0 ? 1 : 0));
   if (!run.a.json) run.table.Row(r);
   run.results.push_back(std::move(r));
   return nibble::Status::Ok();
@@ -239,29 +270,35 @@ nibble::Status RunTest(nibble::Session& s, TestResult r, int32_t bos, const Benc
   return Report(std::move(r), run, s.model());
 }
 
-// tg of r.parallel sequences stepped together (StepBatch), each with its own trace per repetition.
+// tg of r.parallel sequences stepped together (StepBatch), each with its own trace per repetition;
+// with r.chunk, one more session's r.chunk-token prefill chunks join every r.chunk_every-th step.
 nibble::Status RunBatchTest(const nibble::Model& m, const nibble::SessionOptions& so, TestResult r, int32_t bos,
                             const BenchRun& run) {
   std::vector<std::unique_ptr<nibble::Session>> owned;
   std::vector<nibble::Session*> ss;
-  for (int64_t i = 0; i < r.parallel; ++i) {
+  for (int64_t i = 0; i <= r.parallel; ++i) {  // the last one is the chunk feed's
     auto s = nibble::Session::Create(m, so);
     if (!s.ok()) return s.error();
     ss.push_back(s->get());
     owned.push_back(std::move(s).value());
   }
   const int64_t vocab = m.info().vocab_size;
+  ChunkFeed feed{ss.back(), Trace(r.chunk, vocab, -1, 999), std::max<int64_t>(1, r.chunk_every)};
+  ss.pop_back();
+  const ChunkFeed* chunks = r.chunk > 0 ? &feed : nullptr;
   const auto traces = [&](int rep, int64_t n) {
     std::vector<std::vector<int32_t>> t;
     for (int64_t i = 0; i < r.parallel; ++i) t.push_back(Trace(n, vocab, bos, rep * 1000 + static_cast<int>(i)));
     return t;
   };
-  if (auto w = TimeBatch(ss, traces(-1, 1)); !w.ok()) return w.error();  // warmup
+  if (auto w = TimeBatch(ss, traces(-1, 1), chunks); !w.ok()) return w.error();  // warmup
+  const int64_t chunk_steps = chunks != nullptr ? (r.n_gen + feed.every - 1) / feed.every : 0;
   for (int rep = 0; rep < run.a.repetitions; ++rep) {
-    auto sec = TimeBatch(ss, traces(rep, r.n_gen));
+    auto sec = TimeBatch(ss, traces(rep, r.n_gen), chunks);
     if (!sec.ok()) return sec.error();
     r.ns.push_back(*sec * 1e9);
     r.tps.push_back(static_cast<double>(r.n_gen * r.parallel) / *sec);
+    r.chunk_tps.push_back(static_cast<double>(chunk_steps * r.chunk) / *sec);
   }
   return Report(std::move(r), run, m);
 }
@@ -287,13 +324,18 @@ nibble::Status RunThreads(const nibble::Model& m, const ModelDesc& d, const std:
   if (auto w = TimeRun(s, Trace(1, vocab, bos, -1), false); !w.ok()) return w.error();
   for (int64_t p : run.a.n_prompt)
     if (p > 0)
-      if (auto st = RunTest(s, {&d, act, "pp" + std::to_string(p), threads, p, 0, 1, {}, {}, 0, 0, ""}, bos, run); !st.ok()) return st;
+      if (auto st = RunTest(s, {&d, act, "pp" + std::to_string(p), threads, p, 0, 1, 0, 0, {}, {}, {}, 0, 0, ""}, bos, run); !st.ok()) return st;
   for (int64_t n : run.a.n_gen) {
     if (n <= 0) continue;
     for (int64_t par : run.a.parallel) {
-      TestResult r{&d, act, "tg" + std::to_string(n), threads, 0, n, par, {}, {}, 0, 0, ""};
+      TestResult r{&d, act, "tg" + std::to_string(n), threads, 0, n, par, 0, 0, {}, {}, {}, 0, 0, ""};
       if (par > 1) r.test += " x" + std::to_string(par);
       if (auto st = par > 1 ? RunBatchTest(m, so, r, bos, run) : RunTest(s, r, bos, run); !st.ok()) return st;
+      if (run.a.chunk == 0) continue;
+      r.chunk = run.a.chunk;
+      r.chunk_every = run.a.chunk_every;
+      r.test += (par > 1 ? "" : " x1") + std::string(" +") + std::to_string(r.chunk) + "/" + std::to_string(r.chunk_every);
+      if (auto st = RunBatchTest(m, so, r, bos, run); !st.ok()) return st;
     }
   }
   return nibble::Status::Ok();
@@ -323,8 +365,8 @@ nibble::Status RunModel(const std::string& dir, const std::vector<int>& threads,
     const int64_t ctx = run.a.kv.ctx_size > 0 ? run.a.kv.ctx_size : ContextNeeded(run.a);  // >= it (RunBenchModel)
     if (ctx > info.max_position_embeddings)
       return nibble::MakeError("--ctx_size ", ctx, " exceeds max_position_embeddings ", info.max_position_embeddings, " of ", dir);
-    int64_t sequences = 1;  // sessions alive at once: the pp/tg session and a tg x P batch
-    for (int64_t p : run.a.parallel) sequences = std::max(sequences, 1 + (p > 1 ? p : 0));
+    int64_t sequences = 1;  // sessions alive at once: the pp/tg session and a tg x P batch (+ a chunk feed)
+    for (int64_t p : run.a.parallel) sequences = std::max(sequences, 1 + (p > 1 || run.a.chunk > 0 ? p : 0) + (run.a.chunk > 0 ? 1 : 0));
     if (const std::string err = ReportKvMemory(**m, ctx, run.a.kv); !err.empty()) return nibble::MakeError(err);
     if (sequences > 1)
       std::fprintf(stderr, "KV cache: up to %lld sessions at once (--parallel): %.1f MiB\n", static_cast<long long>(sequences),
@@ -346,12 +388,14 @@ int RunBenchModel(const BenchModelArgs& a) {
     if (v < 0) return UsageError("-n " + std::to_string(v) + " must be >= 0");
   for (int64_t v : a.parallel)
     if (v < 1) return UsageError("--parallel " + std::to_string(v) + " must be >= 1");
+  if (a.chunk < 0) return UsageError("--chunk " + std::to_string(a.chunk) + " must be >= 0");
+  if (a.chunk_every < 1) return UsageError("--chunk_every " + std::to_string(a.chunk_every) + " must be >= 1");
   nibble::ActivationType unused;
   for (const std::string& s : a.activations)
     if (!nibble::ParseActivationType(s, &unused))
       return UsageError("--activations: unknown mode \"" + s + "\" (auto, fp32, bf16, int8)");
   if (a.kv.ctx_size > 0 && a.kv.ctx_size < ContextNeeded(a))
-    return UsageError("--ctx_size " + std::to_string(a.kv.ctx_size) + " is smaller than the longest test (-p / -n " +
+    return UsageError("--ctx_size " + std::to_string(a.kv.ctx_size) + " is smaller than the longest test (-p / -n / --chunk " +
                       std::to_string(ContextNeeded(a)) + ")");
   std::vector<int> threads;  // 0 resolved to the count it means, so the table shows it
   for (int t : a.threads) {
@@ -376,8 +420,9 @@ int RunBenchModel(const BenchModelArgs& a) {
     for (const TestResult& r : results) j.push_back(ToJson(r, k));
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("\nt/s: median ± standard deviation over %d repetition%s | kernels: %s | build: %s\n", a.repetitions,
-                a.repetitions == 1 ? "" : "s", k.chosen.c_str(), BuildCommit().c_str());
+    std::printf("\nt/s: median ± standard deviation over %d repetition%s | kernels: %s | build: %s | cpu: %s\n",
+                a.repetitions, a.repetitions == 1 ? "" : "s", k.chosen.c_str(), BuildCommit().c_str(),
+                k.cpu_name.empty() ? "unknown" : k.cpu_name.c_str());
   }
   return 0;
 }
@@ -396,6 +441,11 @@ Runner RegisterBenchModel(CLI::App& app) {
                   "Sequences decoded together in tg tests (batched decode, each weight read once per step), "
                   "comma-separated; t/s counts every sequence's tokens")
       ->delimiter(',')->capture_default_str();
+  cmd->add_option("--chunk", a->chunk,
+                  "Prefill chunk tokens: every tg test also runs mixed, its sequences' decode steps joined every "
+                  "--chunk_every steps by a chunk of one more sequence's prefill (chunked prefill); 0 = no mixed tests")
+      ->capture_default_str();
+  cmd->add_option("--chunk_every", a->chunk_every, "Decode steps between two prefill chunks of --chunk")->capture_default_str();
   cmd->add_option("-r,--repetitions", a->repetitions, "Timed repetitions of each test")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "Thread counts, comma-separated (0 = all cores)")
       ->delimiter(',')->capture_default_str()->check(CLI::Range(0, 1024));

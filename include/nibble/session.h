@@ -111,6 +111,16 @@ using TextCallback = std::function<bool(std::string_view)>;
 /// the end, if any (not after kCallback or kStopString); its return value is ignored.
 using TokenCallback = std::function<bool(const TokenEvent&)>;
 
+class Session;
+
+/// One sequence's share of a batched step (StepBatch): `tokens` appended to `session` at its
+/// position. One token is a decode step; more are a prompt or a chunk of one (chunked prefill,
+/// as vLLM schedules a long prompt over several steps).
+struct BatchItem {
+  Session* session = nullptr;
+  std::vector<int32_t> tokens;
+};
+
 class Session {
  public:
   /// The KV cache is sized for options.context but its storage grows in blocks of 256 positions
@@ -179,18 +189,44 @@ class Session {
   Result<std::unique_ptr<Session>> Fork(int64_t position, const SessionOptions& options) const;
 
  private:
-  friend Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens);
+  friend Status StepBatch(const std::vector<BatchItem>& items, const CancellationToken* cancel);
   friend Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TokenCallback& on_token);
   struct Impl;
   explicit Session(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
-/// One decode step of several sessions over the same Model together (batched decode, as a server
-/// runs its open requests): sessions[i] appends tokens[i] at its own position and gets its new
-/// logits, as Step would, but every weight is read once for the whole batch. Runs with the first
-/// session's thread setting. Errors (no session changes): no sessions, sizes that differ, a
-/// session listed twice or over another Model, and any session's Step error (named by index).
+/// One step of several sessions over the same Model together, as a server runs its open requests
+/// (continuous batching: vLLM's scheduler step, llama.cpp's llama_decode of a multi-sequence
+/// batch): decode tokens of some sessions and prefill chunks of others in one call. Each
+/// items[i].session appends items[i].tokens at its own position and gets the logits of its last
+/// one, as Prefill (or Step) would give it; every projection runs once over all the step's rows,
+/// so each weight is read once per step. Runs with the first session's thread setting.
+///
+/// Tolerance: a session's results do not depend on what else is in the batch beyond the
+/// kernels' summation order for the step's row count M (the sum of every item's tokens).
+/// Attention, RoPE and the norms are computed per sequence exactly as alone, and at the same M
+/// (the session's rows first) its logits are bit-equal whatever the other items are. The
+/// projections switch kernels at M thresholds (int4: the fused kernel below
+/// Int4Linear::kDequantGemmMinRows = 64 rows, dequantize + dense GEMM from there; bf16
+/// activations: the bf16 matmul from Int4Linear::Bf16MatmulMinRows; bf16 dense weights: the GEMV
+/// at 1 row, row blocks below 16, the dense GEMM from there; fp32: the dense GEMM's blocking), so
+/// against its lone run (Prefill / Step) a session's logits may differ by fp32 rounding: about
+/// 1e-6 of the logits' scale with an fp32 KV cache. With the bf16 KV cache (the default) such a
+/// difference can also flip the bf16 rounding of a cached K/V value (one bf16 ulp, 2^-8 of it;
+/// likewise an activation with bf16 activations): up to about 1e-3 of the scale on the test
+/// model, 3e-3 with bf16 activations on its int4 quantization. Greedy tokens are the same (the
+/// tests require it; a near tie between two logits could still break either way).
+///
+/// Errors, with no session changed: no items; a null session; a session listed twice; sessions
+/// over different Models; an item without tokens; a token outside the vocabulary or positions
+/// past a session's context (named "sequence i" by item index). kCancelled when `cancel` is
+/// cancelled (checked before each layer): every session keeps its last complete position, tokens
+/// and logits.
+Status StepBatch(const std::vector<BatchItem>& items, const CancellationToken* cancel = nullptr);
+
+/// One decode step of several sessions (StepBatch with one token each): sessions[i] appends
+/// tokens[i]. Errors as StepBatch's, and sizes that differ.
 Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens);
 
 /// Tokenizes `options.prompt` (BOS only on an empty session), appends it to the session, then

@@ -64,28 +64,47 @@ Status Session::Prefill(const std::vector<int32_t>& tokens, const CancellationTo
 
 Status Session::Step(int32_t token, const CancellationToken* cancel) { return Prefill({token}, cancel); }
 
+Status StepBatch(const std::vector<BatchItem>& items, const CancellationToken* cancel) {
+  if (items.empty()) return MakeError("StepBatch: no sequences");
+  const Model* model = items[0].session != nullptr ? items[0].session->impl_->model : nullptr;
+  std::vector<int32_t> tokens;
+  std::vector<int64_t> query_start_loc = {0};
+  std::vector<KvCache*> caches;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const Session* s = items[i].session;
+    if (s == nullptr) return MakeError("StepBatch: sequence ", i, ": the session is null");
+    for (size_t o = 0; o < i; ++o)
+      if (items[o].session == s)
+        return MakeError("StepBatch: sequences ", o, " and ", i, " list the same session (they would share one KV cache)");
+    if (s->impl_->model != model) return MakeError("StepBatch: sequence ", i, " runs another model than sequence 0");
+    if (items[i].tokens.empty()) return MakeError("StepBatch: sequence ", i, ": no tokens");
+    tokens.insert(tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
+    query_start_loc.push_back(static_cast<int64_t>(tokens.size()));
+    caches.push_back(&s->impl_->cache);
+  }
+  ScopedThreads threads(items[0].session->impl_->threads);
+  const LlamaModel& llama = ModelAccess::llama(*model);
+  const int64_t vocab = llama.config().vocab_size, batch = static_cast<int64_t>(items.size());
+  std::vector<float> logits(static_cast<size_t>(batch * vocab));
+  if (Status st = llama.ForwardBatch(tokens.data(), query_start_loc.data(), batch, caches.data(), logits.data(), false, cancel);
+      !st.ok())
+    return st.error().WithContext("StepBatch");
+  for (size_t i = 0; i < items.size(); ++i) {
+    Session::Impl& s = *items[i].session->impl_;
+    const auto row = logits.begin() + static_cast<int64_t>(i) * vocab;
+    s.logits.assign(row, row + vocab);
+    s.tokens.insert(s.tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
+  }
+  return Status::Ok();
+}
+
 Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens) {
   if (sessions.empty()) return MakeError("StepBatch: no sessions");
   if (sessions.size() != tokens.size())
     return MakeError("StepBatch: ", sessions.size(), " sessions but ", tokens.size(), " tokens");
-  std::vector<KvCache*> caches;
-  for (size_t i = 0; i < sessions.size(); ++i) {
-    if (sessions[i] == nullptr) return MakeError("StepBatch: session ", i, " is null");
-    if (sessions[i]->impl_->model != sessions[0]->impl_->model)
-      return MakeError("StepBatch: session ", i, " runs another model than session 0");
-    caches.push_back(&sessions[i]->impl_->cache);
-  }
-  ScopedThreads threads(sessions[0]->impl_->threads);
-  const LlamaModel& llama = ModelAccess::llama(*sessions[0]->impl_->model);
-  const int64_t vocab = llama.config().vocab_size, batch = static_cast<int64_t>(sessions.size());
-  std::vector<float> logits(static_cast<size_t>(batch * vocab));
-  NIBBLE_RETURN_IF_ERROR(llama.DecodeBatch(tokens.data(), batch, caches.data(), logits.data()));
-  for (size_t i = 0; i < sessions.size(); ++i) {
-    Session::Impl& s = *sessions[i]->impl_;
-    s.logits.assign(logits.begin() + static_cast<int64_t>(i) * vocab, logits.begin() + static_cast<int64_t>(i + 1) * vocab);
-    s.tokens.push_back(tokens[i]);
-  }
-  return Status::Ok();
+  std::vector<BatchItem> items(sessions.size());
+  for (size_t i = 0; i < sessions.size(); ++i) items[i] = {sessions[i], {tokens[i]}};
+  return StepBatch(items);
 }
 
 namespace {

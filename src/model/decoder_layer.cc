@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "base/half.h"
 #include "base/parallel.h"
@@ -73,28 +74,37 @@ void WidenHead(const uint16_t* src, int64_t n, int64_t kv_dim, int64_t col, int6
   }
 }
 
-// Attention of every (sequence, head, block of query rows) on RoPE'd q [batch·t, q_dim]:
-// rows [i0, i1) of a sequence attend to keys [0, p0 + i1) (later ones are masked by the softmax
-// zeros; with a sliding window, so are the keys before p - window + 1 of a query at p).
-// Writes attn [batch·t, q_dim].
-void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, int64_t batch, int64_t t, float* attn) {
+// Attention of every (sequence, head, block of query rows) on RoPE'd q [rows, q_dim], sequence b
+// owning rows [qsl[b], qsl[b + 1]): rows [i0, i1) of a sequence attend to keys [0, p0 + i1)
+// (later ones are masked by the softmax zeros; with a sliding window, so are the keys before
+// p - window + 1 of a query at p). Writes attn [rows, q_dim].
+void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, int64_t batch, const int64_t* qsl,
+                   float* attn) {
   const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t q_dim = nh * hd, kv_dim = nkv * hd, group = nh / nkv;
-  const int64_t blocks = (t + kAttnRowBlock - 1) / kAttnRowBlock, items = batch * nh * blocks;
-  int64_t max_keys = 0;
-  for (int64_t b = 0; b < batch; ++b) max_keys = std::max(max_keys, keys[b].p0 + t);
+  // (sequence, first query row) of every block of kAttnRowBlock rows; an item is a block x head.
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  int64_t max_keys = 0, score_floats = 0;
+  bool bf16 = false;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t t = qsl[b + 1] - qsl[b];
+    for (int64_t i0 = 0; i0 < t; i0 += kAttnRowBlock) blocks.emplace_back(b, i0);
+    max_keys = std::max(max_keys, keys[b].p0 + t);
+    score_floats = std::max(score_floats, std::min(t, kAttnRowBlock) * (keys[b].p0 + t));
+    bf16 = bf16 || keys[b].k16 != nullptr;
+  }
+  const int64_t items = static_cast<int64_t>(blocks.size()) * nh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t window = c.sliding_window;
-  bool bf16 = false;
-  for (int64_t b = 0; b < batch; ++b) bf16 = bf16 || keys[b].k16 != nullptr;
   // Per item: scores [rows of a block, keys], then (bf16 caches) its head's K and V widened.
-  const int64_t score_floats = std::min(t, kAttnRowBlock) * max_keys, kv_floats = bf16 ? max_keys * hd : 0;
+  const int64_t kv_floats = bf16 ? max_keys * hd : 0;
   const int64_t scratch_floats = score_floats + 2 * kv_floats;
   const auto item = [&](int64_t it, float* scores) {
-    const int64_t b = it / (nh * blocks), head = (it / blocks) % nh, blk = it % blocks;
+    const auto [b, i0] = blocks[static_cast<size_t>(it / nh)];
+    const int64_t head = it % nh;
     const SeqKeys& s = keys[b];
-    const int64_t i0 = blk * kAttnRowBlock, i1 = std::min(t, i0 + kAttnRowBlock), n_keys = s.p0 + i1;
-    const float* qb = q + (b * t + i0) * q_dim + head * hd;
+    const int64_t r0 = qsl[b], i1 = std::min(qsl[b + 1] - r0, i0 + kAttnRowBlock), n_keys = s.p0 + i1;
+    const float* qb = q + (r0 + i0) * q_dim + head * hd;
     const int64_t col = (head / group) * hd;
     const float *kb = nullptr, *vb = nullptr;
     int64_t ld = kv_dim;
@@ -117,7 +127,7 @@ void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, in
       std::fill(row, row + first, 0.0f);
       ScaledSoftmaxRow(row + first, s.p0 + i + 1 - first, n_keys - first, scale);
     }
-    SgemmXW(i1 - i0, hd, n_keys, scores, n_keys, vb, ld, 0.0f, attn + (b * t + i0) * q_dim + head * hd, q_dim);
+    SgemmXW(i1 - i0, hd, n_keys, scores, n_keys, vb, ld, 0.0f, attn + (r0 + i0) * q_dim + head * hd, q_dim);
   };
   // The GEMMs inside run single-threaded (oneDNN does not nest inside an OpenMP parallel
   // region): every item's arithmetic is the same for any thread count. So a team opens wherever
@@ -139,9 +149,20 @@ void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, in
 }  // namespace
 
 void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, const RopeTables& rope, const float* xn,
-                           int64_t batch, int64_t t, const LayerKv* kv, float* out, float* attn_concat) {
+                           int64_t batch, int64_t t, const LayerKv* kv, float* out, float* attn_concat,
+                           const int64_t* query_start_loc) {
   const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
-  const int64_t q_dim = nh * hd, kv_dim = nkv * hd, rows = batch * t;
+  const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
+  std::vector<int64_t> uniform;
+  if (query_start_loc == nullptr) {
+    for (int64_t b = 0; b <= batch; ++b) uniform.push_back(b * t);
+    query_start_loc = uniform.data();
+  }
+  const int64_t* const qsl = query_start_loc;
+  const int64_t rows = qsl[batch];
+  std::vector<int64_t> pos(static_cast<size_t>(rows));  // each row's position in its sequence
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t r = qsl[b]; r < qsl[b + 1]; ++r) pos[static_cast<size_t>(r)] = (kv != nullptr ? kv[b].p0 : 0) + r - qsl[b];
   thread_local std::vector<float> q_s, k_s, v_s, attn_s;
   // Plain pointers: inside the OpenMP regions below a thread_local would name each worker's own.
   float* const qp = Scratch(q_s, rows * q_dim);
@@ -153,38 +174,39 @@ void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, cons
   w.v_proj->Forward(xn, rows, vp);
   const bool qk_norm = c.qk_norm;
   ParallelFor(rows, rows > 1, [&](int64_t r) {
-    const int64_t pos = (kv != nullptr ? kv[r / t].p0 : 0) + r % t;
+    const int64_t p = pos[static_cast<size_t>(r)];
     if (qk_norm) {  // Qwen3: each head of q and k RMS-normed over head_dim, in place, before RoPE
       // One head per call: a single row opens no parallel region (decode runs this on one row).
       float *const qr = qp + r * q_dim, *const kr = kp + r * kv_dim;
       for (int64_t i = 0; i < nh; ++i) RmsNorm(qr + i * hd, w.q_norm, 1, hd, c.rms_norm_eps, qr + i * hd);
       for (int64_t i = 0; i < nkv; ++i) RmsNorm(kr + i * hd, w.k_norm, 1, hd, c.rms_norm_eps, kr + i * hd);
     }
-    ApplyRope(qp + r * q_dim, nh, hd, rope.Cos(pos), rope.Sin(pos));
-    ApplyRope(kp + r * kv_dim, nkv, hd, rope.Cos(pos), rope.Sin(pos));
+    ApplyRope(qp + r * q_dim, nh, hd, rope.Cos(p), rope.Sin(p));
+    ApplyRope(kp + r * kv_dim, nkv, hd, rope.Cos(p), rope.Sin(p));
   });
   std::vector<SeqKeys> keys(static_cast<size_t>(batch));
   for (int64_t b = 0; b < batch; ++b) {
+    const float *ks = kp + qsl[b] * kv_dim, *vs = vp + qsl[b] * kv_dim;
     if (kv == nullptr) {
-      keys[b] = {kp + b * t * kv_dim, vp + b * t * kv_dim, 0};
+      keys[b] = {ks, vs, 0};
       continue;
     }
     const LayerKv& c_b = kv[b];
+    const int64_t n = (qsl[b + 1] - qsl[b]) * kv_dim;
     if (c_b.k16 != nullptr) {
-      const float *ks = kp + b * t * kv_dim, *vs = vp + b * t * kv_dim;
       uint16_t *kd = c_b.k16 + c_b.p0 * kv_dim, *vd = c_b.v16 + c_b.p0 * kv_dim;
-      for (int64_t i = 0; i < t * kv_dim; ++i) {
+      for (int64_t i = 0; i < n; ++i) {
         kd[i] = F32ToBf16(ks[i]);
         vd[i] = F32ToBf16(vs[i]);
       }
       keys[b] = {nullptr, nullptr, c_b.p0, c_b.k16, c_b.v16};
       continue;
     }
-    std::memcpy(c_b.k + c_b.p0 * kv_dim, kp + b * t * kv_dim, sizeof(float) * t * kv_dim);
-    std::memcpy(c_b.v + c_b.p0 * kv_dim, vp + b * t * kv_dim, sizeof(float) * t * kv_dim);
+    std::memcpy(c_b.k + c_b.p0 * kv_dim, ks, sizeof(float) * n);
+    std::memcpy(c_b.v + c_b.p0 * kv_dim, vs, sizeof(float) * n);
     keys[b] = {c_b.k, c_b.v, c_b.p0};
   }
-  AttentionCore(c, qp, keys.data(), batch, t, attn);
+  AttentionCore(c, qp, keys.data(), batch, qsl, attn);
   w.o_proj->Forward(attn, rows, out);
 }
 
@@ -202,7 +224,7 @@ void MlpBlockForward(const DecoderLayerView& w, const float* xn, int64_t rows, f
 
 void DecoderLayerForward(const ModelConfig& c, const DecoderLayerView& w, const RopeTables& rope, const float* x,
                          const LayerRun& run, float* out) {
-  const int64_t rows = run.batch * run.t, h = c.hidden_size;
+  const int64_t rows = run.rows(), h = c.hidden_size;
   const LayerCapture& cap = run.capture;
   thread_local std::vector<float> xn_s, h_s, tmp_s;
   float* const tmp = Scratch(tmp_s, rows * h);
@@ -212,7 +234,7 @@ void DecoderLayerForward(const ModelConfig& c, const DecoderLayerView& w, const 
     float* const xn1 = cap.attn_in != nullptr ? cap.attn_in : Scratch(xn_s, rows * h);
     RmsNorm(x, w.input_layernorm, rows, h, c.rms_norm_eps, xn1);
     if (run.stop == LayerStop::kAttnIn) return;
-    AttentionBlockForward(c, w, rope, xn1, run.batch, run.t, run.kv, tmp, cap.attn_concat);
+    AttentionBlockForward(c, w, rope, xn1, run.batch, run.t, run.kv, tmp, cap.attn_concat, run.query_start_loc);
     Add(x, tmp, rows * h, hres);
     if (run.stop == LayerStop::kAttnResidual) return;
   }

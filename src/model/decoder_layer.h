@@ -11,12 +11,15 @@
 //   m    = silu(gate_proj xn2) · up_proj xn2            capture: mlp_act      [rows, I]
 //   out  = h + down_proj m
 //
-// Rows are `batch` sequences of `t` new tokens each, row r = b·t + i. Attention reads each
-// sequence's keys and values either from a KV cache (inference: the new rows are appended at the
-// sequence's position p0) or, without one, from this call's own projections (calibration: every
-// sequence starts at position 0). Scores are computed per (sequence, head, block of
-// kAttnRowBlock query rows) in a per-thread scratch of kAttnRowBlock × (p0 + t) floats, never
-// [heads × t × L]. Each block's GEMMs run single-threaded inside one parallel region, so the
+// Rows are `batch` sequences of new tokens concatenated: `t` each (row r = b·t + i), or ragged,
+// sequence b owning rows [query_start_loc[b], query_start_loc[b + 1]) (vLLM's layout: decode
+// tokens of some sequences and prefill chunks of others in one step). Every projection runs once
+// on all rows. Attention reads each sequence's keys and values either from a KV cache (inference:
+// the new rows are appended at the sequence's position p0) or, without one, from this call's own
+// projections (calibration: every sequence starts at position 0). Scores are computed per
+// (sequence, head, block of kAttnRowBlock query rows) in a per-thread scratch of
+// kAttnRowBlock × (p0 + t) floats, never [heads × t × L]: a sequence's attention does not depend
+// on the other rows of the call. Each block's GEMMs run single-threaded inside one parallel region, so the
 // result does not depend on the thread count; the softmax is ScaledSoftmaxRow (fixed lanes).
 #pragma once
 
@@ -62,7 +65,8 @@ struct DecoderLayerView {
 DecoderLayerView ViewOf(const DecoderLayerWeights& w);
 
 /// One sequence's cached keys and values for this layer: rows [0, p0) hold earlier positions,
-/// the call writes its t new rows at p0 .. p0 + t - 1 (each row num_key_value_heads · head_dim).
+/// the call writes the sequence's t new rows (its own t when ragged) at p0 .. p0 + t - 1 (each row
+/// num_key_value_heads · head_dim).
 /// Either k / v (fp32) or k16 / v16 (bf16 bits: new rows rounded to nearest even, read back
 /// exactly widened by the attention) are set.
 struct LayerKv {
@@ -93,22 +97,27 @@ enum class LayerStart {
 
 struct LayerRun {
   int64_t batch = 1, t = 1;
+  /// [batch + 1] row offsets of a ragged batch (t is then unused), or nullptr: t rows each.
+  const int64_t* query_start_loc = nullptr;
   const LayerKv* kv = nullptr;  // [batch] caches, or nullptr: keys from this call, positions from 0
+  int64_t rows() const { return query_start_loc != nullptr ? query_start_loc[batch] : batch * t; }
   LayerCapture capture;
   LayerStop stop = LayerStop::kFull;
   LayerStart start = LayerStart::kInput;
 };
 
-/// Runs the layer on x [batch·t, H] and writes the layer output to out [batch·t, H] (out may be
-/// x). Stages past run.stop are not run (out is then untouched). rope must cover every position
+/// Runs the layer on x [rows, H] and writes the layer output to out [rows, H] (out may be
+/// x; rows = run.rows()). Stages past run.stop are not run (out is then untouched). rope must cover every position
 /// used (p0 + t for a cache).
 void DecoderLayerForward(const ModelConfig& c, const DecoderLayerView& w, const RopeTables& rope, const float* x,
                          const LayerRun& run, float* out);
 
-/// The attention sub-block on already normed rows xn [batch·t, H]: out [batch·t, H] = o_proj of
-/// the attention, attn_concat (nullptr or [batch·t, heads·hd]) keeps the o_proj input.
+/// The attention sub-block on already normed rows xn [rows, H]: out [rows, H] = o_proj of the
+/// attention, attn_concat (nullptr or [rows, heads·hd]) keeps the o_proj input. Rows as LayerRun's:
+/// batch·t, or ragged by query_start_loc [batch + 1] when it is given.
 void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, const RopeTables& rope, const float* xn,
-                           int64_t batch, int64_t t, const LayerKv* kv, float* out, float* attn_concat);
+                           int64_t batch, int64_t t, const LayerKv* kv, float* out, float* attn_concat,
+                           const int64_t* query_start_loc = nullptr);
 
 /// The SwiGLU sub-block on xn [rows, H]: out [rows, H] = down_proj(silu(gate_proj xn) · up_proj xn);
 /// act (nullptr or [rows, intermediate_size]) keeps the down_proj input.

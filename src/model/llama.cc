@@ -213,9 +213,9 @@ Status LlamaModel::CheckAppend(const int32_t* tokens, int64_t t, const KvCache& 
   return Status::Ok();
 }
 
-Status LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCache* const* caches, float* x,
+Status LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, const int64_t* qsl, KvCache* const* caches, float* x,
                              const CancellationToken* cancel) const {
-  const int64_t h = config_.hidden_size, rows = batch * t;
+  const int64_t h = config_.hidden_size, rows = qsl[batch];
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t row = static_cast<int64_t>(tokens[i]) * h;
     if (embed_tokens_ != nullptr) {
@@ -229,11 +229,11 @@ Status LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, Kv
   const RopeTables* rope = caches[0]->rope.get();
   for (int64_t b = 1; b < batch; ++b)
     if (caches[b]->rope->positions() > rope->positions()) rope = caches[b]->rope.get();
-  for (int64_t b = 0; b < batch; ++b) caches[b]->Reserve(caches[b]->length + t);
+  for (int64_t b = 0; b < batch; ++b) caches[b]->Reserve(caches[b]->length + qsl[b + 1] - qsl[b]);
   std::vector<LayerKv> kv(static_cast<size_t>(batch));
   LayerRun run;
   run.batch = batch;
-  run.t = t;
+  run.query_start_loc = qsl;
   run.kv = kv.data();
   for (size_t l = 0; l < layers_.size(); ++l) {
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, "forward pass before layer " + std::to_string(l)));
@@ -244,38 +244,56 @@ Status LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, Kv
     }
     DecoderLayerForward(config_, ViewOf(layers_[l]), *rope, x, run, x);
   }
-  for (int64_t b = 0; b < batch; ++b) caches[b]->length += t;
+  for (int64_t b = 0; b < batch; ++b) caches[b]->length += qsl[b + 1] - qsl[b];
   return Status::Ok();
+}
+
+Status LlamaModel::RunChecked(const int32_t* tokens, int64_t batch, const int64_t* qsl, KvCache* const* caches,
+                              float* logits, bool all_logits, const CancellationToken* cancel) const {
+  const int64_t h = config_.hidden_size, rows = qsl[batch];
+  std::vector<float> x(static_cast<size_t>(rows * h));
+  NIBBLE_RETURN_IF_ERROR(RunLayers(tokens, batch, qsl, caches, x.data(), cancel));
+  if (all_logits) {
+    RmsNorm(x.data(), norm_.data(), rows, h, config_.rms_norm_eps, x.data());
+    lm_head_->Forward(x.data(), rows, logits);
+    return Status::Ok();
+  }
+  // Each sequence's last row, normed into [batch, hidden] (the norm is per row: the same values).
+  std::vector<float> xn(static_cast<size_t>(batch * h));
+  for (int64_t b = 0; b < batch; ++b)
+    RmsNorm(x.data() + (qsl[b + 1] - 1) * h, norm_.data(), 1, h, config_.rms_norm_eps, xn.data() + b * h);
+  lm_head_->Forward(xn.data(), batch, logits);
+  return Status::Ok();
+}
+
+Status LlamaModel::ForwardBatch(const int32_t* tokens, const int64_t* query_start_loc, int64_t batch,
+                                KvCache* const* caches, float* logits, bool all_logits,
+                                const CancellationToken* cancel) const {
+  NIBBLE_CHECK(batch > 0 && query_start_loc[0] == 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t t = query_start_loc[b + 1] - query_start_loc[b];
+    if (t < 1) return MakeError("sequence ", b, ": no tokens (query_start_loc ", query_start_loc[b], " to ", query_start_loc[b + 1], ")");
+    NIBBLE_RETURN_IF_ERROR(CheckAppend(tokens + query_start_loc[b], t, *caches[b], b));
+    for (int64_t o = 0; o < b; ++o)
+      if (caches[o] == caches[b]) return MakeError("sequences ", o, " and ", b, " share one KV cache");
+  }
+  return RunChecked(tokens, batch, query_start_loc, caches, logits, all_logits, cancel);
 }
 
 Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits,
                            const CancellationToken* cancel) const {
   NIBBLE_CHECK(t > 0);
-  NIBBLE_RETURN_IF_ERROR(CheckAppend(tokens, t, cache, -1));
-  const int64_t h = config_.hidden_size;
-  std::vector<float> x(t * h), xn(t * h);
+  NIBBLE_RETURN_IF_ERROR(CheckAppend(tokens, t, cache, -1));  // a lone sequence: errors name no index
+  const int64_t qsl[2] = {0, t};
   KvCache* caches[1] = {&cache};
-  NIBBLE_RETURN_IF_ERROR(RunLayers(tokens, 1, t, caches, x.data(), cancel));
-  const int64_t rows = all_logits ? t : 1;
-  RmsNorm(x.data() + (t - rows) * h, norm_.data(), rows, h, config_.rms_norm_eps, xn.data());
-  lm_head_->Forward(xn.data(), rows, logits);
-  return Status::Ok();
+  return RunChecked(tokens, 1, qsl, caches, logits, all_logits, cancel);
 }
 
 Status LlamaModel::DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* const* caches, float* logits,
                                const CancellationToken* cancel) const {
-  NIBBLE_CHECK(batch > 0);
-  for (int64_t b = 0; b < batch; ++b) {
-    NIBBLE_RETURN_IF_ERROR(CheckAppend(tokens + b, 1, *caches[b], b));
-    for (int64_t o = 0; o < b; ++o)
-      if (caches[o] == caches[b]) return MakeError("sequences ", o, " and ", b, " share one KV cache");
-  }
-  const int64_t h = config_.hidden_size;
-  std::vector<float> x(batch * h), xn(batch * h);
-  NIBBLE_RETURN_IF_ERROR(RunLayers(tokens, batch, 1, caches, x.data(), cancel));
-  RmsNorm(x.data(), norm_.data(), batch, h, config_.rms_norm_eps, xn.data());
-  lm_head_->Forward(xn.data(), batch, logits);
-  return Status::Ok();
+  std::vector<int64_t> qsl(static_cast<size_t>(batch + 1));
+  for (int64_t b = 0; b <= batch; ++b) qsl[static_cast<size_t>(b)] = b;
+  return ForwardBatch(tokens, qsl.data(), batch, caches, logits, false, cancel);
 }
 
 }  // namespace nibble

@@ -3,9 +3,10 @@
 //
 // Design: every projection is a Linear (dense or int4), created by a LinearLoader so that
 // checkpoint formats plug in without touching the forward pass; each decoder layer runs
-// model/decoder_layer.h. Prefill runs a whole prompt as one GEMM per projection; decode is the
-// same code with T = 1.
-// Non-goals: batching several sequences, sliding-window attention.
+// model/decoder_layer.h. One code path, ForwardBatch, runs every step: sequences with their own
+// KV caches, each with its own chunk of tokens at its own position (decode = 1 token, prefill =
+// the prompt or a chunk of it), all rows through one GEMM per projection; Forward (one sequence)
+// and DecodeBatch (one token each) are its special cases.
 #pragma once
 
 #include <cstdint>
@@ -103,18 +104,28 @@ class LlamaModel {
   /// (base/memory.h), naming the positions and the sizes.
   Result<KvCache> NewCache(int64_t capacity) const;
 
-  /// Runs `tokens[0..t)` at positions cache.length .. cache.length + t - 1 and appends their K/V.
-  /// logits: [t, vocab_size] when all_logits, else [vocab_size] for the last token.
+  /// One step of `batch` sequences together (continuous batching): sequence b runs its tokens
+  /// tokens[query_start_loc[b] .. query_start_loc[b + 1]) (at least one) at positions
+  /// caches[b]->length .. of its own cache and appends their K/V. All rows go through each
+  /// projection at once (each weight read once per step); attention and RoPE are per sequence.
+  /// logits: [query_start_loc[batch], vocab_size] when all_logits, else [batch, vocab_size] (each
+  /// sequence's last position). A sequence's logits equal what it gets alone up to the kernels'
+  /// summation order for the step's row count (the int4 kernels switch paths at M thresholds).
+  /// Errors (nothing appended to any cache): a sequence without tokens, a cache listed twice,
+  /// Forward's errors, all naming the sequence; kCancelled when `cancel` is cancelled (checked
+  /// before each layer): every cache keeps its length.
+  Status ForwardBatch(const int32_t* tokens, const int64_t* query_start_loc, int64_t batch, KvCache* const* caches,
+                      float* logits, bool all_logits, const CancellationToken* cancel = nullptr) const;
+
+  /// Runs `tokens[0..t)` at positions cache.length .. cache.length + t - 1 and appends their K/V
+  /// (ForwardBatch of one sequence). logits: [t, vocab_size] when all_logits, else [vocab_size].
   /// Errors: token id out of range, cache capacity exceeded (names position and limit);
   /// kCancelled when `cancel` is cancelled (checked before each layer): the cache keeps its length.
   Status Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits,
                  const CancellationToken* cancel = nullptr) const;
 
-  /// One decode step of `batch` sequences together: tokens[b] at position caches[b]->length of
-  /// its own cache (positions may differ), every projection run once on the [batch, hidden] rows
-  /// so each weight is read once for all of them. logits: [batch, vocab_size]. Row b equals what
-  /// Forward gives for that sequence alone up to the kernels' summation order for M rows.
-  /// Errors: as Forward's, naming the sequence; nothing is appended when any check fails.
+  /// One decode step of `batch` sequences (ForwardBatch with one token each): tokens[b] at
+  /// position caches[b]->length of its own cache. logits: [batch, vocab_size].
   Status DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* const* caches, float* logits,
                      const CancellationToken* cancel = nullptr) const;
 
@@ -122,11 +133,15 @@ class LlamaModel {
   // Checks token ids and capacity of `t` new tokens at the cache's position (seq < 0: a lone
   // sequence, not named).
   Status CheckAppend(const int32_t* tokens, int64_t t, const KvCache& cache, int64_t seq) const;
-  // Embeds tokens [batch·t] into x [batch·t, hidden] and runs every layer, sequence b on
-  // caches[b] (its t tokens at that cache's position), which it extends by t. Cancelled before a
-  // layer: returns kCancelled with every cache at its old length (rows past it are overwritten later).
-  Status RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCache* const* caches, float* x,
+  // Embeds tokens [rows] into x [rows, hidden] (rows = qsl[batch]) and runs every layer, sequence
+  // b on caches[b] (its rows [qsl[b], qsl[b + 1]) at that cache's position), which it extends by
+  // its row count. Cancelled before a layer: returns kCancelled with every cache at its old length
+  // (rows past it are overwritten later).
+  Status RunLayers(const int32_t* tokens, int64_t batch, const int64_t* qsl, KvCache* const* caches, float* x,
                    const CancellationToken* cancel) const;
+  // RunLayers, then the final norm and lm_head on the rows logits are asked for (inputs checked).
+  Status RunChecked(const int32_t* tokens, int64_t batch, const int64_t* qsl, KvCache* const* caches, float* logits,
+                    bool all_logits, const CancellationToken* cancel) const;
 
   ModelConfig config_;
   std::shared_ptr<const std::vector<float>> embed_tokens_;  // [vocab_size, hidden_size], shared with a tied lm_head

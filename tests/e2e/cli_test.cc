@@ -280,6 +280,32 @@ TEST(Cli, BenchModelTableAndJson) {
   EXPECT_EQ(rows[3].at("n_threads"), 2);
 }
 
+// --chunk: each tg test also runs mixed, a prefill chunk joining the decode steps (x1 too);
+// t/s counts decode tokens, the JSON adds the chunks' rate and the CPU.
+TEST(Cli, BenchModelMixedChunkedPrefillRows) {
+  const std::string args = "bench-model -m " + Quote(nibble_test::EmbeddedModel()) +
+                           " -p 0 -n 4 -r 1 -t 1 --parallel 1,2 --chunk 8 --chunk_every 2 --ctx_size 32";
+  RunResult t = RunNibble(args);
+  ASSERT_EQ(t.exit_code, 0) << t.out;
+  for (const char* test : {"tg4", "tg4 x1 +8/2", "tg4 x2", "tg4 x2 +8/2"})
+    EXPECT_NE(t.out.find(std::string(" ") + test + " |"), std::string::npos) << test << "\n" << t.out;
+  EXPECT_NE(t.out.find("| cpu: "), std::string::npos) << t.out;
+  RunResult j = RunNibble(args + " --json", false);
+  ASSERT_EQ(j.exit_code, 0) << j.out;
+  const nlohmann::json rows = nlohmann::json::parse(j.out, nullptr, false);
+  ASSERT_TRUE(rows.is_array() && rows.size() == 4u) << j.out;
+  const nlohmann::json& mixed = rows[3];
+  EXPECT_EQ(mixed.at("test"), "tg4 x2 +8/2");
+  EXPECT_EQ(mixed.at("n_chunk"), 8);
+  EXPECT_EQ(mixed.at("chunk_every"), 2);
+  EXPECT_GT(mixed.at("chunk_median_ts").get<double>(), 0);
+  EXPECT_GT(mixed.at("median_ts").get<double>(), 0);
+  // Three sessions of 32 positions (two decoding, one prefilling) against two.
+  EXPECT_EQ(mixed.at("kv_bytes").get<int64_t>(), rows[2].at("kv_bytes").get<int64_t>() * 3 / 2);
+  EXPECT_FALSE(rows[2].contains("n_chunk"));
+  EXPECT_TRUE(mixed.at("cpu_info").is_string());
+}
+
 struct BadCase {
   const char* name;
   std::string args;
@@ -771,6 +797,9 @@ TEST(Cli, FlagsAreCheckedBeforeAnythingIsLoaded) {
       {"bench --group_size 48 --shapes 4096x64 --no_bandwidth", "K 4096 is not a multiple of --group_size 48", 2},
       {"tokenize --model " + none, "give --text STRING or --file FILE", 2},
       {"bench-model -m " + none + " --ctx_size 32 -p 64", "--ctx_size 32 is smaller than the longest test", 2},
+      {"bench-model -m " + none + " --ctx_size 32 -p 8 --chunk 64", "--ctx_size 32 is smaller than the longest test", 2},
+      {"bench-model -m " + none + " --chunk -1", "--chunk -1 must be >= 0", 2},
+      {"bench-model -m " + none + " --chunk 8 --chunk_every 0", "--chunk_every 0 must be >= 1", 2},
       {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --gptq_format v3", "--gptq_format \"v3\"", 2},
       {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --tp 0", "--tp: must be an integer >= 1", 2},
       {"quantize --model_dir " + none + " --output_dir /tmp/nibble-unused-out --actorder group --quant_algo rtn", "--actorder group is a GPTQ setting; --quant_algo rtn", 2},

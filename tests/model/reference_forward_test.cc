@@ -335,8 +335,44 @@ std::string Describe(const Diff& d, double tol) {
          std::to_string(d.want) + "), tolerance " + std::to_string(tol);
 }
 
+// One ragged step (ForwardBatch) of three sequences with their own tokens: A continues 5 cached
+// positions of kTokens with the other 7, B decodes the last position of another sequence, C runs a
+// third from an empty cache; every row of each against its own oracle (positions, caches and
+// windows are per sequence).
+void CheckRaggedStep(const nibble::LlamaModel& m, const Spec& s, const Checkpoint& ck, const std::vector<double>& ref_a) {
+  const int64_t T = kTokens.size(), V = s.vocab;
+  const std::vector<int32_t> tok_b(kTokens.rbegin(), kTokens.rend());
+  std::vector<int32_t> tok_c(kTokens.size());
+  for (int64_t i = 0; i < T; ++i) tok_c[i] = static_cast<int32_t>((i * 31 + 7) % V);
+  const std::vector<double> ref_b = OracleLogits(s, ck, tok_b), ref_c = OracleLogits(s, ck, tok_c);
+  nibble::KvCache a = m.NewCache(T).value(), b = m.NewCache(T).value(), c = m.NewCache(T).value();
+  std::vector<float> logits(3 * T * V);
+  ASSERT_TRUE(m.Forward(kTokens.data(), 5, a, logits.data(), false).ok());
+  ASSERT_TRUE(m.Forward(tok_b.data(), T - 1, b, logits.data(), false).ok());
+  std::vector<int32_t> tokens(kTokens.begin() + 5, kTokens.end());
+  tokens.push_back(tok_b.back());
+  tokens.insert(tokens.end(), tok_c.begin(), tok_c.end());
+  const int64_t qsl[4] = {0, T - 5, T - 4, 2 * T - 4};
+  nibble::KvCache* caches[3] = {&a, &b, &c};
+  const auto st = m.ForwardBatch(tokens.data(), qsl, 3, caches, logits.data(), /*all_logits=*/true);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  EXPECT_EQ(a.length, T);
+  EXPECT_EQ(b.length, T);
+  EXPECT_EQ(c.length, T);
+  const struct {
+    const char* name;
+    const std::vector<double>& ref;
+    int64_t first;  // the sequence's first new position
+  } seqs[3] = {{"A (chunk)", ref_a, 5}, {"B (decode)", ref_b, T - 1}, {"C (from empty)", ref_c, 0}};
+  for (int i = 0; i < 3; ++i) {
+    const double tol = RelTolerance(s) * LogitScale(seqs[i].ref);
+    const Diff d = Compare(logits.data() + qsl[i] * V, seqs[i].ref.data() + seqs[i].first * V, qsl[i + 1] - qsl[i], V);
+    EXPECT_LE(d.worst, tol) << "ragged step, sequence " << seqs[i].name << ": " << Describe(d, tol);
+  }
+}
+
 // Runs one case: full-sequence and incremental logits against the oracle, inv_freq against the
-// oracle's, and the feature-off mutant against nibble (must miss).
+// oracle's, a ragged batched step, and the feature-off mutant against nibble (must miss).
 void CheckCase(const Spec& s, const Spec& mutant, uint64_t seed) {
   TempDir dir;
   const Checkpoint ck = MakeCheckpoint(s, seed);
@@ -381,6 +417,8 @@ void CheckCase(const Spec& s, const Spec& mutant, uint64_t seed) {
   std::vector<double> full_d(full.begin(), full.end());
   const Diff dd = Compare(inc.data(), full_d.data(), T, V);
   EXPECT_LE(dd.worst, tol) << "incremental vs full sequence: " << Describe(dd, tol);
+
+  CheckRaggedStep(m, s, ck, ref);
 
   // The cache is full: one more token must be refused, not written past the end.
   const int32_t extra = 3;

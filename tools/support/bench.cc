@@ -44,6 +44,19 @@ namespace {
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// The first "model name" line of /proc/cpuinfo (x86 and most Linux hosts), "" where there is none.
+std::string CpuModelName() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) return "";
+    const size_t first = line.find_first_not_of(" \t", colon + 1);
+    return first == std::string::npos ? "" : line.substr(first);
+  }
+  return "";
+}
 }  // namespace
 
 KernelDispatchReport DescribeKernels() {
@@ -52,6 +65,7 @@ KernelDispatchReport DescribeKernels() {
   KernelDispatchReport r;
   r.chosen = IsaName(d.kernels.isa);
   r.cpu_vendor = cpu.vendor;
+  r.cpu_name = CpuModelName();
   const std::pair<bool, const char*> flags[] = {
       {cpu.avx, "avx"},           {cpu.avx2, "avx2"},         {cpu.fma, "fma"},           {cpu.f16c, "f16c"},
       {cpu.avx512f, "avx512f"},   {cpu.avx512bw, "avx512bw"}, {cpu.avx512vl, "avx512vl"}, {cpu.avx512dq, "avx512dq"},

@@ -24,6 +24,7 @@ struct KernelDispatchReport {
   };
   std::string chosen;              // ISA name of the kernels in use
   std::string cpu_vendor;          // CPUID vendor string
+  std::string cpu_name;            // the CPU's model name (/proc/cpuinfo), "" where unknown
   std::string cpu_flags;           // relevant flags present, e.g. "avx avx2 fma f16c avx512f ... os:ymm os:zmm"
   std::string override_value;      // NIBBLE_ISA ("" when unset)
   std::string override_message;    // why the override was ignored ("" when accepted or unset)
