@@ -18,6 +18,9 @@
 // kAttnRowBlock query rows) in a per-thread scratch of kAttnRowBlock × (p0 + t) floats, never
 // [heads × t × L]. Each block's GEMMs run single-threaded inside one parallel region, so the
 // result does not depend on the thread count; the softmax is ScaledSoftmaxRow (fixed lanes).
+// Every other intermediate (q, k, v, the attention output, gate / up, normed rows, the linears'
+// scratch) lives in the caller's Workspace (model/workspace.h): the weights are only read, so
+// any number of threads may run layers of one model at once, each with its own workspace.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +29,7 @@
 
 #include "model/config.h"
 #include "model/linear.h"
+#include "model/workspace.h"
 
 namespace nibble {
 
@@ -97,6 +101,7 @@ struct LayerRun {
   LayerCapture capture;
   LayerStop stop = LayerStop::kFull;
   LayerStart start = LayerStart::kInput;
+  Workspace* workspace = nullptr;  // the caller's scratch; nullptr = one of this call's own
 };
 
 /// Runs the layer on x [batch·t, H] and writes the layer output to out [batch·t, H] (out may be
@@ -108,10 +113,11 @@ void DecoderLayerForward(const ModelConfig& c, const DecoderLayerView& w, const 
 /// The attention sub-block on already normed rows xn [batch·t, H]: out [batch·t, H] = o_proj of
 /// the attention, attn_concat (nullptr or [batch·t, heads·hd]) keeps the o_proj input.
 void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, const RopeTables& rope, const float* xn,
-                           int64_t batch, int64_t t, const LayerKv* kv, float* out, float* attn_concat);
+                           int64_t batch, int64_t t, const LayerKv* kv, float* out, float* attn_concat,
+                           Workspace& ws);
 
 /// The SwiGLU sub-block on xn [rows, H]: out [rows, H] = down_proj(silu(gate_proj xn) · up_proj xn);
 /// act (nullptr or [rows, intermediate_size]) keeps the down_proj input.
-void MlpBlockForward(const DecoderLayerView& w, const float* xn, int64_t rows, float* out, float* act);
+void MlpBlockForward(const DecoderLayerView& w, const float* xn, int64_t rows, float* out, float* act, Workspace& ws);
 
 }  // namespace nibble

@@ -226,6 +226,7 @@ void LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, int64_t t, KvCa
   run.batch = batch;
   run.t = t;
   run.kv = kv.data();
+  run.workspace = &caches[0]->workspace;
   for (size_t l = 0; l < layers_.size(); ++l) {
     for (int64_t b = 0; b < batch; ++b) {
       KvCache& cb = *caches[b];
@@ -246,7 +247,7 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
   RunLayers(tokens, 1, t, caches, x.data());
   const int64_t rows = all_logits ? t : 1;
   RmsNorm(x.data() + (t - rows) * h, norm_.data(), rows, h, config_.rms_norm_eps, xn.data());
-  lm_head_->Forward(xn.data(), rows, logits);
+  lm_head_->Forward(xn.data(), rows, logits, &cache.workspace);
   return Status::Ok();
 }
 
@@ -261,7 +262,7 @@ Status LlamaModel::DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* co
   std::vector<float> x(batch * h), xn(batch * h);
   RunLayers(tokens, batch, 1, caches, x.data());
   RmsNorm(x.data(), norm_.data(), batch, h, config_.rms_norm_eps, xn.data());
-  lm_head_->Forward(xn.data(), batch, logits);
+  lm_head_->Forward(xn.data(), batch, logits, &caches[0]->workspace);
   return Status::Ok();
 }
 
