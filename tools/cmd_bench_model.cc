@@ -99,7 +99,7 @@ std::vector<int32_t> Trace(int64_t count, int64_t vocab, int32_t bos, int rep) {
 
 // Seconds for the prompt (one Prefill) or the generation (one Step per id) from an empty context.
 nibble::Result<double> TimeRun(nibble::Session& s, const std::vector<int32_t>& ids, bool prompt) {
-  s.Truncate(0);
+  if (nibble::Status st = s.Truncate(0); !st.ok()) return st.error();
   const auto t0 = std::chrono::steady_clock::now();
   if (prompt) {
     if (nibble::Status st = s.Prefill(ids); !st.ok()) return st.error();
@@ -113,7 +113,8 @@ nibble::Result<double> TimeRun(nibble::Session& s, const std::vector<int32_t>& i
 // Seconds for n_gen batched steps of the sessions from an empty context: step i feeds
 // traces[s][i] to session s.
 nibble::Result<double> TimeBatch(const std::vector<nibble::Session*>& ss, const std::vector<std::vector<int32_t>>& traces) {
-  for (nibble::Session* s : ss) s->Truncate(0);
+  for (nibble::Session* s : ss)
+    if (nibble::Status st = s->Truncate(0); !st.ok()) return st.error();
   std::vector<int32_t> ids(ss.size());
   const auto t0 = std::chrono::steady_clock::now();
   for (size_t i = 0; i < traces[0].size(); ++i) {

@@ -1,7 +1,19 @@
 // Generation state over a loaded Model: a Session owns a KV cache, the logits of its last
 // position and a sampler, and offers prefill / step / sample plus a streaming Generate whose
-// callback can stop it. Several Sessions may use one Model at once (each from its own thread);
-// one Session is used by one thread at a time. The Model must outlive its Sessions.
+// callback can stop it.
+//
+// Threads. The Model is shared read-only: any number of Sessions over one Model may run at once,
+// each from its own thread, with the results each gets alone. Each Session owns everything its
+// calls write: the KV cache, the logits, the sampler, and the workspace of its forward passes
+// (activations sized by the tokens of a call, the dequantized weight tiles of the int4 and bf16
+// linears; scratch_bytes()), so memory follows the sessions, not the threads that ran them; a
+// batched step (StepBatch) runs in its first session's workspace. A Session runs one call at a
+// time: Prefill, Step, Sample, Truncate, PromptPositions, Generate and StepBatch refuse, with an
+// error naming the call in progress, to start on a session another call is running on (from
+// another thread, or from inside that session's Generate callback: the callback may read the
+// session's position() and logits() and may use other sessions, but not call into its own).
+// A caller must not destroy a Session, or read its accessors from another thread, while a call
+// runs on it; the Model must outlive its Sessions.
 #pragma once
 
 #include <cstdint>
@@ -95,7 +107,8 @@ class Session {
   ~Session();
 
   /// Appends `tokens` at the current position and computes the logits of the last one.
-  /// Errors: no tokens, a token id outside the vocabulary, the context full (names the limit).
+  /// Errors: no tokens, a token id outside the vocabulary, the context full (names the limit);
+  /// and for every call below, another call running on the session (see the file comment).
   Status Prefill(const std::vector<int32_t>& tokens);
   /// Appends one token (a decode step); same errors.
   Status Step(int32_t token);
@@ -114,8 +127,12 @@ class Session {
   Result<int64_t> PromptPositions(const std::string& prompt) const;
   /// Bytes the KV cache holds now (it grows with position(); KvCacheBytes(model, capacity()) at most).
   int64_t kv_bytes() const;
+  /// Bytes of scratch the session holds between calls: its forward passes' workspace, kept up
+  /// to 16 MiB (what decode steps reuse); a longer call's is freed when the call returns.
+  int64_t scratch_bytes() const;
   /// Drops every position from `position` on (0 empties the context; the logits are cleared).
-  void Truncate(int64_t position);
+  /// Errors: another call is running on the session.
+  Status Truncate(int64_t position);
   const Model& model() const;
 
  private:
@@ -129,13 +146,16 @@ class Session {
 /// One decode step of several sessions over the same Model together (batched decode, as a server
 /// runs its open requests): sessions[i] appends tokens[i] at its own position and gets its new
 /// logits, as Step would, but every weight is read once for the whole batch. Runs with the first
-/// session's thread setting. Errors (no session changes): no sessions, sizes that differ, a
-/// session listed twice or over another Model, and any session's Step error (named by index).
+/// session's thread setting and in its workspace. Errors (no session changes): no sessions, sizes
+/// that differ, a session listed twice or over another Model, a session another call is running
+/// on, and any session's Step error (named by index).
 Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens);
 
 /// Tokenizes `options.prompt` (BOS only on an empty session), appends it to the session, then
-/// samples up to max_new_tokens, streaming the text (the prompt is not echoed). Errors: prompt
-/// not UTF-8, prompt longer than the remaining context, empty prompt without a BOS token.
+/// samples up to max_new_tokens, streaming the text (the prompt is not echoed). The session is
+/// held for the whole call: calls into it from `on_text`, or from other threads meanwhile, are
+/// refused (and change nothing). Errors: prompt not UTF-8, prompt longer than the remaining
+/// context, empty prompt without a BOS token, the session in use by another call.
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text);
 /// The same on a fresh session over `model` sized for the prompt and max_new_tokens.
 Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TextCallback& on_text);
