@@ -166,7 +166,7 @@ void Int4Linear::ForwardBf16Matmul(const float* x, int64_t m, float* y, Workspac
   const int64_t n = pw_.n, k = pw_.k;
   uint16_t* const xb = ws.Get<uint16_t>(Slot::kLinearRows, m * k);
   ToBf16Bits(x, m * k, xb);
-  const int64_t tile = LinearTileRows(n, k, 2);
+  const int64_t tile = LinearTileRows(n, k, 2, ws.tile_bytes());
   uint16_t* const wb = ws.Get<uint16_t>(Slot::kLinearTile, tile * k);
   // oneDNN's matmul writes a dense [m, nt] block: tiles narrower than y go through a buffer.
   float* const yt = tile < n ? ws.Get<float>(Slot::kLinearOut, m * tile) : y;
@@ -203,8 +203,8 @@ void Int4Linear::ForwardW4A32(const float* x, int64_t m, float* y, Workspace& ws
     return;
   }
   // Large M: exact fp32 weights, a tile of rows at a time in the workspace, each through the
-  // dense GEMM (the dequantization is amortised over M rows; the scratch is kLinearTileBytes).
-  const int64_t tile = LinearTileRows(n, k, 4);
+  // dense GEMM (the dequantization is amortised over M rows; the scratch is one tile, LinearTileRows).
+  const int64_t tile = LinearTileRows(n, k, 4, ws.tile_bytes());
   float* const dense = ws.Get<float>(Slot::kLinearTile, tile * k);
   for (int64_t n0 = 0; n0 < n; n0 += tile) {
     const int64_t nt = std::min(tile, n - n0);

@@ -37,9 +37,9 @@ void Bf16DenseLinear::Forward(const float* x, int64_t m, float* y, Workspace* ws
     // whole matrix for a few rows.
     return GemvBf16Rows(m, n_, k_, weight_->data(), x, bias, y, gemv_);
   }
-  // Tiles of whole rows widened in the caller's workspace: the scratch is bounded
-  // (kLinearTileBytes) whatever the matrix, and each output element is the same sgemm dot product.
-  const int64_t tile = LinearTileRows(n_, k_, 4);
+  // Tiles of whole rows widened in the caller's workspace: the scratch follows K, not N
+  // (LinearTileRows), and each output element is the same sgemm dot product.
+  const int64_t tile = LinearTileRows(n_, k_, 4, w.tile_bytes());
   float* const wide = w.Get<float>(Workspace::Slot::kLinearTile, tile * k_);
   for (int64_t n0 = 0; n0 < n_; n0 += tile) {
     const int64_t nt = std::min(tile, n_ - n0);

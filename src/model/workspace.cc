@@ -25,9 +25,9 @@ void Workspace::Trim(size_t keep) {
   for (PageBuffer& b : buffers_) b = PageBuffer();
 }
 
-int64_t LinearTileRows(int64_t n, int64_t k, int64_t elem_bytes) {
-  const int64_t rows = kLinearTileBytes / std::max<int64_t>(1, k * elem_bytes) / 64 * 64;
-  return std::min(n, std::max<int64_t>(64, rows));
+int64_t LinearTileRows(int64_t n, int64_t k, int64_t elem_bytes, int64_t tile_bytes) {
+  const int64_t rows = tile_bytes / std::max<int64_t>(1, k * elem_bytes) / 64 * 64;
+  return std::min(n, std::max(kLinearTileMinRows, rows));
 }
 
 const float* AlignedRows(const float* x, int64_t count, Workspace& ws) {

@@ -17,6 +17,15 @@
 
 namespace nibble {
 
+/// A linear's dequantized or widened weight (Slot::kLinearTile) is held a tile of whole output
+/// rows at a time and multiplied per tile, so the scratch is bounded whatever N: a 128256 x 4096
+/// lm_head whole would need 2.1 GB in fp32, a tile 64 MiB. A tile has kLinearTileMinRows rows at
+/// least (the GEMM repacks the input rows once per call, and every tile shape is one more oneDNN
+/// primitive: small tiles cost prefill speed, docs/PERFORMANCE.md "Weight tiles"), more while it
+/// fits the workspace's tile_bytes().
+inline constexpr int64_t kLinearTileMinRows = 1024;
+inline constexpr int64_t kLinearTileBytes = int64_t{64} << 20;
+
 class Workspace {
  public:
   /// Who uses a buffer. Buffers of one call that are live at the same time have distinct slots.
@@ -33,7 +42,7 @@ class Workspace {
     kLinearGather,   // Int4Linear: act-order input rows in group order [m, K] fp32
     kLinearRows,     // linears: input rows aligned / rounded to bf16 / as bf16 bits / prepared [m, K]
     kLinearRowsWide, // Int4Linear without a bf16 matmul: bf16 rows widened [m, K] fp32
-    kLinearTile,     // linears: a dequantized / widened weight tile (kLinearTileBytes at most)
+    kLinearTile,     // linears: a dequantized / widened weight tile (LinearTileRows rows)
     kLinearTileWide, // Int4Linear without a bf16 matmul: the bf16 tile widened
     kLinearOut,      // linears: one tile's output rows when the GEMM cannot write with a stride
     kLinearAligned,  // linears: input rows copied to 64-byte alignment for the fused kernels
@@ -41,8 +50,11 @@ class Workspace {
   };
 
   Workspace() = default;
-  Workspace(const Workspace&) {}
-  Workspace& operator=(const Workspace&) { return *this; }
+  Workspace(const Workspace& o) : tile_bytes_(o.tile_bytes_) {}
+  Workspace& operator=(const Workspace& o) {
+    tile_bytes_ = o.tile_bytes_;
+    return *this;
+  }
   Workspace(Workspace&&) noexcept = default;
   Workspace& operator=(Workspace&&) noexcept = default;
 
@@ -58,19 +70,19 @@ class Workspace {
   /// Frees every buffer when more than `keep` bytes are held (a long prompt's scratch is not
   /// kept for the decode steps after it, which need a few hundred KB).
   void Trim(size_t keep);
+  /// The budget of a linear's weight tile (LinearTileRows); tests set small ones.
+  int64_t tile_bytes() const { return tile_bytes_; }
+  void set_tile_bytes(int64_t bytes) { tile_bytes_ = bytes; }
 
  private:
   std::array<PageBuffer, static_cast<size_t>(Slot::kCount)> buffers_;
+  int64_t tile_bytes_ = kLinearTileBytes;
 };
 
-/// The most bytes a linear's dequantized or widened weight tile takes (Workspace::kLinearTile):
-/// the weight is multiplied in tiles of whole output rows, so the scratch does not follow the
-/// matrix (a 128256 x 4096 lm_head would need 2.1 GB in fp32) and the tile stays in cache.
-inline constexpr int64_t kLinearTileBytes = int64_t{4} << 20;
-
-/// Rows of an [n, k] weight per tile of `elem_bytes`-byte values: kLinearTileBytes / row bytes,
-/// rounded down to a multiple of 64 (at least 64, at most n).
-int64_t LinearTileRows(int64_t n, int64_t k, int64_t elem_bytes);
+/// Rows of an [n, k] weight per tile of `elem_bytes`-byte values: tile_bytes / row bytes rounded
+/// down to a multiple of 64, at least kLinearTileMinRows, at most n. The tile's bytes are
+/// max(tile_bytes, kLinearTileMinRows · k · elem_bytes) at most.
+int64_t LinearTileRows(int64_t n, int64_t k, int64_t elem_bytes, int64_t tile_bytes = kLinearTileBytes);
 
 /// `x` when it is 64-byte aligned, else a copy of its `count` floats in ws (Slot::kLinearAligned):
 /// the fused kernels then never copy into a scratch of their own (kernels/aligned_acts.h).

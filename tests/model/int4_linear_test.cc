@@ -125,8 +125,10 @@ TEST(Int4Linear, GemvIndependentOfThreadCount) {
 // tile, not the matrix. fp32 (dequantized fp32 tiles, sgemm) and bf16 activations (bf16 tiles,
 // oneDNN's bf16 matmul or the fp32 GEMM on the same values).
 TEST(Int4Linear, TiledDequantGemmEqualsTheWholeMatrixGemmInBoundedScratch) {
-  const int64_t k = 1024, n = 2 * LinearTileRows(1 << 20, k, 2) + 37, m = 130;
-  ASSERT_GT(n, LinearTileRows(n, k, 4));  // several tiles on both paths
+  // A tile budget of 512 KiB: tiles of kLinearTileMinRows rows (K = 256), five of them.
+  const int64_t k = 256, n = 4 * kLinearTileMinRows + 37, m = 130, budget = 512 << 10;
+  ASSERT_EQ(LinearTileRows(n, k, 2, budget), kLinearTileMinRows);
+  ASSERT_EQ(LinearTileRows(n, k, 4, budget), kLinearTileMinRows);
   const Int4Matrix w = RandomMatrix(n, k, 128, false, 5);
   std::mt19937 rng(6);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -156,11 +158,13 @@ TEST(Int4Linear, TiledDequantGemmEqualsTheWholeMatrixGemmInBoundedScratch) {
     }
     AddBiasRows(want.data(), m, n, bias.data());
     Workspace ws;
+    ws.set_tile_bytes(budget);
     std::vector<float> got(m * n);
     q.Forward(x.data(), m, got.data(), &ws);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "bf16 " << bf16;
     // Scratch: the input rows (bf16 or aligned), one tile and one tile of output rows at most.
-    EXPECT_LE(ws.bytes(), kLinearTileBytes + m * k * 4 + m * LinearTileRows(n, k, 2) * 4) << "bf16 " << bf16;
+    const int64_t tile = LinearTileRows(n, k, bf16 ? 2 : 4, budget);
+    EXPECT_LE(ws.bytes(), tile * k * (bf16 ? 2 : 4) + m * k * 4 + m * tile * 4) << "bf16 " << bf16;
     EXPECT_LT(ws.bytes(), n * k * 2) << "bf16 " << bf16 << ": the scratch holds the whole matrix";
     // The workspace is reused: a second call grows nothing and gives the same bits.
     const int64_t held = ws.bytes();
