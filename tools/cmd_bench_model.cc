@@ -107,7 +107,7 @@ std::vector<int32_t> Trace(int64_t count, int64_t vocab, int32_t bos, int rep) {
 
 // Seconds for the prompt (one Prefill) or the generation (one Step per id) from an empty context.
 nibble::Result<double> TimeRun(nibble::Session& s, const std::vector<int32_t>& ids, bool prompt) {
-  s.Truncate(0);
+  if (nibble::Status st = s.Truncate(0); !st.ok()) return st.error();
   const auto t0 = std::chrono::steady_clock::now();
   if (prompt) {
     if (nibble::Status st = s.Prefill(ids); !st.ok()) return st.error();
@@ -130,8 +130,10 @@ struct ChunkFeed {
 // traces[s][i] to session s, plus the feed's chunk on every feed->every-th step when given.
 nibble::Result<double> TimeBatch(const std::vector<nibble::Session*>& ss, const std::vector<std::vector<int32_t>>& traces,
                                  const ChunkFeed* feed = nullptr) {
-  for (nibble::Session* s : ss) s->Truncate(0);
-  if (feed != nullptr) feed->session->Truncate(0);
+  for (nibble::Session* s : ss)
+    if (nibble::Status st = s->Truncate(0); !st.ok()) return st.error();
+  if (feed != nullptr)
+    if (nibble::Status st = feed->session->Truncate(0); !st.ok()) return st.error();
   std::vector<nibble::BatchItem> items(ss.size());
   for (size_t s = 0; s < ss.size(); ++s) items[s] = {ss[s], {0}};
   const auto t0 = std::chrono::steady_clock::now();
@@ -140,7 +142,8 @@ nibble::Result<double> TimeBatch(const std::vector<nibble::Session*>& ss, const 
     for (size_t s = 0; s < ss.size(); ++s) items[s].tokens[0] = traces[s][i];
     if (feed != nullptr && static_cast<int64_t>(i) % feed->every == 0) {
       nibble::Session& p = *feed->session;
-      if (p.position() + static_cast<int64_t>(feed->chunk.size()) > p.capacity()) p.Truncate(0);
+      if (p.position() + static_cast<int64_t>(feed->chunk.size()) > p.capacity())
+        if (nibble::Status st = p.Truncate(0); !st.ok()) return st.error();
       items.push_back({&p, feed->chunk});
     }
     if (nibble::Status st = nibble::StepBatch(items); !st.ok()) return st.error();

@@ -1,6 +1,10 @@
 // A loaded model: a Hugging Face Llama-family checkpoint (dense or quantized, any supported
-// checkpoint format) with its tokenizer. A Model is immutable after Load: several Sessions
-// (<nibble/session.h>) and evaluations may use one Model at the same time.
+// checkpoint format) with its tokenizer. A Model is immutable after Load and shared read-only:
+// any number of threads may use one Model at the same time, through their own Sessions
+// (<nibble/session.h>), evaluations and const calls here. The Model holds the weights and the
+// tokenizer only; every buffer a forward pass writes (KV cache, activations, dequantized weight
+// tiles) belongs to the call's Session or to the call itself (Logits), so memory does not grow
+// with the number of threads that ran forwards. The Model must outlive its Sessions.
 #pragma once
 
 #include <cstdint>
@@ -115,6 +119,7 @@ class Model {
   SpecialTokenIds special_tokens() const;
 
   /// fp32 logits for every position of `ids` run as one sequence from position 0: [T, vocab].
+  /// Its KV cache and scratch are the call's own, freed on return.
   Result<std::vector<float>> Logits(const std::vector<int32_t>& ids) const;
 
  private:

@@ -1,7 +1,19 @@
 // Generation state over a loaded Model: a Session owns a KV cache, the logits of its last
 // position and a sampler, and offers prefill / step / sample plus a streaming Generate whose
-// callback can stop it. Several Sessions may use one Model at once (each from its own thread);
-// one Session is used by one thread at a time. The Model must outlive its Sessions.
+// callback can stop it.
+//
+// Threads. The Model is shared read-only: any number of Sessions over one Model may run at once,
+// each from its own thread, with the results each gets alone. Each Session owns everything its
+// calls write: the KV cache, the logits, the sampler, and the workspace of its forward passes
+// (activations sized by the tokens of a call, the dequantized weight tiles of the int4 and bf16
+// linears; scratch_bytes()), so memory follows the sessions, not the threads that ran them; a
+// batched step (StepBatch) runs in its first session's workspace. A Session runs one call at a
+// time: Prefill, Step, Sample, Truncate, PromptPositions, Generate and StepBatch refuse, with an
+// error naming the call in progress, to start on a session another call is running on (from
+// another thread, or from inside that session's Generate callback: the callback may read the
+// session's position() and logits() and may use other sessions, but not call into its own).
+// A caller must not destroy a Session, or read its accessors from another thread, while a call
+// runs on it; the Model must outlive its Sessions.
 #pragma once
 
 #include <cstdint>
@@ -132,6 +144,7 @@ class Session {
 
   /// Appends `tokens` at the current position and computes the logits of the last one.
   /// Errors: no tokens, a token id outside the vocabulary, the context full (names the limit);
+  /// another call running on the session (see the file comment), and for every call below;
   /// kCancelled when `cancel` is cancelled (checked before each layer). On any error the
   /// session is unchanged: position, tokens and the previous logits stay.
   Status Prefill(const std::vector<int32_t>& tokens, const CancellationToken* cancel = nullptr);
@@ -152,8 +165,12 @@ class Session {
   Result<int64_t> PromptPositions(const std::string& prompt) const;
   /// Bytes the KV cache holds now (it grows with position(); KvCacheBytes(model, capacity()) at most).
   int64_t kv_bytes() const;
+  /// Bytes of scratch the session holds between calls: its forward passes' workspace, kept up
+  /// to 16 MiB (what decode steps reuse); a longer call's is freed when the call returns.
+  int64_t scratch_bytes() const;
   /// Drops every position from `position` on (0 empties the context; the logits are cleared).
-  void Truncate(int64_t position);
+  /// Errors: another call is running on the session.
+  Status Truncate(int64_t position);
   const Model& model() const;
   /// The token ids the context holds, [position()] (a token Generate streamed but has not run yet
   /// is not among them).
@@ -172,7 +189,8 @@ class Session {
   /// Keeps CommonPrefix(tokens) positions and drops the rest (Truncate; the logits are kept only
   /// when nothing is dropped), and forgets a token Generate left to run (the caller's `tokens`
   /// say what follows). Returns the positions kept: prefill tokens[kept..] to continue.
-  int64_t KeepCommonPrefix(const std::vector<int32_t>& tokens);
+  /// Errors: another call running on the session.
+  Result<int64_t> KeepCommonPrefix(const std::vector<int32_t>& tokens);
 
   /// A new Session over the same Model holding the first `position` positions of this one
   /// (-1 = all): a plain copy of their K/V rows (not shared or copy-on-write: the fork and this
@@ -180,7 +198,8 @@ class Session {
   /// logits and a token Generate left to run. The sampler starts fresh. The fork has this
   /// session's capacity, threads and max_memory. Memory: KvBytes of `position` positions rounded
   /// up to a block of 256 (kv_bytes() of the fork), plus the logits. Const and read-only: several
-  /// threads may fork one session at once while none changes it.
+  /// threads may fork one session at once while none changes it (a fork while a call runs on
+  /// the session is refused).
   /// Errors: position outside [0, position()] (and not -1); the fork's KV above max_memory
   /// (kResourceExhausted) or the available memory, as Create.
   Result<std::unique_ptr<Session>> Fork(int64_t position = -1) const;
@@ -201,7 +220,8 @@ class Session {
 /// batch): decode tokens of some sessions and prefill chunks of others in one call. Each
 /// items[i].session appends items[i].tokens at its own position and gets the logits of its last
 /// one, as Prefill (or Step) would give it; every projection runs once over all the step's rows,
-/// so each weight is read once per step. Runs with the first session's thread setting.
+/// so each weight is read once per step. Runs with the first session's thread setting and in its
+/// workspace.
 ///
 /// Tolerance: a session's results do not depend on what else is in the batch beyond the
 /// kernels' summation order for the step's row count M (the sum of every item's tokens).
@@ -219,7 +239,7 @@ class Session {
 /// tests require it; a near tie between two logits could still break either way).
 ///
 /// Errors, with no session changed: no items; a null session; a session listed twice; sessions
-/// over different Models; an item without tokens; a token outside the vocabulary or positions
+/// over different Models; a session another call is running on; an item without tokens; a token outside the vocabulary or positions
 /// past a session's context (named "sequence i" by item index). kCancelled when `cancel` is
 /// cancelled (checked before each layer): every session keeps its last complete position, tokens
 /// and logits.
@@ -232,8 +252,11 @@ Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_
 /// Tokenizes `options.prompt` (BOS only on an empty session), appends it to the session, then
 /// samples up to max_new_tokens, streaming each token's event (the prompt is not echoed). The
 /// last token streamed is left for the next call to run first (so the context holds every token
-/// shown) unless generation ended at EOS or a stop id. Errors: prompt not UTF-8, prompt longer
-/// than the remaining context, empty prompt without a BOS token, invalid options, kCancelled.
+/// shown) unless generation ended at EOS or a stop id. The session is held for the whole call:
+/// calls into it from `on_token`, or from other threads meanwhile, are refused (and change
+/// nothing). Errors: prompt not UTF-8, prompt longer
+/// than the remaining context, empty prompt without a BOS token, invalid options, the session in use by another call,
+/// kCancelled.
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TokenCallback& on_token);
 /// The same streaming text only: each non-empty TokenEvent::text.
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text);

@@ -40,7 +40,7 @@ Result<ChatTurns::Prompt> ChatTurns::NextPrompt(const std::vector<ChatMessage>& 
     size_t common = 0;
     while (common < std::min(fed_.size(), rendered.size()) && fed_[common] == rendered[common]) ++common;
     while (marks_.size() > 1 && marks_.back().text_len > common) marks_.pop_back();
-    session_->Truncate(marks_.back().position);
+    NIBBLE_RETURN_IF_ERROR(session_->Truncate(marks_.back().position));
     unfed_ = 0;
     fed_.resize(marks_.back().text_len);
     p.cut = true;

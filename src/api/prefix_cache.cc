@@ -77,7 +77,7 @@ Result<bool> PrefixCache::Insert(const Session& session, int64_t position) {
   o.context = n;
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Session> snap, session.Fork(n, o));
   // A token Generate left to run belongs to the inserted conversation, not to a later request.
-  if (!snap->logits().empty()) snap->KeepCommonPrefix(snap->tokens());
+  if (!snap->logits().empty()) NIBBLE_RETURN_IF_ERROR(snap->KeepCommonPrefix(snap->tokens()));
   Entry e{std::shared_ptr<const Session>(std::move(snap)), 0};
   e.bytes = EntryBytes(*e.snapshot);
   std::lock_guard<std::mutex> lock(mu_);

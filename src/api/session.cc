@@ -2,6 +2,7 @@
 #include <nibble/session.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -16,11 +17,49 @@
 
 namespace nibble {
 
+namespace {
+
+// Scratch a session keeps between calls: a decode step needs a few hundred KB; a long prompt's
+// activations (tokens x widths, tens to hundreds of MB) are freed when its Prefill returns.
+constexpr size_t kSessionScratchKeep = size_t{16} << 20;
+
+// Holds a session (or one session of a batch) for one call: `flag` names the call running on it.
+// A second call meanwhile, from another thread or from inside Generate's callback, finds the flag
+// taken and is refused with an error instead of racing on the KV cache.
+class SessionUse {
+ public:
+  SessionUse(std::atomic<const char*>& flag, const char* call) : flag_(&flag) {
+    const char* none = nullptr;
+    held_ = flag.compare_exchange_strong(none, call, std::memory_order_acquire);
+    if (!held_) holder_ = none;
+  }
+  ~SessionUse() {
+    if (held_) flag_->store(nullptr, std::memory_order_release);
+  }
+  SessionUse(const SessionUse&) = delete;
+  SessionUse& operator=(const SessionUse&) = delete;
+  bool held() const { return held_; }
+  // The refusal of `call` (`who` names the session in a batch, else empty).
+  Error Refusal(const std::string& call, const std::string& who = "") const {
+    return MakeError(call, ": ", who.empty() ? "the session" : who, " is in use by another call (",
+                     holder_ != nullptr ? holder_ : "?",
+                     "): a Session runs one call at a time; use one Session per thread, and no calls on a "
+                     "session from inside its Generate callback");
+  }
+
+ private:
+  std::atomic<const char*>* flag_;
+  const char* holder_ = nullptr;
+  bool held_ = false;
+};
+
+}  // namespace
+
 struct Session::Impl {
   const Model* model = nullptr;
   int threads = 0;
   int64_t max_memory = 0;  // SessionOptions::max_memory (a Fork checks its KV against it)
-  KvCache cache;
+  KvCache cache;  // with the workspace of this session's forward passes (model/workspace.h)
   std::vector<int32_t> tokens;  // the ids in the cache, [cache.length] (the repeat penalty's history)
   std::vector<float> logits;  // [vocab] of the last position, empty before the first Prefill
   std::optional<Sampler> sampler;
@@ -28,6 +67,13 @@ struct Session::Impl {
   // A token Generate sampled last and streamed but did not run (the next call runs it first, so
   // the context holds every token shown).
   std::vector<int32_t> unfed;
+  // The public call running on this session, nullptr when none (SessionUse).
+  std::atomic<const char*> in_use{nullptr};
+
+  // The calls themselves, run while the caller holds in_use.
+  Status Prefill(const std::vector<int32_t>& tokens, const CancellationToken* cancel);
+  Result<int32_t> Sample(const SamplingOptions& o);
+  void Truncate(int64_t position);
 };
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -47,22 +93,33 @@ Result<std::unique_ptr<Session>> Session::Create(const Model& model, const Sessi
   return std::unique_ptr<Session>(new Session(std::move(impl)));
 }
 
-Status Session::Prefill(const std::vector<int32_t>& tokens, const CancellationToken* cancel) {
-  if (tokens.empty()) return MakeError("Prefill: no tokens");
-  ScopedThreads threads(impl_->threads);
-  const LlamaModel& llama = ModelAccess::llama(*impl_->model);
+Status Session::Impl::Prefill(const std::vector<int32_t>& new_tokens, const CancellationToken* cancel) {
+  if (new_tokens.empty()) return MakeError("Prefill: no tokens");
+  ScopedThreads scoped(threads);
+  const LlamaModel& llama = ModelAccess::llama(*model);
   // Forward writes the logits only once every layer ran: on an error the old ones stay.
-  const bool had_logits = !impl_->logits.empty();
-  impl_->logits.resize(static_cast<size_t>(llama.config().vocab_size));
-  const Status s = llama.Forward(tokens.data(), static_cast<int64_t>(tokens.size()), impl_->cache, impl_->logits.data(),
+  const bool had_logits = !logits.empty();
+  logits.resize(static_cast<size_t>(llama.config().vocab_size));
+  const Status s = llama.Forward(new_tokens.data(), static_cast<int64_t>(new_tokens.size()), cache, logits.data(),
                                  false, cancel);
-  if (s.ok()) impl_->tokens.insert(impl_->tokens.end(), tokens.begin(), tokens.end());
-  else if (!had_logits) impl_->logits.clear();
-  impl_->tokens.resize(static_cast<size_t>(impl_->cache.length));
+  cache.workspace.Trim(kSessionScratchKeep);
+  if (s.ok()) tokens.insert(tokens.end(), new_tokens.begin(), new_tokens.end());
+  else if (!had_logits) logits.clear();
+  tokens.resize(static_cast<size_t>(cache.length));
   return s;
 }
 
-Status Session::Step(int32_t token, const CancellationToken* cancel) { return Prefill({token}, cancel); }
+Status Session::Prefill(const std::vector<int32_t>& tokens, const CancellationToken* cancel) {
+  SessionUse use(impl_->in_use, "Prefill");
+  if (!use.held()) return use.Refusal("Prefill");
+  return impl_->Prefill(tokens, cancel);
+}
+
+Status Session::Step(int32_t token, const CancellationToken* cancel) {
+  SessionUse use(impl_->in_use, "Step");
+  if (!use.held()) return use.Refusal("Step");
+  return impl_->Prefill({token}, cancel);
+}
 
 Status StepBatch(const std::vector<BatchItem>& items, const CancellationToken* cancel) {
   if (items.empty()) return MakeError("StepBatch: no sequences");
@@ -82,13 +139,19 @@ Status StepBatch(const std::vector<BatchItem>& items, const CancellationToken* c
     query_start_loc.push_back(static_cast<int64_t>(tokens.size()));
     caches.push_back(&s->impl_->cache);
   }
+  std::vector<std::unique_ptr<SessionUse>> uses;  // every session held for the whole step
+  for (size_t i = 0; i < items.size(); ++i) {
+    uses.push_back(std::make_unique<SessionUse>(items[i].session->impl_->in_use, "StepBatch"));
+    if (!uses.back()->held()) return uses.back()->Refusal("StepBatch", "sequence " + std::to_string(i) + "'s session");
+  }
   ScopedThreads threads(items[0].session->impl_->threads);
   const LlamaModel& llama = ModelAccess::llama(*model);
   const int64_t vocab = llama.config().vocab_size, batch = static_cast<int64_t>(items.size());
   std::vector<float> logits(static_cast<size_t>(batch * vocab));
-  if (Status st = llama.ForwardBatch(tokens.data(), query_start_loc.data(), batch, caches.data(), logits.data(), false, cancel);
-      !st.ok())
-    return st.error().WithContext("StepBatch");
+  const Status st =
+      llama.ForwardBatch(tokens.data(), query_start_loc.data(), batch, caches.data(), logits.data(), false, cancel);
+  caches[0]->workspace.Trim(kSessionScratchKeep);
+  if (!st.ok()) return st.error().WithContext("StepBatch");
   for (size_t i = 0; i < items.size(); ++i) {
     Session::Impl& s = *items[i].session->impl_;
     const auto row = logits.begin() + static_cast<int64_t>(i) * vocab;
@@ -145,29 +208,43 @@ Status ValidateGenerateOptions(const GenerateOptions& o, std::string_view prefix
 }
 
 Result<int32_t> Session::Sample(const SamplingOptions& o) {
-  if (impl_->logits.empty()) return MakeError("Sample: no logits yet (prefill a prompt first)");
+  SessionUse use(impl_->in_use, "Sample");
+  if (!use.held()) return use.Refusal("Sample");
+  return impl_->Sample(o);
+}
+
+Result<int32_t> Session::Impl::Sample(const SamplingOptions& o) {
+  if (logits.empty()) return MakeError("Sample: no logits yet (prefill a prompt first)");
   NIBBLE_RETURN_IF_ERROR(ValidateSamplingOptions(o));
-  const SamplingOptions& cur = impl_->sampler_options;
-  if (!impl_->sampler || o.temperature != cur.temperature || o.top_k != cur.top_k || o.top_p != cur.top_p ||
+  const SamplingOptions& cur = sampler_options;
+  if (!sampler || o.temperature != cur.temperature || o.top_k != cur.top_k || o.top_p != cur.top_p ||
       o.min_p != cur.min_p || o.repeat_penalty != cur.repeat_penalty || o.repeat_last_n != cur.repeat_last_n ||
       o.seed != cur.seed) {
-    impl_->sampler.emplace(o);
-    impl_->sampler_options = o;
+    sampler.emplace(o);
+    sampler_options = o;
   }
-  return impl_->sampler->Sample(impl_->logits.data(), static_cast<int64_t>(impl_->logits.size()), impl_->tokens);
+  return sampler->Sample(logits.data(), static_cast<int64_t>(logits.size()), tokens);
 }
 
 const std::vector<float>& Session::logits() const { return impl_->logits; }
 int64_t Session::position() const { return impl_->cache.length; }
 int64_t Session::capacity() const { return impl_->cache.capacity; }
 int64_t Session::kv_bytes() const { return impl_->cache.bytes(); }
+int64_t Session::scratch_bytes() const { return impl_->cache.workspace.bytes(); }
 const Model& Session::model() const { return *impl_->model; }
 
-void Session::Truncate(int64_t position) {
-  impl_->cache.length = std::clamp<int64_t>(position, 0, impl_->cache.length);
-  impl_->tokens.resize(static_cast<size_t>(impl_->cache.length));
-  impl_->logits.clear();
-  impl_->unfed.clear();
+Status Session::Truncate(int64_t position) {
+  SessionUse use(impl_->in_use, "Truncate");
+  if (!use.held()) return use.Refusal("Truncate");
+  impl_->Truncate(position);
+  return Status::Ok();
+}
+
+void Session::Impl::Truncate(int64_t position) {
+  cache.length = std::clamp<int64_t>(position, 0, cache.length);
+  tokens.resize(static_cast<size_t>(cache.length));
+  logits.clear();
+  unfed.clear();
 }
 
 const std::vector<int32_t>& Session::tokens() const { return impl_->tokens; }
@@ -182,9 +259,11 @@ int64_t Session::CommonPrefix(const std::vector<int32_t>& tokens) const {
   return has_last_logits ? k : std::min(k, std::max<int64_t>(want - 1, 0));
 }
 
-int64_t Session::KeepCommonPrefix(const std::vector<int32_t>& tokens) {
+Result<int64_t> Session::KeepCommonPrefix(const std::vector<int32_t>& tokens) {
+  SessionUse use(impl_->in_use, "KeepCommonPrefix");
+  if (!use.held()) return use.Refusal("KeepCommonPrefix");
   const int64_t keep = CommonPrefix(tokens);
-  if (keep < position()) Truncate(keep);
+  if (keep < position()) impl_->Truncate(keep);
   impl_->unfed.clear();
   return keep;
 }
@@ -198,6 +277,9 @@ Result<std::unique_ptr<Session>> Session::Fork(int64_t position) const {
 }
 
 Result<std::unique_ptr<Session>> Session::Fork(int64_t position, const SessionOptions& options) const {
+  // Forks only read this session, so several may run at once; a call that changes it may not.
+  if (const char* holder = impl_->in_use.load(std::memory_order_acquire); holder != nullptr)
+    return MakeError("Fork: the session is in use by another call (", holder, "): fork it between calls");
   const KvCache& src = impl_->cache;
   if (position == -1) position = src.length;
   if (position < 0 || position > src.length)
@@ -269,9 +351,12 @@ class TextStream {
 // Samples and streams until max_new_tokens, EOS or a stop id, a stop string, a full context, a
 // cancel or the callback says stop. A cancel before the first token is an error; later it ends
 // generation (kCancelled) with the last streamed token left unfed, as every other end but EOS.
-Status DecodeLoop(Session& s, const GenerateOptions& o, const std::vector<int32_t>& context, const TokenCallback& on_token,
-                  GenerateStats& stats, std::vector<int32_t>& unfed) {
-  const Tokenizer& tok = ModelAccess::tokenizer(s.model());
+// `s` is the session's Impl, held by Generate (a template: the type's name is private).
+template <class SessionImpl>
+Status DecodeLoop(SessionImpl& s, const GenerateOptions& o, const std::vector<int32_t>& context,
+                  const TokenCallback& on_token, GenerateStats& stats) {
+  std::vector<int32_t>& unfed = s.unfed;
+  const Tokenizer& tok = ModelAccess::tokenizer(*s.model);
   TextStream stream(tok, context, o.stop);
   auto end = [&](StopReason r) {
     stats.stop_reason = r;
@@ -295,15 +380,15 @@ Status DecodeLoop(Session& s, const GenerateOptions& o, const std::vector<int32_
     TokenEvent ev;
     ev.id = next;
     if (o.logprobs)
-      FillLogprobs(s.logits().data(), static_cast<int64_t>(s.logits().size()), o.top_logprobs, stream.decoder(), ev);
+      FillLogprobs(s.logits.data(), static_cast<int64_t>(s.logits.size()), o.top_logprobs, stream.decoder(), ev);
     ev.text = stream.Push(next);
     const bool go_on = on_token(ev);
-    if (stream.stop().stopped() || !go_on || i + 1 == o.max_new_tokens || s.position() >= s.capacity()) {
+    if (stream.stop().stopped() || !go_on || i + 1 == o.max_new_tokens || s.cache.length >= s.cache.capacity) {
       unfed = {next};
       if (stream.stop().stopped()) return end(StopReason::kStopString);
       return end(!go_on ? StopReason::kCallback : i + 1 < o.max_new_tokens ? StopReason::kContextFull : StopReason::kLength);
     }
-    if (const Status st = s.Step(next, o.cancel); !st.ok()) {
+    if (const Status st = s.Prefill({next}, o.cancel); !st.ok()) {
       unfed = {next};
       if (st.error().code != ErrorCode::kCancelled) return st;
       return end(StopReason::kCancelled);
@@ -315,11 +400,15 @@ Status DecodeLoop(Session& s, const GenerateOptions& o, const std::vector<int32_
 }  // namespace
 
 Result<int64_t> Session::PromptPositions(const std::string& prompt) const {
+  SessionUse use(impl_->in_use, "PromptPositions");
+  if (!use.held()) return use.Refusal("PromptPositions");
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, PromptIds(*this, prompt));
   return static_cast<int64_t>(ids.size() + impl_->unfed.size());
 }
 
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TokenCallback& on_token) {
+  SessionUse use(session.impl_->in_use, "Generate");
+  if (!use.held()) return use.Refusal("Generate");
   NIBBLE_RETURN_IF_ERROR(ValidateGenerateOptions(options));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(session, options.prompt));
   Session::Impl& impl = *session.impl_;
@@ -334,7 +423,7 @@ Result<GenerateStats> Generate(Session& session, const GenerateOptions& options,
   if (options.max_new_tokens == 0) return stats;
   const int64_t p0 = session.position();
   for (int64_t i = 0; i < options.warmup; ++i) {  // first calls pay one-time GEMM kernel generation
-    NIBBLE_RETURN_IF_ERROR(session.Prefill(prompt, options.cancel));
+    NIBBLE_RETURN_IF_ERROR(impl.Prefill(prompt, options.cancel));
     impl.cache.length = p0;
     impl.tokens.resize(static_cast<size_t>(p0));
   }
@@ -343,10 +432,10 @@ Result<GenerateStats> Generate(Session& session, const GenerateOptions& options,
   const std::vector<float> logits0 = impl.logits;
   impl.unfed.clear();
   const auto t0 = std::chrono::steady_clock::now();
-  Status st = prompt.empty() ? Status::Ok() : session.Prefill(prompt, options.cancel);
+  Status st = prompt.empty() ? Status::Ok() : impl.Prefill(prompt, options.cancel);
   const auto t1 = std::chrono::steady_clock::now();
   stats.prefill_seconds = Seconds(t0, t1);
-  if (st.ok()) st = DecodeLoop(session, options, prompt, on_token, stats, impl.unfed);
+  if (st.ok()) st = DecodeLoop(impl, options, prompt, on_token, stats);
   stats.decode_seconds = Seconds(t1, std::chrono::steady_clock::now());
   if (!st.ok() && stats.generated_tokens == 0) {
     impl.cache.length = p0;

@@ -42,6 +42,8 @@ struct Bf16Matmul {
 };
 
 const Bf16Matmul& Bf16MatmulFor(const dnnl::engine& eng, int64_t n, int64_t k) {
+  // Per thread (oneDNN primitives are not shared across threads here): one primitive per (N, K),
+  // a few KB each; a model has a handful of shapes (and of tile widths, model/workspace.h).
   thread_local std::map<std::pair<int64_t, int64_t>, Bf16Matmul> cache;
   auto it = cache.find({n, k});
   if (it != cache.end()) return it->second;
@@ -72,6 +74,7 @@ bool DenseGemmHasAmx() {
 
 bool GemmBf16XWt(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* w, float* y) {
   NIBBLE_CHECK(m > 0 && n > 0 && k > 0 && x != nullptr && w != nullptr && y != nullptr);
+  // Handles of a few hundred bytes per thread.
   thread_local dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   thread_local dnnl::stream stream(eng);
   const Bf16Matmul& mm = Bf16MatmulFor(eng, n, k);

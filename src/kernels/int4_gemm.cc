@@ -21,6 +21,8 @@ const W4Kernels& KernelsOr(const W4Kernels* kernels) {
 // (the calling thread's scratch, reused), then shared by the team over the N blocks.
 void GemmW4Bf16AmxBatches(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                           W4GemmBf16BatchKernel amx, bool parallel) {
+  // The calling thread's, bounded: kW4Bf16BatchMaxRows (16) bf16 rows of K and their group
+  // constants, about 2 x 16 x K bytes (0.5 MB at K = 14336) whatever M.
   thread_local PageBuffer scratch;
   const size_t bytes = W4Bf16BatchBytes(w.k, w.group_size);
   if (scratch.size() < bytes) scratch = PageBuffer(bytes);

@@ -47,13 +47,7 @@ DecoderLayerView ViewOf(const DecoderLayerWeights& w) {
 
 namespace {
 
-// Scratch reused across calls by the calling thread: calibration runs layers thousands of times,
-// and fresh multi-MB vectors would be mmap'd, page-faulted and zeroed each time. Callers inside a
-// parallel region get their own thread's scratch.
-float* Scratch(std::vector<float>& v, int64_t n) {
-  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
-  return v.data();
-}
+using Slot = Workspace::Slot;
 
 // Where sequence b's keys and values are read: its cache (fp32 k / v or bf16 k16 / v16), or this
 // call's projections k / v [batch·t, kv_dim] (positions from 0).
@@ -150,7 +144,7 @@ void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, in
 
 void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, const RopeTables& rope, const float* xn,
                            int64_t batch, int64_t t, const LayerKv* kv, float* out, float* attn_concat,
-                           const int64_t* query_start_loc) {
+                           Workspace& ws, const int64_t* query_start_loc) {
   const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t q_dim = nh * hd, kv_dim = nkv * hd;
   std::vector<int64_t> uniform;
@@ -163,15 +157,13 @@ void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, cons
   std::vector<int64_t> pos(static_cast<size_t>(rows));  // each row's position in its sequence
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t r = qsl[b]; r < qsl[b + 1]; ++r) pos[static_cast<size_t>(r)] = (kv != nullptr ? kv[b].p0 : 0) + r - qsl[b];
-  thread_local std::vector<float> q_s, k_s, v_s, attn_s;
-  // Plain pointers: inside the OpenMP regions below a thread_local would name each worker's own.
-  float* const qp = Scratch(q_s, rows * q_dim);
-  float* const kp = Scratch(k_s, rows * kv_dim);
-  float* const vp = Scratch(v_s, rows * kv_dim);
-  float* const attn = attn_concat != nullptr ? attn_concat : Scratch(attn_s, rows * q_dim);
-  w.q_proj->Forward(xn, rows, qp);
-  w.k_proj->Forward(xn, rows, kp);
-  w.v_proj->Forward(xn, rows, vp);
+  float* const qp = ws.Get<float>(Slot::kQ, rows * q_dim);
+  float* const kp = ws.Get<float>(Slot::kK, rows * kv_dim);
+  float* const vp = ws.Get<float>(Slot::kV, rows * kv_dim);
+  float* const attn = attn_concat != nullptr ? attn_concat : ws.Get<float>(Slot::kAttn, rows * q_dim);
+  w.q_proj->Forward(xn, rows, qp, &ws);
+  w.k_proj->Forward(xn, rows, kp, &ws);
+  w.v_proj->Forward(xn, rows, vp, &ws);
   const bool qk_norm = c.qk_norm;
   ParallelFor(rows, rows > 1, [&](int64_t r) {
     const int64_t p = pos[static_cast<size_t>(r)];
@@ -207,41 +199,41 @@ void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, cons
     keys[b] = {c_b.k, c_b.v, c_b.p0};
   }
   AttentionCore(c, qp, keys.data(), batch, qsl, attn);
-  w.o_proj->Forward(attn, rows, out);
+  w.o_proj->Forward(attn, rows, out, &ws);
 }
 
-void MlpBlockForward(const DecoderLayerView& w, const float* xn, int64_t rows, float* out, float* act) {
+void MlpBlockForward(const DecoderLayerView& w, const float* xn, int64_t rows, float* out, float* act, Workspace& ws) {
   const int64_t inter = w.gate_proj->out_features();
-  thread_local std::vector<float> g_s, u_s;
-  float* const gp = Scratch(g_s, rows * inter);
-  float* const up = Scratch(u_s, rows * inter);
-  w.gate_proj->Forward(xn, rows, gp);
-  w.up_proj->Forward(xn, rows, up);
+  float* const gp = ws.Get<float>(Slot::kGate, rows * inter);
+  float* const up = ws.Get<float>(Slot::kUp, rows * inter);
+  w.gate_proj->Forward(xn, rows, gp, &ws);
+  w.up_proj->Forward(xn, rows, up, &ws);
   float* const a = act != nullptr ? act : gp;
   ParallelFor(rows, rows > 1, [&](int64_t r) { SiluMul(gp + r * inter, up + r * inter, inter, a + r * inter); });
-  w.down_proj->Forward(a, rows, out);
+  w.down_proj->Forward(a, rows, out, &ws);
 }
 
 void DecoderLayerForward(const ModelConfig& c, const DecoderLayerView& w, const RopeTables& rope, const float* x,
                          const LayerRun& run, float* out) {
   const int64_t rows = run.rows(), h = c.hidden_size;
   const LayerCapture& cap = run.capture;
-  thread_local std::vector<float> xn_s, h_s, tmp_s;
-  float* const tmp = Scratch(tmp_s, rows * h);
+  Workspace local;
+  Workspace& ws = run.workspace != nullptr ? *run.workspace : local;
+  float* const tmp = ws.Get<float>(Slot::kLayerOut, rows * h);
   // h lands in `out` unless it is captured; out may alias x (x is read once, by the add).
-  float* const hres = cap.attn_residual != nullptr ? cap.attn_residual : Scratch(h_s, rows * h);
+  float* const hres = cap.attn_residual != nullptr ? cap.attn_residual : ws.Get<float>(Slot::kLayerResidual, rows * h);
   if (run.start == LayerStart::kInput) {
-    float* const xn1 = cap.attn_in != nullptr ? cap.attn_in : Scratch(xn_s, rows * h);
+    float* const xn1 = cap.attn_in != nullptr ? cap.attn_in : ws.Get<float>(Slot::kLayerNorm, rows * h);
     RmsNorm(x, w.input_layernorm, rows, h, c.rms_norm_eps, xn1);
     if (run.stop == LayerStop::kAttnIn) return;
-    AttentionBlockForward(c, w, rope, xn1, run.batch, run.t, run.kv, tmp, cap.attn_concat, run.query_start_loc);
+    AttentionBlockForward(c, w, rope, xn1, run.batch, run.t, run.kv, tmp, cap.attn_concat, ws, run.query_start_loc);
     Add(x, tmp, rows * h, hres);
     if (run.stop == LayerStop::kAttnResidual) return;
   }
-  float* const xn2 = cap.mlp_in != nullptr ? cap.mlp_in : Scratch(xn_s, rows * h);
+  float* const xn2 = cap.mlp_in != nullptr ? cap.mlp_in : ws.Get<float>(Slot::kLayerNorm, rows * h);
   RmsNorm(hres, w.post_attention_layernorm, rows, h, c.rms_norm_eps, xn2);
   if (run.stop == LayerStop::kMlpIn) return;
-  MlpBlockForward(w, xn2, rows, tmp, cap.mlp_act);
+  MlpBlockForward(w, xn2, rows, tmp, cap.mlp_act, ws);
   Add(hres, tmp, rows * h, out);
 }
 

@@ -21,6 +21,9 @@
 // kAttnRowBlock × (p0 + t) floats, never [heads × t × L]: a sequence's attention does not depend
 // on the other rows of the call. Each block's GEMMs run single-threaded inside one parallel region, so the
 // result does not depend on the thread count; the softmax is ScaledSoftmaxRow (fixed lanes).
+// Every other intermediate (q, k, v, the attention output, gate / up, normed rows, the linears'
+// scratch) lives in the caller's Workspace (model/workspace.h): the weights are only read, so
+// any number of threads may run layers of one model at once, each with its own workspace.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,7 @@
 
 #include "model/config.h"
 #include "model/linear.h"
+#include "model/workspace.h"
 
 namespace nibble {
 
@@ -104,6 +108,7 @@ struct LayerRun {
   LayerCapture capture;
   LayerStop stop = LayerStop::kFull;
   LayerStart start = LayerStart::kInput;
+  Workspace* workspace = nullptr;  // the caller's scratch; nullptr = one of this call's own
 };
 
 /// Runs the layer on x [rows, H] and writes the layer output to out [rows, H] (out may be
@@ -117,10 +122,10 @@ void DecoderLayerForward(const ModelConfig& c, const DecoderLayerView& w, const 
 /// batch·t, or ragged by query_start_loc [batch + 1] when it is given.
 void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, const RopeTables& rope, const float* xn,
                            int64_t batch, int64_t t, const LayerKv* kv, float* out, float* attn_concat,
-                           const int64_t* query_start_loc = nullptr);
+                           Workspace& ws, const int64_t* query_start_loc = nullptr);
 
 /// The SwiGLU sub-block on xn [rows, H]: out [rows, H] = down_proj(silu(gate_proj xn) · up_proj xn);
 /// act (nullptr or [rows, intermediate_size]) keeps the down_proj input.
-void MlpBlockForward(const DecoderLayerView& w, const float* xn, int64_t rows, float* out, float* act);
+void MlpBlockForward(const DecoderLayerView& w, const float* xn, int64_t rows, float* out, float* act, Workspace& ws);
 
 }  // namespace nibble

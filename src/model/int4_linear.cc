@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "base/check.h"
 #include "base/page_buffer.h"
@@ -15,27 +16,35 @@ namespace nibble {
 
 namespace {
 
-// The calling thread's scratch for prepared activation rows (int8 or bf16), at least `bytes` long;
-// reused across calls and layers, grown only when a call needs more. 64-byte aligned, so
-// activation loads never split cache lines.
-uint8_t* ActsScratch(size_t bytes) {
-  thread_local PageBuffer scratch;
-  if (scratch.size() < bytes) scratch = PageBuffer(bytes);
-  return scratch.data();
-}
+using Slot = Workspace::Slot;
 
 // The opt-in paths' shape: every row of x [m, k] prepared once (`prepare(row, row_scratch)` ->
-// Acts; rows in parallel for large batches) into the thread's scratch (`row_bytes` per row,
-// reused across calls and layers), then one pass over W for all rows (`gemm(acts, m)`).
+// Acts; rows in parallel for large batches) into the caller's workspace (`row_bytes` per row,
+// 64-byte aligned, so activation loads never split cache lines), then one pass over W for all
+// rows (`gemm(acts, m)`).
 template <class Acts, class Prepare, class Gemm>
-void ForwardPrepared(const float* x, int64_t m, int64_t k, size_t row_bytes, Prepare prepare, Gemm gemm) {
-  thread_local std::vector<Acts> acts;
-  acts.resize(static_cast<size_t>(m));
-  uint8_t* const sp = ActsScratch(row_bytes * static_cast<size_t>(m));  // plain pointers for the OpenMP region
+void ForwardPrepared(const float* x, int64_t m, int64_t k, size_t row_bytes, Workspace& ws, Prepare prepare,
+                     Gemm gemm) {
+  std::vector<Acts> acts(static_cast<size_t>(m));
+  // Plain pointers for the OpenMP region.
+  uint8_t* const sp = ws.Bytes(Slot::kLinearRows, row_bytes * static_cast<size_t>(m));
   Acts* const ap = acts.data();
   ParallelFor(m, m * k >= kTeamMinWork,
               [&](int64_t i) { ap[i] = prepare(x + i * k, sp + row_bytes * static_cast<size_t>(i)); });
   gemm(ap, m);
+}
+
+// Rows [n0, n0 + rows) of a packed weight, as a weight of its own (rows are contiguous records).
+W4PackedWeight RowsOf(const W4PackedWeight& w, int64_t n0, int64_t rows) {
+  W4PackedWeight t = w;
+  t.n = rows;
+  t.data = w.data + n0 * w.row_bytes;
+  return t;
+}
+
+// Columns [0, nt) of src [m, nt] into columns [n0, n0 + nt) of y [m, n] (y + n0 given).
+void CopyTileColumns(const float* src, int64_t m, int64_t nt, float* y, int64_t n) {
+  for (int64_t i = 0; i < m; ++i) std::memcpy(y + i * n, src + i * nt, static_cast<size_t>(nt) * sizeof(float));
 }
 
 }  // namespace
@@ -221,83 +230,99 @@ bool Int4Linear::SetBf16Activations(bool on) {
   return bf16_;
 }
 
-void Int4Linear::Forward(const float* x, int64_t m, float* y) const {
-  if (perm_.empty()) return ForwardInOrder(x, m, y);
-  thread_local std::vector<float> xp;
+void Int4Linear::Forward(const float* x, int64_t m, float* y, Workspace* ws) const {
+  Workspace local;
+  Workspace& w = ws != nullptr ? *ws : local;
+  if (perm_.empty()) return ForwardInOrder(x, m, y, w);
   const int64_t k = pw_.k;
-  xp.resize(static_cast<size_t>(m * k));
+  float* const xp = w.Get<float>(Slot::kLinearGather, m * k);
   for (int64_t r = 0; r < m; ++r) {
-    for (int64_t j = 0; j < k; ++j) xp[static_cast<size_t>(r * k + j)] = x[r * k + perm_[static_cast<size_t>(j)]];
+    for (int64_t j = 0; j < k; ++j) xp[r * k + j] = x[r * k + perm_[static_cast<size_t>(j)]];
   }
-  ForwardInOrder(xp.data(), m, y);
+  ForwardInOrder(xp, m, y, w);
 }
 
-void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y) const {
+void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y, Workspace& ws) const {
   const float* const bias = bias_.empty() ? nullptr : bias_.data();
   if (int8_) {
     const int64_t parts = W4Int8Parts(pw_.group_size);
     ForwardPrepared<W4Int8Acts>(
-        x, m, pw_.k, W4Int8ActsBytes(pw_.k, parts),
+        x, m, pw_.k, W4Int8ActsBytes(pw_.k, parts), ws,
         [&](const float* row, uint8_t* s) { return QuantizeActsInt8(row, pw_.k, parts, s); },
         [&](const W4Int8Acts* a, int64_t rows) { GemmW4A8Packed(pw_, a, rows, bias, y); });
     return;
   }
   if (bf16_) {
-    if (m >= Bf16MatmulMinRows(pw_.group_size)) return ForwardBf16Matmul(x, m, y);
+    if (m >= Bf16MatmulMinRows(pw_.group_size)) return ForwardBf16Matmul(x, m, y, ws);
     if (!Bf16KernelServes(m)) {
       // The same bf16 inputs through the W4A32 path.
-      thread_local std::vector<float> xr;
-      xr.resize(static_cast<size_t>(m * pw_.k));
-      RoundToBf16(x, m * pw_.k, xr.data());
-      ForwardW4A32(xr.data(), m, y);
+      float* const xr = ws.Get<float>(Slot::kLinearRows, m * pw_.k);
+      RoundToBf16(x, m * pw_.k, xr);
+      ForwardW4A32(xr, m, y, ws);
       return;
     }
     ForwardPrepared<W4Bf16Acts>(
-        x, m, pw_.k, W4Bf16ActsBytes(pw_.k, pw_.group_size),
+        x, m, pw_.k, W4Bf16ActsBytes(pw_.k, pw_.group_size), ws,
         [&](const float* row, uint8_t* s) { return PrepareActsBf16(row, pw_.k, pw_.group_size, s); },
         [&](const W4Bf16Acts* a, int64_t rows) { GemmW4Bf16Packed(pw_, a, rows, bias, y); });
     return;
   }
-  ForwardW4A32(x, m, y);
+  ForwardW4A32(x, m, y, ws);
 }
 
-void Int4Linear::ForwardBf16Matmul(const float* x, int64_t m, float* y) const {
+// The weight in tiles of LinearTileRows rows, each dequantized to bf16 in the workspace and
+// multiplied at once (bounded scratch whatever the matrix; the tile is still in cache when the
+// matmul reads it).
+void Int4Linear::ForwardBf16Matmul(const float* x, int64_t m, float* y, Workspace& ws) const {
   const int64_t n = pw_.n, k = pw_.k;
-  thread_local std::vector<uint16_t> xb, wb;  // reused across calls and layers
-  xb.resize(static_cast<size_t>(m * k));
-  wb.resize(static_cast<size_t>(n * k));
-  ToBf16Bits(x, m * k, xb.data());
-  DequantW4PackedBf16(pw_, wb.data());
-  if (!GemmBf16XWt(m, n, k, xb.data(), wb.data(), y)) {
+  uint16_t* const xb = ws.Get<uint16_t>(Slot::kLinearRows, m * k);
+  ToBf16Bits(x, m * k, xb);
+  const int64_t tile = LinearTileRows(n, k, 2, ws.tile_bytes());
+  uint16_t* const wb = ws.Get<uint16_t>(Slot::kLinearTile, tile * k);
+  // oneDNN's matmul writes a dense [m, nt] block: tiles narrower than y go through a buffer.
+  float* const yt = tile < n ? ws.Get<float>(Slot::kLinearOut, m * tile) : y;
+  float *xf = nullptr, *wf = nullptr;
+  for (int64_t n0 = 0; n0 < n; n0 += tile) {
+    const int64_t nt = std::min(tile, n - n0);
+    DequantW4PackedBf16(RowsOf(pw_, n0, nt), wb);
+    if (GemmBf16XWt(m, nt, k, xb, wb, yt)) {
+      if (yt != y) CopyTileColumns(yt, m, nt, y + n0, n);
+      continue;
+    }
     // No bf16 matmul on this CPU: the same bf16 inputs widened exactly, through the fp32 GEMM.
-    thread_local std::vector<float> xf, wf;
-    xf.resize(xb.size());
-    wf.resize(wb.size());
-    Bf16ToF32Rows(xb.data(), m, k, xf.data());
-    Bf16ToF32Rows(wb.data(), n, k, wf.data());
-    SgemmXWt(m, n, k, xf.data(), k, wf.data(), k, 0.0f, y, n);
+    if (xf == nullptr) {
+      xf = ws.Get<float>(Slot::kLinearRowsWide, m * k);
+      wf = ws.Get<float>(Slot::kLinearTileWide, tile * k);
+      Bf16ToF32Rows(xb, m, k, xf);
+    }
+    Bf16ToF32Rows(wb, nt, k, wf);
+    SgemmXWt(m, nt, k, xf, k, wf, k, 0.0f, y + n0, n);
   }
   if (!bias_.empty()) AddBiasRows(y, m, n, bias_.data());
 }
 
-void Int4Linear::ForwardW4A32(const float* x, int64_t m, float* y) const {
+void Int4Linear::ForwardW4A32(const float* x, int64_t m, float* y, Workspace& ws) const {
+  const int64_t n = pw_.n, k = pw_.k;
   if (m < kDequantGemmMinRows) {
     W4PackedGemmArgs a;
     a.m = m;
     a.w = &pw_;
-    a.x = x;
+    a.x = AlignedRows(x, m * k, ws);
     a.bias = bias_.empty() ? nullptr : bias_.data();
     a.y = y;
     GemmW4A32Packed(a);
     return;
   }
-  // Large M: exact fp32 weights once, then the dense GEMM (the scratch is reused across calls and
-  // layers; it is the only fp32 copy and lives only for the call's duration in use).
-  thread_local std::vector<float> dense;
-  dense.resize(static_cast<size_t>(pw_.n * pw_.k));
-  DequantW4Packed(pw_, dense.data());
-  SgemmXWt(m, pw_.n, pw_.k, x, pw_.k, dense.data(), pw_.k, 0.0f, y, pw_.n);
-  if (!bias_.empty()) AddBiasRows(y, m, pw_.n, bias_.data());
+  // Large M: exact fp32 weights, a tile of rows at a time in the workspace, each through the
+  // dense GEMM (the dequantization is amortised over M rows; the scratch is one tile, LinearTileRows).
+  const int64_t tile = LinearTileRows(n, k, 4, ws.tile_bytes());
+  float* const dense = ws.Get<float>(Slot::kLinearTile, tile * k);
+  for (int64_t n0 = 0; n0 < n; n0 += tile) {
+    const int64_t nt = std::min(tile, n - n0);
+    DequantW4Packed(RowsOf(pw_, n0, nt), dense);
+    SgemmXWt(m, nt, k, x, k, dense, k, 0.0f, y + n0, n);
+  }
+  if (!bias_.empty()) AddBiasRows(y, m, n, bias_.data());
 }
 
 }  // namespace nibble

@@ -4,13 +4,14 @@
 // (SetBf16Activations) is switched on.
 //
 // Kernels (dispatched per ISA, kernels/int4_dispatch.h): M < kDequantGemmMinRows runs the fused
-// W4A32 GEMV/GEMM directly on the packed codes; larger M dequantizes the weight once per call into
-// a thread-local fp32 scratch (exact values) and runs the dense GEMM (oneDNN), amortising the
-// dequantization over M rows. Only the packed bytes are kept (0.5 B per weight + 4–5 B per group
-// when g divides or is a multiple of 128);
-// weight() rebuilds the unpacked Int4Matrix on demand (tests, export). A weight whose g_idx is not
-// the natural one (act-order) is stored with its columns sorted by group, and Forward gathers each
-// input row into that order first (one pass over M x K floats).
+// W4A32 GEMV/GEMM directly on the packed codes; larger M dequantizes the weight in tiles of rows
+// (LinearTileRows, model/workspace.h) into the caller's workspace (exact values) and runs the
+// dense GEMM (oneDNN) per tile, amortising the dequantization over M rows. Every scratch buffer
+// is the caller's Workspace: Forward only reads the linear. Only the packed bytes are kept (0.5 B
+// per weight + 4–5 B per group when g divides or is a multiple of 128); weight() rebuilds the
+// unpacked Int4Matrix on demand (tests, export). A weight whose g_idx is not the natural one
+// (act-order) is stored with its columns sorted by group, and Forward gathers each input row
+// into that order first (one pass over M x K floats).
 #pragma once
 
 #include <memory>
@@ -55,7 +56,8 @@ class Int4Linear final : public Linear {
   static std::unique_ptr<Int4Linear> FromTransposed(const DeferredInt4& d, std::vector<float> bias, std::string desc);
   int64_t in_features() const override { return pw_.k; }
   int64_t out_features() const override { return pw_.n; }
-  void Forward(const float* x, int64_t m, float* y) const override;
+  using Linear::Forward;
+  void Forward(const float* x, int64_t m, float* y, Workspace* ws) const override;
   std::string Describe() const override { return desc_; }
   /// W4A8 opt-in (Linear::SetInt8Activations): Forward quantizes each row of x to int8 per
   /// 128-value block (QuantizeActsInt8) and runs the int8 GEMV row by row for every M. Served
@@ -89,10 +91,10 @@ class Int4Linear final : public Linear {
   bool int8_ = false;
   bool bf16_ = false;
   // The W4A32 path (fused kernel below kDequantGemmMinRows rows, else dequantize + dense GEMM).
-  void ForwardW4A32(const float* x, int64_t m, float* y) const;
+  void ForwardW4A32(const float* x, int64_t m, float* y, Workspace& ws) const;
   // bf16 activations at M >= Bf16MatmulMinRows(): bf16 weights and rows through the bf16 matmul.
-  void ForwardBf16Matmul(const float* x, int64_t m, float* y) const;
-  void ForwardInOrder(const float* x, int64_t m, float* y) const;
+  void ForwardBf16Matmul(const float* x, int64_t m, float* y, Workspace& ws) const;
+  void ForwardInOrder(const float* x, int64_t m, float* y, Workspace& ws) const;
 };
 
 }  // namespace nibble

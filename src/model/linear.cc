@@ -1,5 +1,7 @@
 #include "model/linear.h"
 
+#include <algorithm>
+
 #include "base/check.h"
 #include "kernels/dense_gemm.h"
 
@@ -12,7 +14,7 @@ DenseLinear::DenseLinear(int64_t n, int64_t k, std::shared_ptr<const std::vector
   NIBBLE_CHECK(bias_.empty() || static_cast<int64_t>(bias_.size()) == n);
 }
 
-void DenseLinear::Forward(const float* x, int64_t m, float* y) const {
+void DenseLinear::Forward(const float* x, int64_t m, float* y, Workspace* /*ws*/) const {
   SgemmXWt(m, n_, k_, x, k_, weight_->data(), k_, 0.0f, y, n_);
   if (!bias_.empty()) AddBiasRows(y, m, n_, bias_.data());
 }
@@ -37,17 +39,26 @@ Bf16DenseLinear::Bf16DenseLinear(int64_t n, int64_t k, std::shared_ptr<const Bf1
   NIBBLE_CHECK(bias_.empty() || static_cast<int64_t>(bias_.size()) == n);
 }
 
-void Bf16DenseLinear::Forward(const float* x, int64_t m, float* y) const {
+void Bf16DenseLinear::Forward(const float* x, int64_t m, float* y, Workspace* ws) const {
   const float* bias = bias_.empty() ? nullptr : bias_.data();
-  if (m == 1) return GemvBf16(n_, k_, weight_->data(), x, bias, y, gemv_);
-  // Batched decode: the GEMV per row on weight blocks held in cache, rather than widening the
-  // whole matrix for a few rows.
-  if (m < kBf16GemvMaxRows) return GemvBf16Rows(m, n_, k_, weight_->data(), x, bias, y, gemv_);
-  // Scratch reused across calls and layers of this thread (grows to the largest matrix).
-  thread_local std::vector<float> wide;
-  if (wide.size() < static_cast<size_t>(n_ * k_)) wide.resize(static_cast<size_t>(n_ * k_));
-  Bf16ToF32Rows(weight_->data(), n_, k_, wide.data());
-  SgemmXWt(m, n_, k_, x, k_, wide.data(), k_, 0.0f, y, n_);
+  Workspace local;
+  Workspace& w = ws != nullptr ? *ws : local;
+  if (m < kBf16GemvMaxRows) {
+    x = AlignedRows(x, m * k_, w);
+    if (m == 1) return GemvBf16(n_, k_, weight_->data(), x, bias, y, gemv_);
+    // Batched decode: the GEMV per row on weight blocks held in cache, rather than widening the
+    // whole matrix for a few rows.
+    return GemvBf16Rows(m, n_, k_, weight_->data(), x, bias, y, gemv_);
+  }
+  // Tiles of whole rows widened in the caller's workspace: the scratch follows K, not N
+  // (LinearTileRows), and each output element is the same sgemm dot product.
+  const int64_t tile = LinearTileRows(n_, k_, 4, w.tile_bytes());
+  float* const wide = w.Get<float>(Workspace::Slot::kLinearTile, tile * k_);
+  for (int64_t n0 = 0; n0 < n_; n0 += tile) {
+    const int64_t nt = std::min(tile, n_ - n0);
+    Bf16ToF32Rows(weight_->data() + n0 * k_, nt, k_, wide);
+    SgemmXWt(m, nt, k_, x, k_, wide, k_, 0.0f, y + n0, n_);
+  }
   if (bias != nullptr) AddBiasRows(y, m, n_, bias);
 }
 

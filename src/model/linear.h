@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/bf16_gemv.h"
+#include "model/workspace.h"
 
 namespace nibble {
 
@@ -17,8 +18,11 @@ class Linear {
   virtual ~Linear() = default;
   virtual int64_t in_features() const = 0;   // K
   virtual int64_t out_features() const = 0;  // N
-  /// x: [m, K] fp32 row-major; y: [m, N] fp32 row-major (overwritten). m >= 1.
-  virtual void Forward(const float* x, int64_t m, float* y) const = 0;
+  /// x: [m, K] fp32 row-major; y: [m, N] fp32 row-major (overwritten). m >= 1. Only reads the
+  /// linear: any number of threads may run Forward at once, each with its own `ws` (the caller's
+  /// scratch, model/workspace.h); nullptr = a workspace of this call's own, freed on return.
+  virtual void Forward(const float* x, int64_t m, float* y, Workspace* ws) const = 0;
+  void Forward(const float* x, int64_t m, float* y) const { Forward(x, m, y, nullptr); }
   /// Short description for `inspect`, e.g. "dense f32" or "int4 uint4 g128".
   virtual std::string Describe() const = 0;
   /// Bytes of weight storage (excluding bias).
@@ -61,7 +65,8 @@ class DenseLinear final : public Linear {
   DenseLinear(int64_t n, int64_t k, std::shared_ptr<const std::vector<float>> weight, std::vector<float> bias);
   int64_t in_features() const override { return k_; }
   int64_t out_features() const override { return n_; }
-  void Forward(const float* x, int64_t m, float* y) const override;
+  using Linear::Forward;
+  void Forward(const float* x, int64_t m, float* y, Workspace* ws) const override;
   std::string Describe() const override { return "dense f32"; }
   int64_t WeightBytes() const override { return n_ * k_ * 4; }
   const float* weight() const { return weight_->data(); }
@@ -74,8 +79,9 @@ class DenseLinear final : public Linear {
 
 /// Dense linear whose checkpoint stores bf16, kept as bf16 (2 bytes per weight instead of 4).
 /// M = 1 (decode) runs the dispatched bf16 GEMV (kernels/bf16_gemv.h), which widens the weights
-/// in registers; M > 1 widens them (exactly) into a per-thread fp32 scratch and runs the dense
-/// sgemm, so prefill and perplexity compute exactly what DenseLinear on the widened matrix does.
+/// in registers; from kBf16GemvMaxRows rows on it widens them (exactly) in tiles of
+/// LinearTileRows rows in the caller's workspace and runs the dense sgemm per tile, so prefill
+/// and perplexity compute what DenseLinear on the widened matrix does.
 /// Built by the loader only where the dispatch has a bf16 GEMV (AVX-512); elsewhere bf16 weights
 /// are widened at load into a DenseLinear.
 class Bf16DenseLinear final : public Linear {
@@ -89,7 +95,8 @@ class Bf16DenseLinear final : public Linear {
                   Bf16GemvKernel gemv);
   int64_t in_features() const override { return k_; }
   int64_t out_features() const override { return n_; }
-  void Forward(const float* x, int64_t m, float* y) const override;
+  using Linear::Forward;
+  void Forward(const float* x, int64_t m, float* y, Workspace* ws) const override;
   std::string Describe() const override { return "dense bf16"; }
   int64_t WeightBytes() const override { return n_ * k_ * 2; }
 

@@ -235,6 +235,7 @@ Status LlamaModel::RunLayers(const int32_t* tokens, int64_t batch, const int64_t
   run.batch = batch;
   run.query_start_loc = qsl;
   run.kv = kv.data();
+  run.workspace = &caches[0]->workspace;
   for (size_t l = 0; l < layers_.size(); ++l) {
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, "forward pass before layer " + std::to_string(l)));
     for (int64_t b = 0; b < batch; ++b) {
@@ -255,14 +256,14 @@ Status LlamaModel::RunChecked(const int32_t* tokens, int64_t batch, const int64_
   NIBBLE_RETURN_IF_ERROR(RunLayers(tokens, batch, qsl, caches, x.data(), cancel));
   if (all_logits) {
     RmsNorm(x.data(), norm_.data(), rows, h, config_.rms_norm_eps, x.data());
-    lm_head_->Forward(x.data(), rows, logits);
+    lm_head_->Forward(x.data(), rows, logits, &caches[0]->workspace);
     return Status::Ok();
   }
   // Each sequence's last row, normed into [batch, hidden] (the norm is per row: the same values).
   std::vector<float> xn(static_cast<size_t>(batch * h));
   for (int64_t b = 0; b < batch; ++b)
     RmsNorm(x.data() + (qsl[b + 1] - 1) * h, norm_.data(), 1, h, config_.rms_norm_eps, xn.data() + b * h);
-  lm_head_->Forward(xn.data(), batch, logits);
+  lm_head_->Forward(xn.data(), batch, logits, &caches[0]->workspace);
   return Status::Ok();
 }
 

@@ -23,6 +23,7 @@
 #include "model/config.h"
 #include "model/decoder_layer.h"
 #include "model/linear.h"
+#include "model/workspace.h"
 
 namespace nibble {
 
@@ -60,6 +61,9 @@ struct KvCache {
   std::vector<std::vector<float>> k, v;
   std::shared_ptr<const RopeTables> rope;  // covers [0, capacity) at least (shared with the model)
   std::vector<std::vector<uint16_t>> k16, v16;
+  /// Scratch of the forward passes that extend this cache (a batch runs in its first cache's):
+  /// the session's own, never shared between threads; a copied cache starts with an empty one.
+  Workspace workspace;
   /// Grows the storage to hold `positions` (<= capacity), rounded up to a block; keeps the rows.
   void Reserve(int64_t positions);
   /// Bytes of K and V storage held now.

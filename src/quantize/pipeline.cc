@@ -75,9 +75,10 @@ namespace {
 // Runs L on x (`batch` sequences) up to `stop`, capturing into `a` (sized here); start = kMlp
 // resumes from a's attention stages.
 void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer& L, const float* x, int64_t batch,
-                 int64_t t, LayerStop stop, LayerStart start, LayerActs* a) {
+                 int64_t t, LayerStop stop, LayerStart start, LayerActs* a, Workspace* ws) {
   const int64_t rows = batch * t, h = c.hidden_size;
   LayerRun run;
+  run.workspace = ws;
   run.batch = batch;
   run.t = t;
   run.stop = stop;
@@ -115,13 +116,19 @@ void LayerRunner::SetInput(const float* x) {
 
 const LayerActs& LayerRunner::Run(const CalibLayer& L, LayerStop stop) {
   const bool resume = attn_valid_ && stop >= LayerStop::kMlpIn;
-  RunCaptured(*c_, rope_, L, x_, batch_, t_, stop, resume ? LayerStart::kMlp : LayerStart::kInput, &acts_);
+  RunCaptured(*c_, rope_, L, x_, batch_, t_, stop, resume ? LayerStart::kMlp : LayerStart::kInput, &acts_,
+              &Workspaces(1)[0]);
   if (stop >= LayerStop::kAttnResidual) attn_valid_ = reuse_;
   return acts_;
 }
 
 void LayerRunner::RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const {
-  RunCaptured(*c_, rope_, L, x_, batch, t_, LayerStop::kFull, LayerStart::kInput, out);
+  RunCaptured(*c_, rope_, L, x_, batch, t_, LayerStop::kFull, LayerStart::kInput, out, &Workspaces(1)[0]);
+}
+
+std::vector<Workspace>& LayerRunner::Workspaces(size_t count) const {
+  if (workspaces_.size() < count) workspaces_.resize(count);
+  return workspaces_;
 }
 
 double Mse(const float* a, const float* b, int64_t n) {

@@ -99,6 +99,10 @@ class LayerRunner {
   void InvalidateAttention() { attn_valid_ = false; }
   /// Runs `L` fully on the first `batch` sequences into `out` (reports, quantized propagation).
   void RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const;
+  /// Scratch of this run's layer forwards (model/workspace.h), at least `count`: index 0 serves
+  /// Run / RunFresh, index omp_get_thread_num() a thread of a parallel region over chunks (AWQ's
+  /// search). Kept across layers: a layer runs thousands of times. Resize outside a region only.
+  std::vector<Workspace>& Workspaces(size_t count) const;
 
  private:
   const ModelConfig* c_;
@@ -108,6 +112,7 @@ class LayerRunner {
   const float* x_ = nullptr;
   LayerActs acts_;
   bool attn_valid_ = false;
+  mutable std::vector<Workspace> workspaces_;
 };
 
 /// Relative output error of one linear on calibration inputs, for the report.

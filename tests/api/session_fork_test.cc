@@ -132,18 +132,18 @@ TEST(Session, KeepCommonPrefixKeepsWhatAPromptCanReuse) {
   EXPECT_EQ(s->CommonPrefix({}), 0);
   EXPECT_EQ(s->position(), 10);  // CommonPrefix changes nothing
 
-  EXPECT_EQ(s->KeepCommonPrefix(Slice(ids, 0, 10)), 10);
+  EXPECT_EQ(*s->KeepCommonPrefix(Slice(ids, 0, 10)), 10);
   EXPECT_TRUE(SameBits(s->logits(), at10));
-  EXPECT_EQ(s->KeepCommonPrefix(Slice(ids, 0, 6)), 5);
+  EXPECT_EQ(*s->KeepCommonPrefix(Slice(ids, 0, 6)), 5);
   EXPECT_EQ(s->position(), 5);
   EXPECT_TRUE(s->logits().empty());
   EXPECT_EQ(s->tokens(), Slice(ids, 0, 5));
   ASSERT_TRUE(s->Prefill(Slice(ids, 5, 12)).ok());
   auto fresh = Prefilled(m, {Slice(ids, 0, 10)});
-  EXPECT_EQ(fresh->KeepCommonPrefix(Slice(ids, 0, 6)), 5);
+  EXPECT_EQ(*fresh->KeepCommonPrefix(Slice(ids, 0, 6)), 5);
   auto reference = Prefilled(m, {Slice(ids, 0, 5), Slice(ids, 5, 12)});
   EXPECT_TRUE(SameBits(s->logits(), reference->logits()));
-  EXPECT_EQ(s->KeepCommonPrefix({}), 0);
+  EXPECT_EQ(*s->KeepCommonPrefix({}), 0);
   EXPECT_EQ(s->position(), 0);
 }
 

@@ -104,7 +104,7 @@ TEST(Session, RepeatPenaltySeesTheTokensInTheContext) {
     ASSERT_TRUE(s.Step(*next).ok());
   }
   EXPECT_GT(changed, 0) << "the penalty never changed the greedy choice: the check above proves nothing";
-  s.Truncate(3);
+  ASSERT_TRUE(s.Truncate(3).ok());
   history.resize(3);
   const std::vector<int32_t> more = {(*prompt)[3], (*prompt)[4]};
   ASSERT_TRUE(s.Prefill(more).ok());
@@ -257,7 +257,7 @@ TEST(Session, AContinuedSessionKeepsItsContextAndAddsNoSecondBos) {
   EXPECT_EQ(s2->prompt_tokens, static_cast<int64_t>(cont->size()) - 1);
   EXPECT_GT((*session)->position(), after_first + s2->prompt_tokens);
   EXPECT_FALSE(second.empty());
-  (*session)->Truncate(0);
+  ASSERT_TRUE((*session)->Truncate(0).ok());
   EXPECT_EQ((*session)->position(), 0);
   EXPECT_TRUE((*session)->logits().empty());
 }

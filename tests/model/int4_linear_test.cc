@@ -4,12 +4,18 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 #include <random>
 #include <tuple>
 
 #include "formats/int4_matrix.h"
 #include "model/int4_linear.h"
 #include "model/linear.h"
+#include "model/workspace.h"
+#include "kernels/dense_gemm.h"
+#include "kernels/int4_gemm.h"
+#include "kernels/bf16_gemv.h"
 
 namespace nibble {
 namespace {
@@ -111,6 +117,62 @@ TEST(Int4Linear, GemvIndependentOfThreadCount) {
   q.Forward(x.data(), 1, b.data());
   omp_set_num_threads(saved);
   EXPECT_EQ(a, b);
+}
+
+// From kDequantGemmMinRows rows on, the weight is dequantized and multiplied in tiles of
+// LinearTileRows rows: each output element is the same dot product as the GEMM over the whole
+// dequantized matrix (the old path), so the results are bit-identical, and the workspace holds a
+// tile, not the matrix. fp32 (dequantized fp32 tiles, sgemm) and bf16 activations (bf16 tiles,
+// oneDNN's bf16 matmul or the fp32 GEMM on the same values).
+TEST(Int4Linear, TiledDequantGemmEqualsTheWholeMatrixGemmInBoundedScratch) {
+  // A tile budget of 512 KiB: tiles of kLinearTileMinRows rows (K = 256), five of them.
+  const int64_t k = 256, n = 4 * kLinearTileMinRows + 37, m = 130, budget = 512 << 10;
+  ASSERT_EQ(LinearTileRows(n, k, 2, budget), kLinearTileMinRows);
+  ASSERT_EQ(LinearTileRows(n, k, 4, budget), kLinearTileMinRows);
+  const Int4Matrix w = RandomMatrix(n, k, 128, false, 5);
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(m * k), bias(n);
+  for (float& v : x) v = nd(rng);
+  for (float& v : bias) v = nd(rng);
+  for (const bool bf16 : {false, true}) {
+    Int4Linear q(w, bias, "int4");
+    if (bf16 && !q.SetBf16Activations(true)) continue;
+    ASSERT_GE(m, bf16 ? Int4Linear::Bf16MatmulMinRows(128) : Int4Linear::kDequantGemmMinRows);
+    // The whole-matrix oracle, as Forward ran before tiling.
+    std::vector<float> want(m * n);
+    if (!bf16) {
+      std::vector<float> dense(n * k);
+      DequantW4Packed(q.packed(), dense.data());
+      SgemmXWt(m, n, k, x.data(), k, dense.data(), k, 0.0f, want.data(), n);
+    } else {
+      std::vector<uint16_t> xb(m * k), wb(n * k);
+      ToBf16Bits(x.data(), m * k, xb.data());
+      DequantW4PackedBf16(q.packed(), wb.data());
+      if (!GemmBf16XWt(m, n, k, xb.data(), wb.data(), want.data())) {
+        std::vector<float> xf(m * k), wf(n * k);
+        Bf16ToF32Rows(xb.data(), m, k, xf.data());
+        Bf16ToF32Rows(wb.data(), n, k, wf.data());
+        SgemmXWt(m, n, k, xf.data(), k, wf.data(), k, 0.0f, want.data(), n);
+      }
+    }
+    AddBiasRows(want.data(), m, n, bias.data());
+    Workspace ws;
+    ws.set_tile_bytes(budget);
+    std::vector<float> got(m * n);
+    q.Forward(x.data(), m, got.data(), &ws);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "bf16 " << bf16;
+    // Scratch: the input rows (bf16 or aligned), one tile and one tile of output rows at most.
+    const int64_t tile = LinearTileRows(n, k, bf16 ? 2 : 4, budget);
+    EXPECT_LE(ws.bytes(), tile * k * (bf16 ? 2 : 4) + m * k * 4 + m * tile * 4) << "bf16 " << bf16;
+    EXPECT_LT(ws.bytes(), n * k * 2) << "bf16 " << bf16 << ": the scratch holds the whole matrix";
+    // The workspace is reused: a second call grows nothing and gives the same bits.
+    const int64_t held = ws.bytes();
+    std::vector<float> again(m * n);
+    q.Forward(x.data(), m, again.data(), &ws);
+    EXPECT_EQ(ws.bytes(), held);
+    EXPECT_EQ(std::memcmp(again.data(), got.data(), got.size() * sizeof(float)), 0);
+  }
 }
 
 }  // namespace

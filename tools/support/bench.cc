@@ -223,7 +223,8 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   for (auto& v : x) v = xd(rng);
   // Warm-up: one pass over every matrix for small M (pages, dispatch, thread team), one call else.
   const int64_t warm = s.m < 16 ? count : 1;
-  for (int64_t i = 0; i < warm; ++i) mats[static_cast<size_t>(i)]->Forward(x.data(), s.m, y.data());
+  Workspace ws;  // one caller's scratch, as a session's forward passes reuse theirs
+  for (int64_t i = 0; i < warm; ++i) mats[static_cast<size_t>(i)]->Forward(x.data(), s.m, y.data(), &ws);
   GemmBenchResult r;
   r.shape = s;
   r.isa = IsaName(ActiveW4Dispatch().kernels.isa);
@@ -243,7 +244,8 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   int64_t rounds = 0, next = 0;
   do {
     const double t0 = Now();
-    for (int64_t c = 0; c < round_calls; ++c) mats[static_cast<size_t>(next++ % count)]->Forward(x.data(), s.m, y.data());
+    for (int64_t c = 0; c < round_calls; ++c)
+      mats[static_cast<size_t>(next++ % count)]->Forward(x.data(), s.m, y.data(), &ws);
     const double t = (Now() - t0) / static_cast<double>(round_calls);
     best = std::min(best, t);
     total += t * static_cast<double>(round_calls);

@@ -155,6 +155,9 @@ TileFn Select(int64_t parts, bool sym, int64_t mr) {
 // From 6 rows on the lanes beat the per-row tiles (docs/PERFORMANCE.md "Lanes GEMM for many rows").
 constexpr int64_t kLanesMinRows = 6;
 constexpr int64_t kChunkBlocks = 8;
+// Activation rows per LaneRows call: bounds a worker's accumulator buffer (1 KiB per row) to
+// 128 KiB whatever M; each chunk is still shared by 128 rows.
+constexpr int64_t kLaneRowsMax = 128;
 
 struct LaneChunk {
   alignas(64) uint32_t T[kChunkBlocks][2][16][16];  // [block][h][l][row] 4 codes per dword
@@ -253,6 +256,8 @@ inline void LaneHalf(const LaneChunk& c, const W4Int8Acts* a, int64_t i0, int64_
 }
 
 void LaneRows(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y, int64_t r0) {
+  // Per worker (this runs inside the caller's parallel region), bounded: the chunk is 17 KB, the
+  // state 16 Lanes of 64 B per row for m <= kLaneRowsMax rows (128 KiB).
   thread_local LaneChunk chunk;
   thread_local std::vector<Lanes> state;  // [m][16]: acc[0..16)
   if (static_cast<int64_t>(state.size()) < 16 * m) state.resize(static_cast<size_t>(16 * m));
@@ -290,7 +295,9 @@ void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const
                   int64_t n1) {
   if (m == 0) return;
   if (m >= kLanesMinRows && a[0].parts == 1)
-    for (; n0 + 16 <= n1; n0 += 16) LaneRows(w, a, m, bias, y, n0);
+    for (; n0 + 16 <= n1; n0 += 16)
+      for (int64_t i0 = 0; i0 < m; i0 += kLaneRowsMax)
+        LaneRows(w, a + i0, std::min(kLaneRowsMax, m - i0), bias, y + i0 * w.n, n0);
   if (n0 == n1) return;
   // One weight row at a time streams W strictly sequentially (rows are contiguous), which the
   // hardware prefetchers follow best (docs/PERFORMANCE.md "W4A8"). Up to 4 activation rows share

@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 
+#include <omp.h>
+
 #include "formats/float_dtype.h"
 #include "kernels/dense_gemm.h"
 #include "quantize/gram.h"
@@ -132,17 +134,18 @@ double GramSquaredError(const std::vector<float>& g, const std::vector<float>& w
 // Runs the inspected module of `r` with linears `lin` on sequences [b0, b0 + nb) of `a`;
 // out gets [nb * t, out_dim].
 void InspectChunk(const LayerRunner& run, const ResolvedMapping& r, const CalibLayer& L, const CalibLinears& lin,
-                  const LayerActs& a, int64_t b0, int64_t nb, float* out) {
+                  const LayerActs& a, int64_t b0, int64_t nb, float* out, Workspace& ws) {
   const ModelConfig& c = run.config();
   const int64_t rows = nb * run.t(), r0 = b0 * run.t();
   const DecoderLayerView view = ViewOf(L, lin);  // the attention reads L's Qwen3 q/k norms, if any
   if (r.inspect == AwqInspect::kSelfAttn) {
-    AttentionBlockForward(c, view, run.rope(), a.attn_in.data() + r0 * c.hidden_size, nb, run.t(), nullptr, out, nullptr);
+    AttentionBlockForward(c, view, run.rope(), a.attn_in.data() + r0 * c.hidden_size, nb, run.t(), nullptr, out,
+                          nullptr, ws);
   } else if (r.inspect == AwqInspect::kMlp) {
-    MlpBlockForward(view, a.mlp_in.data() + r0 * c.hidden_size, rows, out, nullptr);
+    MlpBlockForward(view, a.mlp_in.data() + r0 * c.hidden_size, rows, out, nullptr, ws);
   } else {
     const int i = r.inspect_linear;
-    lin[i]->Forward(a.Of(InputOf(i)) + r0 * lin[i]->in_features(), rows, out);
+    lin[i]->Forward(a.Of(InputOf(i)) + r0 * lin[i]->in_features(), rows, out, &ws);
   }
 }
 
@@ -168,10 +171,12 @@ std::vector<float> InspectReference(const LayerRunner& run, const ResolvedMappin
   const Chunking c = ChunkingFor(run, r, lin);
   const int64_t batch = run.batch();
   std::vector<float> out(static_cast<size_t>(batch * run.t() * c.od));
+  std::vector<Workspace>& ws = run.Workspaces(static_cast<size_t>(omp_get_max_threads()));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t ci = 0; ci < c.chunks; ++ci) {
     const int64_t b0 = ci * c.seqs;
-    InspectChunk(run, r, L, lin, a, b0, std::min(c.seqs, batch - b0), out.data() + b0 * run.t() * c.od);
+    InspectChunk(run, r, L, lin, a, b0, std::min(c.seqs, batch - b0), out.data() + b0 * run.t() * c.od,
+                 ws[static_cast<size_t>(omp_get_thread_num())]);
   }
   return out;
 }
@@ -189,6 +194,7 @@ std::optional<double> InspectLoss(const LayerRunner& run, const ResolvedMapping&
   std::vector<double> part(static_cast<size_t>(c.chunks));
   double done_sum = 0;  // parts finished so far, in completion order (only for the stop test)
   bool stopped = false;
+  std::vector<Workspace>& ws = run.Workspaces(static_cast<size_t>(omp_get_max_threads()));
 #pragma omp parallel
   {
     std::vector<float> y(static_cast<size_t>(std::min(c.seqs, batch) * t * c.od));
@@ -199,7 +205,7 @@ std::optional<double> InspectLoss(const LayerRunner& run, const ResolvedMapping&
       skip = stopped;
       if (skip) continue;
       const int64_t b0 = ci * c.seqs, nb = std::min(c.seqs, batch - b0);
-      InspectChunk(run, r, L, lin, a, b0, nb, y.data());
+      InspectChunk(run, r, L, lin, a, b0, nb, y.data(), ws[static_cast<size_t>(omp_get_thread_num())]);
       const int64_t n = nb * t * c.od;
       const double p = Mse(reference.data() + b0 * t * c.od, y.data(), n) * static_cast<double>(n);
       part[static_cast<size_t>(ci)] = p;
