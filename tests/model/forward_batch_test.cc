@@ -29,8 +29,9 @@ class CancellingLinear final : public Linear {
       : inner_(std::move(inner)), token_(std::move(token)) {}
   int64_t in_features() const override { return inner_->in_features(); }
   int64_t out_features() const override { return inner_->out_features(); }
-  void Forward(const float* x, int64_t m, float* y) const override {
-    inner_->Forward(x, m, y);
+  using Linear::Forward;
+  void Forward(const float* x, int64_t m, float* y, Workspace* ws) const override {
+    inner_->Forward(x, m, y, ws);
     token_->Cancel();
   }
   std::string Describe() const override { return inner_->Describe(); }
