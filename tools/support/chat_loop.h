@@ -1,6 +1,6 @@
 // `nibble generate --chat`: an interactive conversation over one Session. Each user line is a
-// turn; the library's ChatTurns (<nibble/chat.h>) renders the whole conversation every turn and
-// gives only the text beyond what the session's KV cache already holds.
+// turn; the library's ChatTurns (<nibble/chat.h>) renders and tokenizes the whole conversation
+// every turn and gives only the ids past the longest common prefix the session's KV cache holds.
 #pragma once
 
 #include <cstdio>
