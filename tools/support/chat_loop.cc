@@ -1,10 +1,15 @@
 // The chat loop: read a user line, let the library's ChatTurns give the prompt ids past the
 // cached prefix, generate until an end-of-turn marker, print the reply and the turn's statistics.
+// Ctrl-C / SIGTERM during a reply (CancelOnSignal, installed for the Generate call only, so that
+// at the input line a Ctrl-C keeps its default action) ends it and the chat: exit 130 / 143.
 #include "support/chat_loop.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "support/cancel_signal.h"
 
 namespace nibble_cli {
 
@@ -51,12 +56,16 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
     g.stop_ids = eot.ids;
     g.stop = eot.markers;
     std::string reply;
+    std::optional<CancelOnSignal> on_signal(std::in_place);
+    g.cancel = on_signal->token();
     auto stats = nibble::Generate(s, g, [&](std::string_view piece) {
       reply += piece;
       std::fwrite(piece.data(), 1, piece.size(), out);
       std::fflush(out);
       return true;
     });
+    on_signal.reset();
+    if (!stats.ok() && stats.error().code == nibble::ErrorCode::kCancelled) return FailCancelled(stats.error().message);
     if (!stats.ok()) return std::fprintf(stderr, "nibble: error: %s\n", stats.error().message.c_str()), 1;
     std::fputc('\n', out);
     std::fflush(out);
@@ -70,6 +79,7 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
                  stats->decode_seconds > 0 ? decoded / stats->decode_seconds : 0.0,
                  stats->stop_reason == nibble::StopReason::kStopString ? ("end of turn \"" + stats->stop_string + "\"").c_str()
                                                                        : nibble::StopReasonName(stats->stop_reason));
+    if (stats->stop_reason == nibble::StopReason::kCancelled) return CancelledExitCode(CancelSignal());
   }
   return 0;
 }
