@@ -1,4 +1,7 @@
 // `nibble generate`: stream a continuation of a prompt; prefill / decode tokens/s on stderr.
+// Ctrl-C / SIGTERM (CancelOnSignal, installed once the model is loaded) stops generation at the
+// next token: the text so far stays printed, "stop: cancelled", exit 130 / 143; during the prompt's
+// prefill it is a "cancelled" error with the same exit code.
 #include <unistd.h>
 
 #include <charconv>
@@ -13,6 +16,7 @@
 
 #include "commands.h"
 #include "support/bench.h"
+#include "support/cancel_signal.h"
 #include "support/chat_loop.h"
 
 namespace nibble_cli {
@@ -169,16 +173,19 @@ int RunGenerate(GenerateArgs& a) {
   if (!session.ok()) return Fail(session.error().message);
   std::fprintf(stderr, "seed: %llu\n", static_cast<unsigned long long>(a.opt.sampling.seed));
   std::fwrite(a.opt.prompt.data(), 1, a.opt.prompt.size(), stdout);  // echo, as llama.cpp does
+  std::fflush(stdout);
+  CancelOnSignal on_signal;
+  a.opt.cancel = on_signal.token();
   auto stats = nibble::Generate(**session, a.opt, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return true;
   });
-  if (!stats.ok()) return Fail(stats.error().message);
+  if (!stats.ok()) return FailStatus(stats.error());
   std::fputc('\n', stdout);
   std::fflush(stdout);
   PrintStats(*stats);
-  return 0;
+  return stats->stop_reason == nibble::StopReason::kCancelled ? CancelledExitCode(CancelSignal()) : 0;
 }
 }  // namespace
 

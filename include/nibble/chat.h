@@ -6,16 +6,14 @@
 // One turn of a front end (as `generate --chat` runs it):
 //   ChatTurns turns(session, tmpl);  EndOfTurn eot = EndOfTurnFor(model, tmpl);
 //   messages.push_back({"user", line});
-//   auto p = turns.NextPrompt(messages);                  // only the new suffix
-//   GenerateOptions g;  g.prompt = p->text;  g.stop_ids = eot.ids;  g.stop = eot.markers;
+//   auto p = turns.NextPrompt(messages);                  // the ids past the kept prefix
+//   GenerateOptions g;  g.prompt_ids = p->ids;  g.stop_ids = eot.ids;  g.stop = eot.markers;
 //   auto stats = Generate(session, g, [&](std::string_view piece) { reply += piece; return true; });
-//   turns.AddReply(*stats, reply, stats->stop_string);
 //   messages.push_back({"assistant", reply});
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,51 +67,42 @@ struct EndOfTurn {
 EndOfTurn EndOfTurnFor(const Model& model, const ChatTemplate& tmpl);
 
 /// KV-cache reuse across the turns of one conversation on one Session (llama-server's
-/// cache_prompt for a chat). Each turn renders the whole conversation; NextPrompt returns only
-/// the text beyond what the session already holds. The template normally writes earlier replies
-/// back verbatim, so the render starts with the cached text; when it does not (a template that
-/// trims or rewrites earlier turns), the session is cut back to the last point where text and
-/// positions are known to agree (the start, the end of every turn's prompt and of that prompt
-/// without its generation prompt, e.g. Qwen3's `<think>\n\n</think>\n\n`, the end of every
-/// reply that ended at EOS or an end-of-turn id) and that point on is prefilled again. On an
-/// empty session a template's leading bos_token is dropped from the text when the tokenizer
-/// prepends BOS itself, so the prompt holds one BOS, not two.
+/// cache_prompt for a chat). Each turn renders the whole conversation and tokenizes it; the
+/// session keeps the longest common token prefix of the ids it holds and the render's
+/// (Session::KeepCommonPrefix) and the rest is prefilled (Prompt::ids as prompt_ids), so the
+/// context holds exactly the render's ids, as a fresh session prefilled with them would. A
+/// template that writes earlier replies back verbatim keeps all but the ids where the reply's
+/// text tokenizes otherwise than it was generated; one that trims or rewrites earlier turns
+/// (or adds text to the open turn's header only, e.g. Qwen3's `<think>\n\n</think>\n\n`) cuts
+/// back to the first id that differs. One BOS: a template's leading bos_token is dropped from the
+/// text before tokenizing when the tokenizer prepends BOS itself.
 ///
-/// The session and this object go together: between NextPrompt and AddReply run exactly one
-/// Generate on the session with the returned text as its prompt, and change the session
-/// otherwise only through this object. The Session must outlive it.
+/// No state besides the session's ids: the session may be used otherwise between turns (a
+/// Fork, a PrefixCache restore). The Session must outlive this object.
 class ChatTurns {
  public:
   explicit ChatTurns(Session& session, ChatTemplate tmpl, std::string extra_vars_json = "");
 
   struct Prompt {
-    std::string text;              // GenerateOptions::prompt of this turn
-    int64_t reused_positions = 0;  // session positions kept from earlier turns (the turn's
-                                   // GenerateStats::cached_tokens)
-    bool cut = false;              // the render differed from the cached text: the session was cut back
-    size_t differs_at = 0;         // the first byte where it differed (when cut)
+    std::string rendered;          // the whole conversation as the template renders it
+    std::vector<int32_t> ids;      // GenerateOptions::prompt_ids of this turn: the render's ids
+                                   // past the kept prefix
+    int64_t reused_positions = 0;  // session positions kept (the turn's GenerateStats::cached_tokens)
+    bool cut = false;              // the session held ids past the common prefix: they were dropped
+    size_t differs_at = 0;         // the first token position where the held ids and the render's
+                                   // differ (when cut)
   };
   /// Renders `messages` (the whole conversation, last a user turn) with the generation prompt
-  /// and the extra template variables; cuts the session back when needed. Errors: RenderChat's.
+  /// and the extra template variables, tokenizes it and keeps the session's common prefix.
+  /// Errors: RenderChat's, the tokenizer's.
   Result<Prompt> NextPrompt(const std::vector<ChatMessage>& messages);
-  /// Records the reply Generate gave for the last NextPrompt: `reply` the text shown (without
-  /// the end-of-turn marker), `end_marker` the stop string that ended it ("" when none did:
-  /// GenerateStats::stop_string).
-  void AddReply(const GenerateStats& stats, const std::string& reply, const std::string& end_marker);
+  /// The ids of a rendered conversation as NextPrompt runs them (one BOS).
+  Result<std::vector<int32_t>> Tokenize(const std::string& rendered) const;
 
  private:
-  struct Mark {
-    int64_t position;
-    size_t text_len;
-  };
   Session* session_;
   ChatTemplate tmpl_;
   std::string extra_vars_json_;
-  std::string fed_;                   // the text whose tokens the session holds (plus `unfed_`)
-  std::vector<Mark> marks_ = {{0, 0}};  // points where text and positions agree
-  int64_t unfed_ = 0;                 // a reply cut by -n leaves its last token for the next Generate
-  int64_t reused_ = 0;
-  std::optional<Mark> pending_mark_;  // this turn's prompt without the generation prompt
 };
 
 }  // namespace nibble

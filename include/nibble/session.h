@@ -76,6 +76,11 @@ Status CheckKvMemory(const Model& model, int64_t context, int64_t max_memory);
 
 struct GenerateOptions {
   std::string prompt;  // may be empty: generation starts from BOS alone (on an empty session)
+  /// Token ids run instead of tokenizing `prompt` (a PrefixCache hit's remainder, a ChatTurns
+  /// turn, pre-tokenized input such as OpenAI's token-array prompt): exactly these ids, BOS only
+  /// where the caller put it. Empty = tokenize `prompt`. Errors: both set, an id outside the
+  /// vocabulary (names its index).
+  std::vector<int32_t> prompt_ids;
   int64_t max_new_tokens = 128;
   SamplingOptions sampling;
   int64_t warmup = 0;  // untimed prompt prefills before the timed run (benchmarks)
@@ -98,7 +103,8 @@ struct GenerateOptions {
 };
 
 /// ValidateSamplingOptions, then max_new_tokens >= 0, warmup >= 0, no empty stop string,
-/// top_logprobs in [0, kMaxTopLogprobs] and only with logprobs (named the same way).
+/// top_logprobs in [0, kMaxTopLogprobs] and only with logprobs, not both prompt and prompt_ids
+/// (named the same way; the ids' range needs the model: Generate checks it).
 Status ValidateGenerateOptions(const GenerateOptions& options, std::string_view name_prefix = "");
 
 struct GenerateStats {
@@ -249,14 +255,16 @@ Status StepBatch(const std::vector<BatchItem>& items, const CancellationToken* c
 /// tokens[i]. Errors as StepBatch's, and sizes that differ.
 Status StepBatch(const std::vector<Session*>& sessions, const std::vector<int32_t>& tokens);
 
-/// Tokenizes `options.prompt` (BOS only on an empty session), appends it to the session, then
+/// Tokenizes `options.prompt` (BOS only on an empty session) or takes `options.prompt_ids`
+/// as they are, appends them to the session, then
 /// samples up to max_new_tokens, streaming each token's event (the prompt is not echoed). The
 /// last token streamed is left for the next call to run first (so the context holds every token
-/// shown) unless generation ended at EOS or a stop id. The session is held for the whole call:
-/// calls into it from `on_token`, or from other threads meanwhile, are refused (and change
-/// nothing). Errors: prompt not UTF-8, prompt longer
-/// than the remaining context, empty prompt without a BOS token, invalid options, the session in use by another call,
-/// kCancelled.
+/// shown) unless generation ended at EOS or a stop id. GenerateStats::cached_tokens is the
+/// session's position when the call began, whichever way the prompt came. The session is held
+/// for the whole call: calls into it from `on_token`, or from other threads meanwhile, are
+/// refused (and change nothing). Errors: prompt not UTF-8, a prompt_ids id outside the
+/// vocabulary, prompt longer than the remaining context, empty prompt without a BOS token,
+/// invalid options, the session in use by another call, kCancelled.
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TokenCallback& on_token);
 /// The same streaming text only: each non-empty TokenEvent::text.
 Result<GenerateStats> Generate(Session& session, const GenerateOptions& options, const TextCallback& on_text);

@@ -204,6 +204,8 @@ Status ValidateGenerateOptions(const GenerateOptions& o, std::string_view prefix
     return MakeError(p, "top_logprobs ", o.top_logprobs, " must be in [0, ", kMaxTopLogprobs, "]");
   if (o.top_logprobs > 0 && !o.logprobs)
     return MakeError(p, "top_logprobs ", o.top_logprobs, " needs ", p, "logprobs");
+  if (!o.prompt.empty() && !o.prompt_ids.empty())
+    return MakeError(p, "prompt and ", p, "prompt_ids are both given (", o.prompt_ids.size(), " ids): give one");
   return Status::Ok();
 }
 
@@ -317,6 +319,16 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 }
 
 
+// The ids of `prompt_ids`, checked against the vocabulary (Prefill would reject them too, but
+// without saying which entry).
+Result<std::vector<int32_t>> CheckedPromptIds(const Model& model, const std::vector<int32_t>& ids) {
+  const int64_t vocab = model.info().vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      return MakeError("prompt_ids[", i, "] = ", ids[i], " is outside the vocabulary [0, ", vocab, ")");
+  return ids;
+}
+
 // The prompt's ids for `session`: BOS (the tokenizer's special tokens) only at position 0.
 Result<std::vector<int32_t>> PromptIds(const Session& session, const std::string& prompt) {
   const Tokenizer& tok = ModelAccess::tokenizer(session.model());
@@ -410,7 +422,9 @@ Result<GenerateStats> Generate(Session& session, const GenerateOptions& options,
   SessionUse use(session.impl_->in_use, "Generate");
   if (!use.held()) return use.Refusal("Generate");
   NIBBLE_RETURN_IF_ERROR(ValidateGenerateOptions(options));
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptIds(session, options.prompt));
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, options.prompt_ids.empty()
+                                                            ? PromptIds(session, options.prompt)
+                                                            : CheckedPromptIds(session.model(), options.prompt_ids));
   Session::Impl& impl = *session.impl_;
   GenerateStats stats;
   stats.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -465,7 +479,8 @@ Result<GenerateStats> Generate(const Model& model, const GenerateOptions& option
 
 Result<GenerateStats> Generate(const Model& model, const GenerateOptions& options, const TokenCallback& on_token) {
   NIBBLE_RETURN_IF_ERROR(ValidateGenerateOptions(options));
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, PromptTokens(model, options.prompt));
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, options.prompt_ids.empty() ? PromptTokens(model, options.prompt)
+                                                                                  : CheckedPromptIds(model, options.prompt_ids));
   const int64_t max_pos = model.info().max_position_embeddings;
   SessionOptions so;
   so.context = std::max<int64_t>(1, std::min<int64_t>(max_pos, static_cast<int64_t>(prompt.size()) + options.max_new_tokens));

@@ -428,4 +428,84 @@ TEST(TokenEvents, OptionsAreValidatedWithTheFieldNamed) {
   check(o, "--stop: empty stop string (entry 1)");
 }
 
+// GenerateOptions::prompt_ids: the ids of a text run as they are give what the text gives (the
+// reference: Generate from the text, which the tokenizer turns into the same ids), on an empty
+// session and after an earlier call; no BOS is added; cached_tokens is the position found.
+TEST(PromptIds, GenerateFromIdsEqualsGenerateFromTheText) {
+  const nibble::Model& m = Embedded();
+  const std::string first = "Once upon a time there was a dog", second = " who liked to run in the park.";
+  auto ids1 = m.Tokenize(first);
+  ASSERT_TRUE(ids1.ok());
+  ASSERT_EQ(ids1->front(), m.special_tokens().bos_id);
+  auto text_s = NewSession(m), ids_s = NewSession(m);
+  nibble::GenerateOptions by_ids = Greedy("", 6);
+  by_ids.prompt_ids = *ids1;
+  const Events a = RunEvents(*text_s, Greedy(first, 6)), b = RunEvents(*ids_s, by_ids);
+  ASSERT_EQ(a.events.size(), b.events.size());
+  for (size_t i = 0; i < a.events.size(); ++i) EXPECT_EQ(a.events[i].id, b.events[i].id) << "token " << i;
+  EXPECT_EQ(a.text, b.text);
+  EXPECT_EQ(b.stats.prompt_tokens, static_cast<int64_t>(ids1->size()));
+  EXPECT_EQ(a.stats.prompt_tokens, b.stats.prompt_tokens);
+  EXPECT_EQ(b.stats.cached_tokens, 0);
+  EXPECT_EQ(text_s->tokens(), ids_s->tokens());
+
+  // A second turn on each: the token left to run and the new ids, cached_tokens the held positions.
+  const int64_t held = ids_s->position();
+  const Events c = RunEvents(*text_s, Greedy(second, 6));
+  // The ids the second text tokenized to, after the token the first call left to run.
+  const auto from = held + (a.stats.stop_reason == nibble::StopReason::kLength ? 1 : 0);
+  ASSERT_GE(static_cast<int64_t>(text_s->tokens().size()), from + c.stats.prompt_tokens);
+  const std::vector<int32_t> ids2(text_s->tokens().begin() + from, text_s->tokens().begin() + from + c.stats.prompt_tokens);
+  by_ids.prompt_ids = ids2;
+  const Events d = RunEvents(*ids_s, by_ids);
+  EXPECT_EQ(c.text, d.text);
+  EXPECT_EQ(d.stats.cached_tokens, held);
+  EXPECT_EQ(c.stats.cached_tokens, d.stats.cached_tokens);
+  EXPECT_EQ(d.stats.prompt_tokens, static_cast<int64_t>(ids2.size()));
+  EXPECT_EQ(text_s->tokens(), ids_s->tokens());
+
+  // Exactly the ids given: no BOS on an empty session unless the caller put it first.
+  auto bare = NewSession(m);
+  by_ids.prompt_ids = ids2;
+  const Events e = RunEvents(*bare, by_ids);
+  EXPECT_EQ(e.stats.prompt_tokens, static_cast<int64_t>(ids2.size()));
+  EXPECT_EQ(std::vector<int32_t>(bare->tokens().begin(), bare->tokens().begin() + static_cast<std::ptrdiff_t>(ids2.size())), ids2);
+
+  // Generate over the model sizes its session from the ids.
+  by_ids.prompt_ids = *ids1;
+  std::string text;
+  auto f = nibble::Generate(m, by_ids, [&](std::string_view piece) {
+    text += piece;
+    return true;
+  });
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_EQ(text, a.text);
+}
+
+TEST(PromptIds, BadIdsAndBothPromptsAreNamedErrorsThatChangeNothing) {
+  const nibble::Model& m = Embedded();
+  const auto vocab = static_cast<int32_t>(m.info().vocab_size);
+  auto s = NewSession(m);
+  nibble::GenerateOptions o = Greedy("Once", 2);
+  o.prompt_ids = {1, 5};
+  auto r = nibble::Generate(*s, o, [](std::string_view) { return true; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("prompt and prompt_ids are both given (2 ids): give one"), std::string::npos) << r.error().message;
+  const nibble::Status v = nibble::ValidateGenerateOptions(o, "--");
+  ASSERT_FALSE(v.ok());
+  EXPECT_NE(v.error().message.find("--prompt and --prompt_ids"), std::string::npos) << v.error().message;
+  o.prompt.clear();
+  for (const int32_t bad : {vocab, -1}) {
+    o.prompt_ids = {1, 5, bad};
+    r = nibble::Generate(*s, o, [](std::string_view) { return true; });
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().message, "prompt_ids[2] = " + std::to_string(bad) + " is outside the vocabulary [0, " +
+                                     std::to_string(vocab) + ")");
+    EXPECT_EQ(s->position(), 0);
+  }
+  r = nibble::Generate(m, o, [](std::string_view) { return true; });
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("prompt_ids[2] = -1 is outside the vocabulary"), std::string::npos) << r.error().message;
+}
+
 }  // namespace

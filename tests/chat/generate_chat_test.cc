@@ -1,5 +1,6 @@
 // `nibble generate --chat` on the embedded SentencePiece model (no chat_template of its own)
 // with a template from a file: two turns from stdin, the KV cache kept between them.
+#include <algorithm>
 #include <fstream>
 #include <regex>
 #include <string>
@@ -33,29 +34,50 @@ std::vector<ChatTurnStats> ParseChatTurns(const std::string& out) {
   return turns;
 }
 
+// Token ids as `nibble tokenize` gives them (with BOS), a JSON array.
+size_t TokenCount(const std::string& text_file) {
+  const auto r = nibble_test::RunNibble("tokenize -m " + nibble_test::Quote(nibble_test::EmbeddedModel()) + " -f " +
+                                        nibble_test::Quote(text_file));
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  return r.out.empty() ? 0 : static_cast<size_t>(std::count(r.out.begin(), r.out.end(), ',')) + 1;
+}
+
 TEST(GenerateChat, TwoTurnsReuseTheKvCache) {
   nibble_test::TempDir dir("nibble_chat_cli_");
-  const std::string tmpl = dir.path() + "/chat.jinja";
+  const std::string tmpl = dir.path() + "/chat.jinja", err = dir.path() + "/stderr.txt";
   std::ofstream(tmpl) << kChatTestTemplate;
+  const std::string system = "You tell short stories about animals living on a farm near the river.";
+  const std::string user1 = "Once upon a time there was a dog.", user2 = "What did the dog do next?";
   const auto r = nibble_test::RunCommand(
-      "printf 'Once upon a time there was a dog.\\nWhat did the dog do next?\\n' | " +
-      nibble_test::Quote(nibble_test::NibbleBinary()) + " generate -m " + nibble_test::Quote(nibble_test::EmbeddedModel()) +
-      " --chat --chat_template " + nibble_test::Quote(tmpl) +
-      " --system 'You tell short stories about animals living on a farm near the river.' -n 8 --temperature 0 -t 2"
-      " --chat_template_kwargs '{\"speaker\": \"Assistant\"}' 2>&1");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  const std::vector<ChatTurnStats> turns = ParseChatTurns(r.out);
-  ASSERT_EQ(turns.size(), 2u) << r.out;
+      "printf '" + user1 + "\\n" + user2 + "\\n' | " + nibble_test::Quote(nibble_test::NibbleBinary()) + " generate -m " +
+      nibble_test::Quote(nibble_test::EmbeddedModel()) + " --chat --chat_template " + nibble_test::Quote(tmpl) +
+      " --system '" + system + "' -n 8 --temperature 0 -t 2" +
+      " --chat_template_kwargs '{\"speaker\": \"Assistant\"}' 2>" + nibble_test::Quote(err));
+  const std::string log = nibble_test::ReadFile(err);
+  ASSERT_EQ(r.exit_code, 0) << r.out << log;
+  const std::vector<ChatTurnStats> turns = ParseChatTurns(log);
+  ASSERT_EQ(turns.size(), 2u) << log;
   EXPECT_EQ(turns[0].reused, 0);
-  EXPECT_EQ(r.out.find("re-prefilling"), std::string::npos) << r.out;
-  // Turn 2 starts where turn 1 left the cache: its prompt and every reply token (a reply cut by
-  // -n leaves its last token to be run with the next prompt).
-  const long long generated1 = turns[0].decoded + 1;
-  EXPECT_EQ(turns[1].reused, turns[0].prefill + generated1 - (turns[0].stop == "eos" || turns[0].stop == "stop_token" ? 0 : 1)) << r.out;
-  // ... and prefills only the new text: the end-of-turn marker, the user line and the assistant
-  // header, far fewer tokens than the conversation so far.
-  EXPECT_GT(turns[1].prefill, 5);
-  EXPECT_LT(turns[1].prefill, turns[0].prefill) << r.out;
+  // The replies, one a line on stdout; the whole render of each turn written out by hand
+  // (trim_blocks, as Transformers renders) and tokenized by `nibble tokenize`.
+  const size_t eol = r.out.find('\n');
+  ASSERT_NE(eol, std::string::npos) << r.out;
+  const std::string reply1 = r.out.substr(0, eol);
+  const std::string render1 = system + "\nUser:" + user1 + "<|end|>\nAssistant:";
+  const std::string render2 = render1 + reply1 + "<|end|>\nUser:" + user2 + "<|end|>\nAssistant:";
+  std::ofstream(dir.path() + "/r1.txt", std::ios::binary) << render1;
+  std::ofstream(dir.path() + "/r2.txt", std::ios::binary) << render2;
+  const auto n1 = static_cast<long long>(TokenCount(dir.path() + "/r1.txt"));
+  const auto n2 = static_cast<long long>(TokenCount(dir.path() + "/r2.txt"));
+  EXPECT_EQ(turns[0].prefill, n1) << log;
+  // Turn 2 keeps the common token prefix of what turn 1 left in the cache (its prompt and the
+  // reply's tokens but the last, which a reply cut by -n leaves unrun) and prefills the rest
+  // of the whole render: at least turn 1's prompt is kept, at most what the cache held.
+  const long long held1 = turns[0].prefill + turns[0].decoded + 1 - (turns[0].stop == "eos" || turns[0].stop == "stop_token" ? 0 : 1);
+  EXPECT_EQ(turns[1].reused + turns[1].prefill, n2) << log;
+  EXPECT_GE(turns[1].reused, n1) << log;
+  EXPECT_LE(turns[1].reused, held1) << log;
+  EXPECT_LT(turns[1].prefill, turns[0].prefill) << log;
 }
 
 // A conversation that outgrows --ctx_size ends at a turn boundary with a message, exit 0.

@@ -1,10 +1,15 @@
-// The chat loop: read a user line, let the library's ChatTurns give the prompt past the cached
-// prefix, generate until an end-of-turn marker, print the reply and the turn's statistics.
+// The chat loop: read a user line, let the library's ChatTurns give the prompt ids past the
+// cached prefix, generate until an end-of-turn marker, print the reply and the turn's statistics.
+// Ctrl-C / SIGTERM during a reply (CancelOnSignal, installed for the Generate call only, so that
+// at the input line a Ctrl-C keeps its default action) ends it and the chat: exit 130 / 143.
 #include "support/chat_loop.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "support/cancel_signal.h"
 
 namespace nibble_cli {
 
@@ -35,33 +40,35 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
     auto prompt = turns.NextPrompt(history);
     if (!prompt.ok()) return std::fprintf(stderr, "nibble: error: %s\n", prompt.error().message.c_str()), 1;
     if (prompt->cut)
-      std::fprintf(stderr, "chat: the rendered conversation differs from the cached text at byte %zu; re-prefilling from position %lld\n",
+      std::fprintf(stderr, "chat: the rendered conversation differs from the cached tokens at token %zu; re-prefilling from position %lld\n",
                    prompt->differs_at, static_cast<long long>(prompt->reused_positions));
     // A full context ends the chat at this turn boundary, as EOF does (the reply would not fit).
-    auto need = s.PromptPositions(prompt->text);
-    if (!need.ok()) return std::fprintf(stderr, "nibble: error: %s\n", need.error().message.c_str()), 1;
-    if (s.position() + *need >= s.capacity()) {
+    const auto need = static_cast<int64_t>(prompt->ids.size());
+    if (s.position() + need >= s.capacity()) {
       std::fprintf(stderr, "chat: the conversation (%lld tokens) no longer fits the context of %lld positions (--ctx_size); ending the chat\n",
-                   static_cast<long long>(s.position() + *need), static_cast<long long>(s.capacity()));
+                   static_cast<long long>(s.position() + need), static_cast<long long>(s.capacity()));
       break;
     }
     nibble::GenerateOptions g;
-    g.prompt = prompt->text;
+    g.prompt_ids = prompt->ids;
     g.max_new_tokens = o.max_new_tokens;
     g.sampling = o.sampling;
     g.stop_ids = eot.ids;
     g.stop = eot.markers;
     std::string reply;
+    std::optional<CancelOnSignal> on_signal(std::in_place);
+    g.cancel = on_signal->token();
     auto stats = nibble::Generate(s, g, [&](std::string_view piece) {
       reply += piece;
       std::fwrite(piece.data(), 1, piece.size(), out);
       std::fflush(out);
       return true;
     });
+    on_signal.reset();
+    if (!stats.ok() && stats.error().code == nibble::ErrorCode::kCancelled) return FailCancelled(stats.error().message);
     if (!stats.ok()) return std::fprintf(stderr, "nibble: error: %s\n", stats.error().message.c_str()), 1;
     std::fputc('\n', out);
     std::fflush(out);
-    turns.AddReply(*stats, reply, stats->stop_string);
     history.push_back({"assistant", reply});
     const int64_t decoded = stats->generated_tokens > 0 ? stats->generated_tokens - 1 : 0;
     std::fprintf(stderr,
@@ -72,6 +79,7 @@ int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, co
                  stats->decode_seconds > 0 ? decoded / stats->decode_seconds : 0.0,
                  stats->stop_reason == nibble::StopReason::kStopString ? ("end of turn \"" + stats->stop_string + "\"").c_str()
                                                                        : nibble::StopReasonName(stats->stop_reason));
+    if (stats->stop_reason == nibble::StopReason::kCancelled) return CancelledExitCode(CancelSignal());
   }
   return 0;
 }

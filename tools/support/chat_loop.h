@@ -1,6 +1,7 @@
 // `nibble generate --chat`: an interactive conversation over one Session. Each user line is a
-// turn; the library's ChatTurns (<nibble/chat.h>) renders the whole conversation every turn and
-// gives only the text beyond what the session's KV cache already holds.
+// turn; the library's ChatTurns (<nibble/chat.h>) renders and tokenizes the whole conversation
+// every turn and gives only the ids past the longest common prefix the session's KV cache holds.
+// Ctrl-C / SIGTERM during a reply ends it (what was generated is printed) and the chat.
 #pragma once
 
 #include <cstdio>
@@ -22,7 +23,8 @@ struct ChatLoopOptions {
 };
 
 /// Reads user turns from `in` (one line each, until EOF), prints each reply on `out` followed by
-/// a newline, per-turn statistics on stderr. Returns the process exit code (errors on stderr).
+/// a newline, per-turn statistics on stderr. Returns the process exit code (errors on stderr;
+/// 130 / 143 after a Ctrl-C / SIGTERM during a reply).
 int RunChatLoop(const nibble::Model& model, const nibble::ChatTemplate& tmpl, const ChatLoopOptions& options,
                 std::FILE* in, std::FILE* out);
 
