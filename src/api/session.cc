@@ -142,7 +142,7 @@ Status StepBatch(const std::vector<BatchItem>& items, const CancellationToken* c
   std::vector<std::unique_ptr<SessionUse>> uses;  // every session held for the whole step
   for (size_t i = 0; i < items.size(); ++i) {
     uses.push_back(std::make_unique<SessionUse>(items[i].session->impl_->in_use, "StepBatch"));
-    if (!uses.back()->held()) return uses.back()->Refusal("StepBatch", "sequence " + std::to_string(i) + "'s session");
+    if (!uses.back()->held()) return uses.back()->Refusal("StepBatch", "session " + std::to_string(i));
   }
   ScopedThreads threads(items[0].session->impl_->threads);
   const LlamaModel& llama = ModelAccess::llama(*model);
