@@ -4,6 +4,11 @@
 // previous handlers come back after.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "support/cancel_signal.h"
 
@@ -80,5 +85,39 @@ TEST(CancelOnSignal, AnIgnoredSigintStaysIgnored) {
   EXPECT_EQ(Handler(SIGINT), SIG_IGN);
   sigaction(SIGINT, &saved, nullptr);
 }
+
+#if defined(__x86_64__) && defined(__linux__)
+// Sends `sig` to this thread (tgkill) with RSP pointing to `sp`, as oneDNN's JIT sgemm kernels
+// run with RSP inside a heap workspace; the signal is delivered on the syscall's return.
+void SignalWithStackAt(unsigned char* sp, int sig) {
+  long ret = SYS_tgkill;
+  asm volatile(
+      "mov %%rsp, %%r12\n\t"
+      "mov %[sp], %%rsp\n\t"
+      "syscall\n\t"
+      "mov %%r12, %%rsp\n\t"
+      : "+a"(ret)
+      : "D"(static_cast<long>(getpid())), "S"(static_cast<long>(gettid())), "d"(static_cast<long>(sig)), [sp] "r"(sp)
+      : "rcx", "r11", "r12", "memory", "cc");
+  ASSERT_EQ(ret, 0);
+}
+
+// The handler's frame goes on its own stack, never below the interrupted code's RSP: a signal
+// taken inside a oneDNN JIT GEMM (RSP in a heap block) used to write its frame into the heap and
+// abort a cancelled quantize with "corrupted size vs. prev_size".
+TEST(CancelOnSignal, TheHandlerDoesNotWriteBelowTheInterruptedStackPointer) {
+  const struct sigaction saved = SetHandler(SIGINT, SIG_DFL);
+  std::vector<unsigned char> block(64 * 1024, 0xA5);  // stands for the JIT kernel's workspace
+  {
+    const CancelOnSignal interrupt;
+    SignalWithStackAt(block.data() + block.size() - 256, SIGINT);
+    EXPECT_TRUE(interrupt.token()->cancelled());
+    EXPECT_EQ(nibble_cli::CancelSignal(), SIGINT);
+  }
+  sigaction(SIGINT, &saved, nullptr);
+  const auto changed = std::count_if(block.begin(), block.end(), [](unsigned char b) { return b != 0xA5; });
+  EXPECT_EQ(changed, 0) << "the signal frame was written below the interrupted RSP";
+}
+#endif
 
 }  // namespace

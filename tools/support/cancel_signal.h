@@ -13,8 +13,9 @@
 namespace nibble_cli {
 
 /// Installs the SIGINT / SIGTERM handlers for its lifetime (the previous ones come back after);
-/// a signal the process ignores (a background job's SIGINT) stays ignored. One at a time per
-/// process.
+/// a signal the process ignores (a background job's SIGINT) stays ignored. The handlers run on an
+/// alternate signal stack of the constructing thread (the main thread, which receives the
+/// process's signals). One at a time per process.
 class CancelOnSignal {
  public:
   CancelOnSignal();
