@@ -26,7 +26,7 @@ const nibble::Model& Embedded() {
   return *model;
 }
 
-nibble::GenerateOptions Greedy(const std::string& prompt, int64_t n) {
+nibble::GenerateOptions GreedyEvents(const std::string& prompt, int64_t n) {
   nibble::GenerateOptions o;
   o.prompt = prompt;
   o.max_new_tokens = n;
@@ -52,7 +52,7 @@ Events RunEvents(nibble::Session& s, const nibble::GenerateOptions& o) {
   return r;
 }
 
-std::unique_ptr<nibble::Session> NewSession(const nibble::Model& m, int64_t context = 0) {
+std::unique_ptr<nibble::Session> NewEventSession(const nibble::Model& m, int64_t context = 0) {
   nibble::SessionOptions so;
   so.context = context;
   auto s = nibble::Session::Create(m, so);
@@ -101,9 +101,9 @@ void ExpectLogprobs(const nibble::TokenEvent& ev, const std::vector<double>& ref
 TEST(TokenEvents, LogprobsAreTheLogSoftmaxOfTheLogits) {
   const nibble::Model& m = Embedded();
   for (float penalty : {1.0f, 1.5f}) {
-    auto s = NewSession(m), replay = NewSession(m);
+    auto s = NewEventSession(m), replay = NewEventSession(m);
     ASSERT_TRUE(s && replay);
-    auto o = Greedy("And God said unto Moses", 16);
+    auto o = GreedyEvents("And God said unto Moses", 16);
     o.logprobs = true;
     o.top_logprobs = 5;
     o.sampling.repeat_penalty = penalty;
@@ -128,10 +128,10 @@ TEST(TokenEvents, LogprobsAreTheLogSoftmaxOfTheLogits) {
 TEST(TokenEvents, TextsConcatenateToTheTextStream) {
   const nibble::Model& m = Embedded();
   for (const std::string& prompt : {std::string("And God said"), std::string("Le café était déjà là, naïf —")}) {
-    auto o = Greedy(prompt, 24);
+    auto o = GreedyEvents(prompt, 24);
     o.sampling.temperature = 1.5f;  // wander into rarer pieces
     o.sampling.seed = 3;
-    auto a = NewSession(m), b = NewSession(m);
+    auto a = NewEventSession(m), b = NewEventSession(m);
     ASSERT_TRUE(a && b);
     const Events r = RunEvents(*a, o);
     std::string streamed;
@@ -156,9 +156,9 @@ TEST(TokenEvents, TextsConcatenateToTheTextStream) {
 // first half is held back in its token's event), and stats name it.
 TEST(TokenEvents, StopStringSpanningTwoTokens) {
   const nibble::Model& m = Embedded();
-  auto ref_session = NewSession(m);
+  auto ref_session = NewEventSession(m);
   ASSERT_TRUE(ref_session);
-  const Events full = RunEvents(*ref_session, Greedy("And God said", 32));
+  const Events full = RunEvents(*ref_session, GreedyEvents("And God said", 32));
   // Two neighbouring events with two or more bytes of text each, whose joint 4 bytes first occur there.
   size_t offset = 0, k = 0;
   std::string stop;
@@ -170,8 +170,8 @@ TEST(TokenEvents, StopStringSpanningTwoTokens) {
     if (full.text.find(s) == offset + a.size() - 2 && ValidUtf8(s)) stop = s, k = i;
   }
   ASSERT_FALSE(stop.empty()) << full.text;
-  auto s = NewSession(m);
-  auto o = Greedy("And God said", 32);
+  auto s = NewEventSession(m);
+  auto o = GreedyEvents("And God said", 32);
   o.stop = {"never in this text", stop};
   const Events r = RunEvents(*s, o);
   EXPECT_EQ(r.stats.stop_reason, nibble::StopReason::kStopString);
@@ -203,9 +203,9 @@ TEST(TokenEvents, EosEndsGeneration) {
   auto m = nibble_test::LoadOrFail(tmp.path());
   ASSERT_NE(m, nullptr);
   ASSERT_EQ(m->special_tokens().eos_ids, std::vector<int32_t>{2});
-  auto s = NewSession(*m);
+  auto s = NewEventSession(*m);
   ASSERT_TRUE(s && s->Prefill({1, 5}).ok());
-  const Events r = RunEvents(*s, Greedy("", 10));
+  const Events r = RunEvents(*s, GreedyEvents("", 10));
   ASSERT_EQ(r.events.size(), 2u);
   EXPECT_EQ(r.events[0].id, 4);
   EXPECT_EQ(r.events[1].id, 3);
@@ -218,15 +218,15 @@ TEST(TokenEvents, EosEndsGeneration) {
 // The other stop reasons: length, a stop id, a full context, the callback, a cancel after tokens.
 TEST(TokenEvents, EveryOtherStopReason) {
   const nibble::Model& m = Embedded();
-  auto s = NewSession(m);
+  auto s = NewEventSession(m);
   ASSERT_TRUE(s);
-  const Events len = RunEvents(*s, Greedy("And God said", 4));
+  const Events len = RunEvents(*s, GreedyEvents("And God said", 4));
   EXPECT_EQ(len.stats.stop_reason, nibble::StopReason::kLength);
   EXPECT_STREQ(nibble::FinishReason(len.stats.stop_reason), "length");
   EXPECT_EQ(len.events.size(), 4u);
 
-  s = NewSession(m);
-  auto o = Greedy("And God said", 8);
+  s = NewEventSession(m);
+  auto o = GreedyEvents("And God said", 8);
   o.stop_ids = {len.events[2].id};
   const size_t first = static_cast<size_t>(
       std::find_if(len.events.begin(), len.events.end(), [&](const auto& e) { return e.id == o.stop_ids[0]; }) - len.events.begin());
@@ -235,27 +235,27 @@ TEST(TokenEvents, EveryOtherStopReason) {
   EXPECT_EQ(stop_id.stats.stop_token, o.stop_ids[0]);
   EXPECT_EQ(stop_id.stats.generated_tokens, static_cast<int64_t>(first));
 
-  auto small = NewSession(m, 8);
+  auto small = NewEventSession(m, 8);
   ASSERT_TRUE(small);
-  const Events full = RunEvents(*small, Greedy("And God said", 100));
+  const Events full = RunEvents(*small, GreedyEvents("And God said", 100));
   EXPECT_EQ(full.stats.stop_reason, nibble::StopReason::kContextFull);
   EXPECT_STREQ(nibble::StopReasonName(full.stats.stop_reason), "context_full");
   EXPECT_EQ(small->position(), 8);
 
-  s = NewSession(m);
+  s = NewEventSession(m);
   int calls = 0;
-  auto cb = nibble::Generate(*s, Greedy("And God said", 20), [&](const nibble::TokenEvent&) { return ++calls < 3; });
+  auto cb = nibble::Generate(*s, GreedyEvents("And God said", 20), [&](const nibble::TokenEvent&) { return ++calls < 3; });
   ASSERT_TRUE(cb.ok());
   EXPECT_EQ(cb->stop_reason, nibble::StopReason::kCallback);
   EXPECT_EQ(cb->generated_tokens, 3);
 
   // A cancel after tokens were streamed ends generation with them; the session goes on from there.
-  s = NewSession(m);
-  auto ref = NewSession(m);
+  s = NewEventSession(m);
+  auto ref = NewEventSession(m);
   ASSERT_TRUE(ref);
-  const Events whole = RunEvents(*ref, Greedy("And God said", 6));
+  const Events whole = RunEvents(*ref, GreedyEvents("And God said", 6));
   nibble::CancellationToken cancel;
-  o = Greedy("And God said", 6);
+  o = GreedyEvents("And God said", 6);
   o.cancel = &cancel;
   std::vector<int32_t> ids;
   auto c = nibble::Generate(*s, o, [&](const nibble::TokenEvent& ev) {
@@ -271,7 +271,7 @@ TEST(TokenEvents, EveryOtherStopReason) {
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(ids[i], whole.events[i].id);
   // Both sessions continue with the same text from the same context.
   const int64_t pos = s->position();
-  auto more = nibble::Generate(*s, Greedy(" and", 4), [](std::string_view) { return true; });
+  auto more = nibble::Generate(*s, GreedyEvents(" and", 4), [](std::string_view) { return true; });
   ASSERT_TRUE(more.ok()) << more.error().message;
   EXPECT_GT(s->position(), pos);
 }
@@ -279,15 +279,15 @@ TEST(TokenEvents, EveryOtherStopReason) {
 // Cancelled before the first token: an error with kCancelled, and the session as it was.
 TEST(TokenEvents, CancelBeforeTheFirstTokenIsAnErrorAndChangesNothing) {
   const nibble::Model& m = Embedded();
-  auto s = NewSession(m), ref = NewSession(m);
+  auto s = NewEventSession(m), ref = NewEventSession(m);
   ASSERT_TRUE(s && ref);
-  RunEvents(*s, Greedy("And God said", 3));
-  RunEvents(*ref, Greedy("And God said", 3));
+  RunEvents(*s, GreedyEvents("And God said", 3));
+  RunEvents(*ref, GreedyEvents("And God said", 3));
   const int64_t pos = s->position();
   const std::vector<float> logits = s->logits();
   nibble::CancellationToken cancel;
   cancel.Cancel();
-  auto o = Greedy(" unto Moses", 5);
+  auto o = GreedyEvents(" unto Moses", 5);
   o.cancel = &cancel;
   int calls = 0;
   auto r = nibble::Generate(*s, o, [&](const nibble::TokenEvent&) { return ++calls > 0; });
@@ -296,7 +296,7 @@ TEST(TokenEvents, CancelBeforeTheFirstTokenIsAnErrorAndChangesNothing) {
   EXPECT_EQ(calls, 0);
   EXPECT_EQ(s->position(), pos);
   EXPECT_EQ(s->logits(), logits);
-  const Events a = RunEvents(*s, Greedy(" unto Moses", 5)), b = RunEvents(*ref, Greedy(" unto Moses", 5));
+  const Events a = RunEvents(*s, GreedyEvents(" unto Moses", 5)), b = RunEvents(*ref, GreedyEvents(" unto Moses", 5));
   EXPECT_EQ(a.text, b.text);
   EXPECT_EQ(a.stats.prompt_tokens, b.stats.prompt_tokens);
 }
@@ -305,7 +305,7 @@ TEST(TokenEvents, CancelBeforeTheFirstTokenIsAnErrorAndChangesNothing) {
 // as before (the repeat penalty's history too: the next greedy choice with a penalty is unchanged).
 TEST(TokenEvents, CancelledPrefillAndStepChangeNothing) {
   const nibble::Model& m = Embedded();
-  auto s = NewSession(m);
+  auto s = NewEventSession(m);
   ASSERT_TRUE(s && s->Prefill({1, 365, 581, 558}).ok());
   const std::vector<float> logits = s->logits();
   nibble::CancellationToken cancel;
@@ -318,7 +318,7 @@ TEST(TokenEvents, CancelledPrefillAndStepChangeNothing) {
   EXPECT_EQ(s->position(), 4);
   EXPECT_EQ(s->logits(), logits);
   ASSERT_TRUE(s->Step(437, nullptr).ok());
-  auto fresh = NewSession(m);
+  auto fresh = NewEventSession(m);
   ASSERT_TRUE(fresh && fresh->Prefill({1, 365, 581, 558, 437}).ok());
   EXPECT_EQ(s->position(), fresh->position());
   nibble::SamplingOptions o;
@@ -333,23 +333,23 @@ TEST(TokenEvents, CancelFromAnotherThreadMidPrefill) {
   const nibble::Model& m = Embedded();
   std::string long_prompt;
   for (int i = 0; i < 40; ++i) long_prompt += "And the king said unto the people. ";
-  auto untouched = NewSession(m);
+  auto untouched = NewEventSession(m);
   ASSERT_TRUE(untouched);
-  RunEvents(*untouched, Greedy("And God said", 3));
+  RunEvents(*untouched, GreedyEvents("And God said", 3));
   const int64_t old = untouched->position();
   ASSERT_LT(old + *untouched->PromptPositions(long_prompt) + 4, untouched->capacity());
   // The prefill's length, to aim the cancel into it.
-  auto timing = NewSession(m);
+  auto timing = NewEventSession(m);
   ASSERT_TRUE(timing);
-  RunEvents(*timing, Greedy("And God said", 3));
-  const double prefill = RunEvents(*timing, Greedy(long_prompt, 1)).stats.prefill_seconds;
+  RunEvents(*timing, GreedyEvents("And God said", 3));
+  const double prefill = RunEvents(*timing, GreedyEvents(long_prompt, 1)).stats.prefill_seconds;
   bool landed = false;
   for (int attempt = 0; attempt < 60 && !landed; ++attempt) {
-    auto s = NewSession(m);
+    auto s = NewEventSession(m);
     ASSERT_TRUE(s);
-    RunEvents(*s, Greedy("And God said", 3));
+    RunEvents(*s, GreedyEvents("And God said", 3));
     nibble::CancellationToken cancel;
-    auto o = Greedy(long_prompt, 4);
+    auto o = GreedyEvents(long_prompt, 4);
     o.cancel = &cancel;
     const double frac = 0.1 + 0.8 * ((attempt * 7) % 10) / 10.0;
     std::thread t([&] {
@@ -364,7 +364,7 @@ TEST(TokenEvents, CancelFromAnotherThreadMidPrefill) {
     const std::string& msg = r.error().message;
     if (msg.find("before layer ") == std::string::npos || msg.find("before layer 0") != std::string::npos) continue;
     landed = true;
-    const Events a = RunEvents(*s, Greedy(" and", 8)), b = RunEvents(*untouched, Greedy(" and", 8));
+    const Events a = RunEvents(*s, GreedyEvents(" and", 8)), b = RunEvents(*untouched, GreedyEvents(" and", 8));
     ASSERT_EQ(a.events.size(), b.events.size());
     for (size_t i = 0; i < a.events.size(); ++i) EXPECT_EQ(a.events[i].id, b.events[i].id) << "token " << i;
     EXPECT_EQ(s->position(), untouched->position());
@@ -437,10 +437,10 @@ TEST(PromptIds, GenerateFromIdsEqualsGenerateFromTheText) {
   auto ids1 = m.Tokenize(first);
   ASSERT_TRUE(ids1.ok());
   ASSERT_EQ(ids1->front(), m.special_tokens().bos_id);
-  auto text_s = NewSession(m), ids_s = NewSession(m);
-  nibble::GenerateOptions by_ids = Greedy("", 6);
+  auto text_s = NewEventSession(m), ids_s = NewEventSession(m);
+  nibble::GenerateOptions by_ids = GreedyEvents("", 6);
   by_ids.prompt_ids = *ids1;
-  const Events a = RunEvents(*text_s, Greedy(first, 6)), b = RunEvents(*ids_s, by_ids);
+  const Events a = RunEvents(*text_s, GreedyEvents(first, 6)), b = RunEvents(*ids_s, by_ids);
   ASSERT_EQ(a.events.size(), b.events.size());
   for (size_t i = 0; i < a.events.size(); ++i) EXPECT_EQ(a.events[i].id, b.events[i].id) << "token " << i;
   EXPECT_EQ(a.text, b.text);
@@ -451,7 +451,7 @@ TEST(PromptIds, GenerateFromIdsEqualsGenerateFromTheText) {
 
   // A second turn on each: the token left to run and the new ids, cached_tokens the held positions.
   const int64_t held = ids_s->position();
-  const Events c = RunEvents(*text_s, Greedy(second, 6));
+  const Events c = RunEvents(*text_s, GreedyEvents(second, 6));
   // The ids the second text tokenized to, after the token the first call left to run.
   const auto from = held + (a.stats.stop_reason == nibble::StopReason::kLength ? 1 : 0);
   ASSERT_GE(static_cast<int64_t>(text_s->tokens().size()), from + c.stats.prompt_tokens);
@@ -465,7 +465,7 @@ TEST(PromptIds, GenerateFromIdsEqualsGenerateFromTheText) {
   EXPECT_EQ(text_s->tokens(), ids_s->tokens());
 
   // Exactly the ids given: no BOS on an empty session unless the caller put it first.
-  auto bare = NewSession(m);
+  auto bare = NewEventSession(m);
   by_ids.prompt_ids = ids2;
   const Events e = RunEvents(*bare, by_ids);
   EXPECT_EQ(e.stats.prompt_tokens, static_cast<int64_t>(ids2.size()));
@@ -485,8 +485,8 @@ TEST(PromptIds, GenerateFromIdsEqualsGenerateFromTheText) {
 TEST(PromptIds, BadIdsAndBothPromptsAreNamedErrorsThatChangeNothing) {
   const nibble::Model& m = Embedded();
   const auto vocab = static_cast<int32_t>(m.info().vocab_size);
-  auto s = NewSession(m);
-  nibble::GenerateOptions o = Greedy("Once", 2);
+  auto s = NewEventSession(m);
+  nibble::GenerateOptions o = GreedyEvents("Once", 2);
   o.prompt_ids = {1, 5};
   auto r = nibble::Generate(*s, o, [](std::string_view) { return true; });
   ASSERT_FALSE(r.ok());

@@ -23,7 +23,7 @@
 
 namespace {
 
-nibble::GenerateOptions Greedy(const std::string& prompt, int64_t n) {
+nibble::GenerateOptions GreedyOnThreads(const std::string& prompt, int64_t n) {
   nibble::GenerateOptions o;
   o.prompt = prompt;
   o.max_new_tokens = n;
@@ -43,7 +43,7 @@ bool RefusedAsInUse(const nibble::Status& s) {
 TEST(SessionThreads, CallsWhileGenerateRunsAreRefusedAndChangeNothing) {
   auto m = nibble_test::LoadOrFail(nibble_test::EmbeddedModel());
   ASSERT_NE(m, nullptr);
-  const auto o = Greedy("In the beginning God created", 10);
+  const auto o = GreedyOnThreads("In the beginning God created", 10);
   std::string want;
   ASSERT_TRUE(nibble::Generate(*m, o, [&](std::string_view p) {
     want += p;
@@ -73,14 +73,14 @@ TEST(SessionThreads, CallsWhileGenerateRunsAreRefusedAndChangeNothing) {
       from_thread.push_back(StatusOf(s.Sample(o.sampling)));
       from_thread.push_back(s.Truncate(0));
       from_thread.push_back(StatusOf(s.PromptPositions("x")));
-      from_thread.push_back(StatusOf(nibble::Generate(s, Greedy("x", 2), [](std::string_view) { return true; })));
+      from_thread.push_back(StatusOf(nibble::Generate(s, GreedyOnThreads("x", 2), [](std::string_view) { return true; })));
       from_thread.push_back(nibble::StepBatch({other->get(), &s}, {5, 6}));
     });
     t.join();
     // The callback's own thread: re-entrant calls are refused too.
     reentrant.push_back(s.Step(5));
     reentrant.push_back(s.Truncate(1));
-    reentrant.push_back(StatusOf(nibble::Generate(s, Greedy("x", 2), [](std::string_view) { return true; })));
+    reentrant.push_back(StatusOf(nibble::Generate(s, GreedyOnThreads("x", 2), [](std::string_view) { return true; })));
     pos_after = s.position();
     return true;
   });
@@ -136,7 +136,7 @@ class WideHeadModel {
   std::unique_ptr<nibble::Model> model_;
 };
 
-std::vector<int32_t> Ids(int64_t n, int32_t seed) {
+std::vector<int32_t> ThreadTestIds(int64_t n, int32_t seed) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(1 + (seed * 7919 + i * 104729) % 4000);
   return ids;
@@ -171,9 +171,9 @@ TEST(SessionThreads, SessionsOnManyThreadsMatchThemOneAfterAnother) {
   constexpr int kThreads = 4;
   std::vector<std::vector<std::vector<float>>> alone(kThreads), together(kThreads);
   // Prompts of 100 rows run the int4 linears' tiled dequantize + GEMM path, steps the kernels.
-  for (int i = 0; i < kThreads; ++i) alone[i] = RunSession(*m, Ids(100 + 10 * i, i), 3);
+  for (int i = 0; i < kThreads; ++i) alone[i] = RunSession(*m, ThreadTestIds(100 + 10 * i, i), 3);
   std::vector<std::thread> threads;
-  for (int i = 0; i < kThreads; ++i) threads.emplace_back([&, i] { together[i] = RunSession(*m, Ids(100 + 10 * i, i), 3); });
+  for (int i = 0; i < kThreads; ++i) threads.emplace_back([&, i] { together[i] = RunSession(*m, ThreadTestIds(100 + 10 * i, i), 3); });
   for (auto& t : threads) t.join();
   for (int i = 0; i < kThreads; ++i) {
     ASSERT_EQ(together[i].size(), alone[i].size());
@@ -200,7 +200,7 @@ TEST(SessionThreads, ScratchDoesNotGrowWithTheThreadsThatRanForwards) {
   ASSERT_NE(m, nullptr);
   // Large blocks always from mmap (freed back at once): the RSS then shows what is held.
   mallopt(M_MMAP_THRESHOLD, 256 * 1024);
-  const std::vector<int32_t> ids = Ids(200, 3);
+  const std::vector<int32_t> ids = ThreadTestIds(200, 3);
   auto work = [&] {
     nibble::SetNumThreads(1);
     auto logits = m->Logits(ids);

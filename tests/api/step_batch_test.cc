@@ -35,7 +35,7 @@ const nibble::Model& BatchTestModel() {
   return *model;
 }
 
-std::unique_ptr<nibble::Session> NewSession(const nibble::Model& m, int64_t context = 0) {
+std::unique_ptr<nibble::Session> NewBatchSession(const nibble::Model& m, int64_t context = 0) {
   nibble::SessionOptions o;
   o.context = context;
   auto s = nibble::Session::Create(m, o);
@@ -65,7 +65,7 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return diff / std::max(scale, 1e-30);
 }
 
-std::vector<int32_t> Ids(const nibble::Model& m, const std::string& text) {
+std::vector<int32_t> BatchTestIds(const nibble::Model& m, const std::string& text) {
   auto ids = m.Tokenize(text);
   EXPECT_TRUE(ids.ok());
   return ids.ok() ? *ids : std::vector<int32_t>{};
@@ -97,9 +97,9 @@ void CheckMixedSteps(const nibble::Model& m, double tolerance) {
   for (size_t i = 0; i < n; ++i) {
     std::string text = kPrompts[i];
     for (size_t r = 0; r < i; ++r) text += " " + kPrompts[(i + r + 1) % n];  // ~10 to ~150 tokens
-    prompts.push_back(Ids(m, text));
-    batch.push_back(NewSession(m));
-    solo.push_back(NewSession(m));
+    prompts.push_back(BatchTestIds(m, text));
+    batch.push_back(NewBatchSession(m));
+    solo.push_back(NewBatchSession(m));
   }
   std::vector<size_t> fed(n, 0);  // prompt tokens fed so far
   double worst = 0;
@@ -176,9 +176,9 @@ TEST(StepBatch, MixedStepsOnInt4WeightsMatchEachSequenceAlone) {
 // a step of one item is Prefill / Step bit for bit.
 TEST(StepBatch, SameRowCountGivesBitEqualLogitsWhateverElseIsInTheStep) {
   const nibble::Model& m = BatchTestModel();
-  const std::vector<int32_t> prompt = Ids(m, kPrompts[0]), other = Ids(m, kPrompts[2]);
-  auto a1 = NewSession(m), a2 = NewSession(m), a3 = NewSession(m), b = NewSession(m), c = NewSession(m),
-       d = NewSession(m);
+  const std::vector<int32_t> prompt = BatchTestIds(m, kPrompts[0]), other = BatchTestIds(m, kPrompts[2]);
+  auto a1 = NewBatchSession(m), a2 = NewBatchSession(m), a3 = NewBatchSession(m), b = NewBatchSession(m), c = NewBatchSession(m),
+       d = NewBatchSession(m);
   for (auto* s : {a1.get(), a2.get(), a3.get()}) ASSERT_TRUE(s->Prefill(prompt).ok());
   ASSERT_TRUE(b->Prefill(other).ok());
   ASSERT_TRUE(c->Prefill({1, 40, 50}).ok());
@@ -189,7 +189,7 @@ TEST(StepBatch, SameRowCountGivesBitEqualLogitsWhateverElseIsInTheStep) {
   ASSERT_TRUE(nibble::StepBatch({{a2.get(), chunk}, {d.get(), {90, 91, 92, 93}}}).ok());
   ASSERT_TRUE(nibble::StepBatch({{a3.get(), chunk}}).ok());
   EXPECT_EQ(a1->logits(), a2->logits());
-  auto alone = NewSession(m);
+  auto alone = NewBatchSession(m);
   ASSERT_TRUE(alone->Prefill(prompt).ok());
   ASSERT_TRUE(alone->Prefill(chunk).ok());
   EXPECT_EQ(a3->logits(), alone->logits());
@@ -217,7 +217,7 @@ TEST(StepBatch, RefusedBatchesChangeNoSession) {
   const nibble::Model& m = BatchTestModel();
   auto other_model = LoadEmbedded();
   ASSERT_NE(other_model, nullptr);
-  auto a = NewSession(m), b = NewSession(m), c = NewSession(m, 8), stranger = NewSession(*other_model);
+  auto a = NewBatchSession(m), b = NewBatchSession(m), c = NewBatchSession(m, 8), stranger = NewBatchSession(*other_model);
   ASSERT_TRUE(a->Prefill({1, 100}).ok());
   ASSERT_TRUE(b->Prefill({1}).ok());
   ASSERT_TRUE(c->Prefill({1, 2, 3, 4, 5, 6}).ok());
@@ -250,7 +250,7 @@ TEST(StepBatch, RefusedBatchesChangeNoSession) {
     }
   }
   // The sessions continue as twins never refused do.
-  auto a2 = NewSession(m), c2 = NewSession(m, 8);
+  auto a2 = NewBatchSession(m), c2 = NewBatchSession(m, 8);
   ASSERT_TRUE(a2->Prefill({1, 100}).ok());
   ASSERT_TRUE(c2->Prefill({1, 2, 3, 4, 5, 6}).ok());
   ASSERT_TRUE(nibble::StepBatch({{a.get(), {5}}, {c.get(), {7, 8}}}).ok());
@@ -266,10 +266,10 @@ TEST(StepBatch, CancelledStepKeepsEverySessionAtItsLastCompletePosition) {
   const nibble::Model& m = BatchTestModel();
   std::vector<std::unique_ptr<nibble::Session>> s, twin;
   for (size_t i = 0; i < 3; ++i) {
-    s.push_back(NewSession(m));
-    twin.push_back(NewSession(m));
-    ASSERT_TRUE(s[i]->Prefill(Ids(m, kPrompts[i])).ok());
-    ASSERT_TRUE(twin[i]->Prefill(Ids(m, kPrompts[i])).ok());
+    s.push_back(NewBatchSession(m));
+    twin.push_back(NewBatchSession(m));
+    ASSERT_TRUE(s[i]->Prefill(BatchTestIds(m, kPrompts[i])).ok());
+    ASSERT_TRUE(twin[i]->Prefill(BatchTestIds(m, kPrompts[i])).ok());
   }
   const auto items = [&](std::vector<std::unique_ptr<nibble::Session>>& v) {
     return std::vector<nibble::BatchItem>{{v[0].get(), {11}}, {v[1].get(), {12, 13, 14, 15}}, {v[2].get(), {16}}};

@@ -14,7 +14,7 @@
 namespace nibble {
 namespace {
 
-Int4Matrix RandomMatrix(int64_t n, int64_t k, int64_t g, bool sym, uint32_t seed) {
+Int4Matrix RandomRepackMatrix(int64_t n, int64_t k, int64_t g, bool sym, uint32_t seed) {
   std::mt19937 rng(seed);
   Int4Matrix m;
   m.n = n;
@@ -55,7 +55,7 @@ TEST(Int4Repack, TransposedWordsPackAsTheDecodedMatrix) {
   for (const Case& c : cases) {
     SCOPED_TRACE("n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " g=" + std::to_string(c.g) +
                  (c.sym ? " int4" : " uint4") + (c.pack == PackMethod::kOrder ? " order" : " reorder"));
-    const Int4Matrix m = RandomMatrix(c.n, c.k, c.g, c.sym, seed++);
+    const Int4Matrix m = RandomRepackMatrix(c.n, c.k, c.g, c.sym, seed++);
     WeightQuantSpec spec;
     spec.dtype = c.sym ? QuantDType::kInt4 : QuantDType::kUint4;
     spec.symmetric = c.sym;
@@ -83,7 +83,7 @@ TEST(Int4Repack, ShapesTheWordsCannotServeFallBack) {
   // N not a multiple of 8 (a partial word), K not a multiple of 128, g not a multiple of 16.
   for (const Case& c : {Case{20, 256, 128, false, PackMethod::kReorder}, Case{16, 192, 64, false, PackMethod::kReorder},
                         Case{16, 256, 8, true, PackMethod::kOrder}}) {
-    const Int4Matrix m = RandomMatrix(c.n, c.k, c.g, c.sym, 7);
+    const Int4Matrix m = RandomRepackMatrix(c.n, c.k, c.g, c.sym, 7);
     WeightQuantSpec spec;
     spec.dtype = c.sym ? QuantDType::kInt4 : QuantDType::kUint4;
     spec.symmetric = c.sym;
