@@ -12,7 +12,26 @@
 
 #include "formats/int4_matrix.h"
 
+// NIBBLE_TEST_ASAN: built with AddressSanitizer (gcc or clang), whose shadow memory makes RSS
+// and address-space limits meaningless.
+#if defined(__SANITIZE_ADDRESS__)
+#define NIBBLE_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NIBBLE_TEST_ASAN 1
+#endif
+#endif
+
 namespace nibble_test {
+
+/// A size line of /proc/self/status ("VmRSS", "VmHWM", ...) in bytes; -1 when absent.
+inline int64_t ProcStatusBytes(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
+  return -1;
+}
 
 /// Unit roundoff of fp32 (round to nearest): u = 2^-24.
 inline constexpr double kFp32UnitRoundoff = 0x1p-24;

@@ -290,11 +290,4 @@ Status LlamaModel::Forward(const int32_t* tokens, int64_t t, KvCache& cache, flo
   return RunChecked(tokens, 1, qsl, caches, logits, all_logits, cancel);
 }
 
-Status LlamaModel::DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* const* caches, float* logits,
-                               const CancellationToken* cancel) const {
-  std::vector<int64_t> qsl(static_cast<size_t>(batch + 1));
-  for (int64_t b = 0; b <= batch; ++b) qsl[static_cast<size_t>(b)] = b;
-  return ForwardBatch(tokens, qsl.data(), batch, caches, logits, false, cancel);
-}
-
 }  // namespace nibble

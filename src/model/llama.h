@@ -6,7 +6,7 @@
 // model/decoder_layer.h. One code path, ForwardBatch, runs every step: sequences with their own
 // KV caches, each with its own chunk of tokens at its own position (decode = 1 token, prefill =
 // the prompt or a chunk of it), all rows through one GEMM per projection; Forward (one sequence)
-// and DecodeBatch (one token each) are its special cases.
+// is its special case.
 #pragma once
 
 #include <cstdint>
@@ -127,11 +127,6 @@ class LlamaModel {
   /// kCancelled when `cancel` is cancelled (checked before each layer): the cache keeps its length.
   Status Forward(const int32_t* tokens, int64_t t, KvCache& cache, float* logits, bool all_logits,
                  const CancellationToken* cancel = nullptr) const;
-
-  /// One decode step of `batch` sequences (ForwardBatch with one token each): tokens[b] at
-  /// position caches[b]->length of its own cache. logits: [batch, vocab_size].
-  Status DecodeBatch(const int32_t* tokens, int64_t batch, KvCache* const* caches, float* logits,
-                     const CancellationToken* cancel = nullptr) const;
 
  private:
   // Checks token ids and capacity of `t` new tokens at the cache's position (seq < 0: a lone

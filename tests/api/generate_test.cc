@@ -26,14 +26,6 @@ const nibble::Model& Embedded() {
   return *model;
 }
 
-nibble::GenerateOptions GreedyEvents(const std::string& prompt, int64_t n) {
-  nibble::GenerateOptions o;
-  o.prompt = prompt;
-  o.max_new_tokens = n;
-  o.sampling.temperature = 0;
-  return o;
-}
-
 struct Events {
   nibble::GenerateStats stats;
   std::vector<nibble::TokenEvent> events;
@@ -103,7 +95,7 @@ TEST(TokenEvents, LogprobsAreTheLogSoftmaxOfTheLogits) {
   for (float penalty : {1.0f, 1.5f}) {
     auto s = NewEventSession(m), replay = NewEventSession(m);
     ASSERT_TRUE(s && replay);
-    auto o = GreedyEvents("And God said unto Moses", 16);
+    auto o = nibble_test::GreedyOptions("And God said unto Moses", 16);
     o.logprobs = true;
     o.top_logprobs = 5;
     o.sampling.repeat_penalty = penalty;
@@ -128,7 +120,7 @@ TEST(TokenEvents, LogprobsAreTheLogSoftmaxOfTheLogits) {
 TEST(TokenEvents, TextsConcatenateToTheTextStream) {
   const nibble::Model& m = Embedded();
   for (const std::string& prompt : {std::string("And God said"), std::string("Le café était déjà là, naïf —")}) {
-    auto o = GreedyEvents(prompt, 24);
+    auto o = nibble_test::GreedyOptions(prompt, 24);
     o.sampling.temperature = 1.5f;  // wander into rarer pieces
     o.sampling.seed = 3;
     auto a = NewEventSession(m), b = NewEventSession(m);
@@ -158,7 +150,7 @@ TEST(TokenEvents, StopStringSpanningTwoTokens) {
   const nibble::Model& m = Embedded();
   auto ref_session = NewEventSession(m);
   ASSERT_TRUE(ref_session);
-  const Events full = RunEvents(*ref_session, GreedyEvents("And God said", 32));
+  const Events full = RunEvents(*ref_session, nibble_test::GreedyOptions("And God said", 32));
   // Two neighbouring events with two or more bytes of text each, whose joint 4 bytes first occur there.
   size_t offset = 0, k = 0;
   std::string stop;
@@ -171,7 +163,7 @@ TEST(TokenEvents, StopStringSpanningTwoTokens) {
   }
   ASSERT_FALSE(stop.empty()) << full.text;
   auto s = NewEventSession(m);
-  auto o = GreedyEvents("And God said", 32);
+  auto o = nibble_test::GreedyOptions("And God said", 32);
   o.stop = {"never in this text", stop};
   const Events r = RunEvents(*s, o);
   EXPECT_EQ(r.stats.stop_reason, nibble::StopReason::kStopString);
@@ -205,7 +197,7 @@ TEST(TokenEvents, EosEndsGeneration) {
   ASSERT_EQ(m->special_tokens().eos_ids, std::vector<int32_t>{2});
   auto s = NewEventSession(*m);
   ASSERT_TRUE(s && s->Prefill({1, 5}).ok());
-  const Events r = RunEvents(*s, GreedyEvents("", 10));
+  const Events r = RunEvents(*s, nibble_test::GreedyOptions("", 10));
   ASSERT_EQ(r.events.size(), 2u);
   EXPECT_EQ(r.events[0].id, 4);
   EXPECT_EQ(r.events[1].id, 3);
@@ -220,13 +212,13 @@ TEST(TokenEvents, EveryOtherStopReason) {
   const nibble::Model& m = Embedded();
   auto s = NewEventSession(m);
   ASSERT_TRUE(s);
-  const Events len = RunEvents(*s, GreedyEvents("And God said", 4));
+  const Events len = RunEvents(*s, nibble_test::GreedyOptions("And God said", 4));
   EXPECT_EQ(len.stats.stop_reason, nibble::StopReason::kLength);
   EXPECT_STREQ(nibble::FinishReason(len.stats.stop_reason), "length");
   EXPECT_EQ(len.events.size(), 4u);
 
   s = NewEventSession(m);
-  auto o = GreedyEvents("And God said", 8);
+  auto o = nibble_test::GreedyOptions("And God said", 8);
   o.stop_ids = {len.events[2].id};
   const size_t first = static_cast<size_t>(
       std::find_if(len.events.begin(), len.events.end(), [&](const auto& e) { return e.id == o.stop_ids[0]; }) - len.events.begin());
@@ -237,14 +229,14 @@ TEST(TokenEvents, EveryOtherStopReason) {
 
   auto small = NewEventSession(m, 8);
   ASSERT_TRUE(small);
-  const Events full = RunEvents(*small, GreedyEvents("And God said", 100));
+  const Events full = RunEvents(*small, nibble_test::GreedyOptions("And God said", 100));
   EXPECT_EQ(full.stats.stop_reason, nibble::StopReason::kContextFull);
   EXPECT_STREQ(nibble::StopReasonName(full.stats.stop_reason), "context_full");
   EXPECT_EQ(small->position(), 8);
 
   s = NewEventSession(m);
   int calls = 0;
-  auto cb = nibble::Generate(*s, GreedyEvents("And God said", 20), [&](const nibble::TokenEvent&) { return ++calls < 3; });
+  auto cb = nibble::Generate(*s, nibble_test::GreedyOptions("And God said", 20), [&](const nibble::TokenEvent&) { return ++calls < 3; });
   ASSERT_TRUE(cb.ok());
   EXPECT_EQ(cb->stop_reason, nibble::StopReason::kCallback);
   EXPECT_EQ(cb->generated_tokens, 3);
@@ -253,9 +245,9 @@ TEST(TokenEvents, EveryOtherStopReason) {
   s = NewEventSession(m);
   auto ref = NewEventSession(m);
   ASSERT_TRUE(ref);
-  const Events whole = RunEvents(*ref, GreedyEvents("And God said", 6));
+  const Events whole = RunEvents(*ref, nibble_test::GreedyOptions("And God said", 6));
   nibble::CancellationToken cancel;
-  o = GreedyEvents("And God said", 6);
+  o = nibble_test::GreedyOptions("And God said", 6);
   o.cancel = &cancel;
   std::vector<int32_t> ids;
   auto c = nibble::Generate(*s, o, [&](const nibble::TokenEvent& ev) {
@@ -271,7 +263,7 @@ TEST(TokenEvents, EveryOtherStopReason) {
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(ids[i], whole.events[i].id);
   // Both sessions continue with the same text from the same context.
   const int64_t pos = s->position();
-  auto more = nibble::Generate(*s, GreedyEvents(" and", 4), [](std::string_view) { return true; });
+  auto more = nibble::Generate(*s, nibble_test::GreedyOptions(" and", 4), [](std::string_view) { return true; });
   ASSERT_TRUE(more.ok()) << more.error().message;
   EXPECT_GT(s->position(), pos);
 }
@@ -281,13 +273,13 @@ TEST(TokenEvents, CancelBeforeTheFirstTokenIsAnErrorAndChangesNothing) {
   const nibble::Model& m = Embedded();
   auto s = NewEventSession(m), ref = NewEventSession(m);
   ASSERT_TRUE(s && ref);
-  RunEvents(*s, GreedyEvents("And God said", 3));
-  RunEvents(*ref, GreedyEvents("And God said", 3));
+  RunEvents(*s, nibble_test::GreedyOptions("And God said", 3));
+  RunEvents(*ref, nibble_test::GreedyOptions("And God said", 3));
   const int64_t pos = s->position();
   const std::vector<float> logits = s->logits();
   nibble::CancellationToken cancel;
   cancel.Cancel();
-  auto o = GreedyEvents(" unto Moses", 5);
+  auto o = nibble_test::GreedyOptions(" unto Moses", 5);
   o.cancel = &cancel;
   int calls = 0;
   auto r = nibble::Generate(*s, o, [&](const nibble::TokenEvent&) { return ++calls > 0; });
@@ -296,7 +288,7 @@ TEST(TokenEvents, CancelBeforeTheFirstTokenIsAnErrorAndChangesNothing) {
   EXPECT_EQ(calls, 0);
   EXPECT_EQ(s->position(), pos);
   EXPECT_EQ(s->logits(), logits);
-  const Events a = RunEvents(*s, GreedyEvents(" unto Moses", 5)), b = RunEvents(*ref, GreedyEvents(" unto Moses", 5));
+  const Events a = RunEvents(*s, nibble_test::GreedyOptions(" unto Moses", 5)), b = RunEvents(*ref, nibble_test::GreedyOptions(" unto Moses", 5));
   EXPECT_EQ(a.text, b.text);
   EXPECT_EQ(a.stats.prompt_tokens, b.stats.prompt_tokens);
 }
@@ -335,21 +327,21 @@ TEST(TokenEvents, CancelFromAnotherThreadMidPrefill) {
   for (int i = 0; i < 40; ++i) long_prompt += "And the king said unto the people. ";
   auto untouched = NewEventSession(m);
   ASSERT_TRUE(untouched);
-  RunEvents(*untouched, GreedyEvents("And God said", 3));
+  RunEvents(*untouched, nibble_test::GreedyOptions("And God said", 3));
   const int64_t old = untouched->position();
   ASSERT_LT(old + *untouched->PromptPositions(long_prompt) + 4, untouched->capacity());
   // The prefill's length, to aim the cancel into it.
   auto timing = NewEventSession(m);
   ASSERT_TRUE(timing);
-  RunEvents(*timing, GreedyEvents("And God said", 3));
-  const double prefill = RunEvents(*timing, GreedyEvents(long_prompt, 1)).stats.prefill_seconds;
+  RunEvents(*timing, nibble_test::GreedyOptions("And God said", 3));
+  const double prefill = RunEvents(*timing, nibble_test::GreedyOptions(long_prompt, 1)).stats.prefill_seconds;
   bool landed = false;
   for (int attempt = 0; attempt < 60 && !landed; ++attempt) {
     auto s = NewEventSession(m);
     ASSERT_TRUE(s);
-    RunEvents(*s, GreedyEvents("And God said", 3));
+    RunEvents(*s, nibble_test::GreedyOptions("And God said", 3));
     nibble::CancellationToken cancel;
-    auto o = GreedyEvents(long_prompt, 4);
+    auto o = nibble_test::GreedyOptions(long_prompt, 4);
     o.cancel = &cancel;
     const double frac = 0.1 + 0.8 * ((attempt * 7) % 10) / 10.0;
     std::thread t([&] {
@@ -364,7 +356,7 @@ TEST(TokenEvents, CancelFromAnotherThreadMidPrefill) {
     const std::string& msg = r.error().message;
     if (msg.find("before layer ") == std::string::npos || msg.find("before layer 0") != std::string::npos) continue;
     landed = true;
-    const Events a = RunEvents(*s, GreedyEvents(" and", 8)), b = RunEvents(*untouched, GreedyEvents(" and", 8));
+    const Events a = RunEvents(*s, nibble_test::GreedyOptions(" and", 8)), b = RunEvents(*untouched, nibble_test::GreedyOptions(" and", 8));
     ASSERT_EQ(a.events.size(), b.events.size());
     for (size_t i = 0; i < a.events.size(); ++i) EXPECT_EQ(a.events[i].id, b.events[i].id) << "token " << i;
     EXPECT_EQ(s->position(), untouched->position());
@@ -438,9 +430,9 @@ TEST(PromptIds, GenerateFromIdsEqualsGenerateFromTheText) {
   ASSERT_TRUE(ids1.ok());
   ASSERT_EQ(ids1->front(), m.special_tokens().bos_id);
   auto text_s = NewEventSession(m), ids_s = NewEventSession(m);
-  nibble::GenerateOptions by_ids = GreedyEvents("", 6);
+  nibble::GenerateOptions by_ids = nibble_test::GreedyOptions("", 6);
   by_ids.prompt_ids = *ids1;
-  const Events a = RunEvents(*text_s, GreedyEvents(first, 6)), b = RunEvents(*ids_s, by_ids);
+  const Events a = RunEvents(*text_s, nibble_test::GreedyOptions(first, 6)), b = RunEvents(*ids_s, by_ids);
   ASSERT_EQ(a.events.size(), b.events.size());
   for (size_t i = 0; i < a.events.size(); ++i) EXPECT_EQ(a.events[i].id, b.events[i].id) << "token " << i;
   EXPECT_EQ(a.text, b.text);
@@ -451,7 +443,7 @@ TEST(PromptIds, GenerateFromIdsEqualsGenerateFromTheText) {
 
   // A second turn on each: the token left to run and the new ids, cached_tokens the held positions.
   const int64_t held = ids_s->position();
-  const Events c = RunEvents(*text_s, GreedyEvents(second, 6));
+  const Events c = RunEvents(*text_s, nibble_test::GreedyOptions(second, 6));
   // The ids the second text tokenized to, after the token the first call left to run.
   const auto from = held + (a.stats.stop_reason == nibble::StopReason::kLength ? 1 : 0);
   ASSERT_GE(static_cast<int64_t>(text_s->tokens().size()), from + c.stats.prompt_tokens);
@@ -486,7 +478,7 @@ TEST(PromptIds, BadIdsAndBothPromptsAreNamedErrorsThatChangeNothing) {
   const nibble::Model& m = Embedded();
   const auto vocab = static_cast<int32_t>(m.info().vocab_size);
   auto s = NewEventSession(m);
-  nibble::GenerateOptions o = GreedyEvents("Once", 2);
+  nibble::GenerateOptions o = nibble_test::GreedyOptions("Once", 2);
   o.prompt_ids = {1, 5};
   auto r = nibble::Generate(*s, o, [](std::string_view) { return true; });
   ASSERT_FALSE(r.ok());

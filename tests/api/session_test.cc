@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/load_or_fail.h"
 #include "test_paths.h"
 #include "test_util.h"
 
@@ -29,14 +30,6 @@ const nibble::Model& EmbeddedModel() {
   return *model;
 }
 
-nibble::GenerateOptions Greedy(const std::string& prompt, int64_t n) {
-  nibble::GenerateOptions o;
-  o.prompt = prompt;
-  o.max_new_tokens = n;
-  o.sampling.temperature = 0;
-  return o;
-}
-
 std::string GenerateText(const nibble::Model& m, const nibble::GenerateOptions& o, nibble::GenerateStats* stats = nullptr) {
   std::string text;
   auto s = nibble::Generate(m, o, [&](std::string_view piece) {
@@ -50,7 +43,7 @@ std::string GenerateText(const nibble::Model& m, const nibble::GenerateOptions& 
 
 TEST(Session, PrefillStepSampleGiveGeneratesTokens) {
   const nibble::Model& m = EmbeddedModel();
-  const auto o = Greedy("And God said", 12);
+  const auto o = nibble_test::GreedyOptions("And God said", 12);
   const std::string want = GenerateText(m, o);
   auto session = nibble::Session::Create(m);
   ASSERT_TRUE(session.ok()) << session.error().message;
@@ -116,7 +109,7 @@ TEST(Session, RepeatPenaltySeesTheTokensInTheContext) {
 
 TEST(Session, SessionsOverOneModelRunAtOnceWithTheSameResults) {
   const nibble::Model& m = EmbeddedModel();
-  const auto a = Greedy("In the beginning", 24), b = Greedy("The king", 24);
+  const auto a = nibble_test::GreedyOptions("In the beginning", 24), b = nibble_test::GreedyOptions("The king", 24);
   const std::string want_a = GenerateText(m, a), want_b = GenerateText(m, b);
   std::string got_a, got_b;
   std::thread ta([&] { got_a = GenerateText(m, a); });
@@ -197,7 +190,7 @@ TEST(Session, StepBatchRefusesBadBatchesAndChangesNothing) {
 TEST(Session, CallbackReturningFalseStopsGeneration) {
   const nibble::Model& m = EmbeddedModel();
   int calls = 0;
-  auto s = nibble::Generate(m, Greedy("And God said", 40), [&](std::string_view) { return ++calls < 3; });
+  auto s = nibble::Generate(m, nibble_test::GreedyOptions("And God said", 40), [&](std::string_view) { return ++calls < 3; });
   ASSERT_TRUE(s.ok()) << s.error().message;
   EXPECT_EQ(calls, 3);
   EXPECT_EQ(s->stop_reason, nibble::StopReason::kCallback);
@@ -214,7 +207,7 @@ TEST(Session, StopIdsEndGenerationLikeEos) {
   ASSERT_TRUE((*session)->Prefill(*prompt).ok());
   std::vector<int32_t> greedy;
   for (int i = 0; i < 6; ++i) {
-    auto next = (*session)->Sample(Greedy("", 1).sampling);
+    auto next = (*session)->Sample(nibble_test::GreedyOptions("", 1).sampling);
     ASSERT_TRUE(next.ok());
     greedy.push_back(*next);
     ASSERT_TRUE((*session)->Step(*next).ok());
@@ -223,7 +216,7 @@ TEST(Session, StopIdsEndGenerationLikeEos) {
   size_t at = 1;
   while (at < greedy.size() && std::find(greedy.begin(), greedy.begin() + at, greedy[at]) != greedy.begin() + at) ++at;
   ASSERT_LT(at, greedy.size());
-  auto o = Greedy("And God said", 6);
+  auto o = nibble_test::GreedyOptions("And God said", 6);
   o.stop_ids = {greedy[at]};
   nibble::GenerateStats stats;
   const std::string text = GenerateText(m, o, &stats);
@@ -246,10 +239,10 @@ TEST(Session, AContinuedSessionKeepsItsContextAndAddsNoSecondBos) {
       return true;
     };
   };
-  auto s1 = nibble::Generate(**session, Greedy("And God said", 8), collect(&first));
+  auto s1 = nibble::Generate(**session, nibble_test::GreedyOptions("And God said", 8), collect(&first));
   ASSERT_TRUE(s1.ok()) << s1.error().message;
   const int64_t after_first = (*session)->position();
-  auto s2 = nibble::Generate(**session, Greedy(" and", 8), collect(&second));
+  auto s2 = nibble::Generate(**session, nibble_test::GreedyOptions(" and", 8), collect(&second));
   ASSERT_TRUE(s2.ok()) << s2.error().message;
   auto cont = m.Tokenize(" and");
   ASSERT_TRUE(cont.ok());
@@ -265,7 +258,7 @@ TEST(Session, AContinuedSessionKeepsItsContextAndAddsNoSecondBos) {
 TEST(Session, PerSessionThreadsLeaveTheCallersSetting) {
   const nibble::Model& m = EmbeddedModel();
   nibble::SetNumThreads(2);
-  const auto o = Greedy("The king", 16);
+  const auto o = nibble_test::GreedyOptions("The king", 16);
   const std::string want = GenerateText(m, o);
   nibble::SessionOptions so;
   so.threads = 1;
@@ -379,7 +372,7 @@ TEST(Session, ErrorsCarryCodes) {
   so.context = 4;
   auto small = nibble::Session::Create(m, so);
   ASSERT_TRUE(small.ok());
-  auto full = nibble::Generate(**small, Greedy("And God said unto Moses and Aaron", 4), [](std::string_view) { return true; });
+  auto full = nibble::Generate(**small, nibble_test::GreedyOptions("And God said unto Moses and Aaron", 4), [](std::string_view) { return true; });
   ASSERT_FALSE(full.ok());
   EXPECT_NE(full.error().message.find("remaining context"), std::string::npos) << full.error().message;
 }
@@ -396,7 +389,7 @@ TEST(Session, PromptPositionsAreWhatGenerateFills) {
   auto first = (*session)->PromptPositions(text);
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(*first, static_cast<int64_t>(with_bos->size()));
-  auto stats = nibble::Generate(**session, Greedy(text, 3), [](std::string_view) { return true; });
+  auto stats = nibble::Generate(**session, nibble_test::GreedyOptions(text, 3), [](std::string_view) { return true; });
   ASSERT_TRUE(stats.ok());
   ASSERT_EQ(stats->stop_reason, nibble::StopReason::kLength);
   EXPECT_EQ(stats->prompt_tokens, *first);
@@ -405,7 +398,7 @@ TEST(Session, PromptPositionsAreWhatGenerateFills) {
   ASSERT_TRUE(next.ok());
   const int64_t bos = m.special_tokens().add_bos ? 1 : 0;
   EXPECT_EQ(*next, static_cast<int64_t>(with_bos->size()) - bos + 1);  // no BOS, one unfed token
-  ASSERT_TRUE(nibble::Generate(**session, Greedy(text, 1), [](std::string_view) { return true; }).ok());
+  ASSERT_TRUE(nibble::Generate(**session, nibble_test::GreedyOptions(text, 1), [](std::string_view) { return true; }).ok());
   EXPECT_EQ((*session)->position(), p0 + *next);
 }
 

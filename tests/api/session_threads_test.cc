@@ -23,14 +23,6 @@
 
 namespace {
 
-nibble::GenerateOptions GreedyOnThreads(const std::string& prompt, int64_t n) {
-  nibble::GenerateOptions o;
-  o.prompt = prompt;
-  o.max_new_tokens = n;
-  o.sampling.temperature = 0;
-  return o;
-}
-
 template <class T>
 nibble::Status StatusOf(const nibble::Result<T>& r) {
   return r.ok() ? nibble::Status::Ok() : nibble::Status(r.error());
@@ -43,7 +35,7 @@ bool RefusedAsInUse(const nibble::Status& s) {
 TEST(SessionThreads, CallsWhileGenerateRunsAreRefusedAndChangeNothing) {
   auto m = nibble_test::LoadOrFail(nibble_test::EmbeddedModel());
   ASSERT_NE(m, nullptr);
-  const auto o = GreedyOnThreads("In the beginning God created", 10);
+  const auto o = nibble_test::GreedyOptions("In the beginning God created", 10);
   std::string want;
   ASSERT_TRUE(nibble::Generate(*m, o, [&](std::string_view p) {
     want += p;
@@ -73,14 +65,14 @@ TEST(SessionThreads, CallsWhileGenerateRunsAreRefusedAndChangeNothing) {
       from_thread.push_back(StatusOf(s.Sample(o.sampling)));
       from_thread.push_back(s.Truncate(0));
       from_thread.push_back(StatusOf(s.PromptPositions("x")));
-      from_thread.push_back(StatusOf(nibble::Generate(s, GreedyOnThreads("x", 2), [](std::string_view) { return true; })));
+      from_thread.push_back(StatusOf(nibble::Generate(s, nibble_test::GreedyOptions("x", 2), [](std::string_view) { return true; })));
       from_thread.push_back(nibble::StepBatch({other->get(), &s}, {5, 6}));
     });
     t.join();
     // The callback's own thread: re-entrant calls are refused too.
     reentrant.push_back(s.Step(5));
     reentrant.push_back(s.Truncate(1));
-    reentrant.push_back(StatusOf(nibble::Generate(s, GreedyOnThreads("x", 2), [](std::string_view) { return true; })));
+    reentrant.push_back(StatusOf(nibble::Generate(s, nibble_test::GreedyOptions("x", 2), [](std::string_view) { return true; })));
     pos_after = s.position();
     return true;
   });
@@ -181,21 +173,13 @@ TEST(SessionThreads, SessionsOnManyThreadsMatchThemOneAfterAnother) {
   }
 }
 
-int64_t VmRssBytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return -1;
-}
-
 // Threads that stay alive after their forwards, as a server's request threads do: each runs a
 // prefill of 200 tokens in a session of its own and Model::Logits of 200 positions (the wide
 // lm_head on 200 rows). Before, each thread kept its scratch (the lm_head widened to fp32, 64 MB,
 // and the activations) for its life; now the scratch is the session's or the call's, so eight
 // threads hold what one does.
 TEST(SessionThreads, ScratchDoesNotGrowWithTheThreadsThatRanForwards) {
-  if (VmRssBytes() < 0) GTEST_SKIP() << "no /proc/self/status";
+  if (nibble_test::ProcStatusBytes("VmRSS") < 0) GTEST_SKIP() << "no /proc/self/status";
   const nibble::Model* m = WideHeadModel::Get();
   ASSERT_NE(m, nullptr);
   // Large blocks always from mmap (freed back at once): the RSS then shows what is held.
@@ -231,11 +215,11 @@ TEST(SessionThreads, ScratchDoesNotGrowWithTheThreadsThatRanForwards) {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done == want; });
   };
-  const int64_t base = VmRssBytes();
+  const int64_t base = nibble_test::ProcStatusBytes("VmRSS");
   start_one();
-  const int64_t one = VmRssBytes();
+  const int64_t one = nibble_test::ProcStatusBytes("VmRSS");
   for (int i = 1; i < 8; ++i) start_one();
-  const int64_t eight = VmRssBytes();
+  const int64_t eight = nibble_test::ProcStatusBytes("VmRSS");
   {
     std::lock_guard<std::mutex> lock(mu);
     release = true;

@@ -15,14 +15,7 @@
 
 #include "e2e/run_nibble.h"
 #include "test_paths.h"
-
-#if defined(__SANITIZE_ADDRESS__)
-#define NIBBLE_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define NIBBLE_TEST_ASAN 1
-#endif
-#endif
+#include "test_util.h"
 
 namespace {
 

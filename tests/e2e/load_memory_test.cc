@@ -20,26 +20,9 @@
 #include "test_paths.h"
 #include "test_util.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define NIBBLE_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define NIBBLE_TEST_ASAN 1
-#endif
-#endif
-
 namespace {
 
 namespace fs = std::filesystem;
-
-// A "VmRSS" / "VmHWM" line of /proc/self/status, in bytes (-1 when absent).
-int64_t StatusBytes(const std::string& key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1)) * 1024;
-  return -1;
-}
 
 // Resets VmHWM to the current RSS (Linux >= 4.0), so it measures the load alone.
 bool ResetPeakRss() {
@@ -75,11 +58,11 @@ TEST(LoadMemory, WeightsResidentOnceAndSessionFollowsCtxSize) {
 
   nibble::LoadOptions lo;
   lo.activations = nibble::ActivationType::kFp32;
-  const int64_t rss_before = StatusBytes("VmRSS");
+  const int64_t rss_before = nibble_test::ProcStatusBytes("VmRSS");
   ASSERT_TRUE(ResetPeakRss()) << "/proc/self/clear_refs";
   auto m = nibble::Model::Load(dir, lo);
   ASSERT_TRUE(m.ok()) << m.error().message;
-  const int64_t peak = StatusBytes("VmHWM"), rss_after = StatusBytes("VmRSS");
+  const int64_t peak = nibble_test::ProcStatusBytes("VmHWM"), rss_after = nibble_test::ProcStatusBytes("VmRSS");
   const nibble::ModelInfo& info = (*m)->info();
   ASSERT_GT(rss_before, 0);
   std::printf("load: %.2f s, peak RSS +%.1f MiB, RSS +%.1f MiB, weights %.1f MiB, files %.1f MiB\n", info.load_seconds,
@@ -100,7 +83,7 @@ TEST(LoadMemory, WeightsResidentOnceAndSessionFollowsCtxSize) {
   const int64_t per_pos = 2 * 2 * 4 * 64 * 2;
   EXPECT_EQ(nibble::DefaultContextSize(**m), 8192);
   EXPECT_EQ(nibble::KvCacheBytes(**m, 8192), 8192 * per_pos);
-  const int64_t rss_model = StatusBytes("VmRSS");
+  const int64_t rss_model = nibble_test::ProcStatusBytes("VmRSS");
   nibble::SessionOptions so;
   so.context = 8192;
   auto s = nibble::Session::Create(**m, so);
@@ -108,7 +91,7 @@ TEST(LoadMemory, WeightsResidentOnceAndSessionFollowsCtxSize) {
   EXPECT_EQ((*s)->capacity(), 8192);
   EXPECT_EQ((*s)->kv_bytes(), 0);
   // The session's own tables (RoPE for 8192 positions) are far below a 131072-position cache.
-  EXPECT_LT(StatusBytes("VmRSS") - rss_model, nibble::KvCacheBytes(**m, 131072) / 8);
+  EXPECT_LT(nibble_test::ProcStatusBytes("VmRSS") - rss_model, nibble::KvCacheBytes(**m, 131072) / 8);
   ASSERT_TRUE((*s)->Prefill(std::vector<int32_t>(10, 5)).ok());
   EXPECT_EQ((*s)->kv_bytes(), 256 * per_pos);
 }

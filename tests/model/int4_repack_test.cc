@@ -10,26 +10,10 @@
 #include "formats/int4_matrix.h"
 #include "formats/quark_pack.h"
 #include "model/int4_linear.h"
+#include "test_util.h"
 
 namespace nibble {
 namespace {
-
-Int4Matrix RandomRepackMatrix(int64_t n, int64_t k, int64_t g, bool sym, uint32_t seed) {
-  std::mt19937 rng(seed);
-  Int4Matrix m;
-  m.n = n;
-  m.k = k;
-  m.group_size = g;
-  m.symmetric = sym;
-  m.codes.resize(static_cast<size_t>(n * k));
-  for (auto& c : m.codes) c = static_cast<uint8_t>(rng() & 15);
-  std::uniform_real_distribution<float> s(0.001f, 0.05f);
-  m.scales.resize(static_cast<size_t>(n * (k / g)));
-  for (auto& v : m.scales) v = s(rng);
-  m.zero_points.resize(m.scales.size());
-  for (auto& z : m.zero_points) z = sym ? 8 : static_cast<uint8_t>(rng() & 15);
-  return m;
-}
 
 TensorView ViewOf(const TensorToWrite& t) {
   TensorView v;
@@ -47,6 +31,35 @@ struct Case {
   PackMethod pack;
 };
 
+// A random matrix of case `c`, exported as Quark tensors (`tensors` keeps their bytes) and viewed
+// as ImportQuarkLinear reads them.
+struct Exported {
+  Int4Matrix matrix;
+  WeightQuantSpec spec;
+  QuarkLinearTensors tensors;
+  TensorView w, s, z;
+  QuarkLinearViews views() const { return {&w, &s, &z}; }
+};
+
+std::unique_ptr<Exported> Export(const Case& c, uint32_t seed) {
+  auto e = std::make_unique<Exported>();
+  std::mt19937 rng(seed);
+  e->matrix = nibble_test::RandomInt4Matrix(rng, c.n, c.k, c.g, c.sym);
+  e->spec.dtype = c.sym ? QuantDType::kInt4 : QuantDType::kUint4;
+  e->spec.symmetric = c.sym;
+  e->spec.group_size = c.g;
+  auto t = ExportQuarkLinear("p", e->matrix, e->spec, c.pack, DType::kF32);
+  if (!t.ok()) {
+    ADD_FAILURE() << t.error().message;
+    return nullptr;
+  }
+  e->tensors = std::move(t).value();
+  e->w = ViewOf(e->tensors.weight);
+  e->s = ViewOf(e->tensors.weight_scale);
+  e->z = ViewOf(e->tensors.weight_zero_point);
+  return e;
+}
+
 TEST(Int4Repack, TransposedWordsPackAsTheDecodedMatrix) {
   const Case cases[] = {{24, 256, 128, true, PackMethod::kReorder}, {264, 512, 128, false, PackMethod::kReorder},
                         {136, 256, 32, false, PackMethod::kOrder},  {40, 384, 48, true, PackMethod::kOrder},
@@ -55,18 +68,11 @@ TEST(Int4Repack, TransposedWordsPackAsTheDecodedMatrix) {
   for (const Case& c : cases) {
     SCOPED_TRACE("n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + " g=" + std::to_string(c.g) +
                  (c.sym ? " int4" : " uint4") + (c.pack == PackMethod::kOrder ? " order" : " reorder"));
-    const Int4Matrix m = RandomRepackMatrix(c.n, c.k, c.g, c.sym, seed++);
-    WeightQuantSpec spec;
-    spec.dtype = c.sym ? QuantDType::kInt4 : QuantDType::kUint4;
-    spec.symmetric = c.sym;
-    spec.group_size = c.g;
-    auto t = ExportQuarkLinear("p", m, spec, c.pack, DType::kF32);
-    ASSERT_TRUE(t.ok()) << t.error().message;
-    const TensorView w = ViewOf(t->weight), s = ViewOf(t->weight_scale), z = ViewOf(t->weight_zero_point);
-    const QuarkLinearViews views{&w, &s, &z};
-    auto decoded = ImportQuarkLinear(views, "p", spec, c.pack, c.n, c.k);
+    const std::unique_ptr<Exported> e = Export(c, seed++);
+    ASSERT_NE(e, nullptr);
+    auto decoded = ImportQuarkLinear(e->views(), "p", e->spec, c.pack, c.n, c.k);
     ASSERT_TRUE(decoded.ok()) << decoded.error().message;
-    auto deferred = ImportQuarkLinearDeferred(views, "p", spec, c.pack, c.n, c.k);
+    auto deferred = ImportQuarkLinearDeferred(e->views(), "p", e->spec, c.pack, c.n, c.k);
     ASSERT_TRUE(deferred.ok()) << deferred.error().message;
     ASSERT_TRUE(deferred->has_value());
     EXPECT_TRUE((*deferred)->matrix.codes.empty());
@@ -75,7 +81,7 @@ TEST(Int4Repack, TransposedWordsPackAsTheDecodedMatrix) {
     ASSERT_NE(fast, nullptr);
     ASSERT_EQ(fast->WeightBytes(), reference.WeightBytes());
     EXPECT_EQ(std::memcmp(fast->packed().data, reference.packed().data, static_cast<size_t>(reference.WeightBytes())), 0);
-    EXPECT_TRUE(fast->weight() == m);
+    EXPECT_TRUE(fast->weight() == e->matrix);
   }
 }
 
@@ -83,15 +89,9 @@ TEST(Int4Repack, ShapesTheWordsCannotServeFallBack) {
   // N not a multiple of 8 (a partial word), K not a multiple of 128, g not a multiple of 16.
   for (const Case& c : {Case{20, 256, 128, false, PackMethod::kReorder}, Case{16, 192, 64, false, PackMethod::kReorder},
                         Case{16, 256, 8, true, PackMethod::kOrder}}) {
-    const Int4Matrix m = RandomRepackMatrix(c.n, c.k, c.g, c.sym, 7);
-    WeightQuantSpec spec;
-    spec.dtype = c.sym ? QuantDType::kInt4 : QuantDType::kUint4;
-    spec.symmetric = c.sym;
-    spec.group_size = c.g;
-    auto t = ExportQuarkLinear("p", m, spec, c.pack, DType::kF32);
-    ASSERT_TRUE(t.ok()) << t.error().message;
-    const TensorView w = ViewOf(t->weight), s = ViewOf(t->weight_scale), z = ViewOf(t->weight_zero_point);
-    auto deferred = ImportQuarkLinearDeferred(QuarkLinearViews{&w, &s, &z}, "p", spec, c.pack, c.n, c.k);
+    const std::unique_ptr<Exported> e = Export(c, 7);
+    ASSERT_NE(e, nullptr);
+    auto deferred = ImportQuarkLinearDeferred(e->views(), "p", e->spec, c.pack, c.n, c.k);
     ASSERT_TRUE(deferred.ok() && deferred->has_value());
     EXPECT_EQ(Int4Linear::FromTransposed(**deferred, {}, "fast"), nullptr);
   }
