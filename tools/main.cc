@@ -213,6 +213,7 @@ int RunGuarded(const std::string& name, const Runner& run) {
 
 int main(int argc, char** argv) {
   nibble_cli::UseShortOpenMpSpin(argv);
+  nibble_cli::StartWorkersWithSignalsBlocked();
   CLI::App app{"nibble: quantize LLMs to 4-bit weights (Quark hf_format) and run them on the CPU"};
   app.require_subcommand(1);
   app.set_version_flag("--version", [] { return nibble_cli::VersionText(); });
