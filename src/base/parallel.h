@@ -6,6 +6,9 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "base/claim_pool.h"
 
 namespace nibble {
 
@@ -14,20 +17,45 @@ namespace nibble {
 inline constexpr int64_t kTeamMinWork = int64_t{1} << 16;
 
 /// Whether a parallel region would run on more than one thread: the work is `worth` a team, more
-/// than one thread is allowed, and the caller is not already inside a parallel region (a nested
-/// region gets one thread).
-inline bool OpenTeam(bool worth) { return worth && !omp_in_parallel() && omp_get_max_threads() > 1; }
+/// than one thread is allowed, and the caller is not already inside a parallel region or a
+/// ParallelFor chunk (a nested region gets one thread).
+inline bool OpenTeam(bool worth) {
+  return worth && !omp_in_parallel() && !InClaimedChunk() && omp_get_max_threads() > 1;
+}
 
-/// f(i) for i in [0, n): a static schedule over the team when OpenTeam(worth), else in order on
-/// the calling thread. For independent iterations, so the result is the same either way.
+/// f(begin, end) over chunks covering [0, n) exactly once: claimed by the calling thread and the
+/// claim pool's workers (base/claim_pool.h; as many threads as the calling thread's OpenMP
+/// setting) when OpenTeam(worth), else f(0, n) on the calling thread. For independent
+/// iterations, so the result is the same either way. f must not throw; oneDNN called inside f
+/// must be held to one thread (SingleThreadedBlas), as it would thread itself outside an OpenMP
+/// region.
+template <class F>
+void ParallelRanges(int64_t n, bool worth, F&& f) {
+  if (n <= 0) return;
+  if (!OpenTeam(worth)) return f(int64_t{0}, n);
+  auto run = [](void* ctx, int64_t begin, int64_t end) { (*static_cast<std::remove_reference_t<F>*>(ctx))(begin, end); };
+  ClaimChunks(n, omp_get_max_threads(), run, const_cast<void*>(static_cast<const void*>(&f)));
+}
+
+/// f(i) for i in [0, n), as ParallelRanges.
 template <class F>
 void ParallelFor(int64_t n, bool worth, F&& f) {
-  if (OpenTeam(worth)) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) f(i);
-  } else {
-    for (int64_t i = 0; i < n; ++i) f(i);
-  }
+  ParallelRanges(n, worth, [&f](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) f(i);
+  });
 }
+
+/// Holds the calling thread's OpenMP thread count at 1 for its scope, so that oneDNN runs its
+/// GEMMs single-threaded (the same arithmetic for any thread count) in a ParallelRanges chunk.
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~SingleThreadedBlas() { omp_set_num_threads(saved_); }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int saved_;
+};
 
 }  // namespace nibble

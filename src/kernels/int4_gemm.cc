@@ -63,11 +63,10 @@ void GemmW4A32Packed(const W4PackedGemmArgs& a, const W4Kernels* kernels) {
     }
     return;
   }
-#pragma omp parallel
+  // Each chunk of x rows, one ParallelFor over W's row blocks: the chunk's rows stay in cache.
   for (int64_t i0 = 0; i0 < a.m; i0 += kW4ChunkRows) {
     const W4PackedGemmArgs c = chunk(i0);
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < nblocks; ++b) gemm(c, b * kW4BlockRows, std::min(n, (b + 1) * kW4BlockRows));
+    ParallelFor(nblocks, true, [&](int64_t b) { gemm(c, b * kW4BlockRows, std::min(n, (b + 1) * kW4BlockRows)); });
   }
 }
 
@@ -107,11 +106,7 @@ void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
       for (int64_t b = 0; b < nblocks; ++b) block(i0, b);
     return;
   }
-#pragma omp parallel
-  for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows) {
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < nblocks; ++b) block(i0, b);
-  }
+  for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows) ParallelFor(nblocks, true, [&](int64_t b) { block(i0, b); });
 }
 
 void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels) {

@@ -123,21 +123,14 @@ void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, in
     }
     SgemmXW(i1 - i0, hd, n_keys, scores, n_keys, vb, ld, 0.0f, attn + (r0 + i0) * q_dim + head * hd, q_dim);
   };
-  // The GEMMs inside run single-threaded (oneDNN does not nest inside an OpenMP parallel
-  // region): every item's arithmetic is the same for any thread count. So a team opens wherever
-  // more than one thread may run, also for little work: outside a region oneDNN would thread the
-  // GEMMs itself. Items differ in length (later query blocks see more keys): dynamic schedule.
-  if (!OpenTeam(true)) {
+  // The GEMMs inside run single-threaded (SingleThreadedBlas): every item's arithmetic is the
+  // same for any thread count. Items differ in length (later query blocks see more keys): the
+  // claimed chunks balance them.
+  ParallelRanges(items, true, [&](int64_t begin, int64_t end) {
+    const SingleThreadedBlas one_thread;
     std::vector<float> scores(static_cast<size_t>(scratch_floats));
-    for (int64_t it = 0; it < items; ++it) item(it, scores.data());
-    return;
-  }
-#pragma omp parallel
-  {
-    std::vector<float> scores(static_cast<size_t>(scratch_floats));
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) item(it, scores.data());
-  }
+    for (int64_t it = begin; it < end; ++it) item(it, scores.data());
+  });
 }
 
 }  // namespace
