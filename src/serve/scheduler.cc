@@ -1,0 +1,244 @@
+// The batched scheduler (scheduler.h).
+#include "serve/scheduler.h"
+
+#include <algorithm>
+
+#include <nibble/stop_strings.h>
+
+#include "api/logprobs.h"
+#include "api/model_impl.h"
+#include "tokenizer/stream_decoder.h"
+
+namespace nibble::serve {
+
+void Channel::Push(SeqEvent ev) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(ev));
+  }
+  cv_.notify_one();
+}
+
+bool Channel::Pop(SeqEvent* ev, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, wait, [this] { return !events_.empty(); })) return false;
+  *ev = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+// A running sequence. Between steps it is in one of three states: prefilling (fed < prompt
+// size), holding a sampled token to run (next >= 0), or ready to sample (logits of its last
+// position are the distribution of its next token).
+struct Scheduler::Slot {
+  SeqJob job;
+  std::unique_ptr<Session> session;
+  size_t fed = 0;      // prompt ids the session holds
+  size_t taking = 0;   // prompt ids in this step's item
+  int32_t next = -1;
+  bool ready = false;
+  bool finished = false;
+  int64_t generated = 0, cached = 0;
+  std::unique_ptr<StreamDecoder> decoder;
+  std::unique_ptr<StopStringMatcher> stop;
+};
+
+Scheduler::Scheduler(const Model& model, const SchedulerOptions& options)
+    : model_(model), options_(options), cache_(model, options.prefix_cache_bytes) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+bool Scheduler::Submit(std::vector<SeqJob> jobs) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A request larger than the queue still runs when the queue is empty (it waits for slots).
+    if (stop_ || (!queue_.empty() && static_cast<int64_t>(queue_.size() + jobs.size()) > options_.max_queue)) return false;
+    for (SeqJob& j : jobs) queue_.push_back(std::move(j));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void Scheduler::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t Scheduler::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+void Scheduler::Run() {
+  if (options_.threads > 0) SetNumThreads(options_.threads);
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty() || !slots_.empty(); });
+      if (stop_ && queue_.empty() && slots_.empty()) return;
+    }
+    Admit();
+    Reap();
+    if (!slots_.empty()) Step();
+    slots_.erase(std::remove_if(slots_.begin(), slots_.end(), [](const auto& s) { return s->finished; }), slots_.end());
+    active_.store(static_cast<int64_t>(slots_.size()));
+  }
+}
+
+void Scheduler::Admit() {
+  while (static_cast<int>(slots_.size()) < options_.parallel) {
+    SeqJob job;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queue_.empty()) return;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    auto slot = std::make_unique<Slot>();
+    slot->job = std::move(job);
+    if (slot->job.channel->cancelled()) {
+      ++counters_.cancelled;
+      continue;  // nobody is listening
+    }
+    SessionOptions so;
+    so.context = options_.ctx_size;
+    so.threads = options_.threads;
+    Result<PrefixCache::Hit> hit = cache_.Acquire(slot->job.prompt, so);
+    if (!hit.ok()) {
+      slot->fed = 0;
+      slots_.push_back(std::move(slot));
+      Finish(*slots_.back(), StopReason::kLength, hit.error().message);
+      continue;
+    }
+    slot->session = std::move(hit->session);
+    slot->cached = hit->cached_tokens;
+    slot->fed = static_cast<size_t>(hit->cached_tokens);
+    slot->ready = slot->fed == slot->job.prompt.size();  // the entry holds the whole prompt with its logits
+    if (slot->cached > 0) ++counters_.cache_hits;
+    counters_.cached_tokens += slot->cached;
+    const Tokenizer& tok = ModelAccess::tokenizer(model_);
+    slot->decoder = std::make_unique<StreamDecoder>(tok, slot->job.prompt);
+    slot->stop = std::make_unique<StopStringMatcher>(slot->job.stop);
+    slots_.push_back(std::move(slot));
+  }
+}
+
+void Scheduler::Reap() {
+  const auto now = std::chrono::steady_clock::now();
+  for (auto& s : slots_) {
+    if (s->finished) continue;
+    if (s->job.channel->cancelled()) {
+      ++counters_.cancelled;
+      Finish(*s, StopReason::kCancelled);
+    } else if (now > s->job.deadline) {
+      ++counters_.cancelled;
+      Finish(*s, StopReason::kCancelled, "the request ran past the server's --timeout");
+    }
+  }
+}
+
+// One StepBatch over the running sequences' decode tokens and up to `chunk` prompt tokens of
+// those prefilling (in admission order), then a sample for every sequence whose logits are new.
+void Scheduler::Step() {
+  std::vector<BatchItem> items;
+  std::vector<Slot*> stepped;
+  for (auto& s : slots_) {
+    if (s->finished || s->next < 0) continue;
+    items.push_back({s->session.get(), {s->next}});
+    stepped.push_back(s.get());
+  }
+  int64_t budget = options_.chunk;
+  for (auto& s : slots_) {
+    if (s->finished || s->ready || s->next >= 0 || budget <= 0) continue;
+    const auto& p = s->job.prompt;
+    s->taking = std::min<size_t>(static_cast<size_t>(budget), p.size() - s->fed);
+    items.push_back({s->session.get(), std::vector<int32_t>(p.begin() + static_cast<std::ptrdiff_t>(s->fed),
+                                                            p.begin() + static_cast<std::ptrdiff_t>(s->fed + s->taking))});
+    stepped.push_back(s.get());
+    budget -= static_cast<int64_t>(s->taking);
+  }
+  if (!items.empty()) {
+    int64_t rows = 0;
+    for (const BatchItem& it : items) rows += static_cast<int64_t>(it.tokens.size());
+    const auto t0 = std::chrono::steady_clock::now();
+    const Status st = StepBatch(items);
+    counters_.busy_micros += std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+    ++counters_.steps;
+    counters_.step_tokens += rows;
+    counters_.last_batch_tokens = rows;
+    if (!st.ok()) {
+      for (Slot* s : stepped) Finish(*s, StopReason::kLength, st.error().message);
+      return;
+    }
+    for (Slot* s : stepped) {
+      if (s->next >= 0) {
+        s->next = -1;
+        s->ready = true;
+      } else {
+        s->fed += s->taking;
+        counters_.prompt_tokens += static_cast<int64_t>(s->taking);
+        s->taking = 0;
+        s->ready = s->fed == s->job.prompt.size();
+      }
+    }
+  }
+  for (auto& s : slots_)
+    if (!s->finished && s->ready) Emit(*s);
+}
+
+// Samples the sequence's next token and streams it, as Generate's decode loop does (EOS and stop
+// ids end it unshown; a completed stop string ends it with the text before it).
+void Scheduler::Emit(Slot& s) {
+  s.ready = false;
+  Result<int32_t> next = s.session->Sample(s.job.sampling);
+  if (!next.ok()) return Finish(s, StopReason::kLength, next.error().message);
+  const std::vector<int32_t>& eos = model_.special_tokens().eos_ids;
+  if (std::find(eos.begin(), eos.end(), *next) != eos.end()) return Finish(s, StopReason::kEos);
+  if (std::find(s.job.stop_ids.begin(), s.job.stop_ids.end(), *next) != s.job.stop_ids.end())
+    return Finish(s, StopReason::kStopToken);
+  ++s.generated;
+  ++counters_.generated_tokens;
+  SeqEvent ev;
+  ev.index = s.job.index;
+  ev.has_token = true;
+  ev.token.id = *next;
+  ev.token_text = s.decoder->Peek(*next);
+  if (s.job.logprobs) {
+    const std::vector<float>& logits = s.session->logits();
+    FillLogprobs(logits.data(), static_cast<int64_t>(logits.size()), s.job.top_logprobs, *s.decoder, ev.token);
+  }
+  ev.token.text = s.stop->Push(s.decoder->Push(*next));
+  s.job.channel->Push(std::move(ev));
+  if (s.stop->stopped()) return Finish(s, StopReason::kStopString);
+  if (s.generated >= s.job.max_tokens) return Finish(s, StopReason::kLength);
+  if (s.session->position() + 1 > s.session->capacity()) return Finish(s, StopReason::kContextFull);
+  s.next = *next;
+}
+
+void Scheduler::Finish(Slot& s, StopReason reason, const std::string& error) {
+  SeqEvent ev;
+  ev.index = s.job.index;
+  ev.done = true;
+  ev.reason = reason;
+  ev.error = error;
+  if (s.decoder && error.empty() && reason != StopReason::kStopString && reason != StopReason::kCancelled) {
+    ev.token.text = s.stop->Push(s.decoder->Flush());
+    ev.token.text += s.stop->Flush();
+    if (s.stop->stopped()) ev.reason = StopReason::kStopString;
+  }
+  ev.prompt_tokens = static_cast<int64_t>(s.job.prompt.size());
+  ev.cached_tokens = s.cached;
+  ev.completion_tokens = s.generated;
+  s.job.channel->Push(std::move(ev));
+  s.finished = true;
+  // The context (prompt and every token run) serves later requests that start the same way.
+  if (s.session && s.session->position() > 0) (void)cache_.Insert(*s.session);
+}
+
+}  // namespace nibble::serve
