@@ -51,7 +51,7 @@ int RunServe(ServeArgs& a) {
   });
   if (!server.ok()) return FailStatus(server.error());
   std::fprintf(stderr, "nibble serve: ready on port %d: %d slots, ctx_size %lld, chunk %lld%s\n", (*server)->port(),
-               a.o.parallel, static_cast<long long>(a.o.ctx_size), static_cast<long long>(a.o.chunk),
+               a.o.parallel, static_cast<long long>((*server)->context_size()), static_cast<long long>(a.o.chunk),
                a.o.api_key.empty() ? "" : ", API key required");
   std::fflush(stderr);
   int sig = 0;

@@ -47,6 +47,8 @@ class Server {
                                                const std::function<void(int port)>& on_listening = nullptr);
   ~Server();
   int port() const;
+  /// KV positions of each sequence: --ctx_size within max_position_embeddings.
+  int64_t context_size() const;
   /// Stops accepting new requests (they get 503), lets running ones finish, then stops the
   /// listener; Wait returns afterwards. Safe to call from any thread (not a signal handler).
   void Drain();

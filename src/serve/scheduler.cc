@@ -45,6 +45,8 @@ struct Scheduler::Slot {
 
 Scheduler::Scheduler(const Model& model, const SchedulerOptions& options)
     : model_(model), options_(options), cache_(model, options.prefix_cache_bytes) {
+  if (options_.ctx_size <= 0) options_.ctx_size = DefaultContextSize(model);
+  options_.ctx_size = std::min(options_.ctx_size, model.info().max_position_embeddings);
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -235,10 +237,11 @@ void Scheduler::Finish(Slot& s, StopReason reason, const std::string& error) {
   ev.prompt_tokens = static_cast<int64_t>(s.job.prompt.size());
   ev.cached_tokens = s.cached;
   ev.completion_tokens = s.generated;
+  // The context (prompt and every token run) serves later requests that start the same way;
+  // stored before the request hears it ended, so its client's next request finds it.
+  if (s.session && s.session->position() > 0) (void)cache_.Insert(*s.session);
   s.job.channel->Push(std::move(ev));
   s.finished = true;
-  // The context (prompt and every token run) serves later requests that start the same way.
-  if (s.session && s.session->position() > 0) (void)cache_.Insert(*s.session);
 }
 
 }  // namespace nibble::serve

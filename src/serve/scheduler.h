@@ -69,7 +69,7 @@ struct SeqJob {
 
 struct SchedulerOptions {
   int parallel = 8;
-  int64_t ctx_size = 4096;
+  int64_t ctx_size = 4096;  // at most max_position_embeddings; 0 = DefaultContextSize
   int64_t chunk = 256;
   int64_t max_queue = 64;
   int threads = 0;

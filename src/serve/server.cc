@@ -205,6 +205,8 @@ Server::~Server() {
 
 int Server::port() const { return impl_->port; }
 
+int64_t Server::context_size() const { return impl_->n_ctx; }
+
 void Server::Drain() {
   impl_->draining.store(true);
   // Running and queued requests finish; new POSTs get 503 meanwhile.
