@@ -216,6 +216,7 @@ void Scheduler::Emit(Slot& s) {
     FillLogprobs(logits.data(), static_cast<int64_t>(logits.size()), s.job.top_logprobs, *s.decoder, ev.token);
   }
   ev.token.text = s.stop->Push(s.decoder->Push(*next));
+  ev.step = counters_.steps.load();
   s.job.channel->Push(std::move(ev));
   if (s.stop->stopped()) return Finish(s, StopReason::kStopString);
   if (s.generated >= s.job.max_tokens) return Finish(s, StopReason::kLength);
@@ -237,6 +238,7 @@ void Scheduler::Finish(Slot& s, StopReason reason, const std::string& error) {
   ev.prompt_tokens = static_cast<int64_t>(s.job.prompt.size());
   ev.cached_tokens = s.cached;
   ev.completion_tokens = s.generated;
+  ev.step = counters_.steps.load();
   // The context (prompt and every token run) serves later requests that start the same way;
   // stored before the request hears it ended, so its client's next request finds it.
   if (s.session && s.session->position() > 0) (void)cache_.Insert(*s.session);

@@ -34,6 +34,7 @@ struct SeqEvent {
   StopReason reason = StopReason::kLength;
   int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;  // done
   std::string error;             // done with an error (a failed step, a timeout)
+  int64_t step = 0;              // the scheduler's step count when it was sent (SchedulerCounters::steps)
 };
 
 /// One request's events, from the scheduler to the thread answering it.

@@ -139,6 +139,42 @@ const cases = {
     check(/^nibble_cancelled_total [1-9]/m.test(m), 'the cancel is counted');
     return { freed_ms: Date.now() - t0 };
   },
+  // A bounded load: 32 requests, 12 at a time (more than the 8 slots: some queue), streamed and
+  // whole, with logprobs: every token arrives once (the logprobs tokens make up the text and
+  // match usage), and no slot or queue entry is left afterwards.
+  async load() {
+    const prompts = Array.from({ length: 32 }, (_, i) => 'Request ' + i + ' begins with');
+    let next = 0, tokens = 0;
+    const worker = async () => {
+      while (next < prompts.length) {
+        const i = next++;
+        const req = { model, prompt: prompts[i], max_tokens: 8 + (i % 5) * 4, temperature: 0.7, seed: i, logprobs: 0 };
+        if (i % 2 === 0) {
+          const r = await client.completions.create(req);
+          const c = r.choices[0];
+          eq(c.logprobs.tokens.join(''), c.text, 'whole ' + i + ': tokens make the text');
+          eq(c.logprobs.tokens.length, r.usage.completion_tokens, 'whole ' + i + ': one entry per token');
+          tokens += r.usage.completion_tokens;
+        } else {
+          const stream = await client.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+          let text = '', pieces = '', n = 0, usage = null;
+          for await (const chunk of stream) {
+            if (chunk.usage) usage = chunk.usage;
+            if (!chunk.choices.length) continue;
+            text += chunk.choices[0].text;
+            if (chunk.choices[0].logprobs) { n += chunk.choices[0].logprobs.tokens.length; pieces += chunk.choices[0].logprobs.tokens.join(''); }
+          }
+          eq(pieces, text, 'stream ' + i + ': tokens make the text');
+          eq(n, usage.completion_tokens, 'stream ' + i + ': one chunk per token');
+          tokens += n;
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: 12 }, worker));
+    const m = await (await fetch(base + '/metrics', { headers: { Authorization: 'Bearer ' + key } })).text();
+    check(/^nibble_active_slots 0$/m.test(m) && /^nibble_queue_depth 0$/m.test(m), 'no slot left:\n' + m);
+    return { tokens };
+  },
   async auth() {
     const bad = new OpenAI({ baseURL: base + '/v1', apiKey: key + 'x', maxRetries: 0 });
     let status = 0;

@@ -102,6 +102,7 @@ TEST_F(ServeTest, StopStringsAcrossTokensAndLogprobs) { Client("stop"); }
 TEST_F(ServeTest, NChoicesWithSeed) { Client("n2"); }
 TEST_F(ServeTest, EightConcurrentStreamsEqualSequential) { Client("concurrent"); }
 TEST_F(ServeTest, DisconnectFreesSlot) { Client("disconnect"); }
+TEST_F(ServeTest, BoundedLoadLosesNoTokens) { Client("load"); }
 TEST_F(ServeTest, ApiKey) { Client("auth"); }
 TEST_F(ServeTest, BadRequestsThenHealthy) { Client("bad_requests"); }
 

@@ -136,3 +136,60 @@ TEST(ServeScheduler, QueueBoundAndCancelFreesTheSlot) {
 
 }  // namespace
 }  // namespace nibble::serve
+
+namespace nibble::serve {
+namespace {
+
+// A long prompt arriving while sequences decode is prefilled `chunk` tokens per step beside
+// them: every running sequence gets a token every step (its inter-token gap is one step of at
+// most `chunk` prompt rows), and the long prompt's first token comes after its chunks.
+TEST(ServeScheduler, LongPromptNeverStallsRunningStreams) {
+  auto model = LoadEmbedded();
+  ASSERT_TRUE(model);
+  SchedulerOptions so;
+  so.parallel = 5;
+  so.chunk = 32;
+  so.ctx_size = 512;
+  Scheduler sched(*model, so);
+  auto running = std::make_shared<Channel>(), longer = std::make_shared<Channel>();
+  std::vector<SeqJob> jobs;
+  const char* prompts[] = {"The king", "A small boat", "In the morning", "Long ago"};
+  for (int i = 0; i < 4; ++i) jobs.push_back(Job(*model, prompts[i], 60, i, running));
+  ASSERT_TRUE(sched.Submit(std::move(jobs)));
+  // Once every stream has its first token, the long prompt (over 10 chunks) arrives.
+  std::vector<std::vector<int64_t>> steps(4);
+  std::vector<bool> done(4, false);
+  auto take = [&](std::chrono::milliseconds wait) {
+    SeqEvent ev;
+    if (!running->Pop(&ev, wait)) return false;
+    if (ev.has_token) steps[static_cast<size_t>(ev.index)].push_back(ev.step);
+    if (ev.done) done[static_cast<size_t>(ev.index)] = true;
+    return true;
+  };
+  while (std::any_of(steps.begin(), steps.end(), [](const auto& s) { return s.empty(); })) ASSERT_TRUE(take(10s));
+  std::string text;
+  for (int i = 0; i < 25; ++i) text += "The children ran to the river and the old man watched them. ";
+  std::vector<SeqJob> long_job;
+  long_job.push_back(Job(*model, text, 2, 0, longer));
+  const int64_t long_tokens = static_cast<int64_t>(long_job[0].prompt.size());
+  ASSERT_GT(long_tokens, 10 * so.chunk);
+  const int64_t submitted_at = sched.counters().steps.load();
+  ASSERT_TRUE(sched.Submit(std::move(long_job)));
+  SeqEvent first_long;
+  for (bool got = false; !got;) {
+    ASSERT_TRUE(longer->Pop(&first_long, 30s));
+    got = first_long.has_token || first_long.done;
+  }
+  ASSERT_TRUE(first_long.error.empty()) << first_long.error;
+  EXPECT_GE(first_long.step - submitted_at, (long_tokens + so.chunk - 1) / so.chunk);
+  while (!std::all_of(done.begin(), done.end(), [](bool d) { return d; })) ASSERT_TRUE(take(30s));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    ASSERT_GT(steps[i].size(), 20u) << "stream " << i;
+    for (size_t k = 1; k < steps[i].size(); ++k)
+      ASSERT_EQ(steps[i][k] - steps[i][k - 1], 1) << "stream " << i << " skipped a step at token " << k;
+  }
+  EXPECT_LE(sched.counters().step_tokens.load(), sched.counters().steps.load() * (so.chunk + 4));
+}
+
+}  // namespace
+}  // namespace nibble::serve
