@@ -23,7 +23,7 @@ struct ServeOptions {
   int parallel = 8;            // sequences decoded together (slots)
   int64_t ctx_size = 4096;     // KV positions of each sequence (0 = DefaultContextSize)
   int64_t chunk = 256;         // prompt tokens per step across the prefilling sequences
-  int64_t max_queue = 64;      // requests waiting for a slot beyond which new ones get 429
+  int64_t max_queue = 64;      // sequences that may wait for a slot; a request that would exceed it gets 429
   std::string api_key;         // "" = no key required
   int threads = 0;             // compute threads of the scheduler (0 = all cores)
   LoadOptions load;            // activations, kv_dtype, tokenizer

@@ -55,8 +55,9 @@ Scheduler::~Scheduler() { Stop(); }
 bool Scheduler::Submit(std::vector<SeqJob> jobs) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // A request larger than the queue still runs when the queue is empty (it waits for slots).
-    if (stop_ || (!queue_.empty() && static_cast<int64_t>(queue_.size() + jobs.size()) > options_.max_queue)) return false;
+    // Sequences that will wait: those beyond the free slots (active_ lags by at most a step).
+    const int64_t free_slots = std::max<int64_t>(0, options_.parallel - active_.load());
+    if (stop_ || static_cast<int64_t>(queue_.size() + jobs.size()) > options_.max_queue + free_slots) return false;
     for (SeqJob& j : jobs) queue_.push_back(std::move(j));
   }
   cv_.notify_one();

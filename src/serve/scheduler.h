@@ -94,7 +94,8 @@ class Scheduler {
  public:
   Scheduler(const Model& model, const SchedulerOptions& options);
   ~Scheduler();  // Stop()
-  /// Queues the sequences of one request, all or none: false when the queue would exceed max_queue.
+  /// Queues the sequences of one request, all or none: false when more than max_queue of them
+  /// would wait (those beyond the free slots).
   bool Submit(std::vector<SeqJob> jobs);
   /// Ends the scheduler thread once every queued and running sequence has finished.
   void Stop();

@@ -3,6 +3,7 @@
 #include <nibble/serve.h>
 
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -144,6 +145,12 @@ Result<std::unique_ptr<Server>> Server::Start(const ServeOptions& options, const
   const size_t workers = static_cast<size_t>(options.parallel + options.max_queue + 8);
   s.http.new_task_queue = [workers] { return new httplib::ThreadPool(std::min<size_t>(workers, 512)); };
   s.http.set_payload_max_length(static_cast<size_t>(options.max_body_bytes));
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server binds the
+  // same port and the two share its connections.
+  s.http.set_socket_options([](int sock) {
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   s.Routes();
   if (options.port == 0) {
     s.port = s.http.bind_to_any_port(options.host);
@@ -153,7 +160,13 @@ Result<std::unique_ptr<Server>> Server::Start(const ServeOptions& options, const
   if (s.port <= 0)
     return MakeErrorCode(ErrorCode::kIo, "cannot listen on ", options.host, ":", options.port,
                          " (address in use, not a local address, or not permitted)");
-  s.listener = std::thread([&s] { s.http.listen_after_bind(); });
+  s.listener = std::thread([&s] {
+    s.http.listen_after_bind();
+    s.listen_returned.store(true);
+  });
+  // httplib's stop() does nothing until the listener thread has marked itself running: wait for
+  // it, so that a stop (a failed load, a drain) always ends the listener.
+  while (!s.http.is_running() && !s.listen_returned.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (on_listening) on_listening(s.port);
   auto fail = [&s](const Error& e) -> Error {
     s.http.stop();

@@ -58,6 +58,7 @@ struct Server::Impl {
   std::string model_id;
   int64_t created = 0;
   std::atomic<bool> ready{false}, draining{false};
+  std::atomic<bool> listen_returned{false};  // the listener thread's listen_after_bind returned
   std::atomic<int64_t> in_flight{0};
   std::mutex status_mu;
   std::map<int, int64_t> status_counts;
