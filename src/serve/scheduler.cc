@@ -109,6 +109,12 @@ void Scheduler::Admit() {
       ++counters_.cancelled;
       continue;  // nobody is listening
     }
+    if (std::chrono::steady_clock::now() > slot->job.deadline) {  // its time ran out in the queue
+      ++counters_.cancelled;
+      slots_.push_back(std::move(slot));
+      Finish(*slots_.back(), StopReason::kCancelled, "the request waited past the server's --timeout");
+      continue;
+    }
     SessionOptions so;
     so.context = options_.ctx_size;
     so.threads = options_.threads;

@@ -107,5 +107,35 @@ TEST(ServeServer, QueueFullIs429AndDrainFinishesRunning) {
   EXPECT_EQ(first_status.load(), 200) << first_body;
 }
 
+// A request past --timeout is ended at the next step: 504 for a whole response; a stream gets an
+// error event and its finish chunk ("abort"), then [DONE].
+TEST(ServeServer, TimeoutEndsTheRequest) {
+  ServeOptions o = Options();
+  o.timeout_seconds = 0.05;
+  auto server = Server::Start(o);
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  httplib::Client cli("127.0.0.1", (*server)->port());
+  cli.set_read_timeout(60, 0);
+  const json req = {{"prompt", "The story"}, {"max_tokens", 480}, {"temperature", 0}};
+  auto whole = cli.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(whole);
+  const json body = json::parse(whole->body);
+  if (whole->status == 200) {
+    GTEST_SKIP() << "the model ended at EOS within the timeout: " << body.dump();
+  }
+  EXPECT_EQ(whole->status, 504) << whole->body;
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("--timeout"), std::string::npos);
+  json sreq = req;
+  sreq["stream"] = true;
+  auto streamed = cli.Post("/v1/completions", sreq.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->status, 200);
+  EXPECT_NE(streamed->body.find("\"error\""), std::string::npos) << streamed->body;
+  EXPECT_NE(streamed->body.find("\"finish_reason\":\"abort\""), std::string::npos);
+  EXPECT_NE(streamed->body.find("data: [DONE]"), std::string::npos);
+  (*server)->Drain();
+  (*server)->Wait();
+}
+
 }  // namespace
 }  // namespace nibble
