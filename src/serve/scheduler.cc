@@ -7,6 +7,7 @@
 
 #include "api/logprobs.h"
 #include "api/model_impl.h"
+#include "base/result.h"
 #include "tokenizer/stream_decoder.h"
 
 namespace nibble::serve {
@@ -75,7 +76,7 @@ void Scheduler::Stop() {
 
 int64_t Scheduler::queued() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int64_t>(queue_.size());
+  return static_cast<int64_t>(queue_.size()) + deferred_n_.load();
 }
 
 void Scheduler::Run() {
@@ -83,8 +84,8 @@ void Scheduler::Run() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty() || !slots_.empty(); });
-      if (stop_ && queue_.empty() && slots_.empty()) return;
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty() || !slots_.empty() || !deferred_.empty(); });
+      if (stop_ && queue_.empty() && slots_.empty() && deferred_.empty()) return;
     }
     Admit();
     Reap();
@@ -94,48 +95,80 @@ void Scheduler::Run() {
   }
 }
 
-void Scheduler::Admit() {
-  while (static_cast<int>(slots_.size()) < options_.parallel) {
-    SeqJob job;
+// A running sequence of the same request with the same prompt (another of its `n` choices).
+Scheduler::Slot* Scheduler::Sibling(const SeqJob& job) const {
+  for (const auto& s : slots_)
+    if (!s->finished && s->session && s->job.channel == job.channel && s->job.prompt == job.prompt) return s.get();
+  return nullptr;
+}
+
+// The next job to start: a deferred choice whose sibling has its prompt in its KV cache (or is
+// gone), else the queue's front; a choice whose sibling is still prefilling is deferred, so that
+// the prompt is prefilled once per request rather than once per choice.
+bool Scheduler::NextJob(SeqJob* job) {
+  for (auto it = deferred_.begin(); it != deferred_.end(); ++it) {
+    const Slot* sib = Sibling(*it);
+    if (sib != nullptr && sib->fed < sib->job.prompt.size() && !it->channel->cancelled()) continue;
+    *job = std::move(*it);
+    deferred_.erase(it);
+    deferred_n_.store(static_cast<int64_t>(deferred_.size()));
+    return true;
+  }
+  for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (queue_.empty()) return;
-      job = std::move(queue_.front());
+      if (queue_.empty()) return false;
+      *job = std::move(queue_.front());
       queue_.pop_front();
     }
+    const Slot* sib = Sibling(*job);
+    if (sib == nullptr || sib->fed == sib->job.prompt.size() || job->channel->cancelled()) return true;
+    deferred_.push_back(std::move(*job));
+    deferred_n_.store(static_cast<int64_t>(deferred_.size()));
+  }
+}
+
+void Scheduler::Admit() {
+  SeqJob job;
+  while (static_cast<int>(slots_.size()) < options_.parallel && NextJob(&job)) {
     auto slot = std::make_unique<Slot>();
     slot->job = std::move(job);
     if (slot->job.channel->cancelled()) {
       ++counters_.cancelled;
       continue;  // nobody is listening
     }
-    if (std::chrono::steady_clock::now() > slot->job.deadline) {  // its time ran out in the queue
+    Slot& s = *slots_.emplace_back(std::move(slot));
+    if (std::chrono::steady_clock::now() > s.job.deadline) {  // its time ran out in the queue
       ++counters_.cancelled;
-      slots_.push_back(std::move(slot));
-      Finish(*slots_.back(), StopReason::kCancelled, "the request waited past the server's --timeout");
+      Finish(s, StopReason::kCancelled, "the request waited past the server's --timeout");
       continue;
     }
-    SessionOptions so;
-    so.context = options_.ctx_size;
-    so.threads = options_.threads;
-    Result<PrefixCache::Hit> hit = cache_.Acquire(slot->job.prompt, so);
-    if (!hit.ok()) {
-      slot->fed = 0;
-      slots_.push_back(std::move(slot));
-      Finish(*slots_.back(), StopReason::kLength, hit.error().message);
-      continue;
-    }
-    slot->session = std::move(hit->session);
-    slot->cached = hit->cached_tokens;
-    slot->fed = static_cast<size_t>(hit->cached_tokens);
-    slot->ready = slot->fed == slot->job.prompt.size();  // the entry holds the whole prompt with its logits
-    if (slot->cached > 0) ++counters_.cache_hits;
-    counters_.cached_tokens += slot->cached;
-    const Tokenizer& tok = ModelAccess::tokenizer(model_);
-    slot->decoder = std::make_unique<StreamDecoder>(tok, slot->job.prompt);
-    slot->stop = std::make_unique<StopStringMatcher>(slot->job.stop);
-    slots_.push_back(std::move(slot));
+    if (const Status st = Start(s); !st.ok()) Finish(s, StopReason::kLength, st.error().message);
   }
+}
+
+// A new sequence's session: a fork of its sibling's prompt (all but the last position, which
+// runs again to give the sequence its own logits), else the prefix cache's longest match.
+Status Scheduler::Start(Slot& s) {
+  SessionOptions so;
+  so.context = options_.ctx_size;
+  so.threads = options_.threads;
+  if (const Slot* sib = Sibling(s.job); sib != nullptr && s.job.prompt.size() > 1 && sib->fed == sib->job.prompt.size()) {
+    const auto keep = static_cast<int64_t>(s.job.prompt.size()) - 1;
+    NIBBLE_ASSIGN_OR_RETURN(s.session, sib->session->Fork(keep, so));
+    s.fed = static_cast<size_t>(keep);
+  } else {
+    NIBBLE_ASSIGN_OR_RETURN(PrefixCache::Hit hit, cache_.Acquire(s.job.prompt, so));
+    s.session = std::move(hit.session);
+    s.cached = hit.cached_tokens;
+    s.fed = static_cast<size_t>(hit.cached_tokens);
+    s.ready = s.fed == s.job.prompt.size();  // the entry holds the whole prompt with its logits
+    if (s.cached > 0) ++counters_.cache_hits;
+    counters_.cached_tokens += s.cached;
+  }
+  s.decoder = std::make_unique<StreamDecoder>(ModelAccess::tokenizer(model_), s.job.prompt);
+  s.stop = std::make_unique<StopStringMatcher>(s.job.stop);
+  return Status::Ok();
 }
 
 void Scheduler::Reap() {

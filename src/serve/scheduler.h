@@ -109,6 +109,9 @@ class Scheduler {
  private:
   void Run();
   void Admit();
+  bool NextJob(SeqJob* job);
+  Slot* Sibling(const SeqJob& job) const;
+  Status Start(Slot& slot);
   void Reap();
   void Step();
   void Emit(Slot& slot);
@@ -123,6 +126,8 @@ class Scheduler {
   std::deque<SeqJob> queue_;
   bool stop_ = false;
   std::vector<std::unique_ptr<Slot>> slots_;  // the scheduler thread's own
+  std::deque<SeqJob> deferred_;               // the scheduler thread's own: choices waiting for a sibling's prefill
+  std::atomic<int64_t> deferred_n_{0};
   std::atomic<int64_t> active_{0};
   std::thread thread_;
 };

@@ -193,3 +193,41 @@ TEST(ServeScheduler, LongPromptNeverStallsRunningStreams) {
 
 }  // namespace
 }  // namespace nibble::serve
+
+namespace nibble::serve {
+namespace {
+
+// The n choices of one prompt prefill it once: the others fork the first's KV and run only the
+// last prompt token for their own logits. Greedy, all equal Generate's text.
+TEST(ServeScheduler, ChoicesOfOnePromptPrefillItOnce) {
+  auto model = LoadEmbedded();
+  ASSERT_TRUE(model);
+  SchedulerOptions so;
+  so.chunk = 8;  // the prompt takes several steps: the other choices wait for it
+  so.ctx_size = 256;
+  so.prefix_cache_bytes = 0;  // no help from the prefix cache
+  Scheduler sched(*model, so);
+  const std::string prompt = "A small boat sailed across the quiet bay while the old man watched from the shore";
+  auto ch = std::make_shared<Channel>();
+  std::vector<SeqJob> jobs;
+  for (int i = 0; i < 3; ++i) jobs.push_back(Job(*model, prompt, 10, i, ch));
+  const auto n_prompt = static_cast<int64_t>(jobs[0].prompt.size());
+  ASSERT_GT(n_prompt, 2 * so.chunk);
+  ASSERT_TRUE(sched.Submit(std::move(jobs)));
+  const std::vector<std::string> got = Collect(*ch, 3);
+  GenerateOptions g;
+  g.prompt = prompt;
+  g.max_new_tokens = 10;
+  g.sampling.temperature = 0;
+  std::string want;
+  ASSERT_TRUE(Generate(*model, g, [&want](std::string_view piece) {
+                want += piece;
+                return true;
+              }).ok());
+  for (const std::string& text : got) EXPECT_EQ(text, want);
+  EXPECT_EQ(sched.counters().prompt_tokens.load(), n_prompt + 2);
+  EXPECT_EQ(sched.queued(), 0);
+}
+
+}  // namespace
+}  // namespace nibble::serve
