@@ -25,9 +25,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const char* kKey = "test-key-123";
+const char* kServeKey = "test-key-123";
 
-std::string NodeModules() { return SourceDir() + "/build/npm/node_modules"; }
+std::string ServeNodeModules() { return SourceDir() + "/build/npm/node_modules"; }
 
 class ServeTest : public ::testing::Test {
  protected:
@@ -36,8 +36,8 @@ class ServeTest : public ::testing::Test {
       skip_ = "node not found in PATH";
       return;
     }
-    if (!fs::exists(NodeModules() + "/openai")) {
-      skip_ = "npm openai not installed in " + NodeModules() + " (scripts/install_node_packages.sh installs it)";
+    if (!fs::exists(ServeNodeModules() + "/openai")) {
+      skip_ = "npm openai not installed in " + ServeNodeModules() + " (scripts/install_node_packages.sh installs it)";
       return;
     }
     skip_ = MissingShared({"models/prose-llama-7m"});
@@ -51,7 +51,7 @@ class ServeTest : public ::testing::Test {
       dup2(fd, 2);
       dup2(fd, 1);
       const std::string bin = NibbleBinary();
-      execl(bin.c_str(), bin.c_str(), "serve", "--model", model.c_str(), "--port", "0", "--api_key", kKey, "--alias", "served",
+      execl(bin.c_str(), bin.c_str(), "serve", "--model", model.c_str(), "--port", "0", "--api_key", kServeKey, "--alias", "served",
             "--chat_template", tmpl.c_str(), "--parallel", "8", "--ctx_size", "512", "--threads", "2", nullptr);
       _exit(127);
     }
@@ -84,9 +84,9 @@ class ServeTest : public ::testing::Test {
 
   // Runs one case of serve_client.cjs; its last output line as JSON.
   static nlohmann::json Client(const std::string& name, const std::string& env = "") {
-    const RunResult r = RunCommand(env + " NODE_PATH=" + Quote(NodeModules()) + " node " +
+    const RunResult r = RunCommand(env + " NODE_PATH=" + Quote(ServeNodeModules()) + " node " +
                                    Quote(SourceDir() + "/tests/e2e/serve_client.cjs") + " " + name + " " + Quote(base_) + " " +
-                                   kKey + " 2>&1");
+                                   kServeKey + " 2>&1");
     EXPECT_EQ(r.exit_code, 0) << name << ":\n" << r.out << "\nserver log:\n" << ReadFile(log_);
     const size_t nl = r.out.find_last_of('\n', r.out.size() >= 2 ? r.out.size() - 2 : 0);
     return nlohmann::json::parse(nl == std::string::npos ? r.out : r.out.substr(nl + 1), nullptr, false);
@@ -134,7 +134,7 @@ TEST_F(ServeTest, EchoLogprobsMatchPerplexity) {
 
 // Last: SIGTERM lets a running stream finish and the server exit 0.
 TEST_F(ServeTest, SigtermDrains) {
-  const std::string cmd = "curl -sN -H 'Authorization: Bearer " + std::string(kKey) + "' " + base_ +
+  const std::string cmd = "curl -sN -H 'Authorization: Bearer " + std::string(kServeKey) + "' " + base_ +
                           "/v1/completions -d '{\"prompt\": \"The sea\", \"max_tokens\": 60, \"temperature\": 0, \"stream\": true}'";
   if (RunCommand("command -v curl >/dev/null 2>&1").exit_code != 0) GTEST_SKIP() << "curl not found";
   RunResult streamed;
