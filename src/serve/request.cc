@@ -33,6 +33,9 @@ const json* Find(const json& o, const char* key) {
 }
 
 std::string Shown(const json& v) {
+  // Arrays and objects are not printed: a deeply nested one would recurse as deep to print.
+  if (v.is_array()) return "[...] (" + std::to_string(v.size()) + " items)";
+  if (v.is_object()) return "{...}";
   std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   return s.size() > 64 ? s.substr(0, 61) + "..." : s;
 }

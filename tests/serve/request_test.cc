@@ -34,6 +34,19 @@ TEST(ServeRequest, MalformedJsonAndNonObjects) {
   }
 }
 
+// A body nested a million levels deep is a 400, not a stack overflow while printing it.
+TEST(ServeRequest, DeeplyNestedBodyIsRefused) {
+  const int depth = 1000000;
+  const std::string body = "{\"prompt\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
+  ApiError e;
+  EXPECT_FALSE(Parse(body, Endpoint::kCompletions, &e));
+  EXPECT_EQ(e.param, "prompt[0][0]");
+  EXPECT_FALSE(Parse("{\"messages\": [{\"role\": \"user\", \"content\": [" + std::string(depth, '[') +
+                         std::string(depth, ']') + "]}]}",
+                     Endpoint::kChat, &e));
+  EXPECT_EQ(e.param, "messages[0].content[0]");
+}
+
 TEST(ServeRequest, CompletionDefaultsAreOpenAis) {
   ApiError e;
   auto r = Parse(R"({"prompt": "hi", "unknown_field": [1, {"x": 2}]})", Endpoint::kCompletions, &e);
