@@ -196,6 +196,19 @@ bool GetMessages(const json& o, std::vector<ChatMessage>* out, ApiError* e) {
   return true;
 }
 
+// Whether `v` nests deeper than `max` levels, without recursing.
+bool NestsDeeper(const json& v, int max) {
+  std::vector<std::pair<const json*, int>> todo = {{&v, 1}};
+  while (!todo.empty()) {
+    const auto [j, depth] = todo.back();
+    todo.pop_back();
+    if (!j->is_structured()) continue;
+    if (depth > max) return true;
+    for (const json& child : *j) todo.push_back({&child, depth + 1});
+  }
+  return false;
+}
+
 bool GetSampling(const json& o, CompletionRequest* r, ApiError* e) {
   SamplingOptions& s = r->sampling;
   s.temperature = 1.0f;
@@ -301,8 +314,14 @@ std::optional<CompletionRequest> ParseCompletionRequest(std::string_view body, E
   }
   if (ok && endpoint == Endpoint::kChat) {
     if (const json* kw = Find(*j, "chat_template_kwargs")) {
-      if (!kw->is_object()) ok = WrongType("chat_template_kwargs", "an object", *kw, e);
-      else r.chat_template_kwargs = kw->dump();
+      if (!kw->is_object()) {
+        ok = WrongType("chat_template_kwargs", "an object", *kw, e);
+      } else if (NestsDeeper(*kw, 32)) {
+        *e = FieldError("chat_template_kwargs", "nests deeper than 32 levels");
+        ok = false;
+      } else {
+        r.chat_template_kwargs = kw->dump();
+      }
     }
   }
   if (!ok) return std::nullopt;

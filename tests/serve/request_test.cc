@@ -45,6 +45,10 @@ TEST(ServeRequest, DeeplyNestedBodyIsRefused) {
                          std::string(depth, ']') + "]}]}",
                      Endpoint::kChat, &e));
   EXPECT_EQ(e.param, "messages[0].content[0]");
+  EXPECT_FALSE(Parse("{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"chat_template_kwargs\": {\"a\": " +
+                         std::string(depth, '[') + std::string(depth, ']') + "}}",
+                     Endpoint::kChat, &e));
+  EXPECT_EQ(e.param, "chat_template_kwargs");
 }
 
 TEST(ServeRequest, CompletionDefaultsAreOpenAis) {
