@@ -17,6 +17,7 @@ if "OMP_WAIT_POLICY" not in _os.environ:
 
 from ._nibble import (  # noqa: E402
     Cancelled,
+    Checkpoint,
     CorruptInput,
     Error,
     InternalError,
@@ -32,6 +33,7 @@ from ._nibble import (  # noqa: E402
     __version__,
     convert,
     inspect,
+    open_checkpoint,
     quantize,
     verify,
 )
@@ -66,7 +68,7 @@ def export_onnx(model_dir, output_dir, accuracy_level=4, io_dtype="fp32", overwr
 
 
 __all__ = [
-    "Cancelled", "CorruptInput", "Error", "InternalError", "InvalidArgument", "InvalidInput", "IoError",
+    "Cancelled", "Checkpoint", "CorruptInput", "Error", "InternalError", "InvalidArgument", "InvalidInput", "IoError",
     "Model", "NotFound", "ResourceExhausted", "Session", "TokenStream", "Unsupported", "__version__",
-    "convert", "export_onnx", "inspect", "quantize", "verify",
+    "convert", "export_onnx", "inspect", "open_checkpoint", "quantize", "verify",
 ]

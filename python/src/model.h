@@ -42,5 +42,6 @@ py::object NewSession(std::shared_ptr<PyModel> pm, std::optional<int64_t> ctx_si
 void RegisterModel(py::module_& m);
 void RegisterSession(py::module_& m);
 void RegisterTools(py::module_& m);
+void RegisterCheckpoint(py::module_& m);
 
 }  // namespace nibble_py

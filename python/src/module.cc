@@ -8,4 +8,5 @@ PYBIND11_MODULE(_nibble, m) {
   nibble_py::RegisterModel(m);
   nibble_py::RegisterSession(m);
   nibble_py::RegisterTools(m);
+  nibble_py::RegisterCheckpoint(m);
 }

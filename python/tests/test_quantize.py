@@ -88,3 +88,19 @@ def test_convert_verify_and_inspect(model_dir, nibble_cli, tmp_path):
         nibble.inspect(str(tmp_path / "nothing-here"))
     m = nibble.Model(str(tmp_path / "ct"))
     assert m.info["weight_format"] == "compressed-tensors" and m.info["int4_linears"] > 0
+
+
+def test_the_example_script_runs(model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import SOURCE_DIR
+
+    calib, text = shared_data("prose-calib.txt"), shared_data("prose-val.txt")
+    proc = subprocess.run([sys.executable, str(SOURCE_DIR / "python" / "examples" / "quantize_and_eval.py"),
+                           "--model", model_dir, "--dataset", str(calib), "--text", str(text), "--out",
+                           str(tmp_path / "awq"), "--num_calib_data", "2", "--calib_seq_len", "64", "--seq_len", "128",
+                           "--max_windows", "2", "--plot", str(tmp_path / "errors.png")],
+                          capture_output=True, text=True, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr
+    assert "awq   perplexity" in proc.stdout and "relative weight error" in proc.stdout
