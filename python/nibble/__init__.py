@@ -37,7 +37,13 @@ from ._nibble import (  # noqa: E402
     quantize,
     verify,
 )
-from ._nibble import _export_onnx_program  # noqa: E402
+from ._nibble import _export_onnx_program, _shutdown  # noqa: E402
+
+import atexit as _atexit  # noqa: E402
+
+# Calls still running at exit (daemon threads, unfinished streams) are cancelled and waited for
+# before the interpreter and the libraries they run in tear down.
+_atexit.register(_shutdown)
 
 
 def export_onnx(model_dir, output_dir, accuracy_level=4, io_dtype="fp32", overwrite=False):

@@ -39,6 +39,53 @@ T TakeOrThrow(nibble::Result<T>&& r) {
   return std::move(r).value();
 }
 
+/// Every library call in flight on a worker thread is registered with its token (BeginCall on the
+/// calling thread, EndCall by the worker as its last step), so that interpreter exit (atexit:
+/// nibble._shutdown) cancels them all and waits for their workers before the process tears down
+/// the libraries they run in.
+int64_t BeginCall(const nibble::CancellationToken& token);
+void EndCall(int64_t id);
+/// Cancels every call in flight and waits (up to `seconds`) for their workers to return.
+void CancelAllCalls(double seconds);
+
+/// The thread that imported the module (the main thread, the one that finalizes the interpreter).
+unsigned long ImportThread();
+
+/// True once the interpreter is being finalized, on any thread but the one finalizing it: such a
+/// thread must not take the GIL back (Python ends it with pthread_exit, whose forced unwind
+/// through pybind11's frames would release Python objects without the GIL).
+inline bool ShuttingDownOffMainThread() {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  return finalizing && PyThread_get_thread_ident() != ImportThread();
+}
+
+/// Runs `f` with the GIL released. If the interpreter started finalizing meanwhile, a thread other
+/// than the main one runs `stop` (still without the GIL: cancel and join its work) and then
+/// sleeps until the process exits, as Python 3.14 parks daemon threads, instead of returning.
+template <typename F, typename Stop>
+void WithoutGil(F&& f, Stop&& stop) {
+  PyThreadState* state = PyEval_SaveThread();
+  try {
+    f();
+  } catch (...) {
+    PyEval_RestoreThread(state);
+    throw;
+  }
+  if (ShuttingDownOffMainThread()) {
+    stop();
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  PyEval_RestoreThread(state);
+}
+template <typename F>
+void WithoutGil(F&& f) {
+  WithoutGil(std::forward<F>(f), [] {});
+}
+
 /// Called on the calling (GIL-holding) thread at every wait slice of RunCancellable: forwards
 /// what the worker produced to Python callables (progress) and may raise.
 using PollFn = std::function<void()>;
@@ -57,6 +104,7 @@ R RunCancellable(int threads, const std::function<R(const nibble::CancellationTo
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  const int64_t call = BeginCall(token);
   std::thread worker([&] {
     try {
       nibble::SetNumThreads(threads);
@@ -64,18 +112,33 @@ R RunCancellable(int threads, const std::function<R(const nibble::CancellationTo
     } catch (...) {
       worker_exc = std::current_exception();
     }
-    std::lock_guard<std::mutex> lock(mu);
-    done = true;
-    cv.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      cv.notify_all();
+    }
+    EndCall(call);
   });
+  // Joins the worker on every way out: a joinable std::thread destroyed would call std::terminate.
+  struct JoinOnExit {
+    std::thread& t;
+    const nibble::CancellationToken& token;
+    ~JoinOnExit() {
+      if (!t.joinable()) return;
+      token.Cancel();
+      t.join();
+    }
+  } join_on_exit{worker, token};
   std::optional<py::error_already_set> raised;
   for (;;) {
-    bool finished;
-    {
-      py::gil_scoped_release release;
+    bool finished = false;
+    WithoutGil([&] {
       std::unique_lock<std::mutex> lock(mu);
       finished = cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; });
-    }
+    }, [&] {
+      token.Cancel();
+      worker.join();
+    });
     if (!raised) {
       try {
         if (poll) poll();
@@ -87,10 +150,7 @@ R RunCancellable(int threads, const std::function<R(const nibble::CancellationTo
     }
     if (finished) break;
   }
-  {
-    py::gil_scoped_release release;
-    worker.join();
-  }
+  WithoutGil([&] { worker.join(); });
   if (raised) throw std::move(*raised);
   if (worker_exc) std::rethrow_exception(worker_exc);
   return std::move(*result);

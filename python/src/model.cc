@@ -168,7 +168,8 @@ class TokenStream {
  public:
   TokenStream(std::shared_ptr<PyModel> pm, nibble::GenerateOptions g, bool events) : pm_(std::move(pm)), events_(events) {
     g.cancel = &token_;
-    worker_ = std::thread([this, g = std::move(g)] {
+    const int64_t call = BeginCall(token_);
+    worker_ = std::thread([this, call, g = std::move(g)] {
       nibble::SetNumThreads(pm_->threads);
       nibble::Result<nibble::GenerateStats> r = nibble::Generate(*pm_->model, g, [this](const nibble::TokenEvent& ev) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -176,26 +177,29 @@ class TokenStream {
         cv_.notify_one();
         return true;
       });
-      std::lock_guard<std::mutex> lock(mu_);
-      result_.emplace(std::move(r));
-      cv_.notify_one();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        result_.emplace(std::move(r));
+        cv_.notify_one();
+      }
+      EndCall(call);
     });
   }
   ~TokenStream() { Close(); }
 
   void Close() {
-    if (!worker_.joinable()) return;
     token_.Cancel();
-    py::gil_scoped_release release;
-    worker_.join();
+    WithoutGil([this] {
+      std::lock_guard<std::mutex> lock(close_mu_);  // atexit and a consumer thread may close at once
+      if (worker_.joinable()) worker_.join();
+    });
   }
 
   py::object Next() {
     for (;;) {
       std::optional<nibble::TokenEvent> ev;
       bool finished = false;
-      {
-        py::gil_scoped_release release;
+      WithoutGil([&] {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return !queue_.empty() || result_.has_value(); });
         if (!queue_.empty()) {
@@ -204,7 +208,11 @@ class TokenStream {
         } else {
           finished = result_.has_value();
         }
-      }
+      }, [this] {
+        token_.Cancel();
+        std::lock_guard<std::mutex> lock(close_mu_);
+        if (worker_.joinable()) worker_.join();
+      });
       if (ev) {
         if (events_) return EventDict(*ev);
         if (!ev->text.empty()) return py::str(ev->text);
@@ -236,6 +244,7 @@ class TokenStream {
   bool events_;
   nibble::CancellationToken token_;
   mutable std::mutex mu_;
+  std::mutex close_mu_;
   std::condition_variable cv_;
   std::deque<nibble::TokenEvent> queue_;
   std::optional<nibble::Result<nibble::GenerateStats>> result_;
