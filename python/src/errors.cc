@@ -63,7 +63,11 @@ void RegisterErrors(py::module_& m) {
 void ThrowError(const nibble::Error& e) {
   auto it = Classes().find(e.code);
   PyObject* cls = it != Classes().end() ? it->second : Classes().at(nibble::ErrorCode::kInternal);
-  py::object exc = py::reinterpret_steal<py::object>(PyObject_CallFunction(cls, "s", e.message.c_str()));
+  // A message may quote bytes of a file or path that are not UTF-8: shown as U+FFFD.
+  py::object text = py::reinterpret_steal<py::object>(
+      PyUnicode_DecodeUTF8(e.message.data(), static_cast<Py_ssize_t>(e.message.size()), "replace"));
+  if (!text) throw py::error_already_set();
+  py::object exc = py::reinterpret_steal<py::object>(PyObject_CallOneArg(cls, text.ptr()));
   if (!exc) throw py::error_already_set();
   exc.attr("code") = nibble::ErrorCodeName(e.code);
   PyErr_SetObject(cls, exc.ptr());

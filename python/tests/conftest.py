@@ -50,8 +50,8 @@ def nibble_cli():
     if not os.path.exists(path):
         pytest.skip(f"needs the nibble CLI (NIBBLE_BINARY, or {path})")
 
-    def run(*args, check=True):
-        proc = subprocess.run([path, *map(str, args)], capture_output=True, text=True)
+    def run(*args, check=True, env=None):
+        proc = subprocess.run([path, *map(str, args)], capture_output=True, text=True, env=env)
         if check and proc.returncode != 0:
             raise AssertionError(f"nibble {' '.join(map(str, args))} exited {proc.returncode}: {proc.stderr}")
         return proc

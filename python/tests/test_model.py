@@ -147,3 +147,23 @@ def test_info(model):
     info = model.info
     assert info["architecture"] == "LlamaForCausalLM"
     assert info["vocab_size"] == 4096 and info["weight_format"] == "dense"
+
+
+def test_import_sets_the_clis_openmp_spin_count(nibble_cli):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    py = subprocess.run([sys.executable, "-c", "import os, nibble; print(os.environ['GOMP_SPINCOUNT'])"],
+                        capture_output=True, text=True, env=env, check=True).stdout.strip()
+    kernels = json.loads(nibble_cli("inspect", "--kernels", "--json", env=env).stdout)
+    assert f"GOMP_SPINCOUNT={py} (nibble's default)" in json.dumps(kernels)
+
+
+def test_an_error_quoting_bytes_that_are_not_utf8_still_raises(tmp_path):
+    import os
+
+    bad = os.fsencode(str(tmp_path)) + b"/model-\xff"  # a path that is not UTF-8 (bytes pass as str)
+    with pytest.raises(nibble.NotFound, match="model-\ufffd"):
+        nibble.Model(bad)
