@@ -69,6 +69,7 @@ def export_onnx(model_dir, output_dir, accuracy_level=4, io_dtype="fp32", overwr
     if proc.returncode != 0:
         message = proc.stderr.strip().splitlines()
         text = message[-1] if message else f"nibble-export-onnx exited with {proc.returncode}"
+        text = text.removeprefix("nibble: error: ").removeprefix("nibble: ")
         raise (InvalidArgument if proc.returncode == 2 else Error)(text)
     return {"output_dir": str(output_dir), "log": proc.stderr}
 

@@ -104,3 +104,15 @@ def test_the_example_script_runs(model_dir, tmp_path):
                           capture_output=True, text=True, env={**os.environ})
     assert proc.returncode == 0, proc.stderr
     assert "awq   perplexity" in proc.stdout and "relative weight error" in proc.stdout
+
+
+def test_export_onnx_runs_the_export_program(model_dir, tmp_path):
+    nibble.quantize(model_dir, str(tmp_path / "q"), group_size=32)
+    nibble.export_onnx(str(tmp_path / "q"), str(tmp_path / "onnx"))
+    written = set(os.listdir(tmp_path / "onnx"))
+    assert {"model.onnx", "model.onnx.data", "genai_config.json", "tokenizer.model"} <= written
+    assert json.loads((tmp_path / "onnx" / "genai_config.json").read_text())["model"]["type"]
+    with pytest.raises(nibble.Error, match="dense checkpoint") as e:
+        nibble.export_onnx(model_dir, str(tmp_path / "dense-onnx"))
+    assert model_dir in str(e.value) and not str(e.value).startswith("nibble:")
+    assert not (tmp_path / "dense-onnx").exists()
