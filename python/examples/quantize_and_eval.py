@@ -25,18 +25,21 @@ def main():
     p.add_argument("--calib_seq_len", type=int, default=512)
     p.add_argument("--seq_len", type=int, default=512)
     p.add_argument("--max_windows", type=int, default=20)
+    p.add_argument("--n_grid", type=int, default=20, help="AWQ grid points")
+    p.add_argument("--threads", type=int, default=None, help="compute threads (default: all cores)")
     p.add_argument("--plot", default="", help="PNG of the per-linear output error (needs matplotlib)")
     a = p.parse_args()
 
     shutil.rmtree(a.out, ignore_errors=True)
     report = nibble.quantize(a.model, a.out, quant_algo="awq", dataset=a.dataset, num_calib_data=a.num_calib_data,
-                             seq_len=a.calib_seq_len, progress=lambda done, total: None)
+                             seq_len=a.calib_seq_len, threads=a.threads, options={"n_grid": a.n_grid},
+                             progress=lambda done, total: None)
     print(f"AWQ: {len(report['linears'])} linears in {report['seconds']:.1f} s")
 
     text = open(a.text, encoding="utf-8").read()
     ppl = {}
     for name, path in (("float", a.model), ("awq", a.out)):
-        m = nibble.Model(path)
+        m = nibble.Model(path, threads=a.threads)
         ppl[name] = m.perplexity(text, seq_len=a.seq_len, max_windows=a.max_windows)["ppl"]
         print(f"{name:5s} perplexity {ppl[name]:.4f} ({m.info['weight_format']})")
         if name == "awq":

@@ -28,7 +28,9 @@ def model_dir():
 def model():
     import nibble
 
-    return nibble.Model(str(MODEL_DIR))
+    # One compute thread: the tests run beside other jobs, where a second OpenMP thread waiting for
+    # a busy core makes small models many times slower (results do not depend on the count).
+    return nibble.Model(str(MODEL_DIR), threads=1)
 
 
 def shared_data(name):

@@ -23,7 +23,8 @@ def test_rtn_quantize_is_byte_identical_to_the_cli(model_dir, nibble_cli, tmp_pa
     nibble_cli("quantize", "--model_dir", model_dir, "--output_dir", tmp_path / "cli",
                *[x for k, v in flags.items() for x in (f"--{k}", v)])
     seen = []
-    report = nibble.quantize(model_dir, str(tmp_path / "py"), **flags, progress=lambda d, t: seen.append((d, t)))
+    report = nibble.quantize(model_dir, str(tmp_path / "py"), **flags, threads=1,
+                             progress=lambda d, t: seen.append((d, t)))
     assert files_of(tmp_path / "py") == files_of(tmp_path / "cli")
     assert report["quant_algo"] == "rtn"
     assert seen and seen[-1][0] == seen[-1][1]
@@ -34,9 +35,10 @@ def test_rtn_quantize_is_byte_identical_to_the_cli(model_dir, nibble_cli, tmp_pa
 def test_awq_quantize_is_byte_identical_to_the_cli(model_dir, nibble_cli, tmp_path):
     calib = shared_data("prose-calib.txt")
     nibble_cli("quantize", "--model_dir", model_dir, "--output_dir", tmp_path / "cli", "--quant_algo", "awq",
-               "--dataset", calib, "--num_calib_data", 4, "--seq_len", 64, "--report", tmp_path / "report.json")
+               "--dataset", calib, "--num_calib_data", 2, "--seq_len", 64, "--n_grid", 5, "--duo_scaling", "false",
+               "--threads", 1, "--report", tmp_path / "report.json")
     report = nibble.quantize(model_dir, str(tmp_path / "py"), quant_algo="awq", dataset=str(calib),
-                             num_calib_data=4, seq_len=64)
+                             num_calib_data=2, seq_len=64, threads=1, options={"n_grid": 5, "duo_scaling": False})
     assert files_of(tmp_path / "py") == files_of(tmp_path / "cli")
     cli_report = json.loads((tmp_path / "report.json").read_text())
     assert report.keys() == cli_report.keys()
@@ -100,7 +102,7 @@ def test_the_example_script_runs(model_dir, tmp_path):
     proc = subprocess.run([sys.executable, str(SOURCE_DIR / "python" / "examples" / "quantize_and_eval.py"),
                            "--model", model_dir, "--dataset", str(calib), "--text", str(text), "--out",
                            str(tmp_path / "awq"), "--num_calib_data", "2", "--calib_seq_len", "64", "--seq_len", "128",
-                           "--max_windows", "2", "--plot", str(tmp_path / "errors.png")],
+                           "--max_windows", "2", "--n_grid", "5", "--threads", "1", "--plot", str(tmp_path / "errors.png")],
                           capture_output=True, text=True, env={**os.environ})
     assert proc.returncode == 0, proc.stderr
     assert "awq   perplexity" in proc.stdout and "relative weight error" in proc.stdout
