@@ -11,14 +11,14 @@
 
 namespace nibble_py {
 
-nibble::SamplingOptions MakeSampling(float temperature, int64_t top_k, float top_p, float min_p, float repeat_penalty,
+nibble::SamplingOptions MakeSampling(double temperature, int64_t top_k, double top_p, double min_p, double repeat_penalty,
                                      int64_t repeat_last_n, const std::optional<uint64_t>& seed) {
   nibble::SamplingOptions s;
-  s.temperature = temperature;
+  s.temperature = static_cast<float>(temperature);
   s.top_k = top_k;
-  s.top_p = top_p;
-  s.min_p = min_p;
-  s.repeat_penalty = repeat_penalty;
+  s.top_p = static_cast<float>(top_p);
+  s.min_p = static_cast<float>(min_p);
+  s.repeat_penalty = static_cast<float>(repeat_penalty);
   s.repeat_last_n = repeat_last_n;
   s.seed = seed ? *seed : std::random_device{}();
   ThrowIfError(nibble::ValidateSamplingOptions(s));
@@ -331,8 +331,8 @@ py::dict Perplexity(const PyModel& pm, const std::string& text, int64_t seq_len,
 
 // The sampling keywords every generating call takes, in one place.
 #define NIBBLE_PY_SAMPLING_ARGS                                                                             \
-  py::arg("max_new_tokens") = 128, py::arg("temperature") = 0.8f, py::arg("top_k") = 40, py::arg("top_p") = 0.95f, \
-      py::arg("min_p") = 0.0f, py::arg("repeat_penalty") = 1.0f, py::arg("repeat_last_n") = 64,                  \
+  py::arg("max_new_tokens") = 128, py::arg("temperature") = 0.8, py::arg("top_k") = 40, py::arg("top_p") = 0.95, \
+      py::arg("min_p") = 0.0, py::arg("repeat_penalty") = 1.0, py::arg("repeat_last_n") = 64,                  \
       py::arg("stop") = std::vector<std::string>(), py::arg("seed") = py::none()
 
 void RegisterModel(py::module_& m) {
@@ -369,15 +369,15 @@ release the GIL; Ctrl-C cancels generate / stream / chat / perplexity.)")
            "float32 array [len(ids), vocab_size]: the logits of every position, ids run from position 0.")
       .def("score", &Score, py::arg("text_or_ids"),
            "float32 array [T - 1]: log p(token_i | tokens before it) for i >= 1 (text is tokenized with BOS).")
-      .def("generate", [](const PyModel& pm, const py::object& prompt, int64_t max_new_tokens, float temperature,
-                          int64_t top_k, float top_p, float min_p, float repeat_penalty, int64_t repeat_last_n,
+      .def("generate", [](const PyModel& pm, const py::object& prompt, int64_t max_new_tokens, double temperature,
+                          int64_t top_k, double top_p, double min_p, double repeat_penalty, int64_t repeat_last_n,
                           const std::vector<std::string>& stop, std::optional<uint64_t> seed) {
              auto s = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed);
              return RunGenerate(pm, MakeGenerate(prompt, max_new_tokens, s, stop, false, 0)).first;
            }, py::arg("prompt"), NIBBLE_PY_SAMPLING_ARGS,
            "The continuation of prompt (text, or token ids run as given); the prompt is not echoed.")
-      .def("stream", [](std::shared_ptr<PyModel> pm, const py::object& prompt, int64_t max_new_tokens, float temperature,
-                        int64_t top_k, float top_p, float min_p, float repeat_penalty, int64_t repeat_last_n,
+      .def("stream", [](std::shared_ptr<PyModel> pm, const py::object& prompt, int64_t max_new_tokens, double temperature,
+                        int64_t top_k, double top_p, double min_p, double repeat_penalty, int64_t repeat_last_n,
                         const std::vector<std::string>& stop, std::optional<uint64_t> seed, bool logprobs,
                         int top_logprobs, bool events) {
              auto s = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed);
@@ -387,8 +387,8 @@ release the GIL; Ctrl-C cancels generate / stream / chat / perplexity.)")
            py::arg("events") = false,
            "Iterator of text pieces that concatenate to generate()'s text; with logprobs / top_logprobs / events,\n"
            "dicts {id, text, logprob, top_logprobs} per token instead.")
-      .def("chat", [](const PyModel& pm, const py::iterable& messages, int64_t max_new_tokens, float temperature,
-                      int64_t top_k, float top_p, float min_p, float repeat_penalty, int64_t repeat_last_n,
+      .def("chat", [](const PyModel& pm, const py::iterable& messages, int64_t max_new_tokens, double temperature,
+                      int64_t top_k, double top_p, double min_p, double repeat_penalty, int64_t repeat_last_n,
                       const std::vector<std::string>& stop, std::optional<uint64_t> seed, const std::string& chat_template,
                       std::optional<py::dict> chat_template_kwargs) {
              auto s = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed);

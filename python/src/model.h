@@ -20,7 +20,7 @@ struct PyModel {
 
 /// The sampling keyword arguments as SamplingOptions, checked with the library's rules (field
 /// names as the keywords); seed None = a random one.
-nibble::SamplingOptions MakeSampling(float temperature, int64_t top_k, float top_p, float min_p, float repeat_penalty,
+nibble::SamplingOptions MakeSampling(double temperature, int64_t top_k, double top_p, double min_p, double repeat_penalty,
                                      int64_t repeat_last_n, const std::optional<uint64_t>& seed);
 
 /// A prompt given as text or as token ids (a list of ints or an integer array).

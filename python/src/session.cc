@@ -56,7 +56,7 @@ void AppendTokens(PySession& s, const std::vector<int32_t>& ids) {
 }
 
 // Samples the next token from the current logits, appends it (one decode step) and returns it.
-int32_t NextToken(PySession& s, float temperature, int64_t top_k, float top_p, float min_p, float repeat_penalty,
+int32_t NextToken(PySession& s, double temperature, int64_t top_k, double top_p, double min_p, double repeat_penalty,
                   int64_t repeat_last_n, std::optional<uint64_t> seed) {
   const nibble::SamplingOptions o = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                                                  seed ? seed : std::optional<uint64_t>(0));
@@ -98,8 +98,8 @@ void RewindTo(PySession& s, int64_t position) {
   ThrowIfError(RunCancellable<nibble::Status>(0, [&](const nibble::CancellationToken* c) { return s.session->Step(last, c); }));
 }
 
-std::string Generate(PySession& s, const py::object& prompt, int64_t max_new_tokens, float temperature, int64_t top_k,
-                     float top_p, float min_p, float repeat_penalty, int64_t repeat_last_n,
+std::string Generate(PySession& s, const py::object& prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
+                     double top_p, double min_p, double repeat_penalty, int64_t repeat_last_n,
                      const std::vector<std::string>& stop, std::optional<uint64_t> seed) {
   nibble::GenerateOptions g;
   const Prompt p = ToPrompt(prompt);
@@ -131,12 +131,12 @@ call at a time: a call while another runs on the same session (another thread) r
 nibble.InvalidArgument. Sessions over one Model run in parallel from different threads.)")
       .def("append_tokens", &AppendTokens, py::arg("ids"),
            "Runs ids at the current position (prefill); logits become those of the last one.")
-      .def("next_token", &NextToken, py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
-           py::arg("min_p") = 0.0f, py::arg("repeat_penalty") = 1.0f, py::arg("repeat_last_n") = 64,
+      .def("next_token", &NextToken, py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
+           py::arg("min_p") = 0.0, py::arg("repeat_penalty") = 1.0, py::arg("repeat_last_n") = 64,
            py::arg("seed") = 0,
            "Samples a token from the current logits (greedy at temperature 0), appends it, returns its id.")
-      .def("generate", &Generate, py::arg("prompt"), py::arg("max_new_tokens") = 128, py::arg("temperature") = 0.8f,
-           py::arg("top_k") = 40, py::arg("top_p") = 0.95f, py::arg("min_p") = 0.0f, py::arg("repeat_penalty") = 1.0f,
+      .def("generate", &Generate, py::arg("prompt"), py::arg("max_new_tokens") = 128, py::arg("temperature") = 0.8,
+           py::arg("top_k") = 40, py::arg("top_p") = 0.95, py::arg("min_p") = 0.0, py::arg("repeat_penalty") = 1.0,
            py::arg("repeat_last_n") = 64, py::arg("stop") = std::vector<std::string>(), py::arg("seed") = py::none(),
            "Model.generate continuing this session's context (BOS only when the session is empty).")
       .def_property_readonly("logits", &LogitsCopy,

@@ -155,3 +155,11 @@ def test_interpreter_exit_with_live_objects_is_clean(model_dir):
         proc = subprocess.run([sys.executable, "-c", SHUTDOWN_SCRIPT, model_dir], capture_output=True, text=True,
                               timeout=60)
         assert proc.returncode == 0 and proc.stdout == "exiting\n", proc.stderr
+
+
+def test_ctrl_c_cancels_perplexity(model, prose_text):
+    timer = _interrupt_after(0.1)
+    with pytest.raises(KeyboardInterrupt):
+        model.perplexity(prose_text * 3, seq_len=64)
+    timer.join()
+    assert model.perplexity(prose_text, seq_len=64, max_windows=1)["windows"] == 1
