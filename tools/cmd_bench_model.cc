@@ -352,7 +352,7 @@ nibble::Status RunModel(const std::string& dir, const std::vector<int>& threads,
   for (const std::string& act : run.a.activations) {
     nibble::LoadOptions lo;
     nibble::ParseActivationType(act, &lo.activations);
-    lo.kv_dtype = run.a.kv.kv_dtype;
+    ApplyKvArgs(run.a.kv, &lo);
     auto m = nibble::Model::Load(dir, lo);
     if (!m.ok()) return m.error();
     const nibble::ModelInfo& info = (*m)->info();

@@ -172,7 +172,7 @@ nibble::Result<nibble::ComparisonReport> RunComparison(const CompareArgs& a, con
                                                        nibble::CompareOptions& opt) {
   if (!a.kl_base.empty()) return nibble::CompareWithSavedLogits(a.kl_base, models, text, opt);
   nibble::LoadOptions lo;
-  lo.kv_dtype = a.kv.kv_dtype;
+  ApplyKvArgs(a.kv, &lo);
   auto base = nibble::Model::Load(a.model, lo);
   if (!base.ok()) return base.error();
   PrintWarnings(a.model, (*base)->info().warnings);
@@ -253,7 +253,7 @@ Runner RegisterCompare(CLI::App& app) {
     std::vector<const nibble::Model*> models;
     for (const auto& d : a->quantized) {
       nibble::LoadOptions lo;
-      lo.kv_dtype = a->kv.kv_dtype;
+      ApplyKvArgs(a->kv, &lo);
       auto m = nibble::Model::Load(d, lo);
       if (!m.ok()) return Fail(m.error().message);
       PrintWarnings(d, (*m)->info().warnings);

@@ -146,7 +146,7 @@ int RunGenerate(GenerateArgs& a) {
   nibble::LoadOptions lo;
   lo.activations = a.activations;
   lo.tokenizer = a.tokenizer;
-  lo.kv_dtype = a.kv.kv_dtype;
+  ApplyKvArgs(a.kv, &lo);
   if (a.int8) lo.activations = nibble::ActivationType::kInt8;
   if (a.bf16) lo.activations = nibble::ActivationType::kBf16;
   auto model = nibble::Model::Load(a.model, lo);

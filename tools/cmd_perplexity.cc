@@ -73,7 +73,7 @@ nibble::Result<nibble::ComparisonReport> CompareWithBase(const Run& run) {
     return nibble::CompareWithSavedLogits(a->kl_base, models, run.text, co);
   }
   nibble::LoadOptions base_lo;
-  base_lo.kv_dtype = a->kv.kv_dtype;
+  ApplyKvArgs(a->kv, &base_lo);
   base_lo.tokenizer = a->tokenizer;
   auto base = nibble::Model::Load(a->kl_base, base_lo);
   if (!base.ok()) return base.error();
@@ -222,7 +222,7 @@ Runner RegisterPerplexity(CLI::App& app) {
     nibble::LoadOptions lo1;
     lo1.activations = a->int8 || a->bf16 ? nibble::ActivationType::kFp32 : a->activations;
     lo1.tokenizer = a->tokenizer;
-    lo1.kv_dtype = a->kv.kv_dtype;
+    ApplyKvArgs(a->kv, &lo1);
     auto model = nibble::Model::Load(a->model, lo1);
     if (!model.ok()) return Fail(model.error().message);
     PrintWarnings(a->model, (*model)->info().warnings);
@@ -239,7 +239,7 @@ Runner RegisterPerplexity(CLI::App& app) {
       nibble::LoadOptions lo;
       lo.activations = run.opt_in.type;
       lo.tokenizer = a->tokenizer;
-      lo.kv_dtype = a->kv.kv_dtype;
+      ApplyKvArgs(a->kv, &lo);
       auto m2 = nibble::Model::Load(a->model, lo);
       if (!m2.ok()) return Fail(m2.error().message);
       model2 = std::move(*m2);

@@ -82,15 +82,18 @@ void AddTokenizerOption(CLI::App* cmd, nibble::TokenizerType* type);
 /// Returns the refusal when an explicit bf16 / int8 request serves none of them, else "".
 std::string ReportActivations(const std::string& dir, nibble::ActivationType requested, const nibble::ModelInfo& info);
 
-/// The KV memory flags of every command that runs a model.
+/// The memory flags of every command that runs a model: KV cache and packed-weight cache.
 struct KvArgs {
   nibble::KvDtype kv_dtype = nibble::KvDtype::kBf16;
-  int64_t ctx_size = 0;    // 0 = the command's default
-  int64_t max_memory = 0;  // bytes; 0 = 90 % of MemAvailable
+  int64_t ctx_size = 0;      // 0 = the command's default
+  int64_t max_memory = 0;    // bytes; 0 = 90 % of MemAvailable
+  std::string weight_cache;  // --weight_cache: "" = the default directory, "off" = none
 };
-/// `--kv_dtype bf16|fp32`, `--ctx_size N`, `--max_memory SIZE` on `cmd`; `ctx_help` says what
-/// --ctx_size defaults to for this command.
+/// `--kv_dtype bf16|fp32`, `--ctx_size N`, `--max_memory SIZE`, `--weight_cache DIR|off` on
+/// `cmd`; `ctx_help` says what --ctx_size defaults to for this command.
 void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help);
+/// The LoadOptions these flags set (kv_dtype, weight cache).
+void ApplyKvArgs(const KvArgs& a, nibble::LoadOptions* lo);
 /// Prints the KV cache a run of `ctx` positions takes ("KV cache: ctx 8192 x ... = N MiB (bf16)")
 /// to stderr, then checks it against --max_memory. Returns the refusal, else "".
 std::string ReportKvMemory(const nibble::Model& model, int64_t ctx, const KvArgs& a);

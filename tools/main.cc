@@ -106,6 +106,15 @@ void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help) {
            a->max_memory = *r;
          },
          "Refuse a KV cache larger than this (e.g. 16GB, 512MiB); default 90 % of MemAvailable");
+  cmd->add_option("--weight_cache", a->weight_cache,
+                  "Directory of packed int4 weights reused by later loads of the same checkpoint, or off "
+                  "(default $NIBBLE_CACHE_DIR/weights, else ~/.cache/nibble/weights)");
+}
+
+void ApplyKvArgs(const KvArgs& a, nibble::LoadOptions* lo) {
+  lo->kv_dtype = a.kv_dtype;
+  lo->weight_cache = a.weight_cache != "off";
+  if (lo->weight_cache) lo->weight_cache_dir = a.weight_cache;
 }
 
 std::string ReportKvMemory(const nibble::Model& model, int64_t ctx, const KvArgs& a) {
@@ -204,6 +213,7 @@ int RunGuarded(const std::string& name, const Runner& run) {
 
 int main(int argc, char** argv) {
   nibble_cli::UseShortOpenMpSpin(argv);
+  nibble_cli::StartWorkersWithSignalsBlocked();
   CLI::App app{"nibble: quantize LLMs to 4-bit weights (Quark hf_format) and run them on the CPU"};
   app.require_subcommand(1);
   app.set_version_flag("--version", [] { return nibble_cli::VersionText(); });

@@ -53,6 +53,15 @@ struct LoadOptions {
   KvDtype kv_dtype = KvDtype::kBf16;  // of every KV cache the model's sessions and evaluations use
   int threads = 0;  // threads used while loading (0 = the calling thread's setting)
   TokenizerType tokenizer = TokenizerType::kAuto;  // which tokenizer file to read
+  /// Packed-weight cache: an int4 checkpoint's weights are repacked into the kernels' layout once,
+  /// into a file in `weight_cache_dir`, and later loads of the unchanged checkpoint map that file
+  /// instead of repacking (seconds for a 7B). Entries are keyed by the checkpoint's path and its
+  /// files' sizes and times; a changed checkpoint gets a new entry and its old one is removed.
+  bool weight_cache = true;
+  /// "" = $NIBBLE_CACHE_DIR/weights, else $XDG_CACHE_HOME/nibble/weights, else ~/.cache/nibble/weights.
+  std::string weight_cache_dir;
+  /// Checkpoints whose safetensors files total less are never cached (they repack in well under a second).
+  int64_t weight_cache_min_bytes = int64_t{256} << 20;
 };
 
 /// What was loaded (config.json numbers and how the weights are stored).
@@ -84,10 +93,15 @@ struct ModelInfo {
   /// packed int4, bf16 or fp32; a tied lm_head counted once). bf16 tables are read zero-copy
   /// from the mapped checkpoint, so their pages are resident only once read.
   int64_t weight_bytes = 0;
+  /// The packed-weight cache entry (LoadOptions::weight_cache) the int4 weights were mapped from
+  /// (weight_cache_hit) or packed into at this load; "" when none was used.
+  std::string weight_cache;
+  bool weight_cache_hit = false;
 };
 
 /// "loaded in 3.2 s, weights 4.6 GiB resident": ModelInfo's load_seconds and weight_bytes in
-/// one line (what `generate` and `perplexity` print on stderr).
+/// one line (what `generate` and `perplexity` print on stderr), then the weight-cache entry
+/// ("; int4 weights mapped from FILE" or "; int4 weights packed into FILE") when one was used.
 std::string LoadSummary(const ModelInfo& info);
 
 /// The model's special-token ids: config.json's bos_token_id / eos_token_id / pad_token_id over

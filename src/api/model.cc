@@ -88,17 +88,24 @@ ModelInfo DescribeModel(const std::string& dir, const LlamaModel& llama, const s
 std::string LoadSummary(const ModelInfo& info) {
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.1f", info.load_seconds);
-  return std::string("loaded in ") + seconds + " s, weights " + FormatBytes(static_cast<double>(info.weight_bytes)) +
-         " resident";
+  std::string s = std::string("loaded in ") + seconds + " s, weights " +
+                  FormatBytes(static_cast<double>(info.weight_bytes)) + " resident";
+  if (!info.weight_cache.empty())
+    s += std::string("; int4 weights ") + (info.weight_cache_hit ? "mapped from " : "packed into ") + info.weight_cache;
+  return s;
 }
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   ScopedThreads threads(options.threads);
   std::unique_ptr<Model> m(new Model());
-  std::string format;
-  std::vector<std::string> warnings;
-  auto llama = LoadAnyModel(dir, &format, &warnings);
+  LoadReport report;
+  WeightCacheOptions cache;
+  if (options.weight_cache) {
+    cache.dir = options.weight_cache_dir.empty() ? DefaultWeightCacheDir() : options.weight_cache_dir;
+    cache.min_bytes = options.weight_cache_min_bytes;
+  }
+  auto llama = LoadAnyModel(dir, &report, cache);
   if (!llama.ok()) return llama.error().WithContext("loading model " + dir);
   auto tok = Tokenizer::Load(dir, ToTokenizerKind(options.tokenizer));
   if (!tok.ok()) return tok.error().WithContext("loading tokenizer of " + dir);
@@ -109,8 +116,10 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOpt
     return MakeErrorCode(ErrorCode::kCorruptInput, dir, ": the tokenizer (", m->impl_->tokenizer->kind_name(), ") has ",
                          m->impl_->tokenizer->vocab_size(), " tokens but config.json vocab_size is ", c.vocab_size);
   ModelInfo& i = m->impl_->info;
-  i = DescribeModel(dir, *m->impl_->llama, format);
-  i.warnings = std::move(warnings);
+  i = DescribeModel(dir, *m->impl_->llama, report.format_name);
+  i.warnings = std::move(report.warnings);
+  i.weight_cache = report.weight_cache;
+  i.weight_cache_hit = report.weight_cache_hit;
   i.activations = options.activations;
   i.kv_dtype = options.kv_dtype;
   m->impl_->llama->SetKvBf16(options.kv_dtype == KvDtype::kBf16);

@@ -29,16 +29,27 @@ PageBuffer::PageBuffer(size_t bytes, Uninitialized) : size_(bytes) {
 #endif
 }
 
-PageBuffer::~PageBuffer() { std::free(data_); }
+PageBuffer PageBuffer::View(uint8_t* data, size_t bytes, std::shared_ptr<const void> owner) {
+  PageBuffer b;
+  b.data_ = data;
+  b.size_ = bytes;
+  b.owner_ = std::move(owner);
+  return b;
+}
+
+PageBuffer::~PageBuffer() {
+  if (owner_ == nullptr) std::free(data_);
+}
 
 PageBuffer::PageBuffer(PageBuffer&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), owner_(std::move(o.owner_)) {}
 
 PageBuffer& PageBuffer::operator=(PageBuffer&& o) noexcept {
   if (this != &o) {
-    std::free(data_);
+    if (owner_ == nullptr) std::free(data_);
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    owner_ = std::move(o.owner_);
   }
   return *this;
 }

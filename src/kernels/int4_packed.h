@@ -17,6 +17,8 @@
 //   j = 0..7) is nibble j (bits 4j..4j+3) of little-endian dword l of superblock b.
 // Symmetric weights store no zero points: they are 8 (formats/int4_matrix.h convention).
 // w[n][k] = (q − zero_point) · scale, the same formula and rounding as GemmW4A32Ref.
+// Any change to this layout or to a packer's bytes bumps kWeightCacheVersion
+// (model/weight_cache.h), so that cached packed weights of the old layout are never mapped.
 #pragma once
 
 #include <cstddef>

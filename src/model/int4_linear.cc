@@ -49,7 +49,8 @@ void CopyTileColumns(const float* src, int64_t m, int64_t nt, float* y, int64_t 
 
 }  // namespace
 
-Int4Linear::Int4Linear(const Int4Matrix& weight, std::vector<float> bias, std::string desc)
+Int4Linear::Int4Linear(const Int4Matrix& weight, std::vector<float> bias, std::string desc,
+                       const PackedAllocator& alloc)
     : bias_(std::move(bias)), desc_(std::move(desc)) {
   NIBBLE_CHECK(weight.g_idx.empty() || ValidateInt4Matrix(weight, "Int4Linear").ok());
   Int4Matrix sorted;
@@ -59,7 +60,14 @@ Int4Linear::Int4Linear(const Int4Matrix& weight, std::vector<float> bias, std::s
   NIBBLE_CHECK(static_cast<int64_t>(w.codes.size()) == w.n * w.k);
   NIBBLE_CHECK(static_cast<int64_t>(w.scales.size()) == w.n * w.groups());
   NIBBLE_CHECK(w.zero_points.size() == w.scales.size());
-  packed_ = PageBuffer(static_cast<size_t>(W4PackedBytes(w.n, w.k, w.group_size, w.symmetric)));
+  const size_t bytes = static_cast<size_t>(W4PackedBytes(w.n, w.k, w.group_size, w.symmetric));
+  if (alloc) {
+    packed_ = alloc(bytes);
+    NIBBLE_CHECK(packed_.size() == bytes);
+    std::memset(packed_.data(), 0, bytes);  // a partial last record's padding stays zero
+  } else {
+    packed_ = PageBuffer(bytes);
+  }
   pw_ = PackW4(w.n, w.k, w.group_size, w.symmetric, w.codes.data(), w.scales.data(), w.zero_points.data(),
                packed_.data());
 }
@@ -168,14 +176,16 @@ void WriteRecordHeaders(const Int4Matrix& m, const W4PackedWeight& w, int64_t r0
 }  // namespace
 
 std::unique_ptr<Int4Linear> Int4Linear::FromTransposed(const DeferredInt4& d, std::vector<float> bias,
-                                                       std::string desc) {
+                                                       std::string desc, const PackedAllocator& alloc) {
   const Int4Matrix& m = d.matrix;
   if (m.n % 8 != 0 || m.k % 128 != 0 || m.group_size % 16 != 0 || !m.g_idx.empty()) return nullptr;
   NIBBLE_CHECK(m.n >= 1 && m.k >= 1 && m.k % m.group_size == 0 && d.codes.words != nullptr);
   NIBBLE_CHECK(static_cast<int64_t>(m.scales.size()) == m.n * m.groups() && m.zero_points.size() == m.scales.size());
   W4PackedWeight w = W4PackedGeometry(m.n, m.k, m.group_size, m.symmetric);
   // Every byte is written below (K % R == 0: no padding), each row block by one thread.
-  PageBuffer packed(static_cast<size_t>(W4PackedBytes(m.n, m.k, m.group_size, m.symmetric)), PageBuffer::Uninitialized{});
+  const size_t bytes = static_cast<size_t>(W4PackedBytes(m.n, m.k, m.group_size, m.symmetric));
+  PageBuffer packed = alloc ? alloc(bytes) : PageBuffer(bytes, PageBuffer::Uninitialized{});
+  NIBBLE_CHECK(packed.size() == bytes);
   uint8_t* const out = packed.data();
   // Blocks of 16 stored columns (128 outputs): each input row's 16 words are one cache line.
   const int64_t columns = m.n / 8, blocks = (columns + 15) / 16;
@@ -185,6 +195,17 @@ std::unique_ptr<Int4Linear> Int4Linear::FromTransposed(const DeferredInt4& d, st
     RepackTransposedColumns(d.codes, w, c0, c1, out);
   });
   return std::unique_ptr<Int4Linear>(new Int4Linear(std::move(packed), w, std::move(bias), std::move(desc)));
+}
+
+std::unique_ptr<Int4Linear> Int4Linear::FromPacked(PageBuffer packed, int64_t n, int64_t k, int64_t group_size,
+                                                   bool symmetric, std::vector<int32_t> column_order,
+                                                   std::vector<float> bias, std::string desc) {
+  NIBBLE_CHECK(static_cast<int64_t>(packed.size()) == W4PackedBytes(n, k, group_size, symmetric));
+  NIBBLE_CHECK(column_order.empty() || static_cast<int64_t>(column_order.size()) == k);
+  auto l = std::unique_ptr<Int4Linear>(new Int4Linear(std::move(packed), W4PackedGeometry(n, k, group_size, symmetric),
+                                                      std::move(bias), std::move(desc)));
+  l->perm_ = std::move(column_order);
+  return l;
 }
 
 Int4Matrix Int4Linear::weight() const {

@@ -14,6 +14,7 @@
 // into that order first (one pass over M x K floats).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,10 +41,15 @@ class Int4Linear final : public Linear {
   static constexpr int64_t kBf16MatmulMinRowsAmx = 16;
   static constexpr int64_t kBf16MatmulMinRowsNoAmx = 64;
 
+  /// Where a linear's packed bytes go: a buffer of exactly `bytes` bytes, contents unspecified
+  /// (the packers write every byte). Empty: owned memory on huge pages (PageBuffer). The
+  /// packed-weight cache (model/weight_cache.h) hands out pages of its file instead.
+  using PackedAllocator = std::function<PageBuffer(size_t bytes)>;
+
   /// `desc` describes the stored scheme for inspect (e.g. "uint4 per_group g128").
   /// weight: satisfies ValidateInt4Matrix (aborts otherwise); bias: empty or [N]. `desc` says
   /// "act-order" when the columns were reordered.
-  Int4Linear(const Int4Matrix& weight, std::vector<float> bias, std::string desc);
+  Int4Linear(const Int4Matrix& weight, std::vector<float> bias, std::string desc, const PackedAllocator& alloc = {});
   /// A copy of bytes already in the W4P layout (e.g. benchmarks copying one packed matrix many
   /// times). packed: W4PackedBytes(geometry...) bytes; geometry.data is ignored.
   Int4Linear(const uint8_t* packed, size_t bytes, const W4PackedWeight& geometry, std::vector<float> bias,
@@ -53,7 +59,14 @@ class Int4Linear final : public Linear {
   /// by one 8 x 8 nibble transpose. The same bytes as the constructor on the decoded matrix.
   /// nullptr when the shape is not served this way (N % 8, K % 128 or g % 16 not 0; a g_idx):
   /// decode the codes and use the constructor.
-  static std::unique_ptr<Int4Linear> FromTransposed(const DeferredInt4& d, std::vector<float> bias, std::string desc);
+  static std::unique_ptr<Int4Linear> FromTransposed(const DeferredInt4& d, std::vector<float> bias, std::string desc,
+                                                    const PackedAllocator& alloc = {});
+  /// A linear over bytes already packed by one of the above (a mapped cache file): `packed` holds
+  /// W4PackedBytes(n, k, group_size, symmetric) bytes; `column_order` is what column_order() of
+  /// the packing linear returned. Aborts on a size mismatch (the cache checks before).
+  static std::unique_ptr<Int4Linear> FromPacked(PageBuffer packed, int64_t n, int64_t k, int64_t group_size, bool symmetric,
+                                                std::vector<int32_t> column_order, std::vector<float> bias,
+                                                std::string desc);
   int64_t in_features() const override { return pw_.k; }
   int64_t out_features() const override { return pw_.n; }
   using Linear::Forward;
@@ -80,6 +93,8 @@ class Int4Linear final : public Linear {
   Int4Matrix weight() const;
   /// The packed weight (view into this object).
   const W4PackedWeight& packed() const { return pw_; }
+  /// Act-order: column j of the packed weight is input column_order()[j]; empty = identity.
+  const std::vector<int32_t>& column_order() const { return perm_; }
 
  private:
   Int4Linear(PageBuffer packed, const W4PackedWeight& geometry, std::vector<float> bias, std::string desc);

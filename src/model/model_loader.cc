@@ -5,36 +5,42 @@
 #include "model/config.h"
 #include "model/int4_linear.h"
 #include "model/output_projection.h"
+#include "model/weight_cache.h"
 #include "model/weights.h"
 
 namespace nibble {
 
 LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format,
-                              std::shared_ptr<std::atomic<int64_t>> act_order) {
+                              std::shared_ptr<std::atomic<int64_t>> act_order, std::shared_ptr<WeightCache> cache) {
   if (format == nullptr) return LoadDenseLinear;
-  return [format, act_order](const TensorStore& store, const std::string& prefix, int64_t n, int64_t k,
-                  bool has_bias) -> Result<std::unique_ptr<Linear>> {
+  return [format, act_order, cache](const TensorStore& store, const std::string& prefix, int64_t n, int64_t k,
+                                    bool has_bias) -> Result<std::unique_ptr<Linear>> {
     NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, format->Resolve(prefix));
     std::vector<float> bias;
     if (has_bias && plan.spec) {
       NIBBLE_ASSIGN_OR_RETURN(bias, LoadF32(store, prefix + ".bias", {n}));
     }
+    std::unique_ptr<Int4Linear> linear;
+    if (plan.spec && cache != nullptr && cache->hit()) linear = cache->Load(prefix, n, k, bias);
+    const Int4Linear::PackedAllocator alloc = cache != nullptr && !cache->hit() ? cache->Allocator() : nullptr;
     // Codes stored transposed are repacked straight from the mapped words (no decoded copy).
-    NIBBLE_ASSIGN_OR_RETURN(std::optional<DeferredInt4> deferred, format->ImportDeferred(store, prefix, plan, n, k));
-    std::unique_ptr<Linear> linear;
-    if (deferred) linear = Int4Linear::FromTransposed(*deferred, bias, DescribeSpec(*plan.spec));
+    if (linear == nullptr) {
+      NIBBLE_ASSIGN_OR_RETURN(std::optional<DeferredInt4> deferred, format->ImportDeferred(store, prefix, plan, n, k));
+      if (deferred) linear = Int4Linear::FromTransposed(*deferred, bias, DescribeSpec(*plan.spec), alloc);
+    }
     if (linear == nullptr) {
       NIBBLE_ASSIGN_OR_RETURN(std::optional<Int4Matrix> m, format->Import(store, prefix, plan, n, k));
       if (!m) return LoadDenseLinear(store, prefix, n, k, has_bias);
       // Readers keep a g_idx only when it is not the natural one.
       const std::string desc = DescribeSpec(*plan.spec) + (m->g_idx.empty() ? "" : " act-order");
-      if (act_order && !m->g_idx.empty()) ++*act_order;
-      linear.reset(new Int4Linear(std::move(*m), std::move(bias), desc));
+      linear = std::make_unique<Int4Linear>(*m, std::move(bias), desc, alloc);
     }
+    if (act_order && !linear->column_order().empty()) ++*act_order;
+    if (alloc) cache->Record(prefix, *linear);
     // The packed copy is what the model keeps: the mapping's pages of the module go.
     for (const std::string& suffix : format->TensorSuffixes())
       if (const TensorView* t = store.Find(prefix + "." + suffix)) store.Release(*t);
-    return linear;
+    return std::unique_ptr<Linear>(std::move(linear));
   };
 }
 
@@ -196,23 +202,33 @@ Status CheckTiedLmHead(const ModelConfig& c, const TensorStore& store, const Qua
   return Status::Ok();
 }
 
-Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, std::string* format_name,
-                                                 std::vector<std::string>* warnings) {
+Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, LoadReport* report,
+                                                 const WeightCacheOptions& cache_options) {
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> format, OpenCheckpointFormat(dir));
   NIBBLE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   NIBBLE_ASSIGN_OR_RETURN(TensorStore store, TensorStore::OpenDir(dir));
-  if (format_name != nullptr) *format_name = format ? format->name() : "dense";
+  LoadReport r;
+  r.format_name = format ? format->name() : "dense";
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(config, store, format.get()));
-  std::vector<std::string> notes;
   NIBBLE_ASSIGN_OR_RETURN(std::string unread, CheckUnreadTensors(config, store, format.get()));
-  if (!unread.empty()) notes.push_back(unread);
-  NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(config, store, format.get(), &notes));
+  if (!unread.empty()) r.warnings.push_back(unread);
+  NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(config, store, format.get(), &r.warnings));
+  std::string cache_note;
+  std::shared_ptr<WeightCache> cache;
+  if (format != nullptr) cache = WeightCache::Open(dir, cache_options, &cache_note);
   auto act_order = std::make_shared<std::atomic<int64_t>>(0);
-  auto m = LlamaModel::FromStore(config, store, MakeLinearLoader(std::move(format), act_order));
+  auto m = LlamaModel::FromStore(config, store, MakeLinearLoader(std::move(format), act_order, cache));
+  if (!m.ok()) return m;
   if (*act_order > 0)
-    notes.push_back("note: " + std::to_string(act_order->load()) + " int4 linears have an act-order g_idx: their columns are "
-                    "sorted by group once at load and each input gathered to match (the kernels see natural groups)");
-  if (m.ok() && warnings != nullptr) warnings->insert(warnings->end(), notes.begin(), notes.end());
+    r.warnings.push_back("note: " + std::to_string(act_order->load()) + " int4 linears have an act-order g_idx: their columns are "
+                         "sorted by group once at load and each input gathered to match (the kernels see natural groups)");
+  if (cache != nullptr) {
+    r.weight_cache_hit = cache->hit();
+    if (cache->hit() || cache->Commit().ok()) r.weight_cache = cache->path();
+    if (!cache->note().empty()) cache_note = cache->note();
+  }
+  if (!cache_note.empty()) r.warnings.push_back("note: " + cache_note);
+  if (report != nullptr) *report = std::move(r);
   return m;
 }
 

@@ -13,14 +13,17 @@
 #include "formats/checkpoint_format.h"
 #include "model/llama.h"
 #include "model/output_projection.h"
+#include "model/weight_cache.h"
 
 namespace nibble {
 
 /// The loader for a checkpoint in `format` (nullptr: dense): quantized modules become
 /// Int4Linear, the others dense; errors as QuantizedFormat::Import. `act_order`, when set, counts
-/// the linears whose non-natural g_idx Int4Linear sorts by group at load.
+/// the linears whose non-natural g_idx Int4Linear sorts by group at load. `cache`, when set: a
+/// hit serves the linears it holds from its mapped file; a miss packs into its file and records.
 LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format,
-                              std::shared_ptr<std::atomic<int64_t>> act_order = nullptr);
+                              std::shared_ptr<std::atomic<int64_t>> act_order = nullptr,
+                              std::shared_ptr<WeightCache> cache = nullptr);
 
 /// Checks, without converting any data, that `store` holds every tensor a model with config `c`
 /// reads, with the shape config.json implies: embeddings, norms and biases as float tensors, each
@@ -48,10 +51,19 @@ Result<std::string> CheckUnreadTensors(const ModelConfig& c, const TensorStore& 
 Status CheckTiedLmHead(const ModelConfig& c, const TensorStore& store, const QuantizedFormat* format,
                        std::vector<std::string>* warnings);
 
-/// Loads a model directory of any supported format. `format_name` (optional) receives "dense" or
-/// the format's name; `warnings` (optional) CheckUnreadTensors' and CheckTiedLmHead's warnings, and a "note: "
-/// naming the act-order linears sorted at load.
-Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, std::string* format_name = nullptr,
-                                                 std::vector<std::string>* warnings = nullptr);
+/// What LoadAnyModel found besides the model.
+struct LoadReport {
+  std::string format_name;            // "dense" or the format's name
+  std::vector<std::string> warnings;  // CheckUnreadTensors', CheckTiedLmHead's; "note: " lines (act-order, cache)
+  std::string weight_cache;           // the packed-weight cache entry used or written ("" when none)
+  bool weight_cache_hit = false;      // the linears were mapped from it (no repacking)
+};
+
+/// Loads a model directory of any supported format. A quantized checkpoint goes through the
+/// packed-weight cache in `cache_options.dir` (model/weight_cache.h; "" = no cache): mapped when
+/// an entry for it exists, else packed into a new entry. A cache that cannot be written is a
+/// "note: " in the report, never an error.
+Result<std::unique_ptr<LlamaModel>> LoadAnyModel(const std::string& dir, LoadReport* report = nullptr,
+                                                 const WeightCacheOptions& cache_options = {});
 
 }  // namespace nibble

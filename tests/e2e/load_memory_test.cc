@@ -1,9 +1,9 @@
 // Loading holds the weights once: a Llama-3.1-8B config (bench/configs/llama3.1-8b.json) trimmed
-// to 2 layers and hidden_size 1024 (so synth takes seconds), with the full vocabulary (128256,
-// untied bf16 lm_head) and max_position_embeddings 131072, synthesized as an int4 Quark
-// checkpoint. The process's peak RSS during Model::Load grows by less than 1.3x the weight bytes
+// to 2 layers, at full width with the full vocabulary (128256, untied bf16 lm_head) and
+// max_position_embeddings 131072, synthesized as an int4 Quark checkpoint (2.2 GB). The process's peak RSS during Model::Load grows by less than 1.3x the weight bytes
 // the model holds (the mapped file and the repacked copy are never resident together), and a
-// session's memory follows its ctx_size, not max_position_embeddings.
+// session's memory follows its ctx_size, not max_position_embeddings. The same for a load that
+// packs into the packed-weight cache and one that maps it, with the logits of the first.
 #include <nibble/nibble.h>
 
 #include <gtest/gtest.h>
@@ -32,6 +32,32 @@ bool ResetPeakRss() {
   return static_cast<bool>(out);
 }
 
+// Loads `dir` with `lo`, checking that peak RSS grows by less than 1.3x the weights held.
+std::unique_ptr<nibble::Model> LoadMeasured(const std::string& dir, const nibble::LoadOptions& lo, int64_t file_bytes) {
+  const int64_t rss_before = nibble_test::ProcStatusBytes("VmRSS");
+  EXPECT_TRUE(ResetPeakRss()) << "/proc/self/clear_refs";
+  auto m = nibble::Model::Load(dir, lo);
+  EXPECT_TRUE(m.ok()) << m.error().message;
+  if (!m.ok()) return nullptr;
+  const int64_t peak = nibble_test::ProcStatusBytes("VmHWM"), rss_after = nibble_test::ProcStatusBytes("VmRSS");
+  const nibble::ModelInfo& info = (*m)->info();
+  EXPECT_GT(rss_before, 0);
+  std::printf("load (%s): %.2f s, peak RSS +%.1f MiB, RSS +%.1f MiB, weights %.1f MiB, files %.1f MiB\n",
+              nibble::LoadSummary(info).c_str(), info.load_seconds, (peak - rss_before) / 1048576.0,
+              (rss_after - rss_before) / 1048576.0, info.weight_bytes / 1048576.0, file_bytes / 1048576.0);
+  // The packed int4 linears and the bf16 embedding and lm_head: about the file's size.
+  EXPECT_GT(info.weight_bytes, file_bytes * 8 / 10) << "file " << file_bytes;
+  EXPECT_LT(info.weight_bytes, file_bytes * 12 / 10) << "file " << file_bytes;
+  EXPECT_GT(info.load_seconds, 0);
+  EXPECT_EQ(info.int4_linears, 14);
+  EXPECT_LT(peak - rss_before, info.weight_bytes * 13 / 10)
+      << "peak RSS during load grew by " << (peak - rss_before) << " bytes for " << info.weight_bytes
+      << " bytes of weights (file " << file_bytes << ")";
+  EXPECT_LT(rss_after - rss_before, info.weight_bytes * 13 / 10);
+  EXPECT_NE(nibble::LoadSummary(info).find("loaded in "), std::string::npos);
+  return std::move(m).value();
+}
+
 TEST(LoadMemory, WeightsResidentOnceAndSessionFollowsCtxSize) {
 #ifdef NIBBLE_TEST_ASAN
   GTEST_SKIP() << "RSS under AddressSanitizer counts its shadow memory";
@@ -40,10 +66,6 @@ TEST(LoadMemory, WeightsResidentOnceAndSessionFollowsCtxSize) {
   std::ifstream in(nibble_test::SourceDir() + "/bench/configs/llama3.1-8b.json");
   nlohmann::json c = nlohmann::json::parse(in);
   c["num_hidden_layers"] = 2;
-  c["hidden_size"] = 1024;
-  c["intermediate_size"] = 3584;
-  c["num_attention_heads"] = 16;
-  c["num_key_value_heads"] = 4;
   ASSERT_EQ(c["vocab_size"], 128256);
   ASSERT_EQ(c["max_position_embeddings"], 131072);
   const std::string config = tmp.path() + "/config.json", dir = tmp.path() + "/model";
@@ -58,42 +80,40 @@ TEST(LoadMemory, WeightsResidentOnceAndSessionFollowsCtxSize) {
 
   nibble::LoadOptions lo;
   lo.activations = nibble::ActivationType::kFp32;
-  const int64_t rss_before = nibble_test::ProcStatusBytes("VmRSS");
-  ASSERT_TRUE(ResetPeakRss()) << "/proc/self/clear_refs";
-  auto m = nibble::Model::Load(dir, lo);
-  ASSERT_TRUE(m.ok()) << m.error().message;
-  const int64_t peak = nibble_test::ProcStatusBytes("VmHWM"), rss_after = nibble_test::ProcStatusBytes("VmRSS");
-  const nibble::ModelInfo& info = (*m)->info();
-  ASSERT_GT(rss_before, 0);
-  std::printf("load: %.2f s, peak RSS +%.1f MiB, RSS +%.1f MiB, weights %.1f MiB, files %.1f MiB\n", info.load_seconds,
-              (peak - rss_before) / 1048576.0, (rss_after - rss_before) / 1048576.0, info.weight_bytes / 1048576.0,
-              file_bytes / 1048576.0);
-  // The packed int4 linears and the bf16 embedding and lm_head: about the file's size.
-  EXPECT_GT(info.weight_bytes, file_bytes * 8 / 10) << "file " << file_bytes;
-  EXPECT_LT(info.weight_bytes, file_bytes * 12 / 10) << "file " << file_bytes;
-  EXPECT_GT(info.load_seconds, 0);
-  EXPECT_EQ(info.int4_linears, 14);
-  EXPECT_LT(peak - rss_before, info.weight_bytes * 13 / 10)
-      << "peak RSS during load grew by " << (peak - rss_before) << " bytes for " << info.weight_bytes
-      << " bytes of weights (file " << file_bytes << ")";
-  EXPECT_LT(rss_after - rss_before, info.weight_bytes * 13 / 10);
-  EXPECT_NE(nibble::LoadSummary(info).find("loaded in "), std::string::npos);
-
-  // KV bytes per position: K and V, 2 layers, 4 kv heads of head_dim 64, bf16.
-  const int64_t per_pos = 2 * 2 * 4 * 64 * 2;
-  EXPECT_EQ(nibble::DefaultContextSize(**m), 8192);
-  EXPECT_EQ(nibble::KvCacheBytes(**m, 8192), 8192 * per_pos);
+  lo.weight_cache = false;
+  auto m = LoadMeasured(dir, lo, file_bytes);
+  ASSERT_NE(m, nullptr);
+  // KV bytes per position: K and V, 2 layers, 8 kv heads of head_dim 128, bf16.
+  const int64_t per_pos = 2 * 2 * 8 * 128 * 2;
+  EXPECT_EQ(nibble::DefaultContextSize(*m), 8192);
+  EXPECT_EQ(nibble::KvCacheBytes(*m, 8192), 8192 * per_pos);
   const int64_t rss_model = nibble_test::ProcStatusBytes("VmRSS");
   nibble::SessionOptions so;
   so.context = 8192;
-  auto s = nibble::Session::Create(**m, so);
+  auto s = nibble::Session::Create(*m, so);
   ASSERT_TRUE(s.ok()) << s.error().message;
   EXPECT_EQ((*s)->capacity(), 8192);
   EXPECT_EQ((*s)->kv_bytes(), 0);
   // The session's own tables (RoPE for 8192 positions) are far below a 131072-position cache.
-  EXPECT_LT(nibble_test::ProcStatusBytes("VmRSS") - rss_model, nibble::KvCacheBytes(**m, 131072) / 8);
+  EXPECT_LT(nibble_test::ProcStatusBytes("VmRSS") - rss_model, nibble::KvCacheBytes(*m, 131072) / 8);
   ASSERT_TRUE((*s)->Prefill(std::vector<int32_t>(10, 5)).ok());
   EXPECT_EQ((*s)->kv_bytes(), 256 * per_pos);
+  (*s).reset();
+  const std::vector<int32_t> ids = {1, 500, 90000, 7};
+  const auto want = m->Logits(ids);
+  ASSERT_TRUE(want.ok());
+  m.reset();
+
+  // The packed-weight cache: packing into its file, then mapping it, hold the weights once too.
+  lo.weight_cache = true;
+  lo.weight_cache_dir = tmp.path() + "/cache";
+  for (const bool hit : {false, true}) {
+    auto c = LoadMeasured(dir, lo, file_bytes);
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(c->info().weight_cache_hit, hit);
+    EXPECT_NE(c->info().weight_cache, "");
+    EXPECT_EQ(c->Logits(ids).value(), *want) << (hit ? "mapped" : "packed");
+  }
 }
 
 }  // namespace

@@ -51,10 +51,10 @@ void CheckRoundTrip(const std::string& model_dir, nibble::QuantizeRequest req, i
   auto summary = nibble::Quantize(req);
   ASSERT_TRUE(summary.ok()) << summary.error().message;
 
-  std::string format;
-  auto loaded = nibble::LoadAnyModel(req.output_dir, &format);
+  nibble::LoadReport report;
+  auto loaded = nibble::LoadAnyModel(req.output_dir, &report);
   ASSERT_TRUE(loaded.ok()) << loaded.error().message;
-  ASSERT_EQ(format, "quark");
+  ASSERT_EQ(report.format_name, "quark");
   auto fmt = nibble::OpenCheckpointFormat(req.output_dir);
   ASSERT_TRUE(fmt.ok() && *fmt != nullptr);
   auto src = nibble::TensorStore::OpenDir(model_dir);

@@ -3,6 +3,8 @@
 // default action on delivery (a second Ctrl-C kills), an ignored signal stays ignored, and the
 // previous handlers come back after.
 #include <gtest/gtest.h>
+#include <omp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -119,5 +121,24 @@ TEST(CancelOnSignal, TheHandlerDoesNotWriteBelowTheInterruptedStackPointer) {
   EXPECT_EQ(changed, 0) << "the signal frame was written below the interrupted RSP";
 }
 #endif
+
+}  // namespace
+
+namespace {
+
+// OpenMP workers started by StartWorkersWithSignalsBlocked keep SIGINT and SIGTERM blocked; the
+// calling (main) thread's mask is as before, so it alone takes them.
+TEST(CancelOnSignal, OpenMpWorkersBlockTheCancelSignals) {
+  nibble_cli::StartWorkersWithSignalsBlocked();
+  std::vector<int> blocked(static_cast<size_t>(omp_get_num_procs()), -1);
+#pragma omp parallel num_threads(omp_get_num_procs())
+  {
+    sigset_t now;
+    pthread_sigmask(SIG_BLOCK, nullptr, &now);
+    blocked[static_cast<size_t>(omp_get_thread_num())] = sigismember(&now, SIGINT) && sigismember(&now, SIGTERM) ? 1 : 0;
+  }
+  EXPECT_EQ(blocked[0], 0) << "the calling thread";
+  for (size_t t = 1; t < blocked.size(); ++t) EXPECT_EQ(blocked[t], 1) << "worker " << t;
+}
 
 }  // namespace

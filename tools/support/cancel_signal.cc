@@ -1,5 +1,6 @@
 #include "support/cancel_signal.h"
 
+#include <omp.h>
 #include <signal.h>
 
 #include <atomic>
@@ -26,7 +27,8 @@ struct sigaction g_old_int, g_old_term;
 // stack writes its signal frame into that heap block and corrupts the allocator's chunk headers
 // ("corrupted size vs. prev_size" at a later free). On this stack the frame never lands there.
 // Linux delivers a process-directed signal to the main thread (which installs this) unless it
-// blocks the signal or one is already pending for it.
+// blocks the signal or one is already pending for it; the OpenMP workers block both
+// (StartWorkersWithSignalsBlocked), so they never take one.
 constexpr size_t kAltStackBytes = 64 * 1024;  // the AVX-512 signal frame is a few KB
 alignas(64) unsigned char g_alt_stack[kAltStackBytes];
 stack_t g_old_stack;
@@ -37,6 +39,17 @@ extern "C" void OnCancelSignal(int sig) {
 }
 
 }  // namespace
+
+void StartWorkersWithSignalsBlocked() {
+  sigset_t block, old;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &block, &old);
+#pragma omp parallel num_threads(omp_get_num_procs())
+  { (void)omp_get_thread_num(); }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
 
 CancelOnSignal::CancelOnSignal() {
   g_signal = 0;

@@ -30,6 +30,12 @@ class CancelOnSignal {
   nibble::CancellationToken token_;
 };
 
+/// Starts the OpenMP worker threads (one per processor) with SIGINT and SIGTERM blocked, so they
+/// keep them blocked for life (a thread inherits its creator's mask) and the main thread takes
+/// every Ctrl-C: a handler never runs on a worker whose stack pointer oneDNN has moved into
+/// the heap. Call first thing in main().
+void StartWorkersWithSignalsBlocked();
+
 /// The signal that last cancelled a CancelOnSignal's token (SIGINT, SIGTERM), or 0.
 int CancelSignal();
 

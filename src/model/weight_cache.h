@@ -1,0 +1,96 @@
+// Packed-weight cache: an int4 checkpoint's linears in the kernels' W4P layout
+// (kernels/int4_packed.h), written to one file at the first load and mapped from the page cache
+// at later loads of the unchanged checkpoint, so those skip repacking. Repacking writes every
+// weight byte into memory the process has never touched, and that first touch, not the repack
+// arithmetic, is most of a 7B load (docs/PERFORMANCE.md "Loading"); the first load packs straight
+// into the file's pages, so it costs no more than before.
+//
+// Entry `<dir>/<path hash>-<identity hash>.w4p` (little endian):
+//   [0, 4096)  header: "NIBBLE-W4P\n" then "<version> <index offset> <index bytes> <file bytes> <key>\n"
+//   data       each linear's packed bytes at a 4096-aligned offset; act-order linears' column
+//              order as int32 x K after them
+//   index      JSON {"key", "linears": {"<module>": {"n", "k", "group_size", "symmetric", "desc",
+//              "offset", "bytes", "order_offset"}}}
+// The key hashes the checkpoint's real path, the name, size, mtime and inode of each of its
+// *.json / *.safetensors files, and kWeightCacheVersion: a changed checkpoint gets a new entry,
+// and writing it removes the older entries of the same path. The file is written beside its final
+// name, synced and renamed, so a killed load leaves no entry (its staging file is removed by the
+// next load that finds its process gone).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+#include "model/int4_linear.h"
+
+namespace nibble {
+
+/// Bump whenever the W4P layout or a packer's output changes: older entries are then ignored.
+inline constexpr int kWeightCacheVersion = 1;
+
+/// $NIBBLE_CACHE_DIR, else $XDG_CACHE_HOME/nibble, else $HOME/.cache/nibble ("" when none is set).
+std::string DefaultWeightCacheDir();
+
+struct WeightCacheOptions {
+  std::string dir;        // the cache directory (created when missing)
+  int64_t min_bytes = 0;  // checkpoints whose *.safetensors total less are not cached
+};
+
+class WeightCache {
+ public:
+  /// The entry of the checkpoint in `checkpoint_dir`: mapped when a valid one exists (hit()), else
+  /// a staging file to pack into. nullptr when the cache is not used for it; `note` then says why
+  /// when that is worth saying (directory not writable, an entry that does not read back).
+  static std::unique_ptr<WeightCache> Open(const std::string& checkpoint_dir, const WeightCacheOptions& o,
+                                           std::string* note);
+  ~WeightCache();
+  WeightCache(const WeightCache&) = delete;
+  WeightCache& operator=(const WeightCache&) = delete;
+
+  bool hit() const { return hit_; }
+  /// The entry's file (its final name).
+  const std::string& path() const { return path_; }
+
+  /// Hit: linear `name` over the mapped bytes when the entry holds it as [n, k], else nullptr.
+  std::unique_ptr<Int4Linear> Load(const std::string& name, int64_t n, int64_t k, std::vector<float> bias) const;
+
+  /// Miss: where linears being packed put their bytes: pages of the staging file while it can
+  /// grow (keeping max(1 GiB, 5 %) of its file system free), else owned memory (the entry is
+  /// then dropped and note() says why). The model may keep using the pages either way.
+  Int4Linear::PackedAllocator Allocator();
+  /// Miss: records `linear`, packed through Allocator(), as module `name`.
+  void Record(const std::string& name, const Int4Linear& linear);
+  /// Miss: writes index and header, syncs and renames the entry into place; removes the older
+  /// entries of the same checkpoint path. Errors name the file; the loaded model stays valid.
+  Status Commit();
+  /// Why the entry was not written ("" when nothing went wrong).
+  const std::string& note() const { return note_; }
+
+ private:
+  struct Entry {
+    int64_t n = 0, k = 0, group_size = 0;
+    bool symmetric = false;
+    std::string desc;
+    uint64_t offset = 0, bytes = 0, order_offset = 0;  // order_offset 0: natural column order
+  };
+  WeightCache() = default;
+  Status ReadIndex(const std::string& name_for_errors);
+  PageBuffer AllocateInFile(size_t bytes);
+  void Abandon(const std::string& why);
+
+  bool hit_ = false;
+  std::string path_, staging_, key_, path_prefix_, dir_;
+  int fd_ = -1;
+  uint64_t end_ = 0;                             // staging: bytes used so far
+  std::shared_ptr<const void> map_;              // hit: the whole file, mapped
+  uint64_t map_bytes_ = 0;
+  std::map<std::string, Entry> entries_;
+  std::map<const uint8_t*, uint64_t> offsets_;  // staging: file offset of each handed-out buffer
+  std::string note_;
+};
+
+}  // namespace nibble
