@@ -48,7 +48,8 @@ class Session:
 
 class Model:
     def __init__(self, path: str, threads: int | None = None, activations: str = "auto", ctx_size: int | None = None,
-                 kv_dtype: str | None = None, tokenizer: str = "auto", max_memory: str | None = None) -> None: ...
+                 kv_dtype: str | None = None, tokenizer: str = "auto", max_memory: str | None = None,
+                 weight_cache: bool = True, weight_cache_dir: str = "") -> None: ...
     @property
     def info(self) -> dict[str, Any]: ...
     @property
