@@ -110,22 +110,6 @@ void PrintEngines(const nibble::InspectReport& rep, bool all) {
     std::printf("tensor parallel %d: %s%s\n", t.tp, t.ok ? "ok" : "fails: ", t.failure.c_str());
 }
 
-nlohmann::ordered_json EnginesJson(const nibble::InspectReport& rep) {
-  nlohmann::ordered_json j;
-  j["engines"] = rep.engines;
-  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
-  for (const auto& r : rep.engine_rows) {
-    nlohmann::ordered_json per = nlohmann::ordered_json::object();
-    for (size_t e = 0; e < r.readings.size(); ++e) per[rep.engines[e]] = {{"reads", r.readings[e]}, {"agrees", r.agrees[e]}};
-    rows.push_back({{"name", r.name}, {"means", r.meant}, {"engines", per}});
-  }
-  j["linears"] = rows;
-  j["disagreements"] = rep.engine_disagreements;
-  nlohmann::ordered_json tp = nlohmann::ordered_json::array();
-  for (const auto& t : rep.tensor_parallel) tp.push_back({{"tp", t.tp}, {"ok", t.ok}, {"failure", t.failure}});
-  j["tensor_parallel"] = tp;
-  return j;
-}
 }  // namespace
 
 Runner RegisterInspect(CLI::App& app) {
@@ -153,22 +137,7 @@ Runner RegisterInspect(CLI::App& app) {
     if (!rep.ok()) return Fail(rep.error().message);
     PrintWarnings(*dir, rep->warnings);
     if (*as_json) {
-      nlohmann::ordered_json j;
-      j["dir"] = rep->dir;
-      j["format"] = rep->format;
-      j["torch_dtype"] = rep->torch_dtype;
-      for (const auto& [key, value] : rep->format_properties) j[key] = value;
-      j["total_tensor_bytes"] = rep->total_tensor_bytes;
-      j["size"] = SizeJson(rep->size);
-      nlohmann::ordered_json layers = nlohmann::ordered_json::array();
-      for (const auto& l : rep->layers)
-        layers.push_back({{"name", l.name}, {"quantized", l.quantized}, {"scheme", l.scheme}, {"rule", l.rule},
-                          {"out_features", l.n}, {"in_features", l.k}, {"stored_bytes", l.stored_bytes},
-                          {"float_bytes", l.float_bytes}, {"bits_per_weight", BitsPerWeight(l)}});
-      j["layers"] = layers;
-      if (!rep->quantization_config_json.empty()) j["quantization_config"] = nlohmann::ordered_json::parse(rep->quantization_config_json);
-      if (*engines) j["engines"] = EnginesJson(*rep);
-      std::printf("%s\n", j.dump(2).c_str());
+      std::printf("%s\n", nibble::InspectJson(*rep, *engines).c_str());
       return 0;
     }
     std::string props;

@@ -126,8 +126,9 @@ class Model {
   ~Model();
   const ModelInfo& info() const;
 
-  /// Tokenizes like the HF tokenizer's default call (BOS prepended when add_bos_token).
-  Result<std::vector<int32_t>> Tokenize(const std::string& text) const;
+  /// Tokenizes like the HF tokenizer's default call (BOS prepended when add_bos_token); with
+  /// add_special_tokens false, the text's own tokens only (HF's add_special_tokens=False).
+  Result<std::vector<int32_t>> Tokenize(const std::string& text, bool add_special_tokens = true) const;
   std::string Detokenize(const std::vector<int32_t>& ids) const;
   /// BOS / EOS / pad ids and whether Tokenize adds BOS / EOS.
   SpecialTokenIds special_tokens() const;

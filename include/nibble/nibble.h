@@ -6,6 +6,7 @@
 
 #include <nibble/cancel.h>
 #include <nibble/chat.h>
+#include <nibble/checkpoint.h>
 #include <nibble/error.h>
 #include <nibble/eval.h>
 #include <nibble/generate.h>

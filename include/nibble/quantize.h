@@ -203,6 +203,14 @@ struct InspectReport {
 /// Inspects a model directory without running it. Errors: unreadable / malformed files.
 Result<InspectReport> Inspect(const std::string& dir);
 
+/// `nibble inspect --json`'s object, indented by 2: dir, format, torch_dtype, the format's
+/// properties, total_tensor_bytes, size (SizeSummaryJson), layers (name, quantized, scheme, rule,
+/// out_features, in_features, stored_bytes, float_bytes, bits_per_weight), quantization_config,
+/// with `engines` the engines' readings and tensor-parallel readiness, and warnings.
+std::string InspectJson(const InspectReport& report, bool engines);
+/// A size as a JSON object (one line): bits_per_weight and every SizeSummary field.
+std::string SizeSummaryJson(const SizeSummary& size);
+
 /// `nibble convert`: a quantized checkpoint re-written in another format (or the same one with
 /// other packing) without re-quantizing: every code, zero point and scale is carried over, the
 /// float tensors, tokenizer files and generation_config are copied, and the output is staged and

@@ -137,8 +137,8 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOpt
   return m;
 }
 
-Result<std::vector<int32_t>> Model::Tokenize(const std::string& text) const {
-  return impl_->tokenizer->Encode(text);
+Result<std::vector<int32_t>> Model::Tokenize(const std::string& text, bool add_special_tokens) const {
+  return impl_->tokenizer->Encode(text, add_special_tokens);
 }
 
 std::string Model::Detokenize(const std::vector<int32_t>& ids) const { return impl_->tokenizer->Decode(ids); }

@@ -12,6 +12,7 @@
 
 #include <nibble/quantize.h>
 
+#include "api/checkpoint_side.h"
 #include "formats/checkpoint_format.h"
 #include "formats/float_dtype.h"
 #include "io/safetensors.h"
@@ -24,63 +25,6 @@ namespace nibble {
 
 namespace {
 
-// One checkpoint, opened and checked as the loader checks it.
-struct Side {
-  std::unique_ptr<QuantizedFormat> format;  // nullptr: dense
-  ModelConfig config;
-  TensorStore store;
-  OutputProjection proj;
-  std::vector<std::string> linears;      // every linear; a tied lm_head is the embedding
-  std::set<std::string> linear_tensors;  // every tensor a linear's weight is stored in
-};
-
-Result<Side> OpenSide(const std::string& dir) {
-  Side s;
-  NIBBLE_ASSIGN_OR_RETURN(s.format, OpenCheckpointFormat(dir));
-  NIBBLE_ASSIGN_OR_RETURN(s.config, LoadModelConfig(dir));
-  NIBBLE_ASSIGN_OR_RETURN(s.store, TensorStore::OpenDir(dir));
-  NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(s.config, s.store, s.format.get()));
-  NIBBLE_ASSIGN_OR_RETURN(s.proj, FindOutputProjection(s.config, s.store));
-  s.linears = LinearModuleNames(s.config, true);
-  // A tied model's stored lm_head tensors are not part of the model (every engine ignores them).
-  if (s.proj.tied)
-    for (const std::string& n : s.store.Names())
-      if (n.starts_with("lm_head.")) s.linear_tensors.insert(n);
-  for (const std::string& m : s.linears) {
-    if (m == "lm_head" && s.proj.tied) continue;
-    s.linear_tensors.insert(m + ".weight");
-    if (!s.format) continue;
-    NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, s.format->Resolve(m));
-    if (!plan.spec) continue;
-    for (const std::string& suffix : s.format->TensorSuffixes())
-      if (suffix != "bias") s.linear_tensors.insert(m + "." + suffix);
-  }
-  return s;
-}
-
-// A linear's weight as the model uses it, fp32 [N, K], and how the side stores it.
-Result<std::vector<float>> LinearWeight(const Side& s, const std::string& module, std::string* how) {
-  const auto [n, k] = LinearShape(s.config, module);
-  if (module == "lm_head" && s.proj.tied) {
-    NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, GetShaped(s.store, kEmbedTokensWeight, {n, k}));
-    *how = std::string("float ") + DTypeName(t->dtype) + " (tied: " + kEmbedTokensWeight + ")";
-    return TensorToF32(*t);
-  }
-  if (s.format) {
-    NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, s.format->Resolve(module));
-    NIBBLE_ASSIGN_OR_RETURN(std::optional<Int4Matrix> q, s.format->Import(s.store, module, plan, n, k));
-    if (q) {
-      *how = DescribeSpec(*plan.spec) + (q->g_idx.empty() ? "" : " g_idx");
-      std::vector<float> w(static_cast<size_t>(n * k));
-      DequantizeRef(*q, w.data());
-      return w;
-    }
-  }
-  NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, GetShaped(s.store, module + ".weight", {n, k}));
-  *how = std::string("float ") + DTypeName(t->dtype);
-  return TensorToF32(*t);
-}
-
 // Value-by-value comparison of two equally long fp32 arrays into `e`.
 void CompareValues(const std::vector<float>& a, const std::vector<float>& b, VerifyEntry& e) {
   e.total = static_cast<int64_t>(a.size());
@@ -92,7 +36,7 @@ void CompareValues(const std::vector<float>& a, const std::vector<float>& b, Ver
   e.identical = e.differing == 0;
 }
 
-Result<VerifyEntry> CompareLinear(const Side& a, const Side& b, const std::string& module) {
+Result<VerifyEntry> CompareLinear(const CheckpointSide& a, const CheckpointSide& b, const std::string& module) {
   VerifyEntry e;
   e.name = module;
   e.linear = true;
@@ -136,13 +80,13 @@ Result<VerifyEntry> CompareTensor(const TensorView* ta, const TensorView* tb, co
 }  // namespace
 
 Result<VerifyReport> Verify(const VerifyRequest& r) {
-  auto open = [](const std::string& dir, const char* which) -> Result<Side> {
-    Result<Side> s = OpenSide(dir);
+  auto open = [](const std::string& dir, const char* which) -> Result<CheckpointSide> {
+    Result<CheckpointSide> s = OpenCheckpointSide(dir);
     if (!s.ok()) return s.error().WithContext(which);
     return s;
   };
-  NIBBLE_ASSIGN_OR_RETURN(Side a, open(r.a_dir, "A"));
-  NIBBLE_ASSIGN_OR_RETURN(Side b, open(r.b_dir, "B"));
+  NIBBLE_ASSIGN_OR_RETURN(CheckpointSide a, open(r.a_dir, "A"));
+  NIBBLE_ASSIGN_OR_RETURN(CheckpointSide b, open(r.b_dir, "B"));
   VerifyReport rep;
   rep.a_format = a.format ? a.format->name() : "dense";
   rep.b_format = b.format ? b.format->name() : "dense";
@@ -159,7 +103,7 @@ Result<VerifyReport> Verify(const VerifyRequest& r) {
     if (std::find(a.linears.begin(), a.linears.end(), m) == a.linears.end())
       rep.entries.push_back({m, true, false, 0, 0, 0, "absent", "stored"});
   std::set<std::string> names;
-  for (const Side* s : {&a, &b})
+  for (const CheckpointSide* s : {&a, &b})
     for (const std::string& n : s->store.Names())
       if (!a.linear_tensors.count(n) && !b.linear_tensors.count(n)) names.insert(n);
   for (const std::string& n : names) {

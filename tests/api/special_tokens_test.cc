@@ -63,4 +63,24 @@ TEST(SpecialTokens, APadIdOutsideTheVocabularyIsRefusedNamingTheKey) {
       << m.error().message;
 }
 
+// Tokenize without special tokens is the text's own ids: the default call's without its BOS, and
+// the tokenizer file's own encoding of the text (TextTokenizer, read independently of the model).
+TEST(SpecialTokens, TokenizeWithoutSpecialTokensDropsOnlyTheBos) {
+  auto model = nibble_test::LoadOrFail(nibble_test::EmbeddedModel());
+  ASSERT_NE(model, nullptr);
+  const std::string text = "Once upon a time, a small dog";
+  auto with = model->Tokenize(text);
+  auto without = model->Tokenize(text, /*add_special_tokens=*/false);
+  ASSERT_TRUE(with.ok() && without.ok());
+  ASSERT_TRUE(model->special_tokens().add_bos);
+  ASSERT_EQ(with->size(), without->size() + 1);
+  EXPECT_EQ(with->front(), model->special_tokens().bos_id);
+  EXPECT_EQ(std::vector<int32_t>(with->begin() + 1, with->end()), *without);
+  auto tok = nibble::TextTokenizer::Load(nibble_test::EmbeddedModel());
+  ASSERT_TRUE(tok.ok());
+  auto plain = (*tok)->Encode(text, false);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(*plain, *without);
+}
+
 }  // namespace

@@ -73,13 +73,7 @@ nlohmann::ordered_json ComparisonRowJson(const nibble::ComparisonRow& row) {
 }
 
 nlohmann::ordered_json SizeJson(const nibble::SizeSummary& s) {
-  return {{"bits_per_weight", s.bits_per_weight()},
-          {"quantized_linears", s.quantized_linears},
-          {"quantized_weights", s.quantized_weights},
-          {"quantized_bytes", s.quantized_bytes},
-          {"tensor_bytes", s.tensor_bytes},
-          {"float_tensor_bytes", s.float_tensor_bytes},
-          {"float_bits", s.float_bits}};
+  return nlohmann::ordered_json::parse(nibble::SizeSummaryJson(s));
 }
 
 }  // namespace nibble_cli
