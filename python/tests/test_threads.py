@@ -111,7 +111,8 @@ def _interrupt_after(seconds):
 
 
 def test_ctrl_c_cancels_generate_and_the_model_stays_usable(model):
-    timer = _interrupt_after(0.3)
+    # Early: the whole context (a few hundred tokens) decodes in well under a second here.
+    timer = _interrupt_after(0.03)
     start = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         model.generate("Once upon a time", max_new_tokens=100000, temperature=0.8, seed=1)
