@@ -5,15 +5,16 @@
 #include <vector>
 
 #include "base/memory.h"
+#include "base/parallel.h"
 #include "eval/saved_logits.h"
 #include "model/ops.h"
 
 namespace nibble {
 
+// Each row's NLL on any thread, summed in row order: the same bits for any thread count.
 double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64_t n, double* sq_sum) {
-  double total = 0, sq = 0;
-#pragma omp parallel for reduction(+ : total, sq) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  std::vector<double> nll(static_cast<size_t>(n));
+  ParallelFor(n, n * vocab >= kTeamMinWork, [&](int64_t i) {
     const float* row = logits + i * vocab;
     float mx = row[0];
     for (int64_t j = 1; j < vocab; ++j) mx = row[j] > mx ? row[j] : mx;
@@ -25,9 +26,12 @@ double MeanNll(const float* logits, int64_t vocab, const int32_t* targets, int64
       for (int64_t j = j0; j < j1; ++j) block += ExpF(row[j] - mx);
       sum += block;
     }
-    const double nll = (std::log(sum) + mx) - static_cast<double>(row[targets[i]]);
-    total += nll;
-    sq += nll * nll;
+    nll[static_cast<size_t>(i)] = (std::log(sum) + mx) - static_cast<double>(row[targets[i]]);
+  });
+  double total = 0, sq = 0;
+  for (const double v : nll) {
+    total += v;
+    sq += v * v;
   }
   if (sq_sum != nullptr) *sq_sum += sq;
   return total / static_cast<double>(n);
