@@ -20,6 +20,7 @@ struct ServeArgs {
   nibble::ServeOptions o;
   std::string api_key_file;
   std::string kv_dtype = "bf16";
+  std::string weight_cache;  // --weight_cache DIR|off ("" = the default directory)
 };
 
 // The key file's first line, trailing whitespace dropped (a key itself has none).
@@ -37,6 +38,8 @@ int RunServe(ServeArgs& a) {
     if (const std::string err = ReadKeyFile(a.api_key_file, &a.o.api_key); !err.empty()) return UsageError(err);
   }
   if (!nibble::ParseKvDtype(a.kv_dtype, &a.o.load.kv_dtype)) return UsageError("--kv_dtype must be bf16 or fp32, got " + a.kv_dtype);
+  a.o.load.weight_cache = a.weight_cache != "off";
+  if (a.o.load.weight_cache) a.o.load.weight_cache_dir = a.weight_cache;
   if (const nibble::Status st = nibble::ValidateServeOptions(a.o); !st.ok()) return UsageError(st.error().message);
   // SIGTERM / SIGINT are taken by sigwait below: blocked before any thread starts, so that
   // every thread inherits the mask and none is interrupted.
@@ -83,6 +86,8 @@ Runner RegisterServe(CLI::App& app) {
   AddActivationsOption(cmd, &o.load.activations);
   AddTokenizerOption(cmd, &o.load.tokenizer);
   cmd->add_option("--kv_dtype", a->kv_dtype, "KV cache dtype: bf16 | fp32")->capture_default_str();
+  cmd->add_option("--weight_cache", a->weight_cache,
+                  "Directory of packed int4 weights reused by later loads, or off (default ~/.cache/nibble/weights)");
   cmd->add_option("--chat_template", o.chat_template, "Jinja chat template file (default: the model's)");
   cmd->add_option("--alias", o.alias, "Model id reported by /v1/models (default: the directory name)");
   cmd->add_option("--timeout", o.timeout_seconds, "Seconds a request may run before it is ended")->capture_default_str();
