@@ -177,48 +177,6 @@ static nlohmann::ordered_json CalibLayersJson(const QuantizeSummary& s) {
   return layers;
 }
 
-// Warnings about the request's config that only the model's layers reveal: entries deciding no
-// layer, and the default lm_head exclusion replaced by an explicit --exclude_layers.
-static Status AddConfigWarnings(const QuantizeRequest& r, const QuarkQuantConfig& config, QuantizeSummary& s) {
-  std::vector<std::string> modules;
-  bool lm_head_quantized = false;
-  for (const auto& l : s.layers) {
-    modules.push_back(l.name);
-    lm_head_quantized = lm_head_quantized || (l.name == "lm_head" && l.quantized);
-  }
-  // A tied head kept in float writes no lm_head module, but the model has one (the embedding): an
-  // entry naming lm_head decided it.
-  if (std::find(modules.begin(), modules.end(), "lm_head") == modules.end()) modules.push_back("lm_head");
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, UnusedConfigEntries(config, modules));
-  std::vector<std::string> lines;
-  for (const std::string& u : unused) lines.push_back("warning: " + u);
-  {  // the input's tied lm_head, as a load of it would warn
-    NIBBLE_ASSIGN_OR_RETURN(ModelConfig in_mc, LoadModelConfig(r.model_dir));
-    NIBBLE_ASSIGN_OR_RETURN(TensorStore in, TensorStore::OpenDir(r.model_dir));
-    std::vector<std::string> tied;
-    NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(in_mc, in, nullptr, &tied));
-    for (const std::string& t : tied) lines.push_back("warning: " + r.model_dir + ": " + t);
-  }
-  if (r.exclude_layers_given && r.quant_config_file.empty() && lm_head_quantized)
-    lines.push_back("note: --exclude_layers replaces the default lm_head exclusion: lm_head is quantized "
-                    "(add lm_head to the list to keep it in float)");
-  // What the written config makes other engines read (QuantizedFormat::Engines).
-  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> written, OpenCheckpointFormat(r.output_dir));
-  NIBBLE_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(r.output_dir));
-  std::vector<LinearShapeInfo> shapes;
-  for (const auto& l : s.layers) shapes.push_back({l.name, l.n, l.k});
-  NIBBLE_ASSIGN_OR_RETURN(TensorStore written_store, TensorStore::OpenDir(r.output_dir));
-  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, written_store));
-  NIBBLE_ASSIGN_OR_RETURN(EnginesReport engines, written->Engines(shapes, proj.tied));
-  for (const std::string& d : EngineNotReadingLines(engines)) lines.push_back("note: " + d);
-  for (const std::string& d : EngineDisagreementLines(engines)) lines.push_back("warning: " + d);
-  for (const std::string& l : lines) {
-    if (r.on_message) r.on_message(l);
-    s.messages.push_back(l);
-  }
-  return Status::Ok();
-}
-
 // The `--report` JSON: request, calibration, per layer (AWQ, GPTQ), export per linear.
 static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSummary& s) {
   nlohmann::ordered_json j;
@@ -328,6 +286,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   else if (r.misaligned == "exclude") o.misaligned = MisalignedPolicy::kExclude;
   else if (r.misaligned == "per_channel") o.misaligned = MisalignedPolicy::kPerChannel;
   else return MakeErrorCode(ErrorCode::kUnsupported, "--misaligned \"", r.misaligned, "\" is not supported (supported: error, exclude, per_channel)");
+  o.note_replaced_head_exclusion = r.exclude_layers_given && r.quant_config_file.empty();
   if (r.max_shard_size <= 0) return MakeError("--max_shard_size must be positive");
   o.max_shard_size = r.max_shard_size;
   o.overwrite = r.overwrite;
@@ -376,7 +335,6 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   s.size = SizeOfQuantized(s.layers, rep.total_bytes);
   s.seconds = rep.seconds;
   s.quantization_config_json = rep.quantization_config.dump(2);
-  NIBBLE_RETURN_IF_ERROR(AddConfigWarnings(r, o.config, s));
   s.report_json = QuantizeReportJson(r, s);
   return s;
 }

@@ -69,7 +69,7 @@ std::vector<AwqMapping> AwqAlgorithm::Used() const {
   return out;
 }
 
-Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                          const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const AwqSettings& st,
                          const LayerTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress,
                          const CancellationToken* cancel) {
@@ -79,7 +79,7 @@ Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const 
   po.reuse_attention = st.reuse_attention;
   po.progress = progress;
   po.cancel = cancel;
-  NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, cfg, tokens, batch, seq_len, *algo, po, sink));
+  NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, plan, tokens, batch, seq_len, *algo, po, sink));
   AwqResult res;
   res.seconds = pr.seconds;
   for (size_t l = 0; l < pr.layers.size(); ++l) {

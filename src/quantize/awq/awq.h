@@ -70,7 +70,7 @@ class AwqAlgorithm final : public LayerAlgorithm {
 
 /// Runs AWQ over every decoder layer through RunLayerPipeline (see there for the inputs and the
 /// sink) with settings.propagation and settings.reuse_attention, and assembles the report.
-Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                          const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const AwqSettings& settings,
                          const LayerTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress,
                          const CancellationToken* cancel = nullptr);

@@ -101,7 +101,7 @@ std::vector<std::string> GptqAlgorithm::Messages() const {
   return out;
 }
 
-Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                            const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const GptqSettings& st,
                            const std::optional<AwqSettings>& awq, const LayerTensorSink& sink,
                            const std::function<void(int64_t, int64_t)>& progress,
@@ -116,7 +116,7 @@ Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, cons
   po.reuse_attention = awq ? awq->reuse_attention : true;
   po.progress = progress;
   po.cancel = cancel;
-  NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, cfg, tokens, batch, seq_len, *algo, po, sink));
+  NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, plan, tokens, batch, seq_len, *algo, po, sink));
   GptqResult res;
   res.seconds = pr.seconds;
   for (size_t l = 0; l < pr.layers.size(); ++l) {

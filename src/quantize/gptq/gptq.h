@@ -87,7 +87,7 @@ class GptqAlgorithm final : public LayerAlgorithm {
 
 /// Runs GPTQ (AWQ+GPTQ when `awq` is given) over every decoder layer through RunLayerPipeline
 /// (see there for the inputs and the sink) with settings.propagation, and assembles the report.
-Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                            const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const GptqSettings& settings,
                            const std::optional<AwqSettings>& awq, const LayerTensorSink& sink,
                            const std::function<void(int64_t, int64_t)>& progress,
