@@ -15,6 +15,32 @@
 
 namespace nibble {
 
+int64_t AlgorithmChain::StepsPerLayer() const {
+  int64_t n = 0;
+  for (const auto& a : algos_) n += a->StepsPerLayer();
+  return n;
+}
+
+Status AlgorithmChain::Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) {
+  for (const auto& a : algos_) NIBBLE_RETURN_IF_ERROR(a->Transform(runner, layer, step));
+  return Status::Ok();
+}
+
+Status AlgorithmChain::Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
+                              const std::function<Status()>& step) {
+  for (const auto& a : algos_) NIBBLE_RETURN_IF_ERROR(a->Finish(runner, layer, codes, step));
+  return Status::Ok();
+}
+
+std::vector<std::string> AlgorithmChain::Messages() const {
+  std::vector<std::string> out;
+  for (const auto& a : algos_) {
+    std::vector<std::string> m = a->Messages();
+    out.insert(out.end(), m.begin(), m.end());
+  }
+  return out;
+}
+
 Result<LinearPlan> LinearPlanSource::operator()(const std::string& module) const {
   if (config_ != nullptr) return ResolveQuarkLinear(*config_, module);
   const PlannedLinear* l = plan_->Find(module);

@@ -168,6 +168,22 @@ class LayerAlgorithm {
   virtual std::vector<std::string> Messages() const { return {}; }
 };
 
+/// Algorithms run one after the other on each layer (AWQ then GPTQ): every Transform in order
+/// before the fp pass, every Finish in order after it (a later one sees the weights and codes the
+/// earlier ones left), their steps added and their messages concatenated.
+class AlgorithmChain final : public LayerAlgorithm {
+ public:
+  explicit AlgorithmChain(std::vector<std::unique_ptr<LayerAlgorithm>> algos) : algos_(std::move(algos)) {}
+  int64_t StepsPerLayer() const override;
+  Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) override;
+  Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
+                const std::function<Status()>& step) override;
+  std::vector<std::string> Messages() const override;
+
+ private:
+  std::vector<std::unique_ptr<LayerAlgorithm>> algos_;
+};
+
 /// One finished tensor of a decoder layer: HF name, fp32 values row-major in the stored shape,
 /// and for a quantized linear's weight the codes the exporter writes (computed from `values`).
 struct LayerTensor {

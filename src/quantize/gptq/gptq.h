@@ -5,9 +5,9 @@
 // linear input (q/k/v share the attention input, gate/up the MLP input), factorised once
 // (gptq/solver.h) and used by every quantized linear it feeds; the layer's codes are GPTQ's. By
 // default every H comes from that fp pass (llm-compressor); true_sequential re-runs the layer
-// with the linears before each input already quantized (GPTQModel). With AWQ first, AWQ's
-// smoothing runs in Transform and its clip search (if on) before GPTQ, which then quantizes the
-// smoothed weights. One layer's Hessians are in memory at a time.
+// with the linears before each input already quantized (GPTQModel). AWQ+GPTQ is the chain of the
+// two (AlgorithmChain): AWQ's smoothing in Transform and its clip search (if on) before GPTQ,
+// which then quantizes the smoothed weights. One layer's Hessians are in memory at a time.
 #pragma once
 
 #include <array>
@@ -57,29 +57,25 @@ struct GptqResult {
 
 class GptqAlgorithm final : public LayerAlgorithm {
  public:
-  /// `awq`: run AWQ's Transform / Finish first (AWQ+GPTQ). Errors: invalid settings.
-  static Result<std::unique_ptr<GptqAlgorithm>> Create(const GptqSettings& settings,
-                                                       std::unique_ptr<AwqAlgorithm> awq = nullptr);
+  /// Errors: invalid settings.
+  static Result<std::unique_ptr<GptqAlgorithm>> Create(const GptqSettings& settings);
 
-  /// AWQ's steps, then one per distinct linear input.
-  int64_t StepsPerLayer() const override { return (awq_ ? awq_->StepsPerLayer() : 0) + 4; }
-  Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) override;
+  /// One per distinct linear input.
+  int64_t StepsPerLayer() const override { return 4; }
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
                 const std::function<Status()>& step) override;
   std::vector<std::string> Messages() const override;
 
   const std::vector<std::array<GptqLinearInfo, kNumLinears>>& infos() const { return infos_; }
-  const AwqAlgorithm* awq() const { return awq_.get(); }
   int64_t hessian_peak_bytes() const { return peak_bytes_; }
 
  private:
-  GptqAlgorithm(const GptqSettings& s, std::unique_ptr<AwqAlgorithm> awq) : st_(s), awq_(std::move(awq)) {}
+  explicit GptqAlgorithm(const GptqSettings& s) : st_(s) {}
   // Quantizes the linears fed by `in` (their inputs x: `rows` rows) into codes.
   Status QuantizeInput(LayerInput in, const float* x, int64_t rows, const CalibLayer& L, LayerCodes& codes,
                        std::array<GptqLinearInfo, kNumLinears>& info);
 
   GptqSettings st_;
-  std::unique_ptr<AwqAlgorithm> awq_;
   std::vector<std::array<GptqLinearInfo, kNumLinears>> infos_;
   std::set<std::string> messages_;
   int64_t peak_bytes_ = 0;
