@@ -242,21 +242,19 @@ static Status AlgorithmOptions(const QuantizeRequest& r, QuantizeOptions& o) {
   return Status::Ok();
 }
 
-// One decoder layer's summary from the algorithm's report (`gptq`: per-slot GPTQ info or null).
-static CalibLayerSummary LayerSummary(int64_t layer, double seconds, const std::vector<AwqMappingReport>& mappings,
-                                      const std::vector<LinearErrorReport>& linears,
-                                      const std::array<GptqLinearInfo, kNumLinears>* gptq) {
+// One decoder layer's summary from the run's report.
+static CalibLayerSummary LayerSummary(const CalibLayerResult& l) {
   CalibLayerSummary ls;
-  ls.layer = layer;
-  ls.seconds = seconds;
-  for (const auto& m : mappings)
+  ls.layer = l.layer;
+  ls.seconds = l.seconds;
+  for (const auto& m : l.mappings)
     ls.mappings.push_back({m.mapping.prev_op, m.mapping.layers, m.skipped, m.skip_reason, m.ratio, m.duo, m.loss_rtn,
                            m.loss_best, m.rejected, m.stopped_early, m.scale_min, m.scale_max});
-  for (size_t i = 0; i < linears.size(); ++i) {
-    const auto& e = linears[i];
+  for (size_t i = 0; i < l.linears.size(); ++i) {
+    const auto& e = l.linears[i];
     CalibLayerSummary::Linear li{e.name, e.quantized, e.rtn_error, e.method_error};
-    if (gptq != nullptr && i < gptq->size() && (*gptq)[i].ran) {
-      const GptqLinearInfo& g = (*gptq)[i];
+    if (i < l.gptq.size() && l.gptq[i].ran) {
+      const GptqLinearInfo& g = l.gptq[i];
       li.gptq = true;
       li.dampening_frac = g.dampening_frac;
       li.retries = g.retries;
@@ -315,17 +313,11 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   s.calib_seq_len = rep.calib_seq_len;
   s.calib_available_chunks = rep.calib_available_chunks;
   s.calib_total_tokens = rep.calib_total_tokens;
-  if (rep.awq) {
-    s.calib_seconds = rep.awq->seconds;
-    s.propagate = rep.awq_settings.propagation == Propagation::kFp ? "fp" : "quantized";
-    for (const auto& l : rep.awq->layers) s.calib_layers.push_back(LayerSummary(l.layer, l.seconds, l.mappings, l.linears, nullptr));
-  }
-  if (rep.gptq) {
-    s.calib_seconds = rep.gptq->seconds;
-    s.propagate = rep.gptq_settings.propagation == Propagation::kFp ? "fp" : "quantized";
-    s.hessian_peak_bytes = rep.gptq->hessian_peak_bytes;
-    for (const auto& l : rep.gptq->layers)
-      s.calib_layers.push_back(LayerSummary(l.layer, l.seconds, l.mappings, l.linears, &l.gptq));
+  if (rep.calib) {
+    s.calib_seconds = rep.calib->seconds;
+    s.propagate = rep.propagation == Propagation::kFp ? "fp" : "quantized";
+    s.hessian_peak_bytes = rep.calib->hessian_peak_bytes;
+    for (const auto& l : rep.calib->layers) s.calib_layers.push_back(LayerSummary(l));
   }
   for (const auto& l : rep.layers)
     s.layers.push_back({l.name, l.rule, l.scheme, l.quantized, l.n, l.k, l.bytes_in, l.bytes_out, l.rel_error});

@@ -23,6 +23,7 @@
 #include "model/llama.h"
 #include "model/model_loader.h"
 #include "model/weights.h"
+#include "quantize/calibrated.h"
 #include "quantize/calibration.h"
 #include "tokenizer/tokenizer.h"
 
@@ -177,23 +178,18 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
   const Propagation prop = gptq ? report.gptq_settings.propagation : report.awq_settings.propagation;
   NIBBLE_ASSIGN_OR_RETURN(cfg.calibration,
                           CalibrationRecord(o.dataset, *calib, o.seed, prop == Propagation::kFp ? "fp" : "quantized"));
-  if (!gptq) {
-    auto r = RunAwq(mc, store, *ex.plan, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, sink, progress,
-                    o.cancel);
-    if (!r.ok()) return r.error().code == ErrorCode::kCancelled ? r.error() : r.error().WithContext("AWQ");
-    for (const auto& m : r->messages) note(m);
-    cfg.algo_config = AwqAlgoConfigJson(report.awq_settings, r->used, mc);
-    report.awq = std::move(r).value();
-    return produced;
-  }
-  const std::optional<AwqSettings> first = awq ? std::optional<AwqSettings>(report.awq_settings) : std::nullopt;
-  auto r = RunGptq(mc, store, *ex.plan, calib->tokens, calib->num_chunks, calib->seq_len, report.gptq_settings, first, sink,
-                   progress, o.cancel);
-  if (!r.ok()) return r.error().code == ErrorCode::kCancelled ? r.error() : r.error().WithContext(awq ? "AWQ+GPTQ" : "GPTQ");
+  report.propagation = prop;
+  const std::optional<AwqSettings> awq_st = awq ? std::optional<AwqSettings>(report.awq_settings) : std::nullopt;
+  const std::optional<GptqSettings> gptq_st = gptq ? std::optional<GptqSettings>(report.gptq_settings) : std::nullopt;
+  auto r = RunCalibrated(mc, store, *ex.plan, calib->tokens, calib->num_chunks, calib->seq_len, awq_st, gptq_st, prop,
+                         sink, progress, o.cancel);
+  if (!r.ok())
+    return r.error().code == ErrorCode::kCancelled ? r.error()
+                                                   : r.error().WithContext(awq && gptq ? "AWQ+GPTQ" : awq ? "AWQ" : "GPTQ");
   for (const auto& m : r->messages) note(m);
   cfg.algo_config = awq ? AwqAlgoConfigJson(report.awq_settings, r->awq_used, mc) : nlohmann::ordered_json::array();
-  cfg.algo_config.push_back(GptqAlgoConfigEntry(report.gptq_settings));
-  report.gptq = std::move(r).value();
+  if (gptq) cfg.algo_config.push_back(GptqAlgoConfigEntry(report.gptq_settings));
+  report.calib = std::move(r).value();
   return produced;
 }
 

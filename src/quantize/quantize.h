@@ -17,6 +17,7 @@
 #include "base/result.h"
 #include "formats/quark_config.h"
 #include "quantize/awq/awq.h"
+#include "quantize/calib_result.h"
 #include "quantize/gptq/gptq.h"
 #include "quantize/plan.h"
 
@@ -68,10 +69,10 @@ struct QuantizedLayerReport {
 
 struct QuantizeReport {
   std::vector<QuantizedLayerReport> layers;
-  std::optional<AwqResult> awq;     // quant_algo "awq" only
-  AwqSettings awq_settings;         // as run (awq, awq,gptq)
-  std::optional<GptqResult> gptq;   // quant_algo "gptq" / "awq,gptq"
-  GptqSettings gptq_settings;       // as run
+  std::optional<CalibResult> calib;  // calibrated algorithms (awq, gptq, awq,gptq)
+  AwqSettings awq_settings;          // as run (awq, awq,gptq)
+  GptqSettings gptq_settings;        // as run (gptq, awq,gptq)
+  Propagation propagation = Propagation::kFp;  // calibrated algorithms, as run
   int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
   /// Warnings and notes (calibration, skipped mappings; after the commit, what only the model and
   /// the written config reveal: unused config entries, engines that read it otherwise).

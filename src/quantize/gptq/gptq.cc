@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "model/llama.h"
+#include "quantize/calibrated.h"
 #include "quantize/gram.h"
 
 namespace nibble {
@@ -96,39 +97,7 @@ Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, cons
                            const std::optional<AwqSettings>& awq, const LayerTensorSink& sink,
                            const std::function<void(int64_t, int64_t)>& progress,
                            const CancellationToken* cancel) {
-  // AWQ+GPTQ: the chain of the two; the pointers stay valid while `chain` owns them.
-  std::vector<std::unique_ptr<LayerAlgorithm>> algos;
-  const AwqAlgorithm* awq_algo = nullptr;
-  if (awq) {
-    NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<AwqAlgorithm> a, AwqAlgorithm::Create(*awq));
-    awq_algo = a.get();
-    algos.push_back(std::move(a));
-  }
-  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<GptqAlgorithm> g, GptqAlgorithm::Create(st));
-  const GptqAlgorithm* algo = g.get();
-  algos.push_back(std::move(g));
-  AlgorithmChain chain(std::move(algos));
-  PipelineOptions po;
-  po.propagation = st.propagation;
-  po.reuse_attention = awq ? awq->reuse_attention : true;
-  po.progress = progress;
-  po.cancel = cancel;
-  NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, plan, tokens, batch, seq_len, chain, po, sink));
-  GptqResult res;
-  res.seconds = pr.seconds;
-  for (size_t l = 0; l < pr.layers.size(); ++l) {
-    GptqLayerReport lr;
-    lr.layer = pr.layers[l].layer;
-    if (awq_algo) lr.mappings = awq_algo->mapping_reports()[l];
-    lr.linears = std::move(pr.layers[l].linears);
-    lr.gptq = algo->infos()[l];
-    lr.seconds = pr.layers[l].seconds;
-    res.layers.push_back(std::move(lr));
-  }
-  res.messages = chain.Messages();
-  if (awq_algo) res.awq_used = awq_algo->Used();
-  res.hessian_peak_bytes = algo->hessian_peak_bytes();
-  return res;
+  return RunCalibrated(mc, store, plan, tokens, batch, seq_len, awq, st, st.propagation, sink, progress, cancel);
 }
 
 }  // namespace nibble

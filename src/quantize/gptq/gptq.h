@@ -24,36 +24,15 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "quantize/awq/awq.h"
+#include "quantize/calib_result.h"
 #include "quantize/gptq/settings.h"
 #include "quantize/gptq/solver.h"
 #include "quantize/pipeline.h"
 
 namespace nibble {
 
-/// What GPTQ did for one linear.
-struct GptqLinearInfo {
-  bool ran = false;              // quantized by GPTQ (false: kept in float)
-  double dampening_frac = 0;     // the fraction that factorised
-  int retries = 0;               // failed factorisations before it
-  int64_t dead_columns = 0;      // inputs with H[j][j] == 0
-  bool fallback_rtn = false;     // nothing factorised: plain RTN
-};
-
-struct GptqLayerReport {
-  int64_t layer = 0;
-  std::vector<AwqMappingReport> mappings;        // AWQ+GPTQ only
-  std::vector<LinearErrorReport> linears;        // rtn_error / method_error (the GPTQ weights)
-  std::array<GptqLinearInfo, kNumLinears> gptq{};
-  double seconds = 0;
-};
-
-struct GptqResult {
-  std::vector<GptqLayerReport> layers;
-  std::vector<std::string> messages;    // retries, singular Hessians, skipped AWQ mappings
-  std::vector<AwqMapping> awq_used;     // AWQ+GPTQ: mappings applied in at least one layer
-  int64_t hessian_peak_bytes = 0;       // the largest one Hessian and its factorisation took
-  double seconds = 0;
-};
+using GptqLayerReport = CalibLayerResult;
+using GptqResult = CalibResult;
 
 class GptqAlgorithm final : public LayerAlgorithm {
  public:
@@ -81,8 +60,7 @@ class GptqAlgorithm final : public LayerAlgorithm {
   int64_t peak_bytes_ = 0;
 };
 
-/// Runs GPTQ (AWQ+GPTQ when `awq` is given) over every decoder layer through RunLayerPipeline
-/// (see there for the inputs and the sink) with settings.propagation, and assembles the report.
+/// Runs GPTQ, after AWQ when `awq` is given (RunCalibrated), with settings.propagation.
 Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                            const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const GptqSettings& settings,
                            const std::optional<AwqSettings>& awq, const LayerTensorSink& sink,
