@@ -177,48 +177,6 @@ static nlohmann::ordered_json CalibLayersJson(const QuantizeSummary& s) {
   return layers;
 }
 
-// Warnings about the request's config that only the model's layers reveal: entries deciding no
-// layer, and the default lm_head exclusion replaced by an explicit --exclude_layers.
-static Status AddConfigWarnings(const QuantizeRequest& r, const QuarkQuantConfig& config, QuantizeSummary& s) {
-  std::vector<std::string> modules;
-  bool lm_head_quantized = false;
-  for (const auto& l : s.layers) {
-    modules.push_back(l.name);
-    lm_head_quantized = lm_head_quantized || (l.name == "lm_head" && l.quantized);
-  }
-  // A tied head kept in float writes no lm_head module, but the model has one (the embedding): an
-  // entry naming lm_head decided it.
-  if (std::find(modules.begin(), modules.end(), "lm_head") == modules.end()) modules.push_back("lm_head");
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, UnusedConfigEntries(config, modules));
-  std::vector<std::string> lines;
-  for (const std::string& u : unused) lines.push_back("warning: " + u);
-  {  // the input's tied lm_head, as a load of it would warn
-    NIBBLE_ASSIGN_OR_RETURN(ModelConfig in_mc, LoadModelConfig(r.model_dir));
-    NIBBLE_ASSIGN_OR_RETURN(TensorStore in, TensorStore::OpenDir(r.model_dir));
-    std::vector<std::string> tied;
-    NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(in_mc, in, nullptr, &tied));
-    for (const std::string& t : tied) lines.push_back("warning: " + r.model_dir + ": " + t);
-  }
-  if (r.exclude_layers_given && r.quant_config_file.empty() && lm_head_quantized)
-    lines.push_back("note: --exclude_layers replaces the default lm_head exclusion: lm_head is quantized "
-                    "(add lm_head to the list to keep it in float)");
-  // What the written config makes other engines read (QuantizedFormat::Engines).
-  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> written, OpenCheckpointFormat(r.output_dir));
-  NIBBLE_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(r.output_dir));
-  std::vector<LinearShapeInfo> shapes;
-  for (const auto& l : s.layers) shapes.push_back({l.name, l.n, l.k});
-  NIBBLE_ASSIGN_OR_RETURN(TensorStore written_store, TensorStore::OpenDir(r.output_dir));
-  NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, written_store));
-  NIBBLE_ASSIGN_OR_RETURN(EnginesReport engines, written->Engines(shapes, proj.tied));
-  for (const std::string& d : EngineNotReadingLines(engines)) lines.push_back("note: " + d);
-  for (const std::string& d : EngineDisagreementLines(engines)) lines.push_back("warning: " + d);
-  for (const std::string& l : lines) {
-    if (r.on_message) r.on_message(l);
-    s.messages.push_back(l);
-  }
-  return Status::Ok();
-}
-
 // The `--report` JSON: request, calibration, per layer (AWQ, GPTQ), export per linear.
 static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSummary& s) {
   nlohmann::ordered_json j;
@@ -284,21 +242,19 @@ static Status AlgorithmOptions(const QuantizeRequest& r, QuantizeOptions& o) {
   return Status::Ok();
 }
 
-// One decoder layer's summary from the algorithm's report (`gptq`: per-slot GPTQ info or null).
-static CalibLayerSummary LayerSummary(int64_t layer, double seconds, const std::vector<AwqMappingReport>& mappings,
-                                      const std::vector<LinearErrorReport>& linears,
-                                      const std::array<GptqLinearInfo, kNumLinears>* gptq) {
+// One decoder layer's summary from the run's report.
+static CalibLayerSummary LayerSummary(const CalibLayerResult& l) {
   CalibLayerSummary ls;
-  ls.layer = layer;
-  ls.seconds = seconds;
-  for (const auto& m : mappings)
+  ls.layer = l.layer;
+  ls.seconds = l.seconds;
+  for (const auto& m : l.mappings)
     ls.mappings.push_back({m.mapping.prev_op, m.mapping.layers, m.skipped, m.skip_reason, m.ratio, m.duo, m.loss_rtn,
                            m.loss_best, m.rejected, m.stopped_early, m.scale_min, m.scale_max});
-  for (size_t i = 0; i < linears.size(); ++i) {
-    const auto& e = linears[i];
+  for (size_t i = 0; i < l.linears.size(); ++i) {
+    const auto& e = l.linears[i];
     CalibLayerSummary::Linear li{e.name, e.quantized, e.rtn_error, e.method_error};
-    if (gptq != nullptr && i < gptq->size() && (*gptq)[i].ran) {
-      const GptqLinearInfo& g = (*gptq)[i];
+    if (i < l.gptq.size() && l.gptq[i].ran) {
+      const GptqLinearInfo& g = l.gptq[i];
       li.gptq = true;
       li.dampening_frac = g.dampening_frac;
       li.retries = g.retries;
@@ -328,6 +284,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   else if (r.misaligned == "exclude") o.misaligned = MisalignedPolicy::kExclude;
   else if (r.misaligned == "per_channel") o.misaligned = MisalignedPolicy::kPerChannel;
   else return MakeErrorCode(ErrorCode::kUnsupported, "--misaligned \"", r.misaligned, "\" is not supported (supported: error, exclude, per_channel)");
+  o.note_replaced_head_exclusion = r.exclude_layers_given && r.quant_config_file.empty();
   if (r.max_shard_size <= 0) return MakeError("--max_shard_size must be positive");
   o.max_shard_size = r.max_shard_size;
   o.overwrite = r.overwrite;
@@ -356,17 +313,11 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   s.calib_seq_len = rep.calib_seq_len;
   s.calib_available_chunks = rep.calib_available_chunks;
   s.calib_total_tokens = rep.calib_total_tokens;
-  if (rep.awq) {
-    s.calib_seconds = rep.awq->seconds;
-    s.propagate = rep.awq_settings.propagation == Propagation::kFp ? "fp" : "quantized";
-    for (const auto& l : rep.awq->layers) s.calib_layers.push_back(LayerSummary(l.layer, l.seconds, l.mappings, l.linears, nullptr));
-  }
-  if (rep.gptq) {
-    s.calib_seconds = rep.gptq->seconds;
-    s.propagate = rep.gptq_settings.propagation == Propagation::kFp ? "fp" : "quantized";
-    s.hessian_peak_bytes = rep.gptq->hessian_peak_bytes;
-    for (const auto& l : rep.gptq->layers)
-      s.calib_layers.push_back(LayerSummary(l.layer, l.seconds, l.mappings, l.linears, &l.gptq));
+  if (rep.calib) {
+    s.calib_seconds = rep.calib->seconds;
+    s.propagate = rep.propagation == Propagation::kFp ? "fp" : "quantized";
+    s.hessian_peak_bytes = rep.calib->hessian_peak_bytes;
+    for (const auto& l : rep.calib->layers) s.calib_layers.push_back(LayerSummary(l));
   }
   for (const auto& l : rep.layers)
     s.layers.push_back({l.name, l.rule, l.scheme, l.quantized, l.n, l.k, l.bytes_in, l.bytes_out, l.rel_error});
@@ -376,7 +327,6 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   s.size = SizeOfQuantized(s.layers, rep.total_bytes);
   s.seconds = rep.seconds;
   s.quantization_config_json = rep.quantization_config.dump(2);
-  NIBBLE_RETURN_IF_ERROR(AddConfigWarnings(r, o.config, s));
   s.report_json = QuantizeReportJson(r, s);
   return s;
 }

@@ -348,8 +348,10 @@ Result<std::unique_ptr<FormatWriter>> MakeAutoAwqWriter(const ExportRequest& r) 
     return std::unique_ptr<FormatWriter>(new AutoAwqWriter(*g, std::nullopt));
   }
   std::vector<std::string> floats, quantized;
-  for (const std::string& module : r.modules) {
-    NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, ResolveQuarkLinear(r.config, module));
+  NIBBLE_ASSIGN_OR_RETURN(const std::vector<LinearPlan> plans, ModulePlans(r));
+  for (size_t i = 0; i < r.modules.size(); ++i) {
+    const std::string& module = r.modules[i];
+    const LinearPlan& plan = plans[i];
     if (!plan.spec) {
       if (std::find(r.absent_modules.begin(), r.absent_modules.end(), module) == r.absent_modules.end()) floats.push_back(module);
       continue;

@@ -24,6 +24,26 @@ Result<const FormatEntry*> FindExportFormat(const std::string& export_name) {
   return MakeErrorCode(ErrorCode::kUnsupported, "--model_export \"", export_name, "\" is not supported (supported: ", names, ")");
 }
 
+Result<std::vector<LinearPlan>> ModulePlans(const ExportRequest& r) {
+  if (!r.plans.empty()) {
+    if (r.plans.size() != r.modules.size())
+      return MakeError("export request: ", r.plans.size(), " plans for ", r.modules.size(), " modules");
+    return r.plans;
+  }
+  std::vector<LinearPlan> out;
+  for (const std::string& m : r.modules) {
+    NIBBLE_ASSIGN_OR_RETURN(LinearPlan p, ResolveQuarkLinear(r.config, m));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void SetScaleDType(ExportRequest& r, DType dt) {
+  SetScaleDType(r.config, dt);
+  for (LinearPlan& p : r.plans)
+    if (p.spec) p.spec->scale_dtype = dt;
+}
+
 namespace {
 
 // AutoGPTQ-era checkpoints keep their config only in quantize_config.json; without one the

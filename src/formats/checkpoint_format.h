@@ -83,7 +83,17 @@ struct ExportRequest {
   /// GPTQ zero-point convention: "v1" (checkpoint_format "gptq", stores z − 1; cannot hold z = 0)
   /// or "v2" ("gptq_v2", stores z). Other formats ignore it.
   std::string gptq_format = "v1";
+  /// The plan of each of `modules`, in order, when the caller has resolved the request once
+  /// (quantize's QuantizePlan); empty: ModulePlans resolves `config`.
+  std::vector<LinearPlan> plans{};
 };
+
+/// The plan of each of request.modules, in order: request.plans when given, else each module
+/// resolved from request.config with Quark semantics (ResolveQuarkLinear). Errors: as that.
+Result<std::vector<LinearPlan>> ModulePlans(const ExportRequest& request);
+
+/// The scales of every quantized spec of the request stored in `dt`: the config's and the plans'.
+void SetScaleDType(ExportRequest& request, DType dt);
 
 /// Writes one format from the native layout.
 class FormatWriter {

@@ -336,13 +336,14 @@ OJ CtQuantizationConfig(const ExportRequest& r, const std::vector<std::string>& 
   std::map<std::string, OJ> args;              // key -> QuantizationArgs
   std::map<std::string, std::vector<std::string>> members;
   std::map<std::string, std::string> key_of;
-  for (const std::string& m : r.modules) {
-    auto plan = ResolveQuarkLinear(r.config, m);  // its errors were refused when the request was parsed
-    if (!plan.ok() || !plan->spec) {
+  const auto plans = ModulePlans(r);  // its errors were refused when the request was parsed
+  for (size_t i = 0; i < r.modules.size(); ++i) {
+    const std::string& m = r.modules[i];
+    if (!plans.ok() || !(*plans)[i].spec) {
       ignore.push_back(m);
       continue;
     }
-    const OJ w = CtWeightArgsJson(*plan->spec, with_g_idx.count(m) != 0);
+    const OJ w = CtWeightArgsJson(*(*plans)[i].spec, with_g_idx.count(m) != 0);
     const std::string key = w.dump();
     if (!args.count(key)) keys.push_back(key);
     args[key] = w;

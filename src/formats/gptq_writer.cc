@@ -186,9 +186,11 @@ Result<std::unique_ptr<FormatWriter>> MakeGptqWriter(const ExportRequest& r) {
   }
   std::vector<std::pair<std::string, std::optional<QuantSpec>>> plans;
   bool lm_head = false, any = false;
-  for (const std::string& module : r.modules) {
+  NIBBLE_ASSIGN_OR_RETURN(const std::vector<LinearPlan> module_plans, ModulePlans(r));
+  for (size_t i = 0; i < r.modules.size(); ++i) {
+    const std::string& module = r.modules[i];
     if (std::find(r.absent_modules.begin(), r.absent_modules.end(), module) != r.absent_modules.end()) continue;
-    NIBBLE_ASSIGN_OR_RETURN(LinearPlan plan, ResolveQuarkLinear(r.config, module));
+    const LinearPlan& plan = module_plans[i];
     lm_head = lm_head || (module == "lm_head" && plan.spec);
     any = any || plan.spec.has_value();
     plans.emplace_back(module, plan.spec);

@@ -15,6 +15,39 @@
 
 namespace nibble {
 
+int64_t AlgorithmChain::StepsPerLayer() const {
+  int64_t n = 0;
+  for (const auto& a : algos_) n += a->StepsPerLayer();
+  return n;
+}
+
+Status AlgorithmChain::Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) {
+  for (const auto& a : algos_) NIBBLE_RETURN_IF_ERROR(a->Transform(runner, layer, step));
+  return Status::Ok();
+}
+
+Status AlgorithmChain::Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
+                              const std::function<Status()>& step) {
+  for (const auto& a : algos_) NIBBLE_RETURN_IF_ERROR(a->Finish(runner, layer, codes, step));
+  return Status::Ok();
+}
+
+std::vector<std::string> AlgorithmChain::Messages() const {
+  std::vector<std::string> out;
+  for (const auto& a : algos_) {
+    std::vector<std::string> m = a->Messages();
+    out.insert(out.end(), m.begin(), m.end());
+  }
+  return out;
+}
+
+Result<LinearPlan> LinearPlanSource::operator()(const std::string& module) const {
+  if (config_ != nullptr) return ResolveQuarkLinear(*config_, module);
+  const PlannedLinear* l = plan_->Find(module);
+  if (l == nullptr) return MakeError("the quantize plan has no linear ", module);
+  return LinearPlan{l->spec, l->rule};
+}
+
 LayerInput InputOf(int slot) {
   switch (slot) {
     case kQ: case kK: case kV: return LayerInput::kAttnIn;
@@ -171,7 +204,7 @@ double RelOutputError(const float* x, int64_t rows, const std::vector<float>& w,
 }
 
 // The fp32 weights, dtypes and resolved specs of decoder layer l.
-Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg, int64_t l) {
+Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan, int64_t l) {
   const int64_t h = mc.hidden_size, q_dim = mc.num_attention_heads * mc.head_dim;
   const int64_t kv_dim = mc.num_key_value_heads * mc.head_dim, inter = mc.intermediate_size;
   const std::array<std::pair<int64_t, int64_t>, kNumLinears> shapes = {
@@ -200,7 +233,7 @@ Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, co
     if (has_bias[i]) {
       NIBBLE_ASSIGN_OR_RETURN(L.bias[i], LoadF32(store, name + ".bias", {L.n[i]}));
     }
-    NIBBLE_ASSIGN_OR_RETURN(LinearPlan rc, ResolveQuarkLinear(cfg, name));
+    NIBBLE_ASSIGN_OR_RETURN(LinearPlan rc, plan(name));
     L.spec[i] = rc.spec;
     if (rc.spec && L.k[i] % rc.spec->EffectiveGroupSize(L.k[i]) != 0)
       return MakeError("layer ", name, ": in_features K = ", L.k[i], " is not divisible by group_size ",
@@ -287,7 +320,7 @@ Status SinkLayer(CalibLayer& L, LayerCodes& codes, const LayerTensorSink& sink, 
 
 }  // namespace
 
-Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                                         const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len,
                                         LayerAlgorithm& algo, const PipelineOptions& o, const LayerTensorSink& sink) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -312,7 +345,7 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     const auto tl = std::chrono::steady_clock::now();
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, QuantizeAt("layer " + std::to_string(l + 1) + " of " +
                                                                 std::to_string(mc.num_hidden_layers))));
-    NIBBLE_ASSIGN_OR_RETURN(CalibLayer L, LoadLayer(mc, store, cfg, l));
+    NIBBLE_ASSIGN_OR_RETURN(CalibLayer L, LoadLayer(mc, store, plan, l));
     const CalibLayer orig = L.Clone();
     runner.SetInput(x.data());
     NIBBLE_RETURN_IF_ERROR(algo.Transform(runner, L, tick));

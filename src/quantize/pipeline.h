@@ -27,11 +27,26 @@
 #include "formats/int4_matrix.h"
 #include "formats/quant_spec.h"
 #include "formats/quark_config.h"
+#include "quantize/plan.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/decoder_layer.h"
 
 namespace nibble {
+
+/// Where the pipeline reads each linear's spec: a QuantizePlan (quantize resolves its request
+/// once), or a Quark config resolved module by module (direct runs of one algorithm).
+class LinearPlanSource {
+ public:
+  LinearPlanSource(const QuantizePlan& plan) : plan_(&plan) {}      // NOLINT: implicit by design
+  LinearPlanSource(const QuarkQuantConfig& config) : config_(&config) {}  // NOLINT
+  /// Errors: a module the plan does not hold, a config rule that does not resolve.
+  Result<LinearPlan> operator()(const std::string& module) const;
+
+ private:
+  const QuantizePlan* plan_ = nullptr;
+  const QuarkQuantConfig* config_ = nullptr;
+};
 
 /// A decoder projection, in DecoderLinearNames() order.
 enum LinearSlot : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown, kNumLinears };
@@ -153,6 +168,22 @@ class LayerAlgorithm {
   virtual std::vector<std::string> Messages() const { return {}; }
 };
 
+/// Algorithms run one after the other on each layer (AWQ then GPTQ): every Transform in order
+/// before the fp pass, every Finish in order after it (a later one sees the weights and codes the
+/// earlier ones left), their steps added and their messages concatenated.
+class AlgorithmChain final : public LayerAlgorithm {
+ public:
+  explicit AlgorithmChain(std::vector<std::unique_ptr<LayerAlgorithm>> algos) : algos_(std::move(algos)) {}
+  int64_t StepsPerLayer() const override;
+  Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) override;
+  Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
+                const std::function<Status()>& step) override;
+  std::vector<std::string> Messages() const override;
+
+ private:
+  std::vector<std::unique_ptr<LayerAlgorithm>> algos_;
+};
+
 /// One finished tensor of a decoder layer: HF name, fp32 values row-major in the stored shape,
 /// and for a quantized linear's weight the codes the exporter writes (computed from `values`).
 struct LayerTensor {
@@ -181,11 +212,11 @@ struct PipelineResult {
 
 /// Runs `algo` over every decoder layer of the dense checkpoint `store` (config `mc`) with
 /// calibration tokens [batch, seq_len] (each row an independent sequence from position 0); each
-/// projection's spec comes from the Quark config `cfg` (excluded ones stay in float).
+/// projection's spec comes from `plan` (float ones stay in float).
 /// Errors: seq_len > max_position_embeddings, a projection whose K is not a multiple of its group
 /// size, missing / mis-shaped tensors, an algorithm's error (with the layer named), a sink error,
 /// kCancelled (PipelineOptions::cancel).
-Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                                         const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len,
                                         LayerAlgorithm& algo, const PipelineOptions& options,
                                         const LayerTensorSink& sink);

@@ -13,6 +13,7 @@
 #include "formats/int4_matrix.h"
 #include "formats/quark_engines.h"
 #include "formats/quark_format.h"
+#include "formats/engines.h"
 #include "formats/rtn.h"
 #include "io/checkpoint_writer.h"
 #include "io/file.h"
@@ -22,6 +23,7 @@
 #include "model/llama.h"
 #include "model/model_loader.h"
 #include "model/weights.h"
+#include "quantize/calibrated.h"
 #include "quantize/calibration.h"
 #include "tokenizer/tokenizer.h"
 
@@ -31,26 +33,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
-// Refuses an export in which no linear is quantized (it would be a float model labelled as a
-// quantized format), naming the reasons every linear was kept in float.
-Status CheckSomethingQuantized(const QuarkQuantConfig& cfg, const std::vector<std::string>& modules) {
-  std::map<std::string, int64_t> reasons;
-  for (const std::string& m : modules) {
-    NIBBLE_ASSIGN_OR_RETURN(LinearPlan p, ResolveQuarkLinear(cfg, m));
-    if (p.spec) return Status::Ok();
-    ++reasons[p.rule];
-  }
-  std::vector<std::pair<int64_t, std::string>> by_count;
-  for (const auto& [rule, count] : reasons) by_count.emplace_back(-count, rule);
-  std::sort(by_count.begin(), by_count.end());
-  std::string why;
-  for (size_t i = 0; i < by_count.size() && i < 3; ++i)
-    why += (i ? ", " : "") + std::to_string(-by_count[i].first) + " " + by_count[i].second;
-  if (by_count.size() > 3) why += ", and " + std::to_string(by_count.size() - 3) + " more rules";
-  return MakeError("no linear layer would be quantized (", modules.size(), " kept in float: ", why,
-                   "); nothing to export as a quantized checkpoint");
-}
 
 // What one input tensor becomes in the output: the tensors to write (one, or the format's
 // tensors of a quantized linear) and, for a linear's weight, its report line.
@@ -79,18 +61,15 @@ Result<TensorToWrite> FloatTensor(const TensorView& t, const std::vector<float>*
   return w;
 }
 
-// How the export turns tensors into output tensors: the resolved request and the format writer.
+// How the export turns tensors into output tensors: the plan and the format writer.
 struct ExportContext {
-  const QuarkQuantConfig* cfg;
+  const QuantizePlan* plan;
   const FormatWriter* writer;
-  std::map<std::string, std::string> module_of_weight;  // "<module>.weight" -> module
+  std::map<std::string, const PlannedLinear*> linear_of_weight;  // "<module>.weight" -> its plan
   // A tied model whose lm_head is quantized: the input tensor the head is quantized from (the
   // embedding, FindOutputProjection), written after it; "" otherwise. Stored lm_head tensors are
   // then dropped (every engine ignores them while the model is tied).
   std::string head_source;
-  // Modules the --misaligned policy moved to per_channel or excluded -> the rule reported for
-  // them (the config names each one, which would read as a user's per-layer override).
-  std::map<std::string, std::string> misaligned_rule;
 };
 
 // ||W - dequant||_F / ||W||_F.
@@ -110,29 +89,28 @@ double RelWeightError(const std::vector<float>& w, const Int4Matrix& q) {
 // shape) replace the stored values when given, and `codes` (computed from them) the RTN of a
 // quantized weight. A linear's weight is quantized per the request and written by the format, or
 // kept in float when its module is excluded; anything else is kept in float.
-Result<Produced> ProduceLinear(const TensorView& t, const std::string& name, const std::vector<float>* new_values,
+Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& plan, const std::vector<float>* new_values,
                                const Int4Matrix* codes, const ExportContext& ex);
 
 Result<Produced> ProduceTensor(const TensorView& t, const std::vector<float>* new_values, const Int4Matrix* codes,
                                const ExportContext& ex) {
-  auto mod = ex.module_of_weight.find(t.name);
-  if (mod != ex.module_of_weight.end()) return ProduceLinear(t, mod->second, new_values, codes, ex);
+  auto lin = ex.linear_of_weight.find(t.name);
+  if (lin != ex.linear_of_weight.end()) return ProduceLinear(t, *lin->second, new_values, codes, ex);
   Produced res;
   NIBBLE_ASSIGN_OR_RETURN(TensorToWrite w, FloatTensor(t, new_values));
   res.tensors.push_back(std::move(w));
   return res;
 }
 
-// The weight `t` of linear module `name`: its tensors as the request resolves the module, and the
-// report line.
-Result<Produced> ProduceLinear(const TensorView& t, const std::string& name, const std::vector<float>* new_values,
+// The weight `t` of a linear module: its tensors as the plan decides the module, and the report
+// line.
+Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& r, const std::vector<float>* new_values,
                                const Int4Matrix* codes, const ExportContext& ex) {
   Produced res;
-  NIBBLE_ASSIGN_OR_RETURN(LinearPlan r, ResolveQuarkLinear(*ex.cfg, name));
+  const std::string& name = r.module;
   QuantizedLayerReport lr;
   lr.name = name;
-  const auto fallback = ex.misaligned_rule.find(name);
-  lr.rule = fallback != ex.misaligned_rule.end() ? fallback->second : r.rule;
+  lr.rule = r.rule;
   lr.n = t.shape[0];
   lr.k = t.shape[1];
   lr.bytes_in = static_cast<int64_t>(t.nbytes);
@@ -165,48 +143,6 @@ Result<Produced> ProduceLinear(const TensorView& t, const std::string& name, con
   return res;
 }
 
-// The per-channel replacement used by MisalignedPolicy::kPerChannel: one group per row written as
-// per_group with group_size = K, which every Quark W4A16 loader accepts (vLLM requires a positive
-// group_size).
-WeightQuantSpec PerRowSpec(const WeightQuantSpec& s, int64_t k) {
-  WeightQuantSpec r = s;
-  r.qscheme = QScheme::kPerGroup;
-  r.ch_axis = 1;
-  r.group_size = k;
-  return r;
-}
-
-// Resolves every module (its weight read from `weight_of[module]`), applying the misaligned-K
-// policy to the request `cfg`; `rules` gets the report's rule for each module the policy changed.
-Status ApplyMisalignedPolicy(MisalignedPolicy policy, const TensorStore& store, const std::vector<std::string>& modules,
-                             const std::map<std::string, std::string>& weight_of, QuarkQuantConfig& cfg,
-                             std::map<std::string, std::string>& rules) {
-  for (const std::string& name : modules) {
-    NIBBLE_ASSIGN_OR_RETURN(const TensorView* w, store.Get(weight_of.at(name)));
-    if (w->shape.size() != 2) return MakeError(w->file, ": tensor ", w->name, " has shape ", w->ShapeString(), ", expected 2-D");
-    const int64_t k = w->shape[1];
-    NIBBLE_ASSIGN_OR_RETURN(ResolvedLayerConfig r, ResolveLayer(cfg, name));
-    if (!r.spec) continue;
-    const int64_t g = r.spec->EffectiveGroupSize(k);
-    if (k % g == 0) continue;
-    switch (policy) {
-      case MisalignedPolicy::kError:
-        return MakeError("layer ", name, ": in_features K = ", k, " is not divisible by group_size ", g, " (", r.rule,
-                         "); use --misaligned exclude|per_channel, --exclude_layers, or a --layer_quant_config override");
-      case MisalignedPolicy::kExclude:
-        cfg.exclude.push_back(name);
-        rules[name] = "excluded by --misaligned exclude: in_features not a multiple of group_size " + std::to_string(g);
-        break;
-      case MisalignedPolicy::kPerChannel:
-        cfg.layer_quant_config.insert(cfg.layer_quant_config.begin(), {name, PerRowSpec(*r.spec, k)});
-        rules[name] = "--misaligned per_channel (one scale per row: in_features not a multiple of group_size " +
-                      std::to_string(g) + ")";
-        break;
-    }
-  }
-  return Status::Ok();
-}
-
 // The calibrated algorithms (AWQ, GPTQ, AWQ+GPTQ) on the sequential pipeline: calibration data,
 // then each layer's tensors produced as soon as the layer is done (and freed), so memory never
 // holds the model in fp32. Records the run in `report` and the algo_config in `cfg`.
@@ -216,9 +152,7 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
                                                             const std::function<void(const std::string&)>& note) {
   const bool awq = o.quant_algo == "awq" || o.quant_algo == "awq,gptq", gptq = o.quant_algo != "awq";
   NIBBLE_ASSIGN_OR_RETURN(std::optional<AwqSettings> awq_cfg, ParseAwqAlgoConfig(cfg.algo_config, o.awq));
-  NIBBLE_ASSIGN_OR_RETURN(std::optional<GptqSettings> gptq_cfg, ParseGptqAlgoConfig(cfg.algo_config, o.gptq));
   report.awq_settings = awq_cfg ? *awq_cfg : o.awq;
-  report.gptq_settings = gptq_cfg ? *gptq_cfg : o.gptq;
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadCalibrationTexts(o.dataset));
   auto calib = BuildCalibrationData(*tok, texts, o.num_calib_data, o.calib_seq_len, o.seed);
@@ -244,23 +178,18 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
   const Propagation prop = gptq ? report.gptq_settings.propagation : report.awq_settings.propagation;
   NIBBLE_ASSIGN_OR_RETURN(cfg.calibration,
                           CalibrationRecord(o.dataset, *calib, o.seed, prop == Propagation::kFp ? "fp" : "quantized"));
-  if (!gptq) {
-    auto r = RunAwq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.awq_settings, sink, progress,
-                    o.cancel);
-    if (!r.ok()) return r.error().code == ErrorCode::kCancelled ? r.error() : r.error().WithContext("AWQ");
-    for (const auto& m : r->messages) note(m);
-    cfg.algo_config = AwqAlgoConfigJson(report.awq_settings, r->used, mc);
-    report.awq = std::move(r).value();
-    return produced;
-  }
-  const std::optional<AwqSettings> first = awq ? std::optional<AwqSettings>(report.awq_settings) : std::nullopt;
-  auto r = RunGptq(mc, store, cfg, calib->tokens, calib->num_chunks, calib->seq_len, report.gptq_settings, first, sink,
-                   progress, o.cancel);
-  if (!r.ok()) return r.error().code == ErrorCode::kCancelled ? r.error() : r.error().WithContext(awq ? "AWQ+GPTQ" : "GPTQ");
+  report.propagation = prop;
+  const std::optional<AwqSettings> awq_st = awq ? std::optional<AwqSettings>(report.awq_settings) : std::nullopt;
+  const std::optional<GptqSettings> gptq_st = gptq ? std::optional<GptqSettings>(report.gptq_settings) : std::nullopt;
+  auto r = RunCalibrated(mc, store, *ex.plan, calib->tokens, calib->num_chunks, calib->seq_len, awq_st, gptq_st, prop,
+                         sink, progress, o.cancel);
+  if (!r.ok())
+    return r.error().code == ErrorCode::kCancelled ? r.error()
+                                                   : r.error().WithContext(awq && gptq ? "AWQ+GPTQ" : awq ? "AWQ" : "GPTQ");
   for (const auto& m : r->messages) note(m);
   cfg.algo_config = awq ? AwqAlgoConfigJson(report.awq_settings, r->awq_used, mc) : nlohmann::ordered_json::array();
-  cfg.algo_config.push_back(GptqAlgoConfigEntry(report.gptq_settings));
-  report.gptq = std::move(r).value();
+  if (gptq) cfg.algo_config.push_back(GptqAlgoConfigEntry(report.gptq_settings));
+  report.calib = std::move(r).value();
   return produced;
 }
 
@@ -280,7 +209,7 @@ Status WriteTensors(const QuantizeOptions& o, const TensorStore& store, const Ex
     }
     std::optional<Produced> head;
     if (tname == ex.head_source) {
-      NIBBLE_ASSIGN_OR_RETURN(head, ProduceLinear(*store.Find(tname), "lm_head", nullptr, nullptr, ex));
+      NIBBLE_ASSIGN_OR_RETURN(head, ProduceLinear(*store.Find(tname), *ex.plan->Find("lm_head"), nullptr, nullptr, ex));
     }
     for (Produced* q : {&p, head ? &*head : nullptr}) {
       if (q == nullptr) continue;
@@ -327,15 +256,21 @@ ModelCardNote QuantizeCardNote(const QuantizeOptions& o, const FormatEntry& form
   return n;
 }
 
-Status CheckRequest(const QuantizeOptions& o) {
+// Checks the flags before the model directory is read (a typo is named at once, whatever the
+// size) and resolves the algorithms' settings once (an algo_config entry over the flags) into
+// `report`.
+Status CheckRequest(const QuantizeOptions& o, QuantizeReport& report) {
   if (o.quant_algo != "rtn" && o.quant_algo != "awq" && o.quant_algo != "gptq" && o.quant_algo != "awq,gptq")
     return MakeErrorCode(ErrorCode::kUnsupported, "--quant_algo \"", o.quant_algo,
                          "\" is not supported (supported: rtn, awq, gptq, awq,gptq)");
   if (o.quant_algo != "rtn" && o.dataset.empty())
     return MakeError("--quant_algo ", o.quant_algo, " needs calibration data: --dataset FILE");
-  if (o.quant_algo != "rtn" && o.quant_algo != "awq") {
+  if (o.quant_algo != "rtn") {
     NIBBLE_ASSIGN_OR_RETURN(std::optional<GptqSettings> g, ParseGptqAlgoConfig(o.config.algo_config, o.gptq));
-    const GptqSettings s = g ? *g : o.gptq;
+    report.gptq_settings = g ? *g : o.gptq;
+  }
+  if (o.quant_algo != "rtn" && o.quant_algo != "awq") {
+    const GptqSettings& s = report.gptq_settings;
     NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, "GPTQ"));
     NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* format, FindExportFormat(o.model_export));
     if (s.actorder == GptqActOrder::kGroup && !format->holds_g_idx)
@@ -357,53 +292,86 @@ Status CheckRequest(const QuantizeOptions& o) {
   return Status::Ok();
 }
 
+// The plan's spec of a module, for the tensor-parallel check.
+SpecResolver PlanResolver(const QuantizePlan& plan) {
+  return [&plan](const std::string& module) -> Result<std::optional<QuantSpec>> {
+    const PlannedLinear* l = plan.Find(module);
+    if (l == nullptr) return MakeError("the quantize plan has no linear ", module);
+    return l->spec;
+  };
+}
+
+// Warnings that only the model and the written config reveal: config entries deciding no layer,
+// the input's tied lm_head as a load of it would warn, an explicit --exclude_layers that replaced
+// the default lm_head exclusion, and what the written config makes other engines read
+// (QuantizedFormat::Engines): `config_text` as staged in `staging_dir` beside the format's side
+// files, and the output's tie_word_embeddings `tied`.
+Result<std::vector<std::string>> OutputWarnings(const QuantizeOptions& o, const FormatEntry& format, const ModelConfig& mc,
+                                                const TensorStore& store, bool tied, const std::string& config_text,
+                                                const std::string& staging_dir, const QuantizeReport& report) {
+  std::vector<std::string> modules;
+  std::vector<LinearShapeInfo> shapes;
+  bool lm_head_quantized = false;
+  for (const QuantizedLayerReport& l : report.layers) {
+    modules.push_back(l.name);
+    shapes.push_back({l.name, l.n, l.k});
+    lm_head_quantized = lm_head_quantized || (l.name == "lm_head" && l.quantized);
+  }
+  // A tied head kept in float writes no lm_head module, but the model has one (the embedding): an
+  // entry naming lm_head decided it.
+  if (std::find(modules.begin(), modules.end(), "lm_head") == modules.end()) modules.push_back("lm_head");
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, UnusedConfigEntries(o.config, modules));
+  std::vector<std::string> lines;
+  for (const std::string& u : unused) lines.push_back("warning: " + u);
+  std::vector<std::string> tied_input;
+  NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(mc, store, nullptr, &tied_input));
+  for (const std::string& t : tied_input) lines.push_back("warning: " + o.model_dir + ": " + t);
+  if (o.note_replaced_head_exclusion && lm_head_quantized)
+    lines.push_back("note: --exclude_layers replaces the default lm_head exclusion: lm_head is quantized "
+                    "(add lm_head to the list to keep it in float)");
+  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> written,
+                          format.open(config_text, JoinPath(staging_dir, "config.json")));
+  NIBBLE_ASSIGN_OR_RETURN(EnginesReport engines, written->Engines(shapes, tied));
+  for (const std::string& d : EngineNotReadingLines(engines)) lines.push_back("note: " + d);
+  for (const std::string& d : EngineDisagreementLines(engines)) lines.push_back("warning: " + d);
+  return lines;
+}
+
 }  // namespace
 
 Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
-  NIBBLE_RETURN_IF_ERROR(CheckRequest(o));
+  QuantizeReport report;
+  NIBBLE_RETURN_IF_ERROR(CheckRequest(o, report));
   NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* format, FindExportFormat(o.model_export));
   NIBBLE_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(TensorStore store, TensorStore::OpenDir(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(nlohmann::ordered_json config_json, ReadConfigJsonOrdered(o.model_dir));
 
-  QuantizeReport report;
-  ExportRequest request{o.config, {}, {}};
-  request.gptq_format = o.gptq_format;
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, nullptr));
-  // Every model has an lm_head; a tied one's is the embedding (FindOutputProjection).
   NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, store));
-  std::vector<std::string> modules = LinearModuleNames(mc, true);
-  std::map<std::string, std::string> weight_of;
-  for (const auto& m : modules) weight_of[m] = m == "lm_head" ? proj.FloatTensor() : m + ".weight";
-  std::map<std::string, std::string> misaligned_rule;
-  NIBBLE_RETURN_IF_ERROR(
-      ApplyMisalignedPolicy(o.misaligned, store, modules, weight_of, request.config, misaligned_rule));
-  NIBBLE_ASSIGN_OR_RETURN(const LinearPlan head_plan, ResolveQuarkLinear(request.config, "lm_head"));
-  // A tied head kept in float stays the embedding: no lm_head module is written.
-  const bool head_from_embedding = proj.tied && head_plan.spec.has_value();
-  if (proj.tied && !head_from_embedding) {
-    modules.pop_back();
-    request.absent_modules = {"lm_head"};
-  }
-  request.modules = modules;
-  NIBBLE_RETURN_IF_ERROR(CheckSomethingQuantized(request.config, modules));
-  if (o.tp > 0) {
-    std::vector<LinearShapeInfo> shapes;
-    for (const auto& m : modules) shapes.push_back({m, LinearShape(mc, m).first, LinearShape(mc, m).second});
-    NIBBLE_RETURN_IF_ERROR(CheckTensorParallel(request.config, shapes, o.tp));
-  }
+  NIBBLE_ASSIGN_OR_RETURN(QuantizePlan plan, MakeQuantizePlan(o.config, o.misaligned, mc, store, proj));
+  if (o.tp > 0) NIBBLE_RETURN_IF_ERROR(CheckTensorParallel(PlanResolver(plan), plan.WrittenShapes(), o.tp));
+  ExportRequest request;
+  request.config = plan.config;
+  request.modules = plan.WrittenModules();
+  request.plans = plan.WrittenPlans();
+  if (!plan.linears.back().written) request.absent_modules = {"lm_head"};
+  request.gptq_format = o.gptq_format;
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<FormatWriter> writer, format->writer(request));
-  if (std::optional<DType> dt = writer->ScaleDType()) SetScaleDType(request.config, *dt);
-  ExportContext ex{&request.config, writer.get(), {}, "", std::move(misaligned_rule)};
-  for (const auto& m : modules)
-    if (m != "lm_head" || !proj.tied) ex.module_of_weight[m + ".weight"] = m;
-  if (head_from_embedding) ex.head_source = kEmbedTokensWeight;
+  if (std::optional<DType> dt = writer->ScaleDType()) {
+    plan.SetScaleDType(*dt);
+    SetScaleDType(request, *dt);
+  }
+  ExportContext ex{&plan, writer.get(), {}, ""};
+  for (const PlannedLinear& l : plan.linears)
+    if (l.written && l.weight == l.module + ".weight") ex.linear_of_weight[l.weight] = &l;
+  if (plan.head_from_embedding) ex.head_source = kEmbedTokensWeight;
   auto note = [&](const std::string& m) {
     report.messages.push_back(m);
     if (o.message) o.message(m);
   };
-  if (head_from_embedding) {
+  if (plan.head_from_embedding) {
     note(std::string("note: ") + kTiedHeadQuantizedNote);
     if (proj.head_stored)
       note("note: the stored lm_head tensors (which Transformers and vLLM ignore in a tied model) are not written: "
@@ -421,7 +389,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   }
   if (o.output_dir.empty()) return MakeError("--output_dir is empty");
   NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, CheckpointWriter::Create(o.output_dir, o.max_shard_size));
-  NIBBLE_RETURN_IF_ERROR(WriteTensors(o, store, ex, modules.size(), produced, out, report));
+  NIBBLE_RETURN_IF_ERROR(WriteTensors(o, store, ex, request.modules.size(), produced, out, report));
   NIBBLE_RETURN_IF_ERROR(out.Finish());
   report.shards = out.shards();
   report.total_bytes = out.total_bytes();
@@ -429,13 +397,18 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   config_json["quantization_config"] = report.quantization_config;
   // A quantized lm_head cannot stay tied to the float embedding (Transformers and vLLM would run
   // the embedding instead): the output is untied.
-  if (head_from_embedding) config_json["tie_word_embeddings"] = false;
-  NIBBLE_RETURN_IF_ERROR(out.WriteFile("config.json", config_json.dump(2) + "\n"));
+  if (plan.head_from_embedding) config_json["tie_word_embeddings"] = false;
+  const std::string config_text = config_json.dump(2) + "\n";
+  NIBBLE_RETURN_IF_ERROR(out.WriteFile("config.json", config_text));
   for (const auto& [file, text] : writer->ExtraFiles(request)) NIBBLE_RETURN_IF_ERROR(out.WriteFile(file, text));
   NIBBLE_ASSIGN_OR_RETURN(report.copied_files, out.CopyFiles(o.model_dir, CheckpointSideFiles(o.model_dir)));
   NIBBLE_RETURN_IF_ERROR(out.WriteModelCard(o.model_dir, QuantizeCardNote(o, *format, report)));
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> warnings,
+                          OutputWarnings(o, *format, mc, store, proj.tied && !plan.head_from_embedding, config_text,
+                                                         out.path(), report));
   NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, "quantize before the output was committed"));
   NIBBLE_RETURN_IF_ERROR(out.Commit(o.overwrite));
+  for (const std::string& w : warnings) note(w);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

@@ -17,16 +17,11 @@
 #include "base/result.h"
 #include "formats/quark_config.h"
 #include "quantize/awq/awq.h"
+#include "quantize/calib_result.h"
 #include "quantize/gptq/gptq.h"
+#include "quantize/plan.h"
 
 namespace nibble {
-
-/// What to do with a layer whose in_features K is not a multiple of its group_size.
-enum class MisalignedPolicy {
-  kError,       // refuse, naming the layer, K and g (what vLLM does at load)
-  kExclude,     // keep the layer in float; its name is added to `exclude`
-  kPerChannel,  // quantize it per-channel; a layer_quant_config entry for its name is added first
-};
 
 struct QuantizeOptions {
   std::string model_dir;
@@ -47,6 +42,9 @@ struct QuantizeOptions {
   GptqSettings gptq;
   std::function<void(const std::string&)> message;  // warnings / notes as they happen
   MisalignedPolicy misaligned = MisalignedPolicy::kError;
+  /// The user's own --exclude_layers replaced the default lm_head exclusion: a quantized lm_head
+  /// gets a note saying so.
+  bool note_replaced_head_exclusion = false;
   int tp = 0;  // > 0: refuse up front a config vLLM would refuse at this tensor-parallel size
   int64_t max_shard_size = 5000000000;  // bytes per safetensors shard (HF's "5GB")
   bool overwrite = false;
@@ -60,7 +58,7 @@ struct QuantizeOptions {
 /// One linear module as exported.
 struct QuantizedLayerReport {
   std::string name;
-  std::string rule;        // which config rule decided (ResolvedLayerConfig::rule)
+  std::string rule;        // which config rule decided (PlannedLinear::rule)
   bool quantized = false;
   std::string scheme;      // e.g. "uint4 per_group g128"; empty when kept in float
   int64_t n = 0, k = 0;
@@ -71,12 +69,14 @@ struct QuantizedLayerReport {
 
 struct QuantizeReport {
   std::vector<QuantizedLayerReport> layers;
-  std::optional<AwqResult> awq;     // quant_algo "awq" only
-  AwqSettings awq_settings;         // as run (awq, awq,gptq)
-  std::optional<GptqResult> gptq;   // quant_algo "gptq" / "awq,gptq"
-  GptqSettings gptq_settings;       // as run
+  std::optional<CalibResult> calib;  // calibrated algorithms (awq, gptq, awq,gptq)
+  AwqSettings awq_settings;          // as run (awq, awq,gptq)
+  GptqSettings gptq_settings;        // as run (gptq, awq,gptq)
+  Propagation propagation = Propagation::kFp;  // calibrated algorithms, as run
   int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
-  std::vector<std::string> messages;  // warnings and notes (calibration, skipped mappings)
+  /// Warnings and notes (calibration, skipped mappings; after the commit, what only the model and
+  /// the written config reveal: unused config entries, engines that read it otherwise).
+  std::vector<std::string> messages;
   nlohmann::ordered_json quantization_config;  // as written to config.json
   std::vector<std::string> copied_files;  // side files copied from the input (tokenizer, ...)
   int64_t shards = 0;

@@ -3,6 +3,7 @@
 
 #include "model/llama.h"
 #include "quantize/awq/clip.h"
+#include "quantize/calibrated.h"
 
 namespace nibble {
 
@@ -69,30 +70,11 @@ std::vector<AwqMapping> AwqAlgorithm::Used() const {
   return out;
 }
 
-Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                          const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const AwqSettings& st,
                          const LayerTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress,
                          const CancellationToken* cancel) {
-  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<AwqAlgorithm> algo, AwqAlgorithm::Create(st));
-  PipelineOptions po;
-  po.propagation = st.propagation;
-  po.reuse_attention = st.reuse_attention;
-  po.progress = progress;
-  po.cancel = cancel;
-  NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, cfg, tokens, batch, seq_len, *algo, po, sink));
-  AwqResult res;
-  res.seconds = pr.seconds;
-  for (size_t l = 0; l < pr.layers.size(); ++l) {
-    AwqLayerReport lr;
-    lr.layer = pr.layers[l].layer;
-    lr.mappings = algo->mapping_reports()[l];
-    lr.linears = std::move(pr.layers[l].linears);
-    lr.seconds = pr.layers[l].seconds;
-    res.layers.push_back(std::move(lr));
-  }
-  res.messages = algo->Messages();
-  res.used = algo->Used();
-  return res;
+  return RunCalibrated(mc, store, plan, tokens, batch, seq_len, st, std::nullopt, st.propagation, sink, progress, cancel);
 }
 
 }  // namespace nibble

@@ -23,23 +23,13 @@
 #include "quantize/awq/mappings.h"
 #include "quantize/awq/search.h"
 #include "quantize/awq/settings.h"
+#include "quantize/calib_result.h"
 #include "quantize/pipeline.h"
 
 namespace nibble {
 
-struct AwqLayerReport {
-  int64_t layer = 0;
-  std::vector<AwqMappingReport> mappings;
-  std::vector<LinearErrorReport> linears;  // rtn_error / method_error (the AWQ weights)
-  double seconds = 0;
-};
-
-struct AwqResult {
-  std::vector<AwqLayerReport> layers;
-  std::vector<std::string> messages;   // e.g. skipped mappings (GQA)
-  std::vector<AwqMapping> used;        // mappings applied in at least one layer
-  double seconds = 0;
-};
+using AwqLayerReport = CalibLayerResult;
+using AwqResult = CalibResult;
 
 class AwqAlgorithm final : public LayerAlgorithm {
  public:
@@ -68,9 +58,8 @@ class AwqAlgorithm final : public LayerAlgorithm {
   std::set<std::string> used_, messages_;
 };
 
-/// Runs AWQ over every decoder layer through RunLayerPipeline (see there for the inputs and the
-/// sink) with settings.propagation and settings.reuse_attention, and assembles the report.
-Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+/// Runs AWQ alone (RunCalibrated) with settings.propagation.
+Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                          const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const AwqSettings& settings,
                          const LayerTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress,
                          const CancellationToken* cancel = nullptr);

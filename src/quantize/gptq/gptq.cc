@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "model/llama.h"
+#include "quantize/calibrated.h"
 #include "quantize/gram.h"
 
 namespace nibble {
@@ -20,13 +21,9 @@ std::vector<int> LinearsOf(LayerInput in) {
 
 }  // namespace
 
-Result<std::unique_ptr<GptqAlgorithm>> GptqAlgorithm::Create(const GptqSettings& s, std::unique_ptr<AwqAlgorithm> awq) {
+Result<std::unique_ptr<GptqAlgorithm>> GptqAlgorithm::Create(const GptqSettings& s) {
   NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, "GPTQ"));
-  return std::unique_ptr<GptqAlgorithm>(new GptqAlgorithm(s, std::move(awq)));
-}
-
-Status GptqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::function<Status()>& step) {
-  return awq_ ? awq_->Transform(runner, L, step) : Status::Ok();
+  return std::unique_ptr<GptqAlgorithm>(new GptqAlgorithm(s));
 }
 
 Status GptqAlgorithm::QuantizeInput(LayerInput in, const float* x, int64_t rows, const CalibLayer& L, LayerCodes& codes,
@@ -65,7 +62,6 @@ Status GptqAlgorithm::QuantizeInput(LayerInput in, const float* x, int64_t rows,
 
 Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCodes& codes,
                              const std::function<Status()>& step) {
-  if (awq_) NIBBLE_RETURN_IF_ERROR(awq_->Finish(runner, L, codes, step));
   std::array<GptqLinearInfo, kNumLinears> info{};
   const std::array<LayerInput, 4> inputs = {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn,
                                             LayerInput::kMlpAct};
@@ -94,44 +90,14 @@ Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCode
   return Status::Ok();
 }
 
-std::vector<std::string> GptqAlgorithm::Messages() const {
-  std::vector<std::string> out;
-  if (awq_) out = awq_->Messages();
-  out.insert(out.end(), messages_.begin(), messages_.end());
-  return out;
-}
+std::vector<std::string> GptqAlgorithm::Messages() const { return {messages_.begin(), messages_.end()}; }
 
-Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                            const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const GptqSettings& st,
                            const std::optional<AwqSettings>& awq, const LayerTensorSink& sink,
                            const std::function<void(int64_t, int64_t)>& progress,
                            const CancellationToken* cancel) {
-  std::unique_ptr<AwqAlgorithm> awq_algo;
-  if (awq) {
-    NIBBLE_ASSIGN_OR_RETURN(awq_algo, AwqAlgorithm::Create(*awq));
-  }
-  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<GptqAlgorithm> algo, GptqAlgorithm::Create(st, std::move(awq_algo)));
-  PipelineOptions po;
-  po.propagation = st.propagation;
-  po.reuse_attention = awq ? awq->reuse_attention : true;
-  po.progress = progress;
-  po.cancel = cancel;
-  NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, cfg, tokens, batch, seq_len, *algo, po, sink));
-  GptqResult res;
-  res.seconds = pr.seconds;
-  for (size_t l = 0; l < pr.layers.size(); ++l) {
-    GptqLayerReport lr;
-    lr.layer = pr.layers[l].layer;
-    if (algo->awq()) lr.mappings = algo->awq()->mapping_reports()[l];
-    lr.linears = std::move(pr.layers[l].linears);
-    lr.gptq = algo->infos()[l];
-    lr.seconds = pr.layers[l].seconds;
-    res.layers.push_back(std::move(lr));
-  }
-  res.messages = algo->Messages();
-  if (algo->awq()) res.awq_used = algo->awq()->Used();
-  res.hessian_peak_bytes = algo->hessian_peak_bytes();
-  return res;
+  return RunCalibrated(mc, store, plan, tokens, batch, seq_len, awq, st, st.propagation, sink, progress, cancel);
 }
 
 }  // namespace nibble

@@ -5,9 +5,9 @@
 // linear input (q/k/v share the attention input, gate/up the MLP input), factorised once
 // (gptq/solver.h) and used by every quantized linear it feeds; the layer's codes are GPTQ's. By
 // default every H comes from that fp pass (llm-compressor); true_sequential re-runs the layer
-// with the linears before each input already quantized (GPTQModel). With AWQ first, AWQ's
-// smoothing runs in Transform and its clip search (if on) before GPTQ, which then quantizes the
-// smoothed weights. One layer's Hessians are in memory at a time.
+// with the linears before each input already quantized (GPTQModel). AWQ+GPTQ is the chain of the
+// two (AlgorithmChain): AWQ's smoothing in Transform and its clip search (if on) before GPTQ,
+// which then quantizes the smoothed weights. One layer's Hessians are in memory at a time.
 #pragma once
 
 #include <array>
@@ -24,70 +24,44 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "quantize/awq/awq.h"
+#include "quantize/calib_result.h"
 #include "quantize/gptq/settings.h"
 #include "quantize/gptq/solver.h"
 #include "quantize/pipeline.h"
 
 namespace nibble {
 
-/// What GPTQ did for one linear.
-struct GptqLinearInfo {
-  bool ran = false;              // quantized by GPTQ (false: kept in float)
-  double dampening_frac = 0;     // the fraction that factorised
-  int retries = 0;               // failed factorisations before it
-  int64_t dead_columns = 0;      // inputs with H[j][j] == 0
-  bool fallback_rtn = false;     // nothing factorised: plain RTN
-};
-
-struct GptqLayerReport {
-  int64_t layer = 0;
-  std::vector<AwqMappingReport> mappings;        // AWQ+GPTQ only
-  std::vector<LinearErrorReport> linears;        // rtn_error / method_error (the GPTQ weights)
-  std::array<GptqLinearInfo, kNumLinears> gptq{};
-  double seconds = 0;
-};
-
-struct GptqResult {
-  std::vector<GptqLayerReport> layers;
-  std::vector<std::string> messages;    // retries, singular Hessians, skipped AWQ mappings
-  std::vector<AwqMapping> awq_used;     // AWQ+GPTQ: mappings applied in at least one layer
-  int64_t hessian_peak_bytes = 0;       // the largest one Hessian and its factorisation took
-  double seconds = 0;
-};
+using GptqLayerReport = CalibLayerResult;
+using GptqResult = CalibResult;
 
 class GptqAlgorithm final : public LayerAlgorithm {
  public:
-  /// `awq`: run AWQ's Transform / Finish first (AWQ+GPTQ). Errors: invalid settings.
-  static Result<std::unique_ptr<GptqAlgorithm>> Create(const GptqSettings& settings,
-                                                       std::unique_ptr<AwqAlgorithm> awq = nullptr);
+  /// Errors: invalid settings.
+  static Result<std::unique_ptr<GptqAlgorithm>> Create(const GptqSettings& settings);
 
-  /// AWQ's steps, then one per distinct linear input.
-  int64_t StepsPerLayer() const override { return (awq_ ? awq_->StepsPerLayer() : 0) + 4; }
-  Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) override;
+  /// One per distinct linear input.
+  int64_t StepsPerLayer() const override { return 4; }
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
                 const std::function<Status()>& step) override;
   std::vector<std::string> Messages() const override;
 
   const std::vector<std::array<GptqLinearInfo, kNumLinears>>& infos() const { return infos_; }
-  const AwqAlgorithm* awq() const { return awq_.get(); }
   int64_t hessian_peak_bytes() const { return peak_bytes_; }
 
  private:
-  GptqAlgorithm(const GptqSettings& s, std::unique_ptr<AwqAlgorithm> awq) : st_(s), awq_(std::move(awq)) {}
+  explicit GptqAlgorithm(const GptqSettings& s) : st_(s) {}
   // Quantizes the linears fed by `in` (their inputs x: `rows` rows) into codes.
   Status QuantizeInput(LayerInput in, const float* x, int64_t rows, const CalibLayer& L, LayerCodes& codes,
                        std::array<GptqLinearInfo, kNumLinears>& info);
 
   GptqSettings st_;
-  std::unique_ptr<AwqAlgorithm> awq_;
   std::vector<std::array<GptqLinearInfo, kNumLinears>> infos_;
   std::set<std::string> messages_;
   int64_t peak_bytes_ = 0;
 };
 
-/// Runs GPTQ (AWQ+GPTQ when `awq` is given) over every decoder layer through RunLayerPipeline
-/// (see there for the inputs and the sink) with settings.propagation, and assembles the report.
-Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const QuarkQuantConfig& cfg,
+/// Runs GPTQ, after AWQ when `awq` is given (RunCalibrated), with settings.propagation.
+Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                            const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const GptqSettings& settings,
                            const std::optional<AwqSettings>& awq, const LayerTensorSink& sink,
                            const std::function<void(int64_t, int64_t)>& progress,
