@@ -123,14 +123,23 @@ void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, in
     }
     SgemmXW(i1 - i0, hd, n_keys, scores, n_keys, vb, ld, 0.0f, attn + (r0 + i0) * q_dim + head * hd, q_dim);
   };
-  // The GEMMs inside run single-threaded (SingleThreadedBlas): every item's arithmetic is the
-  // same for any thread count. Items differ in length (later query blocks see more keys): the
-  // claimed chunks balance them.
-  ParallelRanges(items, true, [&](int64_t begin, int64_t end) {
+  // The GEMMs inside run single-threaded (SingleThreadedBlas, or inside an OpenMP region): every
+  // item's arithmetic is the same for any thread count. Items differ in length (later query
+  // blocks see more keys): claimed chunks / a dynamic schedule balance them. A step with prompt
+  // rows runs between oneDNN GEMMs whose OpenMP team is still spinning, so it stays on that team;
+  // decode-only steps run on the claim pool, which no descheduled thread holds up.
+  const auto run = [&](int64_t begin, int64_t end) {
     const SingleThreadedBlas one_thread;
     std::vector<float> scores(static_cast<size_t>(scratch_floats));
     for (int64_t it = begin; it < end; ++it) item(it, scores.data());
-  });
+  };
+  if (qsl[batch] == batch || !OpenTeam(true)) return ParallelRanges(items, true, run);
+#pragma omp parallel
+  {
+    std::vector<float> scores(static_cast<size_t>(scratch_floats));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) item(it, scores.data());
+  }
 }
 
 }  // namespace
