@@ -10,7 +10,12 @@
 #include <random>
 #include <string>
 
+#include <gtest/gtest.h>
+
+#include <nibble/quantize.h>
+
 #include "formats/int4_matrix.h"
+#include "test_paths.h"
 
 // NIBBLE_TEST_ASAN: built with AddressSanitizer (gcc or clang), whose shadow memory makes RSS
 // and address-space limits meaningless.
@@ -93,5 +98,16 @@ class TempDir {
  private:
   std::string path_;
 };
+
+/// The embedded model quantized with the default request (Quark uint4 g128 RTN) into
+/// dir.sub(name). Returns that directory; a failed quantization is a test failure naming it.
+inline std::string QuantizedEmbeddedModel(const TempDir& dir, const std::string& name = "q") {
+  nibble::QuantizeRequest r;
+  r.model_dir = EmbeddedModel();
+  r.output_dir = dir.sub(name);
+  const auto q = nibble::Quantize(r);
+  EXPECT_TRUE(q.ok()) << q.error().message;
+  return r.output_dir;
+}
 
 }  // namespace nibble_test

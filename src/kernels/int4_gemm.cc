@@ -56,17 +56,10 @@ void GemmW4A32Packed(const W4PackedGemmArgs& a, const W4Kernels* kernels) {
     c.y = a.y + i0 * n;
     return c;
   };
-  if (!OpenTeam(parallel)) {
-    for (int64_t i0 = 0; i0 < a.m; i0 += kW4ChunkRows) {
-      const W4PackedGemmArgs c = chunk(i0);
-      for (int64_t b = 0; b < nblocks; ++b) gemm(c, b * kW4BlockRows, std::min(n, (b + 1) * kW4BlockRows));
-    }
-    return;
-  }
   // Each chunk of x rows, one ParallelFor over W's row blocks: the chunk's rows stay in cache.
   for (int64_t i0 = 0; i0 < a.m; i0 += kW4ChunkRows) {
     const W4PackedGemmArgs c = chunk(i0);
-    ParallelFor(nblocks, true, [&](int64_t b) { gemm(c, b * kW4BlockRows, std::min(n, (b + 1) * kW4BlockRows)); });
+    ParallelFor(nblocks, parallel, [&](int64_t b) { gemm(c, b * kW4BlockRows, std::min(n, (b + 1) * kW4BlockRows)); });
   }
 }
 
@@ -101,12 +94,7 @@ void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
     gemm(w, a + i0, std::min(kW4ChunkRows, m - i0), bias, y + i0 * w.n, b * kW4BlockRows,
          std::min(w.n, (b + 1) * kW4BlockRows));
   };
-  if (!OpenTeam(parallel)) {
-    for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows)
-      for (int64_t b = 0; b < nblocks; ++b) block(i0, b);
-    return;
-  }
-  for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows) ParallelFor(nblocks, true, [&](int64_t b) { block(i0, b); });
+  for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows) ParallelFor(nblocks, parallel, [&](int64_t b) { block(i0, b); });
 }
 
 void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels) {

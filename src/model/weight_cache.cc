@@ -31,9 +31,6 @@ constexpr char kMagic[] = "NIBBLE-W4P\n";
 
 uint64_t AlignUp(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
 std::string ErrnoText() { return std::strerror(errno); }
-bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // One line per *.json / *.safetensors file of the checkpoint (name, size, mtime, inode), sorted;
 // symbolic links (a Hugging Face cache snapshot) are followed. Adds the safetensors bytes.
@@ -42,11 +39,11 @@ Result<std::string> CheckpointIdentity(const std::string& dir, int64_t* safetens
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (!EndsWith(name, ".json") && !EndsWith(name, ".safetensors")) continue;
+    if (!name.ends_with(".json") && !name.ends_with(".safetensors")) continue;
     struct stat st;
     if (::stat(e.path().c_str(), &st) != 0) return MakeErrorCode(ErrorCode::kIo, "cannot stat ", e.path().string(), ": ", ErrnoText());
     if (!S_ISREG(st.st_mode)) continue;
-    if (EndsWith(name, ".safetensors")) *safetensors_bytes += st.st_size;
+    if (name.ends_with(".safetensors")) *safetensors_bytes += st.st_size;
     char line[512];
     std::snprintf(line, sizeof line, " %jd %jd.%09ld %ju %ju", static_cast<intmax_t>(st.st_size),
                   static_cast<intmax_t>(st.st_mtim.tv_sec), st.st_mtim.tv_nsec, static_cast<uintmax_t>(st.st_ino),
@@ -278,7 +275,7 @@ Status WeightCache::Commit() {
   const std::string mine = std::filesystem::path(path_).filename().string();
   for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
     const std::string name = e.path().filename().string();
-    if (name != mine && name.rfind(path_prefix_, 0) == 0 && EndsWith(name, ".w4p")) std::filesystem::remove(e.path(), ec);
+    if (name != mine && name.rfind(path_prefix_, 0) == 0 && name.ends_with(".w4p")) std::filesystem::remove(e.path(), ec);
   }
   return Status::Ok();
 }

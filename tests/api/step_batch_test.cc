@@ -157,16 +157,12 @@ TEST(StepBatch, MixedStepsWithAnFp32KvCacheDifferOnlyByFp32Rounding) {
 // round activations and K/V to bf16, where a rounding difference can flip one (measured 3e-3).
 TEST(StepBatch, MixedStepsOnInt4WeightsMatchEachSequenceAlone) {
   nibble_test::TempDir tmp;
-  nibble::QuantizeRequest r;
-  r.model_dir = nibble_test::EmbeddedModel();
-  r.output_dir = tmp.sub("q");
-  const auto q = nibble::Quantize(r);
-  ASSERT_TRUE(q.ok()) << q.error().message;
-  auto w4a32 = LoadEmbedded(nibble::KvDtype::kFp32, r.output_dir, nibble::ActivationType::kFp32);
+  const std::string q = nibble_test::QuantizedEmbeddedModel(tmp);
+  auto w4a32 = LoadEmbedded(nibble::KvDtype::kFp32, q, nibble::ActivationType::kFp32);
   ASSERT_NE(w4a32, nullptr);
   ASSERT_GT(w4a32->info().int4_linears, 0);
   CheckMixedSteps(*w4a32, 1e-5);
-  auto w4a16 = LoadEmbedded(nibble::KvDtype::kBf16, r.output_dir);
+  auto w4a16 = LoadEmbedded(nibble::KvDtype::kBf16, q);
   ASSERT_NE(w4a16, nullptr);
   CheckMixedSteps(*w4a16, 1e-2);
 }

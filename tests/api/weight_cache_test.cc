@@ -70,18 +70,9 @@ std::string CheckMissThenHit(const std::string& model, const std::string& cache_
   return mapped->info().weight_cache;
 }
 
-std::string QuantizedEmbedded(const TempDir& tmp) {
-  nibble::QuantizeRequest r;
-  r.model_dir = nibble_test::EmbeddedModel();
-  r.output_dir = tmp.sub("q");
-  const auto q = nibble::Quantize(r);
-  EXPECT_TRUE(q.ok()) << q.error().message;
-  return r.output_dir;
-}
-
 TEST(WeightCache, MappedEntryGivesTheLogitsOfRepacking) {
   TempDir tmp;
-  const std::string model = QuantizedEmbedded(tmp);
+  const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
   EXPECT_NE(CheckMissThenHit(model, tmp.sub("cache")), "");
 }
 
@@ -102,7 +93,7 @@ TEST(WeightCache, ActOrderColumnsComeBackFromTheEntry) {
 
 TEST(WeightCache, ChangedCheckpointGetsANewEntryAndTheOldOneGoes) {
   TempDir tmp;
-  const std::string model = QuantizedEmbedded(tmp);
+  const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
   const std::string old_entry = CheckMissThenHit(model, tmp.sub("cache"));
   ASSERT_NE(old_entry, "");
   // A new modification time on config.json: the same bytes, but the entry no longer vouches for them.
@@ -120,7 +111,7 @@ TEST(WeightCache, ChangedCheckpointGetsANewEntryAndTheOldOneGoes) {
 
 TEST(WeightCache, BrokenEntryIsIgnoredAndWrittenAgain) {
   TempDir tmp;
-  const std::string model = QuantizedEmbedded(tmp);
+  const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
   const std::string entry = CheckMissThenHit(model, tmp.sub("cache"));
   ASSERT_NE(entry, "");
   nibble::LoadOptions off;
@@ -155,7 +146,7 @@ TEST(WeightCache, BrokenEntryIsIgnoredAndWrittenAgain) {
 
 TEST(WeightCache, UnwritableDirectoryLoadsWithoutTheCache) {
   TempDir tmp;
-  const std::string model = QuantizedEmbedded(tmp);
+  const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
   const std::string file = tmp.Write("not_a_dir", "x");
   auto m = nibble_test::LoadOrFail(model, CacheIn(file + "/cache"));
   ASSERT_NE(m, nullptr);
@@ -165,7 +156,7 @@ TEST(WeightCache, UnwritableDirectoryLoadsWithoutTheCache) {
 
 TEST(WeightCache, StagingFileOfAGoneProcessIsRemoved) {
   TempDir tmp;
-  const std::string model = QuantizedEmbedded(tmp);
+  const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
   ASSERT_GT(child, 0);
@@ -181,7 +172,7 @@ TEST(WeightCache, StagingFileOfAGoneProcessIsRemoved) {
 
 TEST(WeightCache, SmallCheckpointsAndDenseOnesAreNotCached) {
   TempDir tmp;
-  const std::string model = QuantizedEmbedded(tmp);
+  const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
   nibble::LoadOptions o;
   o.weight_cache_dir = tmp.sub("cache");  // default min_bytes: far above this 7M model
   auto small = nibble_test::LoadOrFail(model, o);

@@ -41,12 +41,7 @@ void ExpectSameForAnyThreadCount(const std::string& dir) {
 TEST(PerplexityThreads, SameBitsForOneTwoAndThreeThreads) {
   ExpectSameForAnyThreadCount(nibble_test::EmbeddedModel());
   nibble_test::TempDir tmp;
-  nibble::QuantizeRequest r;
-  r.model_dir = nibble_test::EmbeddedModel();
-  r.output_dir = tmp.sub("q");
-  const auto q = nibble::Quantize(r);
-  ASSERT_TRUE(q.ok()) << q.error().message;
-  ExpectSameForAnyThreadCount(r.output_dir);
+  ExpectSameForAnyThreadCount(nibble_test::QuantizedEmbeddedModel(tmp));
 }
 
 }  // namespace
