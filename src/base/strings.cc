@@ -1,5 +1,8 @@
 #include "base/strings.h"
 
+#include <cerrno>
+#include <cstring>
+
 #include <algorithm>
 
 namespace nibble {
@@ -30,5 +33,7 @@ std::string ClosestOf(const std::string& word, const std::vector<std::string>& c
 }
 
 std::string Quoted(const std::string& s) { return "\"" + s + "\""; }
+
+std::string ErrnoText() { return std::strerror(errno); }
 
 }  // namespace nibble

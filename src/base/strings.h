@@ -17,4 +17,7 @@ std::string ClosestOf(const std::string& word, const std::vector<std::string>& c
 /// `s` in double quotes, as error messages show names and values: Quoted("g128") == "\"g128\"".
 std::string Quoted(const std::string& s);
 
+/// The text of the current errno, for "cannot open X: <why>" messages; read it before any other call.
+std::string ErrnoText();
+
 }  // namespace nibble

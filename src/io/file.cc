@@ -1,17 +1,17 @@
 #include "io/file.h"
 
+#include "base/strings.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 
 namespace nibble {
 
 namespace {
-std::string Errno() { return std::strerror(errno); }
 // A failed open: the path is missing (kNotFound) or the OS refused it (kIo).
 ErrorCode OpenErrorCode() { return errno == ENOENT || errno == ENOTDIR ? ErrorCode::kNotFound : ErrorCode::kIo; }
 }  // namespace
@@ -34,10 +34,10 @@ std::string JoinPath(const std::string& a, const std::string& b) {
 
 Result<std::string> ReadFileToString(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return MakeErrorCode(OpenErrorCode(), "cannot open ", path, ": ", Errno());
+  if (fd < 0) return MakeErrorCode(OpenErrorCode(), "cannot open ", path, ": ", ErrnoText());
   struct stat st;
   if (::fstat(fd, &st) != 0) {
-    std::string e = Errno();
+    std::string e = ErrnoText();
     ::close(fd);
     return MakeErrorCode(ErrorCode::kIo, "cannot stat ", path, ": ", e);
   }
@@ -51,7 +51,7 @@ Result<std::string> ReadFileToString(const std::string& path) {
     ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
-      std::string e = Errno();
+      std::string e = ErrnoText();
       ::close(fd);
       return MakeErrorCode(ErrorCode::kIo, "cannot read ", path, ": ", e);
     }
@@ -64,10 +64,10 @@ Result<std::string> ReadFileToString(const std::string& path) {
 
 Result<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return MakeErrorCode(OpenErrorCode(), "cannot open ", path, ": ", Errno());
+  if (fd < 0) return MakeErrorCode(OpenErrorCode(), "cannot open ", path, ": ", ErrnoText());
   struct stat st;
   if (::fstat(fd, &st) != 0) {
-    std::string e = Errno();
+    std::string e = ErrnoText();
     ::close(fd);
     return MakeErrorCode(ErrorCode::kIo, "cannot stat ", path, ": ", e);
   }
@@ -81,7 +81,7 @@ Result<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
   if (f->size_ > 0) {
     void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
-      std::string e = Errno();
+      std::string e = ErrnoText();
       ::close(fd);
       return MakeErrorCode(ErrorCode::kIo, "cannot mmap ", path, ": ", e);
     }
@@ -138,7 +138,7 @@ Result<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Open(const std::stri
   w->path_ = path;
   w->tmp_ = path + ".tmp-" + std::to_string(::getpid());
   w->fd_ = ::open(w->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (w->fd_ < 0) return MakeErrorCode(ErrorCode::kIo, "cannot create ", w->tmp_, ": ", Errno());
+  if (w->fd_ < 0) return MakeErrorCode(ErrorCode::kIo, "cannot create ", w->tmp_, ": ", ErrnoText());
   return w;
 }
 
@@ -151,7 +151,7 @@ AtomicFileWriter::~AtomicFileWriter() {
 
 Status AtomicFileWriter::Write(const void* bytes, size_t size) {
   if (!WriteAll(fd_, std::span<const uint8_t>(static_cast<const uint8_t*>(bytes), size)))
-    return MakeErrorCode(ErrorCode::kIo, "cannot write ", tmp_, ": ", Errno());
+    return MakeErrorCode(ErrorCode::kIo, "cannot write ", tmp_, ": ", ErrnoText());
   return Status::Ok();
 }
 
@@ -159,12 +159,12 @@ Status AtomicFileWriter::Commit() {
   const int fd = fd_;
   fd_ = -1;
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    std::string e = Errno();
+    std::string e = ErrnoText();
     ::unlink(tmp_.c_str());
     return MakeErrorCode(ErrorCode::kIo, "cannot flush ", tmp_, ": ", e);
   }
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-    std::string e = Errno();
+    std::string e = ErrnoText();
     ::unlink(tmp_.c_str());
     return MakeErrorCode(ErrorCode::kIo, "cannot rename ", tmp_, " to ", path_, ": ", e);
   }

@@ -18,6 +18,7 @@
 #include "base/check.h"
 #include "base/memory.h"
 #include "base/sha256.h"
+#include "base/strings.h"
 #include "io/file.h"
 #include "io/json.h"
 #include "kernels/int4_packed.h"
@@ -30,7 +31,6 @@ constexpr uint64_t kPage = 4096;
 constexpr char kMagic[] = "NIBBLE-W4P\n";
 
 uint64_t AlignUp(uint64_t v) { return (v + kPage - 1) / kPage * kPage; }
-std::string ErrnoText() { return std::strerror(errno); }
 
 // One line per *.json / *.safetensors file of the checkpoint (name, size, mtime, inode), sorted;
 // symbolic links (a Hugging Face cache snapshot) are followed. Adds the safetensors bytes.

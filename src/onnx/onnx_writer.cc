@@ -1,8 +1,8 @@
 #include "onnx/onnx_writer.h"
 
-#include <cerrno>
-#include <cstring>
 #include <fstream>
+
+#include "base/strings.h"
 
 namespace nibble {
 
@@ -30,7 +30,7 @@ Result<OnnxWriter> OnnxWriter::Create(const std::string& dir, const std::string&
   w.data_name_ = data_name;
   const std::string path = dir + "/" + data_name;
   w.data_.reset(std::fopen(path.c_str(), "wb"));
-  if (!w.data_) return MakeErrorCode(ErrorCode::kIo, "cannot create ", path, ": ", std::strerror(errno));
+  if (!w.data_) return MakeErrorCode(ErrorCode::kIo, "cannot create ", path, ": ", ErrnoText());
   return w;
 }
 
@@ -58,7 +58,7 @@ Status OnnxWriter::BeginInitializer(const std::string& name, int32_t elem_type, 
 
 Status OnnxWriter::Append(std::span<const uint8_t> bytes) {
   if (!bytes.empty() && std::fwrite(bytes.data(), 1, bytes.size(), data_.get()) != bytes.size())
-    return MakeErrorCode(ErrorCode::kIo, "cannot write ", dir_, "/", data_name_, ": ", std::strerror(errno));
+    return MakeErrorCode(ErrorCode::kIo, "cannot write ", dir_, "/", data_name_, ": ", ErrnoText());
   offset_ += static_cast<int64_t>(bytes.size());
   return Status::Ok();
 }
@@ -113,7 +113,7 @@ Status OnnxWriter::Finish(const std::string& model_name) {
   const std::string data_path = dir_ + "/" + data_name_;
   std::FILE* f = data_.release();
   if (std::fflush(f) != 0 || std::fclose(f) != 0)
-    return MakeErrorCode(ErrorCode::kIo, "cannot write ", data_path, ": ", std::strerror(errno));
+    return MakeErrorCode(ErrorCode::kIo, "cannot write ", data_path, ": ", ErrnoText());
   const std::string path = dir_ + "/" + model_name;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out || !model_.SerializeToOstream(&out) || !out.flush())
