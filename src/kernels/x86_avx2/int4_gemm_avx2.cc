@@ -55,7 +55,8 @@ void Tile(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
       __m256i zv = _mm256_setzero_si256();
       __m256 sv = _mm256_setzero_ps();
       // Group gi starts every rpg runs; counted down, not t % rpg: rpg is known only at run time,
-      // and a 64-bit division per 16 weights was the loop's bottleneck (docs/KERNELS.md "llvm-mca").
+      // and a 64-bit division per 16 weights was the loop's bottleneck
+      // (docs/KERNELS.md "Static analysis with llvm-mca").
       for (int64_t t = 0, gi = 0, left = 0; t < runs; ++t, --left) {
         if (left == 0) {
           zv = _mm256_set1_epi32(w4p::Zero(w, rec, gi));
