@@ -101,8 +101,11 @@ Runner RegisterBench(CLI::App& app) {
     if (a->skip_gemm) return 0;
     // Each case's % is against the bandwidth measured right before it (column bw): the machine's
     // bandwidth can move by tens of percent between the first measurement and a case a minute later.
-    std::printf("%-11s %5s %4s %-26s %6s %9s %10s %9s %7s %7s %9s %10s %6s\n", "KxN", "g", "M", "path", "mats",
-                "MB/mat", "ms/call", "GB/s", "bw", "%bw", "GFLOP/s", "mean GB/s", "%pk");
+    std::printf("cyc/w: time-stamp counter ticks per weight of W per call x threads (best round); the TSC ticks\n"
+                "at the CPU's nominal frequency (TSC GHz on the last line), not the core clock\n");
+    std::printf("%-11s %5s %4s %-26s %6s %9s %10s %9s %7s %7s %9s %10s %6s %7s\n", "KxN", "g", "M", "path", "mats",
+                "MB/mat", "ms/call", "GB/s", "bw", "%bw", "GFLOP/s", "mean GB/s", "%pk", "cyc/w");
+    double tsc_ghz = 0;
     double bw_min = 1e300, bw_max = 0;
     for (const std::string& sh : a->shapes) {
       nibble::GemmBenchCase c;
@@ -126,14 +129,20 @@ Runner RegisterBench(CLI::App& app) {
               std::snprintf(bws, sizeof bws, "%.1f", bw);
               std::snprintf(pct, sizeof pct, "%.1f", 100.0 * r->weight_gb_per_s / bw);
             }
-            std::printf("%-11s %5ld %4ld %-26s %6ld %9.2f %10.3f %9.2f %7s %7s %9.1f %10.2f %6s\n", sh.c_str(), g, m,
-                        r->path.c_str(), r->matrices, r->weight_bytes / 1e6, r->seconds_per_call * 1e3,
+            char cyc[16] = "-";
+            if (r->tsc_per_call > 0) std::snprintf(cyc, sizeof cyc, "%.3f", r->TscCyclesPerWeight());
+            tsc_ghz = r->tsc_ghz;
+            std::printf("%-11s %5ld %4ld %-26s %6ld %9.2f %10.3f %9.2f %7s %7s %9.1f %10.2f %6s %7s\n", sh.c_str(), g,
+                        m, r->path.c_str(), r->matrices, r->weight_bytes / 1e6, r->seconds_per_call * 1e3,
                         r->weight_gb_per_s, bws, pct, r->gflop_per_s, r->weight_bytes / r->mean_seconds_per_call / 1e9,
-                        pks);
+                        pks, cyc);
             std::fflush(stdout);
           }
         }
     }
+    if (tsc_ghz > 0)
+      std::printf("TSC: %.3f GHz (ticks per ns over the timed rounds: the nominal frequency; cyc/w counts these ticks)\n",
+                  tsc_ghz);
     if (bw_max > 0)
       std::printf("DRAM read bandwidth before the cases: %.2f - %.2f GB/s (best of %d passes each)\n", bw_min, bw_max,
                   a->passes);

@@ -96,6 +96,24 @@ TEST(Cli, BenchPercentIsAgainstTheBandwidthMeasuredBeforeEachCase) {
       << r.out;
   EXPECT_NEAR(std::stod(m[1]), lo, 0.051) << r.out;
   EXPECT_NEAR(std::stod(m[2]), hi, 0.051) << r.out;
+#if defined(__x86_64__)
+  // cyc/w: the best round's TSC ticks per call per weight of W (1 thread), i.e. ms/call times the
+  // TSC frequency printed at the end, over N·K; the header says the TSC ticks at the nominal clock.
+  EXPECT_NE(r.out.find("the TSC ticks\nat the CPU's nominal frequency"), std::string::npos) << r.out;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(TSC: ([0-9.]+) GHz)"))) << r.out;
+  const double ghz = std::stod(m[1]);
+  EXPECT_GT(ghz, 0.1) << r.out;
+  const std::regex full(R"(1024x512 +128 +\d+ +\S+ +\d+ +[0-9.]+ +([0-9.]+) +(?:\S+ +){6}([0-9.]+)\n)");
+  int cyc_rows = 0;
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), full), end; it != end; ++it) {
+    const double ms = std::stod((*it)[1]), cyc = std::stod((*it)[2]);
+    const double want = ms * 1e-3 * ghz * 1e9 / (1024.0 * 512.0);
+    // Printed rounding: ms to 0.0005, cyc/w to 0.0005; the GHz is the mean over all rounds.
+    EXPECT_NEAR(cyc, want, 0.0005 + 0.0005e-3 * ghz * 1e9 / (1024.0 * 512.0) + 0.02 * want) << it->str();
+    ++cyc_rows;
+  }
+  EXPECT_EQ(cyc_rows, 2) << r.out;
+#endif
 }
 
 // Without OMP_WAIT_POLICY / GOMP_SPINCOUNT in its environment the CLI runs with its own short

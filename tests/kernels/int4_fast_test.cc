@@ -226,6 +226,63 @@ TEST(W4KernelTest, GemvOnBothSidesOfTheRowStreamingLimit) {
   }
 }
 
+// The AVX2 kernel's documented order, written out in scalar code: per output an 8-lane
+// accumulator, per 16-weight run lane l takes fma(x[k + l], w[k + l]) then fma(x[k + 8 + l],
+// w[k + 8 + l]) (w the reference's dequantized value), lanes reduced as ((l + 4), then the
+// high pair onto the low, then lane 1 onto lane 0), + bias.
+float Avx2OrderModel(const float* x, const float* wrow, int64_t k, const float* bias) {
+  float acc[8] = {};
+  for (int64_t k0 = 0; k0 < k; k0 += 16) {
+    for (int l = 0; l < 8; ++l) acc[l] = std::fmaf(x[k0 + l], wrow[k0 + l], acc[l]);
+    for (int l = 0; l < 8; ++l) acc[l] = std::fmaf(x[k0 + 8 + l], wrow[k0 + 8 + l], acc[l]);
+  }
+  float s4[4];
+  for (int l = 0; l < 4; ++l) s4[l] = acc[l] + acc[l + 4];
+  const float s0 = s4[0] + s4[2], s1 = s4[1] + s4[3];
+  const float v = s0 + s1;
+  return bias != nullptr ? v + *bias : v;
+}
+
+// The AVX2 kernel bit for bit against that model (so any change to its loop that keeps the
+// arithmetic, like the group counter instead of a division per run, is checked exactly): every
+// group size it serves, K with partial records, rows in and past 4-row tiles, M = 1 and 2-row
+// tiles plus a tail row.
+TEST(W4KernelTest, Avx2KernelIsBitIdenticalToItsScalarOrderModel) {
+  const W4Kernels* avx2 = W4KernelsFor(Isa::kAvx2);
+  if (avx2 == nullptr) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(12);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  int cases = 0;
+  for (int64_t g : {16, 32, 48, 64, 128, 256}) {
+    for (int64_t k : {g, 3 * g, 2 * 128 * g / std::gcd(g, int64_t{128}) + g}) {
+      for (int64_t n : {1, 5, 9}) {
+        for (int64_t m : {1, 3}) {
+          const bool sym = (n + m) % 2 == 0;
+          const Int4Matrix w = RandomMatrix(rng, n, k, g, sym);
+          std::vector<float> wd(static_cast<size_t>(n * k));
+          DequantizeRef(w, wd.data());
+          Packed p(w);
+          std::vector<float> x(static_cast<size_t>(m * k)), bias(static_cast<size_t>(n));
+          for (auto& v : x) v = xd(rng);
+          for (auto& v : bias) v = xd(rng);
+          std::vector<float> y(static_cast<size_t>(m * n), std::nanf(""));
+          W4PackedGemmArgs a{m, &p.w, x.data(), bias.data(), y.data()};
+          GemmW4A32Packed(a, avx2);
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              const float want = Avx2OrderModel(x.data() + i * k, wd.data() + j * k, k, bias.data() + j);
+              const float got = y[static_cast<size_t>(i * n + j)];
+              EXPECT_EQ(std::memcmp(&got, &want, 4), 0) << "y[" << i << "][" << j << "] = " << got << ", model " << want
+                                                        << " (g=" << g << " K=" << k << " N=" << n << " M=" << m << ")";
+            }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 6 * 3 * 3 * 2);
+}
+
 CpuFeatures FakeCpu(bool avx2, bool avx512, bool os_zmm) {
   CpuFeatures c;
   c.vendor = "FakeCPU";

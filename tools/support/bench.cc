@@ -4,6 +4,9 @@
 #include "support/bench.h"
 
 #include <omp.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +46,16 @@ namespace nibble {
 namespace {
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The time-stamp counter (constant rate: the nominal frequency on every x86 CPU of the last decade),
+// 0 on other architectures.
+uint64_t Tsc() {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return 0;
+#endif
 }
 
 // The first "model name" line of /proc/cpuinfo (x86 and most Linux hosts), "" where there is none.
@@ -240,17 +253,24 @@ Result<GemmBenchResult> BenchW4Gemm(const GemmBenchCase& s, int64_t min_total_by
   // least `min_seconds` and 3 rounds; the best round is reported (like the bandwidth test: other
   // processes on a shared machine only ever make a round slower) along with the mean.
   const int64_t round_calls = s.m < 16 ? count : 1;
-  double best = 1e30, total = 0;
+  double best = 1e30, total = 0, best_tsc = 0, total_tsc = 0;
   int64_t rounds = 0, next = 0;
   do {
     const double t0 = Now();
+    const uint64_t c0 = Tsc();
     for (int64_t c = 0; c < round_calls; ++c)
       mats[static_cast<size_t>(next++ % count)]->Forward(x.data(), s.m, y.data(), &ws);
+    const double ticks = static_cast<double>(Tsc() - c0);
     const double t = (Now() - t0) / static_cast<double>(round_calls);
+    if (t < best) best_tsc = ticks / static_cast<double>(round_calls);
     best = std::min(best, t);
     total += t * static_cast<double>(round_calls);
+    total_tsc += ticks;
     ++rounds;
   } while (rounds < 3 || total < min_seconds);
+  r.tsc_per_call = best_tsc;
+  r.tsc_ghz = total > 0 ? total_tsc / total / 1e9 : 0;
+  r.threads = NumThreads();
   r.calls = rounds * round_calls;
   r.seconds_per_call = best;
   r.mean_seconds_per_call = total / static_cast<double>(r.calls);

@@ -118,6 +118,15 @@ struct GemmBenchResult {
   double mean_seconds_per_call = 0;  // over all timed calls
   double weight_gb_per_s = 0; // weight_bytes / seconds_per_call / 1e9 (best round)
   double gflop_per_s = 0;     // 2·M·N·K / seconds_per_call / 1e9
+  // Time-stamp counter ticks of the best round per call (x86 rdtsc; 0 where there is none). The
+  // TSC ticks at the CPU's nominal frequency, not the core clock: a core running above (turbo)
+  // or below it does more or fewer cycles per tick.
+  double tsc_per_call = 0;
+  double tsc_ghz = 0;            // TSC ticks per ns over all timed rounds
+  int threads = 1;               // worker threads of the calls (NumThreads())
+  double TscCyclesPerWeight() const {  // per weight of W and thread: ticks · threads / (N·K)
+    return tsc_per_call * threads / (static_cast<double>(shape.n) * static_cast<double>(shape.k));
+  }
 };
 
 /// Why an opt-in activation path cannot serve group size g, or "" when it can (or neither is

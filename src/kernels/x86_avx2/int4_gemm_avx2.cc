@@ -54,10 +54,15 @@ void Tile(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
       const uint8_t* rec = w.data + (r0 + r) * w.row_bytes + ri * w.rec_bytes;
       __m256i zv = _mm256_setzero_si256();
       __m256 sv = _mm256_setzero_ps();
-      for (int64_t t = 0; t < runs; ++t) {
-        if (t % rpg == 0) {
-          zv = _mm256_set1_epi32(w4p::Zero(w, rec, t / rpg));
-          sv = _mm256_set1_ps(w4p::Scale(rec, t / rpg));
+      // Group gi starts every rpg runs; counted down, not t % rpg: rpg is known only at run time,
+      // and a 64-bit division per 16 weights was the loop's bottleneck
+      // (docs/KERNELS.md "Static analysis with llvm-mca").
+      for (int64_t t = 0, gi = 0, left = 0; t < runs; ++t, --left) {
+        if (left == 0) {
+          zv = _mm256_set1_epi32(w4p::Zero(w, rec, gi));
+          sv = _mm256_set1_ps(w4p::Scale(rec, gi));
+          ++gi;
+          left = rpg;
         }
         __m256 lo, hi;
         Run(rec + w.rec_header + 64 * (t / 8), static_cast<int>(t % 8), zv, sv, lo, hi);
@@ -101,10 +106,17 @@ void DequantW4Avx2(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out) 
       const int64_t k0 = ri * w.rec_weights;
       const int64_t runs = std::min(w.rec_weights, w.k - k0) / 16;
       float* o = out + (r - n0) * w.k + k0;
-      for (int64_t t = 0; t < runs; ++t) {
+      __m256i zv = _mm256_setzero_si256();
+      __m256 sv = _mm256_setzero_ps();
+      for (int64_t t = 0, gi = 0, left = 0; t < runs; ++t, --left) {
+        if (left == 0) {  // first run of group gi (a counter: no division per run, as in Tile)
+          zv = _mm256_set1_epi32(w4p::Zero(w, rec, gi));
+          sv = _mm256_set1_ps(w4p::Scale(rec, gi));
+          ++gi;
+          left = rpg;
+        }
         __m256 lo, hi;
-        Run(rec + w.rec_header + 64 * (t / 8), static_cast<int>(t % 8), _mm256_set1_epi32(w4p::Zero(w, rec, t / rpg)),
-            _mm256_set1_ps(w4p::Scale(rec, t / rpg)), lo, hi);
+        Run(rec + w.rec_header + 64 * (t / 8), static_cast<int>(t % 8), zv, sv, lo, hi);
         _mm256_storeu_ps(o + 16 * t, lo);
         _mm256_storeu_ps(o + 16 * t + 8, hi);
       }

@@ -288,8 +288,12 @@ void DequantRuns(const W4PackedWeight& w, int64_t n0, int64_t n1, Store store) {
       const int64_t runs = std::min(w.rec_weights, w.k - k0) / 16;
       const int64_t o = (r - n0) * w.k + k0;
       __m512 tbl = Table(w, rec, 0);
-      for (int64_t t = 0; t < runs; ++t) {
-        if (t > 0 && t % rpg == 0) tbl = Table(w, rec, t / rpg);
+      // A new table every rpg runs, counted down (no division per run: rpg is a run-time value).
+      for (int64_t t = 0, gi = 0, left = rpg; t < runs; ++t, --left) {
+        if (left == 0) {
+          tbl = Table(w, rec, ++gi);
+          left = rpg;
+        }
         const __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(rec + w.rec_header + 64 * (t / 8)));
         const __m128i cnt = _mm_cvtsi32_si128(static_cast<int>(4 * (t % 8)));
         store(o + 16 * t, _mm512_permutexvar_ps(_mm512_srl_epi32(v, cnt), tbl));
