@@ -50,14 +50,15 @@ def export_onnx(model_dir, output_dir, accuracy_level=4, io_dtype="fp32", overwr
     """Writes the ONNX Runtime GenAI model of a quantized checkpoint (`nibble export-onnx`).
 
     Runs the nibble-export-onnx program (ONNX's protobuf runtime cannot share a process with the
-    tokenizer's): the one this package was built with, else a copy beside it, else the one on PATH. Raises nibble.Error
-    with the program's message on failure; KeyboardInterrupt stops it with nothing written.
+    tokenizer's): a copy beside this module (pip install, cmake --install), else the one it was
+    built with, else the one on PATH. Raises nibble.Error with the program's message on failure;
+    KeyboardInterrupt stops it with nothing written.
     """
     import shutil
     import subprocess
 
     beside = _os.path.join(_os.path.dirname(__file__), "nibble-export-onnx")
-    program = next((p for p in (_export_onnx_program, beside) if _os.path.exists(p)), None)
+    program = next((p for p in (beside, _export_onnx_program) if _os.path.exists(p)), None)
     program = program or shutil.which("nibble-export-onnx")
     if program is None:
         raise NotFound("nibble-export-onnx not found (built with nibble, installed beside it)")
