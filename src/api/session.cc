@@ -76,7 +76,7 @@ struct Session::Impl {
   bool has_logits() const { return logits != nullptr && !logits->empty(); }
   // The buffer the next forward pass writes its [vocab] logits into: the current one when this
   // session holds the only reference (reused: decode steps allocate nothing), else a fresh one.
-  std::shared_ptr<std::vector<float>> OutputLogits(size_t vocab) const {
+  std::shared_ptr<std::vector<float>> OutputLogits(size_t vocab) {
     if (logits != nullptr && logits.use_count() == 1) {
       // The last other holder's release (its reads) happens before the writes that follow.
       std::atomic_thread_fence(std::memory_order_acquire);
