@@ -6,7 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 cmake --preset release >/dev/null
-cmake --build --preset release -j "$(nproc)" --target nibble
+# The Python binding too when CMake builds it (docs/PYTHON.md): PYTHONPATH=build/release/python.
+targets=(nibble)
+if grep -q '^NIBBLE_PYTHON:BOOL=ON$' build/release/CMakeCache.txt; then targets+=(nibble_python); fi
+cmake --build --preset release -j "$(nproc)" --target "${targets[@]}"
 NIBBLE=./build/release/nibble
 MODEL=models/prose-llama-7m
 OUT=build/prose-llama-7m-quark-w4-g128

@@ -67,7 +67,9 @@ struct TokenEvent {
 /// The log-probabilities of every token of `ids` run as one sequence from position 0, each given
 /// the tokens before it (Model::Logits), with the `top_n` most likely tokens at each position;
 /// entry i is ids[i] with its text as streamed after ids[0, i). The first entry has logprob NaN
-/// and no top_logprobs. Errors: top_n outside [0, kMaxTopLogprobs], no ids, Model::Logits' errors.
-Result<std::vector<TokenEvent>> PromptLogprobs(const Model& model, const std::vector<int32_t>& ids, int top_n);
+/// and no top_logprobs. Errors: top_n outside [0, kMaxTopLogprobs], no ids, Model::Logits' errors
+/// (kCancelled when `cancel` is cancelled).
+Result<std::vector<TokenEvent>> PromptLogprobs(const Model& model, const std::vector<int32_t>& ids, int top_n,
+                                               const CancellationToken* cancel = nullptr);
 
 }  // namespace nibble

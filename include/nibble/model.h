@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <nibble/cancel.h>
 #include <nibble/error.h>
 #include <nibble/tokenizer.h>
 
@@ -134,8 +135,9 @@ class Model {
   SpecialTokenIds special_tokens() const;
 
   /// fp32 logits for every position of `ids` run as one sequence from position 0: [T, vocab].
-  /// Its KV cache and scratch are the call's own, freed on return.
-  Result<std::vector<float>> Logits(const std::vector<int32_t>& ids) const;
+  /// Its KV cache and scratch are the call's own, freed on return. kCancelled when `cancel` is
+  /// cancelled (from any thread; checked before each decoder layer).
+  Result<std::vector<float>> Logits(const std::vector<int32_t>& ids, const CancellationToken* cancel = nullptr) const;
 
  private:
   friend struct ModelAccess;  // the library's own access to the runtime behind the handle

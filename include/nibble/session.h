@@ -161,8 +161,14 @@ class Session {
   /// options.seed at the first call and again whenever the options change.
   /// Errors: no logits yet (nothing prefilled), invalid options (names the field).
   Result<int32_t> Sample(const SamplingOptions& options);
-  /// Logits of the last position, [vocab_size] (empty before the first Prefill).
+  /// Logits of the last position, [vocab_size] (empty before the first Prefill); the reference
+  /// is valid until the next call that changes the session.
   const std::vector<float>& logits() const;
+  /// The same buffer, shared (nullptr before the first Prefill): a reader keeps it alive and
+  /// unchanged after later calls, without a copy. A forward pass writes the next logits into the
+  /// session's buffer only while no one else holds it, else into a fresh one (a Fork shares it
+  /// too). Read it, as logits(), between calls.
+  std::shared_ptr<const std::vector<float>> shared_logits() const;
   /// Positions filled, and the cache's capacity.
   int64_t position() const;
   int64_t capacity() const;
@@ -201,7 +207,7 @@ class Session {
   /// A new Session over the same Model holding the first `position` positions of this one
   /// (-1 = all): a plain copy of their K/V rows (not shared or copy-on-write: the fork and this
   /// session change independently), their token ids, and, when position == position(), the
-  /// logits and a token Generate left to run. The sampler starts fresh. The fork has this
+  /// logits (shared, as shared_logits) and a token Generate left to run. The sampler starts fresh. The fork has this
   /// session's capacity, threads and max_memory. Memory: KvBytes of `position` positions rounded
   /// up to a block of 256 (kv_bytes() of the fork), plus the logits. Const and read-only: several
   /// threads may fork one session at once while none changes it (a fork while a call runs on

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Quantize a float model with AWQ, compare its perplexity with the float one, read back a
-dequantized weight, and plot the per-linear output error (RTN against AWQ) when matplotlib is there.
+"""Quantize a float model with AWQ, compare its perplexity with the float one, generate, score a
+continuation, read back a dequantized weight, and plot the per-linear output error (RTN against
+AWQ) when matplotlib is there.
 
     PYTHONPATH=build/release/python python3 python/examples/quantize_and_eval.py \\
         --model models/prose-llama-7m --dataset ../shared/data/prose-calib.txt \\
@@ -44,6 +45,9 @@ def main():
         print(f"{name:5s} perplexity {ppl[name]:.4f} ({m.info['weight_format']})")
         if name == "awq":
             print("generate:", repr(m.generate("Once upon a time", max_new_tokens=24, temperature=0, stop=["."])))
+            # lm-eval's loglikelihood of a continuation: the sum of its tokens' log-probs.
+            ctx, cont = m.tokenize("The old man"), m.tokenize(" walked to the sea", add_special=False)
+            print(f"log p(continuation | context) = {m.score(ctx + cont)[len(ctx) - 1:].sum():.3f}")
 
     ck, fp = nibble.open_checkpoint(a.out), nibble.open_checkpoint(a.model)
     first = next(lin for lin in ck.linears if lin["quantized"])

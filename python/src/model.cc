@@ -117,7 +117,7 @@ std::shared_ptr<PyModel> LoadModel(const std::string& path, std::optional<int> t
 
 py::array_t<float> Logits(const PyModel& pm, const std::vector<int32_t>& ids) {
   std::vector<float> out = TakeOrThrow(RunCancellable<nibble::Result<std::vector<float>>>(
-      pm.threads, [&](const nibble::CancellationToken*) { return pm.model->Logits(ids); }));
+      pm.threads, [&](const nibble::CancellationToken* cancel) { return pm.model->Logits(ids, cancel); }));
   const auto vocab = static_cast<py::ssize_t>(pm.model->info().vocab_size);
   const auto rows = static_cast<py::ssize_t>(ids.size());
   return ToNumpy(std::move(out), {rows, vocab});
@@ -129,7 +129,7 @@ py::array_t<float> Score(const PyModel& pm, const py::handle& text_or_ids) {
   const std::vector<int32_t> ids = p.is_ids ? p.ids : TakeOrThrow(pm.model->Tokenize(p.text));
   if (ids.size() < 2) ThrowError(nibble::MakeError("score: ", ids.size(), " token(s); at least 2 are needed"));
   std::vector<nibble::TokenEvent> events = TakeOrThrow(RunCancellable<nibble::Result<std::vector<nibble::TokenEvent>>>(
-      pm.threads, [&](const nibble::CancellationToken*) { return nibble::PromptLogprobs(*pm.model, ids, 0); }));
+      pm.threads, [&](const nibble::CancellationToken* cancel) { return nibble::PromptLogprobs(*pm.model, ids, 0, cancel); }));
   std::vector<float> lp(events.size() - 1);
   for (size_t i = 1; i < events.size(); ++i) lp[i - 1] = events[i].logprob;
   const auto n = static_cast<py::ssize_t>(lp.size());
@@ -350,8 +350,8 @@ void RegisterModel(py::module_& m) {
 
 Model(path, threads=None, activations="auto", ctx_size=None, kv_dtype=None, tokenizer="auto",
 max_memory=None, weight_cache=True, weight_cache_dir=""). Shared by any number of threads: each
-call runs on its own state. Calls release the GIL; Ctrl-C cancels generate / stream / chat /
-perplexity. weight_cache: an int4 checkpoint's repacked weights are kept in a cache file
+call runs on its own state. Calls release the GIL; Ctrl-C cancels logits / score / generate /
+stream / chat / perplexity. weight_cache: an int4 checkpoint's repacked weights are kept in a cache file
 (weight_cache_dir, "" = $NIBBLE_CACHE_DIR/weights or ~/.cache/nibble/weights) that later loads map.)")
       .def(py::init(&LoadModel), py::arg("path"), py::arg("threads") = py::none(), py::arg("activations") = "auto",
            py::arg("ctx_size") = py::none(), py::arg("kv_dtype") = py::none(), py::arg("tokenizer") = "auto",

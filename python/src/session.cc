@@ -70,11 +70,18 @@ int32_t NextToken(PySession& s, double temperature, int64_t top_k, double top_p,
   }));
 }
 
-py::array_t<float> LogitsCopy(PySession& s) {
+// The session's logits buffer itself, read-only (the sampler reads it too): the array's base
+// holds a reference that keeps it alive and unchanged, as a later step then writes a fresh buffer.
+py::array_t<float> LogitsView(PySession& s) {
   Hold hold(s, "logits");
-  std::vector<float> v = s.session->logits();
-  const auto n = static_cast<py::ssize_t>(v.size());
-  return ToNumpy(std::move(v), {n});
+  using Buffer = std::shared_ptr<const std::vector<float>>;
+  Buffer buf = s.session->shared_logits();
+  if (buf == nullptr) return py::array_t<float>(0);
+  auto* held = new Buffer(std::move(buf));
+  py::capsule base(held, [](void* p) { delete static_cast<Buffer*>(p); });
+  py::array_t<float> view({static_cast<py::ssize_t>((*held)->size())}, (*held)->data(), base);
+  view.attr("flags").attr("writeable") = false;
+  return view;
 }
 
 std::shared_ptr<PySession> Fork(PySession& s, int64_t position) {
@@ -139,8 +146,9 @@ nibble.InvalidArgument. Sessions over one Model run in parallel from different t
            py::arg("top_k") = 40, py::arg("top_p") = 0.95, py::arg("min_p") = 0.0, py::arg("repeat_penalty") = 1.0,
            py::arg("repeat_last_n") = 64, py::arg("stop") = std::vector<std::string>(), py::arg("seed") = py::none(),
            "Model.generate continuing this session's context (BOS only when the session is empty).")
-      .def_property_readonly("logits", &LogitsCopy,
-                             "float32 array [vocab_size]: a copy of the last position's logits (empty before any).")
+      .def_property_readonly("logits", &LogitsView,
+                             "float32 array [vocab_size], read-only: the last position's logits (empty before any),\n"
+                             "the session's own buffer, not copied; later calls leave it unchanged.")
       .def_property_readonly("position", [](PySession& s) {
         Hold hold(s, "position");
         return s.session->position();

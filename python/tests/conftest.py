@@ -1,5 +1,6 @@
 """Paths the binding's tests use: the repository, the shared models and data beside it (../shared,
-or NIBBLE_SHARED_DIR), and the built CLI (NIBBLE_BINARY, set by CTest; else build/release/nibble)."""
+or NIBBLE_SHARED_DIR), the build directory and the built CLI (NIBBLE_BUILD_DIR, NIBBLE_BINARY, set
+by CTest; else build/release and build/release/nibble)."""
 
 import os
 import pathlib
@@ -9,6 +10,8 @@ import pytest
 
 SOURCE_DIR = pathlib.Path(__file__).resolve().parents[2]
 SHARED_DIR = pathlib.Path(os.environ.get("NIBBLE_SHARED_DIR") or SOURCE_DIR.parent / "shared")
+# The CMake build directory the package was built in (NIBBLE_BUILD_DIR, set by CTest).
+BUILD_DIR = pathlib.Path(os.environ.get("NIBBLE_BUILD_DIR") or SOURCE_DIR / "build" / "release")
 
 
 def _model_dir():

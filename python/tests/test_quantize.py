@@ -109,6 +109,7 @@ def test_the_example_script_runs(model_dir, tmp_path):
                           capture_output=True, text=True, env={**os.environ})
     assert proc.returncode == 0, proc.stderr
     assert "awq   perplexity" in proc.stdout and "relative weight error" in proc.stdout
+    assert "log p(continuation | context) = -" in proc.stdout
 
 
 def test_export_onnx_runs_the_export_program(model_dir, tmp_path):

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import nibble
+from conftest import MODEL_DIR
 
 
 def test_gil_is_released_during_logits(model):
@@ -164,3 +165,34 @@ def test_ctrl_c_cancels_perplexity(model, prose_text):
         model.perplexity(prose_text * 3, seq_len=64)
     timer.join()
     assert model.perplexity(prose_text, seq_len=64, max_windows=1)["windows"] == 1
+
+
+@pytest.fixture(scope="module")
+def deep_model(model_dir, nibble_cli, tmp_path_factory):
+    """prose-llama-7m's shapes with 96 layers and 2048 positions (random bf16 weights): one
+    forward pass over 2048 tokens takes seconds, each layer a small part of it."""
+    import json
+
+    config = json.loads((MODEL_DIR / "config.json").read_text())
+    config.update(num_hidden_layers=96, max_position_embeddings=2048)
+    tmp = tmp_path_factory.mktemp("deep")
+    (tmp / "config.json").write_text(json.dumps(config))
+    nibble_cli("synth", "--config", tmp / "config.json", "--out", tmp / "model", "--format", "dense",
+               "--tokenizer_dir", model_dir)
+    return nibble.Model(str(tmp / "model"), threads=1)
+
+
+@pytest.mark.parametrize("call", ["logits", "score", "perplexity"])
+def test_ctrl_c_cancels_a_forward_pass_within_a_layer(deep_model, prose_text, call):
+    ids = [1] + [(7 * i) % 4000 + 10 for i in range(2047)]
+    run = {"logits": lambda: deep_model.logits(ids), "score": lambda: deep_model.score(ids),
+           "perplexity": lambda: deep_model.perplexity(prose_text, seq_len=2048)}[call]
+    timer = _interrupt_after(0.2)
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        run()
+    seconds = time.perf_counter() - start
+    timer.join()
+    # One pass over 2048 tokens takes 5 s or more here (12 s on a loaded host); a layer, 0.15 s at most.
+    assert seconds < 2.0, seconds
+    assert deep_model.score(ids[:4]).shape == (3,)

@@ -50,11 +50,12 @@ void FillLogprobs(const float* logits, int64_t vocab, int top_n, const StreamDec
     ev.top_logprobs.push_back({ids[k], stream.Peek(ids[k]), static_cast<float>(logits[ids[k]] - log_z)});
 }
 
-Result<std::vector<TokenEvent>> PromptLogprobs(const Model& model, const std::vector<int32_t>& ids, int top_n) {
+Result<std::vector<TokenEvent>> PromptLogprobs(const Model& model, const std::vector<int32_t>& ids, int top_n,
+                                               const CancellationToken* cancel) {
   if (top_n < 0 || top_n > kMaxTopLogprobs)
     return MakeError("top_logprobs ", top_n, " must be in [0, ", kMaxTopLogprobs, "]");
   if (ids.empty()) return MakeError("PromptLogprobs: no token ids");
-  NIBBLE_ASSIGN_OR_RETURN(const std::vector<float> logits, model.Logits(ids));
+  NIBBLE_ASSIGN_OR_RETURN(const std::vector<float> logits, model.Logits(ids, cancel));
   const int64_t vocab = static_cast<int64_t>(logits.size() / ids.size());
   StreamDecoder stream(ModelAccess::tokenizer(model));
   std::vector<TokenEvent> out(ids.size());

@@ -148,12 +148,12 @@ SpecialTokenIds Model::special_tokens() const {
   return SpecialTokenIds{s.bos_id, s.eos_ids, s.pad_id, s.add_bos, s.add_eos};
 }
 
-Result<std::vector<float>> Model::Logits(const std::vector<int32_t>& ids) const {
+Result<std::vector<float>> Model::Logits(const std::vector<int32_t>& ids, const CancellationToken* cancel) const {
   const LlamaModel& llama = *impl_->llama;
   if (ids.empty()) return MakeError("Logits: empty token sequence");
   NIBBLE_ASSIGN_OR_RETURN(KvCache cache, llama.NewCache(static_cast<int64_t>(ids.size())));
   std::vector<float> logits(ids.size() * static_cast<size_t>(llama.config().vocab_size));
-  NIBBLE_RETURN_IF_ERROR(llama.Forward(ids.data(), static_cast<int64_t>(ids.size()), cache, logits.data(), true));
+  NIBBLE_RETURN_IF_ERROR(llama.Forward(ids.data(), static_cast<int64_t>(ids.size()), cache, logits.data(), true, cancel));
   return logits;
 }
 

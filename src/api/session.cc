@@ -61,7 +61,10 @@ struct Session::Impl {
   int64_t max_memory = 0;  // SessionOptions::max_memory (a Fork checks its KV against it)
   KvCache cache;  // with the workspace of this session's forward passes (model/workspace.h)
   std::vector<int32_t> tokens;  // the ids in the cache, [cache.length] (the repeat penalty's history)
-  std::vector<float> logits;  // [vocab] of the last position, empty before the first Prefill
+  // [vocab] of the last position, null before the first Prefill; shared with readers
+  // (shared_logits) and forks, so a forward pass writes into OutputLogits(), never into a buffer
+  // someone else holds.
+  std::shared_ptr<std::vector<float>> logits;
   std::optional<Sampler> sampler;
   SamplingOptions sampler_options;
   // A token Generate sampled last and streamed but did not run (the next call runs it first, so
@@ -69,6 +72,19 @@ struct Session::Impl {
   std::vector<int32_t> unfed;
   // The public call running on this session, nullptr when none (SessionUse).
   std::atomic<const char*> in_use{nullptr};
+
+  bool has_logits() const { return logits != nullptr && !logits->empty(); }
+  // The buffer the next forward pass writes its [vocab] logits into: the current one when this
+  // session holds the only reference (reused: decode steps allocate nothing), else a fresh one.
+  std::shared_ptr<std::vector<float>> OutputLogits(size_t vocab) {
+    if (logits != nullptr && logits.use_count() == 1) {
+      // The last other holder's release (its reads) happens before the writes that follow.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      logits->resize(vocab);
+      return logits;
+    }
+    return std::make_shared<std::vector<float>>(vocab);
+  }
 
   // The calls themselves, run while the caller holds in_use.
   Status Prefill(const std::vector<int32_t>& tokens, const CancellationToken* cancel);
@@ -98,13 +114,14 @@ Status Session::Impl::Prefill(const std::vector<int32_t>& new_tokens, const Canc
   ScopedThreads scoped(threads);
   const LlamaModel& llama = ModelAccess::llama(*model);
   // Forward writes the logits only once every layer ran: on an error the old ones stay.
-  const bool had_logits = !logits.empty();
-  logits.resize(static_cast<size_t>(llama.config().vocab_size));
-  const Status s = llama.Forward(new_tokens.data(), static_cast<int64_t>(new_tokens.size()), cache, logits.data(),
+  std::shared_ptr<std::vector<float>> out = OutputLogits(static_cast<size_t>(llama.config().vocab_size));
+  const Status s = llama.Forward(new_tokens.data(), static_cast<int64_t>(new_tokens.size()), cache, out->data(),
                                  false, cancel);
   cache.workspace.Trim(kSessionScratchKeep);
-  if (s.ok()) tokens.insert(tokens.end(), new_tokens.begin(), new_tokens.end());
-  else if (!had_logits) logits.clear();
+  if (s.ok()) {
+    tokens.insert(tokens.end(), new_tokens.begin(), new_tokens.end());
+    logits = std::move(out);
+  }
   tokens.resize(static_cast<size_t>(cache.length));
   return s;
 }
@@ -155,7 +172,9 @@ Status StepBatch(const std::vector<BatchItem>& items, const CancellationToken* c
   for (size_t i = 0; i < items.size(); ++i) {
     Session::Impl& s = *items[i].session->impl_;
     const auto row = logits.begin() + static_cast<int64_t>(i) * vocab;
-    s.logits.assign(row, row + vocab);
+    std::shared_ptr<std::vector<float>> out = s.OutputLogits(static_cast<size_t>(vocab));
+    std::copy(row, row + vocab, out->begin());
+    s.logits = std::move(out);
     s.tokens.insert(s.tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
   }
   return Status::Ok();
@@ -216,7 +235,7 @@ Result<int32_t> Session::Sample(const SamplingOptions& o) {
 }
 
 Result<int32_t> Session::Impl::Sample(const SamplingOptions& o) {
-  if (logits.empty()) return MakeError("Sample: no logits yet (prefill a prompt first)");
+  if (!has_logits()) return MakeError("Sample: no logits yet (prefill a prompt first)");
   NIBBLE_RETURN_IF_ERROR(ValidateSamplingOptions(o));
   const SamplingOptions& cur = sampler_options;
   if (!sampler || o.temperature != cur.temperature || o.top_k != cur.top_k || o.top_p != cur.top_p ||
@@ -225,10 +244,14 @@ Result<int32_t> Session::Impl::Sample(const SamplingOptions& o) {
     sampler.emplace(o);
     sampler_options = o;
   }
-  return sampler->Sample(logits.data(), static_cast<int64_t>(logits.size()), tokens);
+  return sampler->Sample(logits->data(), static_cast<int64_t>(logits->size()), tokens);
 }
 
-const std::vector<float>& Session::logits() const { return impl_->logits; }
+const std::vector<float>& Session::logits() const {
+  static const std::vector<float> kNone;
+  return impl_->logits != nullptr ? *impl_->logits : kNone;
+}
+std::shared_ptr<const std::vector<float>> Session::shared_logits() const { return impl_->logits; }
 int64_t Session::position() const { return impl_->cache.length; }
 int64_t Session::capacity() const { return impl_->cache.capacity; }
 int64_t Session::kv_bytes() const { return impl_->cache.bytes(); }
@@ -245,7 +268,7 @@ Status Session::Truncate(int64_t position) {
 void Session::Impl::Truncate(int64_t position) {
   cache.length = std::clamp<int64_t>(position, 0, cache.length);
   tokens.resize(static_cast<size_t>(cache.length));
-  logits.clear();
+  logits = nullptr;  // readers keep theirs
   unfed.clear();
 }
 
@@ -257,7 +280,7 @@ int64_t Session::CommonPrefix(const std::vector<int32_t>& tokens) const {
   int64_t k = 0;
   while (k < n && held[static_cast<size_t>(k)] == tokens[static_cast<size_t>(k)]) ++k;
   const auto want = static_cast<int64_t>(tokens.size());
-  const bool has_last_logits = k == want && k == position() && !impl_->logits.empty();
+  const bool has_last_logits = k == want && k == position() && impl_->has_logits();
   return has_last_logits ? k : std::min(k, std::max<int64_t>(want - 1, 0));
 }
 
@@ -306,7 +329,7 @@ Result<std::unique_ptr<Session>> Session::Fork(int64_t position, const SessionOp
   dst.cache.length = position;
   dst.tokens.assign(impl_->tokens.begin(), impl_->tokens.begin() + static_cast<std::ptrdiff_t>(position));
   if (position == src.length) {
-    dst.logits = impl_->logits;
+    dst.logits = impl_->logits;  // shared: neither session writes into it while the other holds it
     dst.unfed = impl_->unfed;
   }
   return fork;
@@ -392,7 +415,7 @@ Status DecodeLoop(SessionImpl& s, const GenerateOptions& o, const std::vector<in
     TokenEvent ev;
     ev.id = next;
     if (o.logprobs)
-      FillLogprobs(s.logits.data(), static_cast<int64_t>(s.logits.size()), o.top_logprobs, stream.decoder(), ev);
+      FillLogprobs(s.logits->data(), static_cast<int64_t>(s.logits->size()), o.top_logprobs, stream.decoder(), ev);
     ev.text = stream.Push(next);
     const bool go_on = on_token(ev);
     if (stream.stop().stopped() || !go_on || i + 1 == o.max_new_tokens || s.cache.length >= s.cache.capacity) {
@@ -443,7 +466,7 @@ Result<GenerateStats> Generate(Session& session, const GenerateOptions& options,
   }
   // An error before the first token streamed leaves the session as it was before the call.
   const std::vector<int32_t> unfed0 = std::move(impl.unfed);
-  const std::vector<float> logits0 = impl.logits;
+  const std::shared_ptr<std::vector<float>> logits0 = impl.logits;  // the prefill writes a fresh buffer
   impl.unfed.clear();
   const auto t0 = std::chrono::steady_clock::now();
   Status st = prompt.empty() ? Status::Ok() : impl.Prefill(prompt, options.cancel);

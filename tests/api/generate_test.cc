@@ -389,6 +389,21 @@ TEST(PromptLogprobs, AreTheLogSoftmaxOfEachPrecedingPosition) {
   EXPECT_EQ(joined, text);
 }
 
+// Model::Logits and PromptLogprobs with a cancelled token: kCancelled (checked before each layer).
+TEST(PromptLogprobs, AndLogitsStopWhenCancelled) {
+  const nibble::Model& m = Embedded();
+  nibble::CancellationToken cancel;
+  cancel.Cancel();
+  auto l = m.Logits({1, 50, 60}, &cancel);
+  auto p = nibble::PromptLogprobs(m, {1, 50, 60}, 0, &cancel);
+  ASSERT_FALSE(l.ok());
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(l.error().code, nibble::ErrorCode::kCancelled) << l.error().message;
+  EXPECT_EQ(p.error().code, nibble::ErrorCode::kCancelled) << p.error().message;
+  nibble::CancellationToken idle;
+  EXPECT_EQ(*m.Logits({1, 50, 60}, &idle), *m.Logits({1, 50, 60}));
+}
+
 TEST(PromptLogprobs, RefusesBadArguments) {
   const nibble::Model& m = Embedded();
   auto many = nibble::PromptLogprobs(m, {1, 50}, 21);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,40 @@ TEST_P(ForkTest, ContinuesAsAFreshPrefillOfTheSameIds) {
   EXPECT_TRUE(SameBits(source->logits(), source_logits));
   auto source_again = Prefilled(m, {Slice(ids, 0, at), Slice(ids, at, 380)});
   ExpectSameContinuation(*source, *source_again, 4);
+}
+
+// shared_logits: a holder's buffer stays as it was through later Steps, Truncate and a fork's
+// steps (they write fresh buffers); with no other holder a Step writes in place. Values against
+// fresh prefills of the same chunks.
+TEST(SharedLogits, AHeldBufferIsNeverOverwritten) {
+  const nibble::Model& m = ModelWith(nibble::KvDtype::kBf16);
+  const Ids ids = RandomIds(m, 40, 3);
+  auto s = Prefilled(m, {Slice(ids, 0, 30)});
+  EXPECT_EQ(Prefilled(m, {})->shared_logits(), nullptr);
+  std::shared_ptr<const std::vector<float>> held = s->shared_logits();
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held->data(), s->logits().data());  // the session's own buffer, not a copy
+  const std::vector<float> at30 = *held;
+  auto fork = s->Fork();
+  ASSERT_TRUE(fork.ok());
+  EXPECT_EQ((*fork)->shared_logits(), held);  // the fork shares it
+  ASSERT_TRUE(s->Step(ids[30]).ok());
+  ASSERT_TRUE((*fork)->Prefill(Slice(ids, 30, 35)).ok());
+  EXPECT_TRUE(SameBits(*held, at30));
+  EXPECT_NE(s->logits().data(), held->data());
+  EXPECT_TRUE(SameBits(s->logits(), Prefilled(m, {Slice(ids, 0, 30), Slice(ids, 30, 31)})->logits()));
+  EXPECT_TRUE(SameBits((*fork)->logits(), Prefilled(m, {Slice(ids, 0, 30), Slice(ids, 30, 35)})->logits()));
+  // Held by no one else: the next step writes into the session's buffer in place.
+  held.reset();
+  const float* in_place = s->logits().data();
+  ASSERT_TRUE(s->Step(ids[31]).ok());
+  EXPECT_EQ(s->logits().data(), in_place);
+  EXPECT_TRUE(SameBits(s->logits(), Prefilled(m, {Slice(ids, 0, 30), Slice(ids, 30, 31), Slice(ids, 31, 32)})->logits()));
+  held = s->shared_logits();
+  const std::vector<float> at32 = *held;
+  ASSERT_TRUE(s->Truncate(10).ok());
+  EXPECT_TRUE(s->logits().empty());
+  EXPECT_TRUE(SameBits(*held, at32));
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDtypes, ForkTest,
