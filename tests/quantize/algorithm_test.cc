@@ -17,7 +17,7 @@
 
 namespace {
 
-nibble::Result<nibble::AlgorithmPlan> Resolve(const std::string& text, const nibble::AlgorithmFlags& flags = {},
+nibble::Result<nibble::AlgorithmPlan> ResolveChain(const std::string& text, const nibble::AlgorithmFlags& flags = {},
                                               const nlohmann::ordered_json& algo_config = nullptr) {
   NIBBLE_ASSIGN_OR_RETURN(auto chain, nibble::ParseAlgorithmChain(text));
   return nibble::ResolveAlgorithms(chain, flags, algo_config);
@@ -84,15 +84,15 @@ TEST(QuantAlgorithmRegistry, ChainOrderAndRepeatsAreValidated) {
 }
 
 TEST(QuantAlgorithmRegistry, ThePlanCarriesEachAlgorithmsSettingsAsTheyRun) {
-  auto rtn = Resolve("rtn");
+  auto rtn = ResolveChain("rtn");
   ASSERT_TRUE(rtn.ok());
   EXPECT_FALSE(rtn->Calibrated());
   EXPECT_EQ(rtn->CardLine(), "RTN (round to nearest)");
   // Without --propagate, the chain's last algorithm decides, for every algorithm of the chain.
-  auto awq = Resolve("awq");
+  auto awq = ResolveChain("awq");
   ASSERT_TRUE(awq.ok());
   EXPECT_EQ(awq->propagation(), nibble::Propagation::kFp);
-  auto chain = Resolve("awq,gptq");
+  auto chain = ResolveChain("awq,gptq");
   ASSERT_TRUE(chain.ok()) << chain.error().message;
   EXPECT_EQ(chain->propagation(), nibble::Propagation::kQuantized);
   EXPECT_EQ(chain->Label(), "AWQ+GPTQ");
@@ -109,7 +109,7 @@ TEST(QuantAlgorithmRegistry, ThePlanCarriesEachAlgorithmsSettingsAsTheyRun) {
   nibble::AlgorithmFlags flags;
   flags.gptq.block_size = 64;
   const auto cfg = nlohmann::ordered_json::parse(R"([{"name": "gptq", "damp_percent": 0.05}])");
-  auto g = Resolve("gptq", flags, cfg);
+  auto g = ResolveChain("gptq", flags, cfg);
   ASSERT_TRUE(g.ok()) << g.error().message;
   const nlohmann::ordered_json rep = g->ReportJson(run);
   EXPECT_EQ(rep["gptq"]["dampening_frac"], 0.05);
@@ -117,21 +117,21 @@ TEST(QuantAlgorithmRegistry, ThePlanCarriesEachAlgorithmsSettingsAsTheyRun) {
   EXPECT_FALSE(rep.contains("awq"));
 
   // Validation names the setting as the user gave it: the algo_config key, else the flag.
-  auto bad = Resolve("gptq", flags, nlohmann::ordered_json::parse(R"([{"name": "rtn"}, {"name": "gptq", "damp_percent": 1.5}])"));
+  auto bad = ResolveChain("gptq", flags, nlohmann::ordered_json::parse(R"([{"name": "rtn"}, {"name": "gptq", "damp_percent": 1.5}])"));
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().message.rfind("algo_config[1].damp_percent 1.5", 0), 0u) << bad.error().message;
   flags.gptq.dampening_frac = 0;
-  bad = Resolve("gptq", flags);
+  bad = ResolveChain("gptq", flags);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().message.rfind("--dampening_frac 0", 0), 0u) << bad.error().message;
   // A flag of an algorithm outside the chain that would change the run is refused; the others are
   // still checked.
-  bad = Resolve("awq", flags);
+  bad = ResolveChain("awq", flags);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().message.rfind("--dampening_frac 0", 0), 0u) << bad.error().message;
   nibble::AlgorithmFlags actorder;
   actorder.gptq.actorder = nibble::GptqActOrder::kStatic;
-  bad = Resolve("awq", actorder);
+  bad = ResolveChain("awq", actorder);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("--actorder static is a GPTQ setting; --quant_algo awq does not use it"),
             std::string::npos)
@@ -139,10 +139,10 @@ TEST(QuantAlgorithmRegistry, ThePlanCarriesEachAlgorithmsSettingsAsTheyRun) {
   nibble::AlgorithmFlags grid;
   grid.awq.n_grid = 3;
   grid.awq.duo_scaling = nibble::DuoScaling::kBoth;
-  bad = Resolve("awq", grid);
+  bad = ResolveChain("awq", grid);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().message, "--n_grid 3 is too small (at least 2; 4 with --duo_scaling both)");
-  bad = Resolve("awq", grid, nlohmann::ordered_json::parse(R"({"name": "awq", "n_grid": 1})"));
+  bad = ResolveChain("awq", grid, nlohmann::ordered_json::parse(R"({"name": "awq", "n_grid": 1})"));
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().message.rfind("algo_config[0].n_grid 1 is too small", 0), 0u) << bad.error().message;
 }
