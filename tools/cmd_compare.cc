@@ -45,17 +45,26 @@ struct MethodRun {
   int64_t bytes = 0;
 };
 
-// Splits "rtn,awq,gptq,awq+gptq"; each must be a known method.
-nibble::Result<std::vector<std::string>> ParseMethods(const std::string& text) {
-  std::vector<std::string> out;
+// One entry of --methods: as written (the directory and the table's name) and as the algorithm
+// registry reads it.
+struct Method {
+  std::string text;
+  nibble::QuantAlgoInfo algo;
+};
+
+// Splits "rtn,awq,gptq,awq+gptq"; each must be a known algorithm or chain (DescribeQuantAlgo).
+nibble::Result<std::vector<Method>> ParseMethods(const std::string& text) {
+  std::vector<Method> out;
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t comma = text.find(',', pos);
     if (comma == std::string::npos) comma = text.size();
     const std::string m = text.substr(pos, comma - pos);
-    if (m != "rtn" && m != "awq" && m != "gptq" && m != "awq+gptq")
-      return nibble::Error{"--methods: \"" + m + "\" is not a method (methods: rtn, awq, gptq, awq+gptq)", nibble::ErrorCode::kInvalidArgument};
-    out.push_back(m);
+    auto info = nibble::DescribeQuantAlgo(m);
+    if (!info.ok())
+      return nibble::Error{"--methods: \"" + m + "\" is not a method: " + info.error().message,
+                           nibble::ErrorCode::kInvalidArgument};
+    out.push_back({m, std::move(info).value()});
     pos = comma + 1;
   }
   return out;
@@ -66,19 +75,24 @@ nibble::Result<std::vector<std::string>> ParseMethods(const std::string& text) {
 nibble::Result<std::vector<MethodRun>> QuantizeMethods(const CompareArgs& a, const std::string& root) {
   auto parsed = ParseMethods(a.methods);
   if (!parsed.ok()) return parsed.error();
-  const std::vector<std::string> methods = std::move(parsed).value();
+  std::vector<std::string> methods;
+  std::vector<nibble::QuantAlgoInfo> algos;
+  for (Method& m : *parsed) {
+    methods.push_back(m.text);
+    algos.push_back(std::move(m.algo));
+  }
   std::vector<MethodRun> runs;
   for (size_t i = 0; i < methods.size(); ++i) {
     nibble::QuantizeRequest r = a.quant;
     r.model_dir = a.model;
-    r.quant_algo = methods[i] == "awq+gptq" ? "awq,gptq" : methods[i];
-    if (r.quant_algo == "rtn") r.dataset.clear();
+    r.quant_algo = algos[i].name;
+    if (!algos[i].calibrated) r.dataset.clear();
     r.output_dir = (std::filesystem::path(root) / methods[i]).string();
     r.overwrite = true;
     std::fprintf(stderr, "compare: quantizing with %s (%zu of %zu)\n", methods[i].c_str(), i + 1, methods.size());
     std::unique_ptr<nibble::ProgressBar> bar;
     int64_t bar_total = -1;
-    const bool calibrated = r.quant_algo != "rtn";
+    const bool calibrated = algos[i].calibrated;
     r.progress = [&bar, &bar_total, &methods, i, calibrated](int64_t done, int64_t total) {
       if (!bar || total != bar_total) {
         bar = std::make_unique<nibble::ProgressBar>(methods[i] + (calibrated ? " steps" : ""), total, true, !calibrated);
@@ -223,8 +237,9 @@ Runner RegisterCompare(CLI::App& app) {
     if (!a->methods.empty()) {  // the method list and its calibration data, before the first method runs
       auto methods = ParseMethods(a->methods);
       if (!methods.ok()) return UsageError(methods.error().message);
-      for (const std::string& m : *methods)
-        if (m != "rtn" && a->quant.dataset.empty()) return UsageError("--methods " + m + " needs calibration data: --dataset FILE");
+      for (const Method& m : *methods)
+        if (m.algo.calibrated && a->quant.dataset.empty())
+          return UsageError("--methods " + m.text + " needs calibration data: --dataset FILE");
     }
     if (auto st = nibble::CheckSavedLogitsFormat(a->save_logits_format); !st.ok()) return UsageError(st.error().message);
     nibble::SetNumThreads(a->threads);

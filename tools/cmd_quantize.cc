@@ -42,7 +42,7 @@ bool ParseSize(const std::string& text, int64_t* out) {
 // Per layer: the chosen ratio and loss of each AWQ mapping, GPTQ's damping where it was not the
 // asked one, and the RTN -> method output errors.
 void PrintCalibSummary(std::FILE* out, const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
-  const std::string algo = s.quant_algo == "awq" ? "AWQ" : s.quant_algo == "gptq" ? "GPTQ" : "AWQ+GPTQ";
+  const std::string& algo = s.quant_algo_label;
   std::fprintf(out, "%s: %lld calibration chunks x %lld tokens (%s), propagation %s%s, %.1f s\n", algo.c_str(),
                static_cast<long long>(s.calib_chunks), static_cast<long long>(s.calib_seq_len), r.dataset.c_str(),
                s.propagate.c_str(), r.awq_clip ? ", clip" : "", s.calib_seconds);
@@ -133,7 +133,7 @@ nlohmann::ordered_json SummaryJson(const nibble::QuantizeRequest& r, const nibbl
   j["copied_files"] = s.copied_files;
   j["shards"] = s.shards;
   j["seconds"] = s.seconds;
-  if (s.quant_algo != "rtn") j["calib_seconds"] = s.calib_seconds;
+  if (s.calibrated) j["calib_seconds"] = s.calib_seconds;
   return j;
 }
 
@@ -220,7 +220,8 @@ Runner RegisterQuantize(CLI::App& app) {
     int64_t bar_total = -1;
     // RTN reports every linear quantized and written; the calibrated algorithms their (layer,
     // step) units, logged per layer (LayerLog) where the bar is not drawn.
-    const bool calibrated = r.quant_algo != "rtn";
+    const nibble::Result<nibble::QuantAlgoInfo> algo = nibble::DescribeQuantAlgo(r.quant_algo);
+    const bool calibrated = algo.ok() && algo->calibrated;  // an unknown chain: Quantize names it
     r.progress = [&bar, &bar_total, &r, calibrated](int64_t done, int64_t total) {
       if (!bar || total != bar_total) {
         bar = std::make_unique<nibble::ProgressBar>(calibrated ? r.quant_algo + " steps" : "quantize", total,
@@ -248,7 +249,7 @@ Runner RegisterQuantize(CLI::App& app) {
       if (!w.ok()) return Fail("cannot write report: " + w.error().message);
     }
     std::FILE* out = a->json ? stderr : stdout;
-    if (s->quant_algo != "rtn") PrintCalibSummary(out, r, *s);
+    if (s->calibrated) PrintCalibSummary(out, r, *s);
     PrintExportSummary(out, r, *s);
     if (a->json) std::printf("%s\n", SummaryJson(r, *s).dump(2).c_str());
     return 0;

@@ -41,7 +41,7 @@ struct QuantizeRequest {
   /// w_uint4_per_group_asym | w_int4_per_group_sym | w_uint4_per_channel_asym | w_int4_per_channel_sym
   std::string quant_scheme = "w_uint4_per_group_asym";
   int64_t group_size = 128;           // per_group schemes
-  std::string quant_algo = "rtn";
+  std::string quant_algo = "rtn";  // rtn | awq | gptq | awq,gptq (DescribeQuantAlgo)
   std::string model_export = "hf_format";  // the checkpoint format written (hf_format: AMD Quark)
   std::string gptq_format = "v1";  // --model_export gptq: v1 (stores z - 1) | v2 (stores z)
   std::string pack_method = "reorder";  // reorder | order
@@ -95,6 +95,19 @@ struct QuantizeRequest {
   const CancellationToken* cancel = nullptr;
 };
 
+/// A --quant_algo value as the algorithm registry reads it: a chain of algorithm names run in
+/// order on each layer ("awq,gptq", also written "awq+gptq").
+struct QuantAlgoInfo {
+  std::string name;   // canonical: "awq,gptq"
+  std::string label;  // for people: "AWQ+GPTQ"
+  bool calibrated = false;  // needs calibration data (--dataset)
+};
+
+/// Checks a --quant_algo value against the registry without running anything. Errors name an
+/// unknown algorithm and the known ones, a repeated one, and a chain in an order it cannot run
+/// in (smoothing after rounding, two rounding algorithms, rtn in a chain).
+Result<QuantAlgoInfo> DescribeQuantAlgo(const std::string& quant_algo);
+
 /// AWQ outcome of one scaling_layers mapping in one decoder layer.
 struct AwqMappingSummary {
   std::string prev_op;
@@ -144,7 +157,9 @@ struct QuantizeSummary {
   std::vector<std::string> copied_files;  // files copied from the input (tokenizer, generation config, ...)
   double seconds = 0;
   std::string quantization_config_json;  // as written into config.json
-  std::string quant_algo;
+  std::string quant_algo;        // the chain as run, canonical (QuantAlgoInfo::name)
+  std::string quant_algo_label;  // QuantAlgoInfo::label
+  bool calibrated = false;       // a calibrated chain: the fields below are filled
   // Calibrated algorithms only:
   std::vector<CalibLayerSummary> calib_layers;  // AWQ mappings empty for GPTQ
   double calib_seconds = 0;

@@ -177,8 +177,10 @@ static nlohmann::ordered_json CalibLayersJson(const QuantizeSummary& s) {
   return layers;
 }
 
-// The `--report` JSON: request, calibration, per layer (AWQ, GPTQ), export per linear.
-static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSummary& s) {
+// The `--report` JSON: request, calibration, each algorithm's settings as run (`algorithms`:
+// AlgorithmPlan::ReportJson), per layer (AWQ, GPTQ), export per linear.
+static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSummary& s,
+                                      const nlohmann::ordered_json& algorithms) {
   nlohmann::ordered_json j;
   j["nibble_report"] = "quantize";
   j["version"] = 2;
@@ -188,14 +190,9 @@ static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSu
   j["quant_scheme"] = r.quant_config_file.empty() ? r.quant_scheme : "from --quant_config " + r.quant_config_file;
   j["group_size"] = r.group_size;
   j["seconds"] = s.seconds;
-  if (s.quant_algo != "rtn") {
+  if (s.calibrated) {
     j["calibrated"] = {{"seconds", s.calib_seconds}, {"propagate", s.propagate}};
-    if (s.quant_algo.find("awq") != std::string::npos)
-      j["awq"] = {{"clip", r.awq_clip}, {"duo_scaling", r.duo_scaling}, {"n_grid", r.n_grid}};
-    if (s.quant_algo.find("gptq") != std::string::npos)
-      j["gptq"] = {{"dampening_frac", r.dampening_frac}, {"block_size", r.block_size},
-                   {"scale_timing", r.gptq_scale_timing}, {"actorder", r.actorder},
-                   {"true_sequential", r.true_sequential}, {"hessian_peak_bytes", s.hessian_peak_bytes}};
+    for (const auto& [name, section] : algorithms.items()) j[name] = section;
     j["calibration"] = {{"dataset", r.dataset}, {"chunks", s.calib_chunks}, {"seq_len", s.calib_seq_len},
                         {"available_chunks", s.calib_available_chunks}, {"stream_tokens", s.calib_total_tokens},
                         {"seed", r.seed}, {"selection", r.seed == 0 ? "first chunks in order" : "seeded shuffle"}};
@@ -211,34 +208,22 @@ static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSu
   return j.dump(2) + "\n";
 }
 
-// The algorithm settings of a request (AWQ, GPTQ, propagation) onto o.
+// The algorithm flags of a request onto o, parsed into their types; the plan checks them, with
+// any algo_config entry over them, once (quantize/algorithm.h: ResolveAlgorithms).
 static Status AlgorithmOptions(const QuantizeRequest& r, QuantizeOptions& o) {
-  if (o.quant_algo == "awq+gptq") o.quant_algo = "awq,gptq";
-  o.awq.clip = r.awq_clip;
-  Propagation prop = o.quant_algo == "awq" ? Propagation::kFp : Propagation::kQuantized;
-  if (r.propagate == "fp") prop = Propagation::kFp;
-  else if (r.propagate == "quantized") prop = Propagation::kQuantized;
+  AlgorithmFlags& f = o.algorithms;
+  if (r.propagate == "fp") f.propagation = Propagation::kFp;
+  else if (r.propagate == "quantized") f.propagation = Propagation::kQuantized;
   else if (!r.propagate.empty())
     return MakeErrorCode(ErrorCode::kUnsupported, "--propagate \"", r.propagate, "\" is not supported (supported: fp, quantized)");
-  o.awq.propagation = o.gptq.propagation = prop;
-  NIBBLE_ASSIGN_OR_RETURN(o.awq.duo_scaling, ParseDuoScaling(r.duo_scaling, "--duo_scaling"));
-  if (r.n_grid < 2 || (o.awq.duo_scaling == DuoScaling::kBoth && r.n_grid < 4))
-    return MakeError("--n_grid ", r.n_grid, " is too small (at least 2; 4 with --duo_scaling both)");
-  o.awq.n_grid = r.n_grid;
-  if (!(r.dampening_frac > 0 && r.dampening_frac < 1))
-    return MakeError("--dampening_frac ", r.dampening_frac, " must be in (0, 1), e.g. 0.01");
-  if (r.block_size < 1) return MakeError("--block_size ", r.block_size, " must be at least 1");
-  o.gptq.dampening_frac = r.dampening_frac;
-  o.gptq.block_size = r.block_size;
-  NIBBLE_ASSIGN_OR_RETURN(o.gptq.scale_timing, ParseGptqScaleTiming(r.gptq_scale_timing, "--gptq_scale_timing"));
-  NIBBLE_ASSIGN_OR_RETURN(o.gptq.actorder, ParseGptqActOrder(r.actorder, "--actorder"));
-  o.gptq.true_sequential = r.true_sequential;
-  if (o.gptq.actorder != GptqActOrder::kNone && o.quant_algo.find("gptq") == std::string::npos)
-    return MakeError("--actorder ", r.actorder, " is a GPTQ setting; --quant_algo ", o.quant_algo,
-                     " does not use it (use --quant_algo gptq or awq,gptq, or drop --actorder)");
-  if (o.gptq.scale_timing == GptqScaleTiming::kDynamic && o.gptq.actorder == GptqActOrder::kStatic)
-    return MakeError("--gptq_scale_timing dynamic with --actorder static would refit groups in the permuted order "
-                     "while they stay on the natural columns; use --actorder group (a g_idx) or none with dynamic");
+  f.awq.clip = r.awq_clip;
+  NIBBLE_ASSIGN_OR_RETURN(f.awq.duo_scaling, ParseDuoScaling(r.duo_scaling, "--duo_scaling"));
+  f.awq.n_grid = r.n_grid;
+  f.gptq.dampening_frac = r.dampening_frac;
+  f.gptq.block_size = r.block_size;
+  NIBBLE_ASSIGN_OR_RETURN(f.gptq.scale_timing, ParseGptqScaleTiming(r.gptq_scale_timing, "--gptq_scale_timing"));
+  NIBBLE_ASSIGN_OR_RETURN(f.gptq.actorder, ParseGptqActOrder(r.actorder, "--actorder"));
+  f.gptq.true_sequential = r.true_sequential;
   return Status::Ok();
 }
 
@@ -266,6 +251,13 @@ static CalibLayerSummary LayerSummary(const CalibLayerResult& l) {
   return ls;
 }
 
+Result<QuantAlgoInfo> DescribeQuantAlgo(const std::string& quant_algo) {
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<const QuantAlgorithm*> chain, ParseAlgorithmChain(quant_algo));
+  AlgorithmPlan plan;  // the names alone: no settings
+  for (const QuantAlgorithm* a : chain) plan.chain.push_back({a, nullptr});
+  return QuantAlgoInfo{plan.Name(), plan.Label(), plan.Calibrated()};
+}
+
 Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   ScopedThreads threads(r.threads);
   QuantizeOptions o;
@@ -275,7 +267,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   NIBBLE_ASSIGN_OR_RETURN(o.config, ConfigFromRequest(r, &notes));
   for (const std::string& n : notes)
     if (r.on_message) r.on_message(n);
-  o.quant_algo = r.quant_algo == "awq+gptq" ? "awq,gptq" : r.quant_algo;
+  o.quant_algo = r.quant_algo;
   o.model_export = r.model_export;
   o.gptq_format = r.gptq_format;
   if (r.gptq_format != "v1" && r.gptq_format != "v2")  // checked for every export, not only when it is used
@@ -294,10 +286,6 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   o.message = r.on_message;
   o.cancel = r.cancel;
   o.dataset = r.dataset;
-  if (r.quant_algo != "rtn") {
-    if (r.num_calib_data < 1) return MakeError("--num_calib_data ", r.num_calib_data, " must be at least 1");
-    if (r.seq_len < 1) return MakeError("--seq_len ", r.seq_len, " must be at least 1");
-  }
   o.num_calib_data = r.num_calib_data;
   o.calib_seq_len = r.seq_len;
   o.seed = r.seed;
@@ -306,7 +294,9 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   if (!run.ok()) return NoteOutputUntouched(run.error(), r.output_dir);
   QuantizeReport& rep = *run;
   QuantizeSummary s;
-  s.quant_algo = o.quant_algo;
+  s.quant_algo = rep.algorithms.Name();
+  s.quant_algo_label = rep.algorithms.Label();
+  s.calibrated = rep.algorithms.Calibrated();
   s.messages = notes;
   s.messages.insert(s.messages.end(), rep.messages.begin(), rep.messages.end());
   s.calib_chunks = rep.calib_chunks;
@@ -327,7 +317,7 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   s.size = SizeOfQuantized(s.layers, rep.total_bytes);
   s.seconds = rep.seconds;
   s.quantization_config_json = rep.quantization_config.dump(2);
-  s.report_json = QuantizeReportJson(r, s);
+  s.report_json = QuantizeReportJson(r, s, rep.calib ? rep.algorithms.ReportJson(*rep.calib) : nlohmann::ordered_json());
   return s;
 }
 

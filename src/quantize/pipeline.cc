@@ -12,6 +12,7 @@
 #include "model/linear.h"
 #include "model/llama.h"
 #include "model/weights.h"
+#include "quantize/plan.h"
 
 namespace nibble {
 

@@ -27,12 +27,14 @@
 #include "formats/int4_matrix.h"
 #include "formats/quant_spec.h"
 #include "formats/quark_config.h"
-#include "quantize/plan.h"
+#include "formats/checkpoint_format.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/decoder_layer.h"
 
 namespace nibble {
+
+struct QuantizePlan;  // quantize/plan.h (which includes this header through quantize/algorithm.h)
 
 /// Where the pipeline reads each linear's spec: a QuantizePlan (quantize resolves its request
 /// once), or a Quark config resolved module by module (direct runs of one algorithm).

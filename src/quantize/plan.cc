@@ -111,10 +111,11 @@ Status CheckSomethingQuantized(const std::vector<PlannedLinear>& linears, const 
 
 }  // namespace
 
-Result<QuantizePlan> MakeQuantizePlan(const QuarkQuantConfig& config, MisalignedPolicy policy, const ModelConfig& mc,
-                                      const TensorStore& store, const OutputProjection& proj) {
+Result<QuantizePlan> MakeQuantizePlan(const QuarkQuantConfig& config, AlgorithmPlan algorithms, MisalignedPolicy policy,
+                                      const ModelConfig& mc, const TensorStore& store, const OutputProjection& proj) {
   QuantizePlan plan;
   plan.config = config;
+  plan.algorithms = std::move(algorithms);
   // Every model has an lm_head; a tied one's is the embedding (FindOutputProjection).
   for (const std::string& m : LinearModuleNames(mc, true)) {
     PlannedLinear l;

@@ -1,7 +1,8 @@
-// The quantize plan: a request resolved once, for one model, into what happens to every linear
-// module (its spec, or float, and the rule that decided). The calibrated pipeline, the export
-// writer (ExportRequest::plans), the tensor-parallel check, the report and the model card read
-// it; nothing downstream resolves the Quark config again.
+// The quantize plan: a request resolved once, for one model, into the algorithms that run (their
+// registry entries and settings, quantize/algorithm.h) and what happens to every linear module
+// (its spec, or float, and the rule that decided). The calibrated pipeline, the export writer
+// (ExportRequest::plans and the algo_config), the tensor-parallel check, the report and the
+// model card read it; nothing downstream resolves the Quark config or the algorithm names again.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/output_projection.h"
+#include "quantize/algorithm.h"
 
 namespace nibble {
 
@@ -42,6 +44,8 @@ struct QuantizePlan {
   /// The request after the --misaligned policy's additions (and the writer's scale dtype): what
   /// the written quantization_config is made from.
   QuarkQuantConfig config;
+  /// The --quant_algo chain with each algorithm's settings (ResolveAlgorithms).
+  AlgorithmPlan algorithms;
   std::vector<PlannedLinear> linears;  // model order, lm_head last
   /// A tied model whose lm_head is quantized: quantized from the embedding, written untied.
   bool head_from_embedding = false;
@@ -58,10 +62,11 @@ struct QuantizePlan {
 };
 
 /// Resolves `config` for the dense checkpoint (mc, store) whose output projection is `proj`:
-/// each linear's spec with Quark semantics (SPEC §1.3), the misaligned-K policy applied.
+/// each linear's spec with Quark semantics (SPEC §1.3), the misaligned-K policy applied; the
+/// plan holds `algorithms` (resolved before the model is read, so their errors come first).
 /// Errors: a non-2-D weight, a misaligned layer under kError (naming it, K, g and the rule),
 /// a config rule that does not resolve, and no linear quantized at all (naming the reasons).
-Result<QuantizePlan> MakeQuantizePlan(const QuarkQuantConfig& config, MisalignedPolicy policy, const ModelConfig& mc,
-                                      const TensorStore& store, const OutputProjection& proj);
+Result<QuantizePlan> MakeQuantizePlan(const QuarkQuantConfig& config, AlgorithmPlan algorithms, MisalignedPolicy policy,
+                                      const ModelConfig& mc, const TensorStore& store, const OutputProjection& proj);
 
 }  // namespace nibble

@@ -143,16 +143,14 @@ Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& r, cons
   return res;
 }
 
-// The calibrated algorithms (AWQ, GPTQ, AWQ+GPTQ) on the sequential pipeline: calibration data,
+// The plan's calibrated chain (AWQ, GPTQ, AWQ+GPTQ) on the sequential pipeline: calibration data,
 // then each layer's tensors produced as soon as the layer is done (and freed), so memory never
 // holds the model in fp32. Records the run in `report` and the algo_config in `cfg`.
 Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc,
                                                             const TensorStore& store, const ExportContext& ex,
                                                             QuarkQuantConfig& cfg, QuantizeReport& report,
                                                             const std::function<void(const std::string&)>& note) {
-  const bool awq = o.quant_algo == "awq" || o.quant_algo == "awq,gptq", gptq = o.quant_algo != "awq";
-  NIBBLE_ASSIGN_OR_RETURN(std::optional<AwqSettings> awq_cfg, ParseAwqAlgoConfig(cfg.algo_config, o.awq));
-  report.awq_settings = awq_cfg ? *awq_cfg : o.awq;
+  const AlgorithmPlan& algos = ex.plan->algorithms;
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadCalibrationTexts(o.dataset));
   auto calib = BuildCalibrationData(*tok, texts, o.num_calib_data, o.calib_seq_len, o.seed);
@@ -175,20 +173,15 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
     produced[lt.name] = std::move(p);
     return Status::Ok();
   };
-  const Propagation prop = gptq ? report.gptq_settings.propagation : report.awq_settings.propagation;
+  const Propagation prop = algos.propagation();
   NIBBLE_ASSIGN_OR_RETURN(cfg.calibration,
                           CalibrationRecord(o.dataset, *calib, o.seed, prop == Propagation::kFp ? "fp" : "quantized"));
   report.propagation = prop;
-  const std::optional<AwqSettings> awq_st = awq ? std::optional<AwqSettings>(report.awq_settings) : std::nullopt;
-  const std::optional<GptqSettings> gptq_st = gptq ? std::optional<GptqSettings>(report.gptq_settings) : std::nullopt;
-  auto r = RunCalibrated(mc, store, *ex.plan, calib->tokens, calib->num_chunks, calib->seq_len, awq_st, gptq_st, prop,
-                         sink, progress, o.cancel);
-  if (!r.ok())
-    return r.error().code == ErrorCode::kCancelled ? r.error()
-                                                   : r.error().WithContext(awq && gptq ? "AWQ+GPTQ" : awq ? "AWQ" : "GPTQ");
+  auto r = RunCalibrated(mc, store, *ex.plan, algos, calib->tokens, calib->num_chunks, calib->seq_len, sink, progress,
+                         o.cancel);
+  if (!r.ok()) return r.error().code == ErrorCode::kCancelled ? r.error() : r.error().WithContext(algos.Label());
   for (const auto& m : r->messages) note(m);
-  cfg.algo_config = awq ? AwqAlgoConfigJson(report.awq_settings, r->awq_used, mc) : nlohmann::ordered_json::array();
-  if (gptq) cfg.algo_config.push_back(GptqAlgoConfigEntry(report.gptq_settings));
+  cfg.algo_config = algos.AlgoConfig(*r, mc);
   report.calib = std::move(r).value();
   return produced;
 }
@@ -216,7 +209,7 @@ Status WriteTensors(const QuantizeOptions& o, const TensorStore& store, const Ex
       for (auto& t : q->tensors) NIBBLE_RETURN_IF_ERROR(out.Add(std::move(t)));
       if (!q->layer) continue;
       report.layers.push_back(std::move(*q->layer));
-      if (o.progress && o.quant_algo == "rtn") o.progress(++done, static_cast<int64_t>(n_modules));
+      if (o.progress && !ex.plan->algorithms.Calibrated()) o.progress(++done, static_cast<int64_t>(n_modules));
     }
   }
   return Status::Ok();
@@ -226,15 +219,11 @@ Status WriteTensors(const QuantizeOptions& o, const TensorStore& store, const Ex
 // The note at the top of the output's README.md (io/model_card.h): what was quantized how, as
 // Quark and llm-compressor state it in theirs.
 ModelCardNote QuantizeCardNote(const QuantizeOptions& o, const FormatEntry& format, const QuantizeReport& report) {
-  static const std::map<std::string, std::string> kAlgo = {
-      {"rtn", "RTN (round to nearest)"}, {"awq", "AWQ (activation-aware scaling)"},
-      {"gptq", "GPTQ (error-compensating rounding)"}, {"awq,gptq", "AWQ scaling, then GPTQ rounding"}};
   ModelCardNote n;
   n.heading = std::string("Quantized with nibble ") + NibbleVersion();
   n.summary = "`nibble quantize` wrote this checkpoint from the model below: int4 weight-only quantization of its "
               "linear layers; every other tensor is unchanged.";
-  auto algo = kAlgo.find(o.quant_algo);
-  n.items.push_back({"algorithm", algo != kAlgo.end() ? algo->second : o.quant_algo});
+  n.items.push_back({"algorithm", report.algorithms.CardLine()});
   std::map<std::string, int64_t> schemes;
   std::vector<std::string> kept;
   for (const QuantizedLayerReport& l : report.layers) {
@@ -242,7 +231,7 @@ ModelCardNote QuantizeCardNote(const QuantizeOptions& o, const FormatEntry& form
     else kept.push_back(l.name);
   }
   n.items.push_back({"scheme", SchemeCounts(schemes) + " (uint4: asymmetric with zero points, int4: symmetric; g: group_size)"});
-  if (o.quant_algo != "rtn")
+  if (report.algorithms.Calibrated())
     n.items.push_back({"calibration", fs::path(o.dataset).filename().string() + ", " + std::to_string(report.calib_chunks) +
                                           " samples x " + std::to_string(report.calib_seq_len) + " tokens" +
                                           (o.seed == 0 ? " (the first in order)" : " (seed " + std::to_string(o.seed) + ")")});
@@ -257,31 +246,21 @@ ModelCardNote QuantizeCardNote(const QuantizeOptions& o, const FormatEntry& form
 }
 
 // Checks the flags before the model directory is read (a typo is named at once, whatever the
-// size) and resolves the algorithms' settings once (an algo_config entry over the flags) into
-// `report`.
-Status CheckRequest(const QuantizeOptions& o, QuantizeReport& report) {
-  if (o.quant_algo != "rtn" && o.quant_algo != "awq" && o.quant_algo != "gptq" && o.quant_algo != "awq,gptq")
-    return MakeErrorCode(ErrorCode::kUnsupported, "--quant_algo \"", o.quant_algo,
-                         "\" is not supported (supported: rtn, awq, gptq, awq,gptq)");
-  if (o.quant_algo != "rtn" && o.dataset.empty())
-    return MakeError("--quant_algo ", o.quant_algo, " needs calibration data: --dataset FILE");
-  if (o.quant_algo != "rtn") {
-    NIBBLE_ASSIGN_OR_RETURN(std::optional<GptqSettings> g, ParseGptqAlgoConfig(o.config.algo_config, o.gptq));
-    report.gptq_settings = g ? *g : o.gptq;
+// size) and resolves the algorithm chain with its settings once (an algo_config entry over the
+// flags).
+Result<AlgorithmPlan> CheckRequest(const QuantizeOptions& o) {
+  auto chain = ParseAlgorithmChain(o.quant_algo);
+  if (!chain.ok()) return chain.error().WithContext("--quant_algo \"" + o.quant_algo + "\"");
+  NIBBLE_ASSIGN_OR_RETURN(AlgorithmPlan algos, ResolveAlgorithms(*chain, o.algorithms, o.config.algo_config));
+  if (algos.Calibrated()) {
+    if (o.dataset.empty()) return MakeError("--quant_algo ", algos.Name(), " needs calibration data: --dataset FILE");
+    if (o.num_calib_data < 1) return MakeError("--num_calib_data ", o.num_calib_data, " must be at least 1");
+    if (o.calib_seq_len < 1) return MakeError("--seq_len ", o.calib_seq_len, " must be at least 1");
   }
-  if (o.quant_algo != "rtn" && o.quant_algo != "awq") {
-    const GptqSettings& s = report.gptq_settings;
-    NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, "GPTQ"));
-    NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* format, FindExportFormat(o.model_export));
-    if (s.actorder == GptqActOrder::kGroup && !format->holds_g_idx)
-      return MakeErrorCode(ErrorCode::kUnsupported, "--actorder group needs a g_idx in the checkpoint; --model_export ",
-                           o.model_export, " (", format->description, ") cannot hold one; use --model_export gptq or "
-                           "compressed-tensors, or --actorder static (groups on the natural columns) or none");
-  }
-  // Every flag before the model directory is read (a typo is named at once, whatever the size).
-  if (auto f = FindExportFormat(o.model_export); !f.ok()) return f.error();
+  NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* format, FindExportFormat(o.model_export));
+  NIBBLE_RETURN_IF_ERROR(algos.CheckExport(*format, o.model_export));
   if (o.tp < 0) return MakeError("--tp ", o.tp, " must be >= 1 (or 0: no tensor-parallel check)");
-  if (o.quant_algo != "rtn" && !fs::exists(o.dataset))
+  if (algos.Calibrated() && !fs::exists(o.dataset))
     return MakeErrorCode(ErrorCode::kNotFound, "--dataset ", o.dataset, ": no such file");
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> fmt, OpenCheckpointFormat(o.model_dir));
   if (fmt != nullptr) return MakeError(o.model_dir, ": the checkpoint is already quantized; quantize a float checkpoint");
@@ -289,7 +268,7 @@ Status CheckRequest(const QuantizeOptions& o, QuantizeReport& report) {
     return MakeError("output directory ", o.output_dir, " exists; pass --overwrite to replace it");
   if (fs::exists(o.output_dir) && fs::equivalent(o.output_dir, o.model_dir))
     return MakeError("output directory ", o.output_dir, " is the input model directory");
-  return Status::Ok();
+  return algos;
 }
 
 // The plan's spec of a module, for the tensor-parallel check.
@@ -342,7 +321,7 @@ Result<std::vector<std::string>> OutputWarnings(const QuantizeOptions& o, const 
 Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   QuantizeReport report;
-  NIBBLE_RETURN_IF_ERROR(CheckRequest(o, report));
+  NIBBLE_ASSIGN_OR_RETURN(AlgorithmPlan algorithms, CheckRequest(o));
   NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* format, FindExportFormat(o.model_export));
   NIBBLE_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(TensorStore store, TensorStore::OpenDir(o.model_dir));
@@ -350,7 +329,9 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
 
   NIBBLE_RETURN_IF_ERROR(CheckCheckpointShapes(mc, store, nullptr));
   NIBBLE_ASSIGN_OR_RETURN(const OutputProjection proj, FindOutputProjection(mc, store));
-  NIBBLE_ASSIGN_OR_RETURN(QuantizePlan plan, MakeQuantizePlan(o.config, o.misaligned, mc, store, proj));
+  NIBBLE_ASSIGN_OR_RETURN(QuantizePlan plan,
+                          MakeQuantizePlan(o.config, std::move(algorithms), o.misaligned, mc, store, proj));
+  report.algorithms = plan.algorithms;
   if (o.tp > 0) NIBBLE_RETURN_IF_ERROR(CheckTensorParallel(PlanResolver(plan), plan.WrittenShapes(), o.tp));
   ExportRequest request;
   request.config = plan.config;
@@ -377,14 +358,12 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
       note("note: the stored lm_head tensors (which Transformers and vLLM ignore in a tied model) are not written: "
            "the quantized lm_head replaces them");
   }
-  if (o.quant_algo == "rtn" && !o.dataset.empty()) note("warning: --dataset " + o.dataset + " is not used by --quant_algo rtn");
-  if (o.quant_algo.find("gptq") == std::string::npos && o.gptq.actorder != GptqActOrder::kNone)
-    note(std::string("warning: --actorder ") + GptqActOrderName(o.gptq.actorder) + " is used only by GPTQ; --quant_algo " +
-         o.quant_algo + " ignores it");
+  if (!plan.algorithms.Calibrated() && !o.dataset.empty())
+    note("warning: --dataset " + o.dataset + " is not used by --quant_algo " + plan.algorithms.Name());
   if (o.model_export != "gptq" && o.gptq_format != "v1")
     note("warning: --gptq_format " + o.gptq_format + " is used only by --model_export gptq");
   std::map<std::string, Produced> produced;
-  if (o.quant_algo != "rtn") {
+  if (plan.algorithms.Calibrated()) {
     NIBBLE_ASSIGN_OR_RETURN(produced, RunCalibratedExport(o, mc, store, ex, request.config, report, note));
   }
   if (o.output_dir.empty()) return MakeError("--output_dir is empty");

@@ -16,9 +16,8 @@
 
 #include "base/result.h"
 #include "formats/quark_config.h"
-#include "quantize/awq/awq.h"
+#include "quantize/algorithm.h"
 #include "quantize/calib_result.h"
-#include "quantize/gptq/gptq.h"
 #include "quantize/plan.h"
 
 namespace nibble {
@@ -27,19 +26,19 @@ struct QuantizeOptions {
   std::string model_dir;
   std::string output_dir;
   QuarkQuantConfig config;          // as the user asked; policy additions are made on a copy
-  std::string quant_algo = "rtn";   // "rtn" | "awq" | "gptq" | "awq,gptq"
+  /// A chain of registered algorithms (quantize/algorithm.h): "rtn", "awq", "gptq", "awq,gptq".
+  std::string quant_algo = "rtn";
   std::string model_export = "hf_format";  // FormatEntry::export_name
   std::string gptq_format = "v1";          // ExportRequest::gptq_format
-  // AWQ (quant_algo "awq"): calibration data (quantize/calibration.h) and settings. An "awq"
-  // entry in config.algo_config (e.g. from --quant_config) overrides `awq` key by key, notably
-  // its scaling_layers.
-  std::string dataset;              // plain text or JSONL ("text"); required for awq
+  // Calibration data of a calibrated chain (quantize/calibration.h).
+  std::string dataset;              // plain text or JSONL ("text")
   int64_t num_calib_data = 128;     // chunks
   int64_t calib_seq_len = 512;      // tokens per chunk
   uint64_t seed = 0;                // 0 = the first chunks in order
-  AwqSettings awq;
-  // GPTQ (quant_algo "gptq", "awq,gptq"): a "gptq" entry in config.algo_config overrides it.
-  GptqSettings gptq;
+  /// Each algorithm's settings from the flags; an entry of the algorithm's name in
+  /// config.algo_config (e.g. from --quant_config) overrides them key by key (AWQ's
+  /// scaling_layers, notably).
+  AlgorithmFlags algorithms;
   std::function<void(const std::string&)> message;  // warnings / notes as they happen
   MisalignedPolicy misaligned = MisalignedPolicy::kError;
   /// The user's own --exclude_layers replaced the default lm_head exclusion: a quantized lm_head
@@ -69,10 +68,9 @@ struct QuantizedLayerReport {
 
 struct QuantizeReport {
   std::vector<QuantizedLayerReport> layers;
-  std::optional<CalibResult> calib;  // calibrated algorithms (awq, gptq, awq,gptq)
-  AwqSettings awq_settings;          // as run (awq, awq,gptq)
-  GptqSettings gptq_settings;        // as run (gptq, awq,gptq)
-  Propagation propagation = Propagation::kFp;  // calibrated algorithms, as run
+  AlgorithmPlan algorithms;          // the plan's chain, with the settings as run
+  std::optional<CalibResult> calib;  // calibrated chains
+  Propagation propagation = Propagation::kFp;  // calibrated chains, as run
   int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
   /// Warnings and notes (calibration, skipped mappings; after the commit, what only the model and
   /// the written config reveal: unused config entries, engines that read it otherwise).

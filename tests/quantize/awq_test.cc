@@ -23,7 +23,9 @@
 #include "model/llama.h"
 #include "model/ops.h"
 #include "quantize/pipeline.h"
+#include "quantize/algorithm.h"
 #include "quantize/awq/awq.h"
+#include "quantize/calibrated.h"
 #include "quantize/calibration.h"
 #include "test_paths.h"
 #include "test_util.h"
@@ -329,7 +331,7 @@ TEST(Awq, BadRequestsAreNamedErrors) {
   EXPECT_EQ(r.error().code, nibble::ErrorCode::kNotFound);
 }
 
-// The inputs of a direct RunAwq call: a tiny model written to `dir`, its config and tensors, and
+// The inputs of a direct AWQ run (RunAwq): a tiny model written to `dir`, its config and tensors, and
 // a uint4 g32 Quark config.
 struct TinyAwqInputs {
   std::optional<nibble::ModelConfig> mc;
@@ -349,6 +351,21 @@ void OpenTinyAwqInputs(const std::string& dir, const TinySpec& spec, TinyAwqInpu
   in->cfg.global->group_size = 32;
 }
 
+// AWQ alone with settings `st` (its propagation too) on the pipeline, as quantize runs the chain
+// "awq" through the registry.
+nibble::Result<nibble::CalibResult> RunAwq(const nibble::ModelConfig& mc, const nibble::TensorStore& store,
+                                           const nibble::QuarkQuantConfig& cfg, const std::vector<int32_t>& tokens,
+                                           int64_t batch, int64_t seq, const nibble::AwqSettings& st,
+                                           const nibble::LayerTensorSink& sink,
+                                           const std::function<void(int64_t, int64_t)>& progress) {
+  NIBBLE_ASSIGN_OR_RETURN(auto chain, nibble::ParseAlgorithmChain("awq"));
+  nibble::AlgorithmFlags flags;
+  flags.awq = st;
+  flags.propagation = st.propagation;
+  NIBBLE_ASSIGN_OR_RETURN(nibble::AlgorithmPlan algos, nibble::ResolveAlgorithms(chain, flags, nullptr));
+  return nibble::RunCalibrated(mc, store, cfg, algos, tokens, batch, seq, sink, progress, nullptr);
+}
+
 // batch × seq calibration token ids for the tiny model (vocab 512), deterministic.
 std::vector<int32_t> TinyTokens(int64_t batch, int64_t seq) {
   std::vector<int32_t> tokens;
@@ -356,12 +373,12 @@ std::vector<int32_t> TinyTokens(int64_t batch, int64_t seq) {
   return tokens;
 }
 
-// RunAwq twice on `in` (TinyTokens(batch, seq)): default settings with set(st, false), then with
+// AWQ twice on `in` (TinyTokens(batch, seq)): default settings with set(st, false), then with
 // set(st, true). Both runs must succeed and hand the sink the same tensor names with bit-identical
 // values (`what` names the switch in a failure); their reports land in *off and *on.
 void RunOffOnSameTensors(const TinyAwqInputs& in, int64_t batch, int64_t seq,
                          const std::function<void(nibble::AwqSettings&, bool)>& set, const std::string& what,
-                         std::optional<nibble::AwqResult>* off, std::optional<nibble::AwqResult>* on) {
+                         std::optional<nibble::CalibResult>* off, std::optional<nibble::CalibResult>* on) {
   const std::vector<int32_t> tokens = TinyTokens(batch, seq);
   std::map<std::string, std::vector<float>> tensors[2];
   for (int k = 0; k < 2; ++k) {
@@ -372,7 +389,7 @@ void RunOffOnSameTensors(const TinyAwqInputs& in, int64_t batch, int64_t seq,
       (*out)[t.name] = std::move(t.values);
       return nibble::Status::Ok();
     };
-    auto r = nibble::RunAwq(*in.mc, *in.store, in.cfg, tokens, batch, seq, st, sink, nullptr);
+    auto r = RunAwq(*in.mc, *in.store, in.cfg, tokens, batch, seq, st, sink, nullptr);
     ASSERT_TRUE(r.ok()) << what << ": " << r.error().message;
     (k == 0 ? off : on)->emplace(std::move(r).value());
   }
@@ -415,7 +432,7 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
     calls.push_back({t.name, step, t.values.size()});
     return nibble::Status::Ok();
   };
-  auto r = nibble::RunAwq(mc, store, cfg, tokens, batch, seq, st, sink, progress);
+  auto r = RunAwq(mc, store, cfg, tokens, batch, seq, st, sink, progress);
   ASSERT_TRUE(r.ok()) << r.error().message;
   const std::vector<std::string> order = {"input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
                                           "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -440,7 +457,7 @@ TEST(Awq, EachLayerGoesToTheSinkWhenDoneAndSinkErrorsStopThePipeline) {
     if (name == "model.layers.1.self_attn.q_proj.weight") return nibble::MakeError("cannot write ", name, ": disk full");
     return nibble::Status::Ok();
   };
-  r = nibble::RunAwq(mc, store, cfg, tokens, batch, seq, st, failing, progress);
+  r = RunAwq(mc, store, cfg, tokens, batch, seq, st, failing, progress);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("disk full"), std::string::npos) << r.error().message;
   ASSERT_FALSE(calls.empty());
@@ -517,7 +534,7 @@ TEST(Awq, EarlyStopGivesTheFullSearchResult) {
   TinySpec spec;
   TinyAwqInputs in;
   ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
-  std::optional<nibble::AwqResult> full, fast;
+  std::optional<nibble::CalibResult> full, fast;
   ASSERT_NO_FATAL_FAILURE(RunOffOnSameTensors(
       in, 256, 32,
       [](nibble::AwqSettings& st, bool on) {
@@ -554,7 +571,7 @@ TEST(Awq, GramLossOfOneLinearEqualsTheDirectLoss) {
   spec.kv_heads = spec.heads;  // v_proj -> o_proj runs too
   TinyAwqInputs in;
   ASSERT_NO_FATAL_FAILURE(OpenTinyAwqInputs(tmp.sub("m"), spec, &in));
-  std::optional<nibble::AwqResult> direct, gram;
+  std::optional<nibble::CalibResult> direct, gram;
   ASSERT_NO_FATAL_FAILURE(RunOffOnSameTensors(
       in, 64, 32,
       [](nibble::AwqSettings& st, bool on) {
@@ -593,7 +610,7 @@ TEST(Awq, ReusedAttentionStagesGiveTheBytesOfRecomputingThem) {
   const auto defaults = nibble::DefaultLlamaScalingLayers();
   const std::vector<nibble::AwqMapping> reordered = {defaults[2], defaults[0], defaults[3], defaults[1]};
   for (const auto& layers : {defaults, reordered}) {
-    std::optional<nibble::AwqResult> fresh, reused;
+    std::optional<nibble::CalibResult> fresh, reused;
     ASSERT_NO_FATAL_FAILURE(RunOffOnSameTensors(
         in, 32, 32,
         [&layers](nibble::AwqSettings& st, bool on) {

@@ -252,7 +252,7 @@ TEST(GptqSolver, ActOrderStaticKeepsNaturalGroupsAndHelpsDynamicTimingRefits) {
   for (int64_t o = 0; o < p.n; ++o) EXPECT_EQ(d.scales[o * 3], rtn->scales[o * 3]) << "group 0 is fitted on W itself";
   EXPECT_LT(OutputError(p, Deq(d)), 0.7 * OutputError(p, Deq(*rtn)));
   st.actorder = nibble::GptqActOrder::kStatic;
-  EXPECT_FALSE(nibble::ValidateGptqSettings(st, "test").ok());
+  EXPECT_FALSE(nibble::ValidateGptqSettings(st).ok());
 }
 
 // Act-order group is natural-order GPTQ on the problem with its columns sorted by descending
@@ -445,6 +445,11 @@ TEST(Gptq, QuarkSpellingInQuantConfigIsReadAndAwqThenGptqRecordsBoth) {
   EXPECT_EQ(g["scale_timing"], "dynamic");
   EXPECT_EQ(g["static_groups"], false);
   for (const auto& e : s->calib_layers[0].linears) EXPECT_DOUBLE_EQ(e.dampening_frac, 0.05);
+  // The report states the settings as run, not the flags the algo_config overrode.
+  const auto report = nlohmann::json::parse(s->report_json)["gptq"];
+  EXPECT_EQ(report["dampening_frac"], 0.05);
+  EXPECT_EQ(report["block_size"], 16);
+  EXPECT_EQ(report["scale_timing"], "dynamic");
 
   req = GptqReq(tmp.sub("m"), tmp.sub("ag"), CalibFile(tmp));
   req.quant_algo = "awq,gptq";

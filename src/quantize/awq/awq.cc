@@ -3,19 +3,8 @@
 
 #include "model/llama.h"
 #include "quantize/awq/clip.h"
-#include "quantize/calibrated.h"
 
 namespace nibble {
-
-Result<std::unique_ptr<AwqAlgorithm>> AwqAlgorithm::Create(const AwqSettings& s) {
-  NIBBLE_RETURN_IF_ERROR(ValidateAwqGrid(s, "AWQ"));
-  std::unique_ptr<AwqAlgorithm> a(new AwqAlgorithm(s));
-  for (const auto& m : s.scaling_layers) {
-    NIBBLE_ASSIGN_OR_RETURN(ResolvedMapping r, ResolveMapping(m));
-    a->maps_.push_back(std::move(r));
-  }
-  return a;
-}
 
 std::string AwqAlgorithm::SkipReason(const ModelConfig& c, const ResolvedMapping& r, const CalibLayer& L) const {
   const auto& names = DecoderLinearNames();
@@ -70,11 +59,46 @@ std::vector<AwqMapping> AwqAlgorithm::Used() const {
   return out;
 }
 
-Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
-                         const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const AwqSettings& st,
-                         const LayerTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress,
-                         const CancellationToken* cancel) {
-  return RunCalibrated(mc, store, plan, tokens, batch, seq_len, st, std::nullopt, st.propagation, sink, progress, cancel);
+namespace {
+
+// A run's AWQ settings (see ResolveAwq).
+class AwqRunSettings final : public AlgorithmSettings {
+ public:
+  AwqRunSettings(const AwqSettings& s, std::vector<ResolvedMapping> maps) : st_(s), maps_(std::move(maps)) {}
+  Propagation propagation() const override { return st_.propagation; }
+  bool reuse_attention() const override { return st_.reuse_attention; }
+  std::unique_ptr<ChainAlgorithm> MakeAlgorithm() const override { return std::make_unique<AwqAlgorithm>(st_, maps_); }
+  std::vector<nlohmann::ordered_json> AlgoConfig(const CalibResult& run, const ModelConfig& mc) const override {
+    nlohmann::ordered_json list = AwqAlgoConfigJson(st_, run.awq_used, mc);
+    return {list.begin(), list.end()};
+  }
+  nlohmann::ordered_json ReportJson(const CalibResult&) const override {
+    return {{"clip", st_.clip}, {"duo_scaling", DuoScalingName(st_.duo_scaling)}, {"n_grid", st_.n_grid}};
+  }
+
+ private:
+  AwqSettings st_;
+  std::vector<ResolvedMapping> maps_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<const AlgorithmSettings>> ResolveAwq(const AlgorithmFlags& flags, Propagation propagation,
+                                                            const nlohmann::ordered_json& algo_config) {
+  AwqSettings s = flags.awq;
+  s.propagation = propagation;
+  AwqSettingNames names;
+  NIBBLE_RETURN_IF_ERROR(ApplyAwqAlgoConfig(algo_config, s, names));
+  NIBBLE_RETURN_IF_ERROR(ValidateAwqSettings(s, names));
+  std::vector<ResolvedMapping> maps;
+  for (const auto& m : s.scaling_layers) {
+    Result<ResolvedMapping> r = ResolveMapping(m);
+    if (!r.ok()) return r.error().WithContext("AWQ");
+    maps.push_back(std::move(r).value());
+  }
+  return std::shared_ptr<const AlgorithmSettings>(std::make_shared<AwqRunSettings>(s, std::move(maps)));
 }
+
+Status CheckAwqFlagsUnused(const AlgorithmFlags& flags, const std::string&) { return ValidateAwqSettings(flags.awq); }
 
 }  // namespace nibble

@@ -1,6 +1,7 @@
 // AWQ (activation-aware weight quantization) with llm-compressor AWQModifier semantics (SPEC §2.1)
-// and Quark `scaling_layers` mappings (SPEC §1.2), as a LayerAlgorithm of the sequential
-// pipeline (quantize/pipeline.h); AutoAWQ's clipping search (SPEC §2.3) as an option.
+// and Quark `scaling_layers` mappings (SPEC §1.2), as a ChainAlgorithm of the sequential pipeline
+// (quantize/pipeline.h) and its entry in the algorithm registry (quantize/algorithm.h); AutoAWQ's
+// clipping search (SPEC §2.3) as an option.
 //
 // Per decoder layer: for each mapping, the layer is run (with its current, already smoothed
 // weights) as far as the mapping needs, its grid is searched and the best scales applied
@@ -20,6 +21,7 @@
 #include "formats/quark_config.h"
 #include "io/safetensors.h"
 #include "model/config.h"
+#include "quantize/algorithm.h"
 #include "quantize/awq/mappings.h"
 #include "quantize/awq/search.h"
 #include "quantize/awq/settings.h"
@@ -28,27 +30,25 @@
 
 namespace nibble {
 
-using AwqLayerReport = CalibLayerResult;
-using AwqResult = CalibResult;
-
-class AwqAlgorithm final : public LayerAlgorithm {
+class AwqAlgorithm final : public ChainAlgorithm {
  public:
-  /// Errors: a mapping that does not resolve (names it), a grid that is too small.
-  static Result<std::unique_ptr<AwqAlgorithm>> Create(const AwqSettings& settings);
+  /// `settings` valid (ValidateAwqSettings), `maps` its scaling_layers resolved.
+  AwqAlgorithm(const AwqSettings& settings, std::vector<ResolvedMapping> maps) : st_(settings), maps_(std::move(maps)) {}
 
   int64_t StepsPerLayer() const override { return static_cast<int64_t>(maps_.size()); }
   Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) override;
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
                 const std::function<Status()>& step) override;
   std::vector<std::string> Messages() const override { return {messages_.begin(), messages_.end()}; }
+  /// CalibLayerResult::mappings, and the mappings applied in at least one layer as
+  /// CalibResult::awq_used.
+  void ReportLayer(size_t i, CalibLayerResult& out) const override { out.mappings = reports_[i]; }
+  void ReportRun(CalibResult& out) const override { out.awq_used = Used(); }
 
-  /// Per layer, in order, the mapping reports of every Transform so far.
-  const std::vector<std::vector<AwqMappingReport>>& mapping_reports() const { return reports_; }
   /// The mappings applied in at least one layer, in settings order.
   std::vector<AwqMapping> Used() const;
 
  private:
-  explicit AwqAlgorithm(const AwqSettings& s) : st_(s) {}
   // Why mapping r cannot run in L ("" when it can).
   std::string SkipReason(const ModelConfig& c, const ResolvedMapping& r, const CalibLayer& L) const;
 
@@ -58,10 +58,12 @@ class AwqAlgorithm final : public LayerAlgorithm {
   std::set<std::string> used_, messages_;
 };
 
-/// Runs AWQ alone (RunCalibrated) with settings.propagation.
-Result<AwqResult> RunAwq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
-                         const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const AwqSettings& settings,
-                         const LayerTensorSink& sink, const std::function<void(int64_t, int64_t)>& progress,
-                         const CancellationToken* cancel = nullptr);
+/// The registry's AWQ (QuantAlgorithm::resolve): the flags' settings with `propagation`, the
+/// "awq" algo_config entry over them, validated, its scaling_layers resolved (a mapping that does
+/// not resolve is named).
+Result<std::shared_ptr<const AlgorithmSettings>> ResolveAwq(const AlgorithmFlags& flags, Propagation propagation,
+                                                            const nlohmann::ordered_json& algo_config);
+/// AWQ not in `chain` (QuantAlgorithm::check_unused): its flags validated.
+Status CheckAwqFlagsUnused(const AlgorithmFlags& flags, const std::string& chain);
 
 }  // namespace nibble

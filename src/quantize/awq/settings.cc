@@ -24,9 +24,9 @@ const char* DuoScalingName(DuoScaling d) {
   }
 }
 
-Status ValidateAwqGrid(const AwqSettings& s, const std::string& what) {
+Status ValidateAwqSettings(const AwqSettings& s, const AwqSettingNames& names) {
   if (s.n_grid < 2 || (s.duo_scaling == DuoScaling::kBoth && s.n_grid < 4))
-    return MakeError(what, ": n_grid ", s.n_grid, " is too small (at least 2; 4 with duo_scaling both)");
+    return MakeError(names.n_grid, " ", s.n_grid, " is too small (at least 2; 4 with ", names.duo_scaling, " both)");
   return Status::Ok();
 }
 
@@ -56,19 +56,20 @@ Result<AwqMapping> ParseMapping(const nlohmann::ordered_json& m, const std::stri
 }
 
 // The optional settings keys of an "awq" entry (`where` names it) onto s.
-Status ParseSettingKeys(const nlohmann::ordered_json& j, const std::string& where, AwqSettings& s) {
+Status ParseSettingKeys(const nlohmann::ordered_json& j, const std::string& where, AwqSettings& s, AwqSettingNames& names) {
   if (j.contains("duo_scaling")) {
     const auto& d = j["duo_scaling"];
     if (d.is_boolean()) s.duo_scaling = d.get<bool>() ? DuoScaling::kTrue : DuoScaling::kFalse;
     else if (d.is_string() && d == "both") s.duo_scaling = DuoScaling::kBoth;
     else if (d.is_string() && (d == "true" || d == "false")) s.duo_scaling = d == "true" ? DuoScaling::kTrue : DuoScaling::kFalse;
     else return MakeError(where, ".duo_scaling: expected true, false or \"both\"");
+    names.duo_scaling = where + ".duo_scaling";
   }
   if (j.contains("n_grid")) {
-    if (!j["n_grid"].is_number_integer() || j["n_grid"].get<int64_t>() < 2) return MakeError(where, ".n_grid: expected an integer >= 2");
+    if (!j["n_grid"].is_number_integer()) return MakeError(where, ".n_grid: expected an integer, found ", j["n_grid"].dump());
     s.n_grid = j["n_grid"].get<int64_t>();
+    names.n_grid = where + ".n_grid";
   }
-  if (s.duo_scaling == DuoScaling::kBoth && s.n_grid < 4) return MakeError(where, ".n_grid: duo_scaling \"both\" needs n_grid >= 4");
   if (j.contains("clip")) {
     if (!j["clip"].is_boolean()) return MakeError(where, ".clip: expected a boolean");
     s.clip = j["clip"].get<bool>();
@@ -83,14 +84,13 @@ Status ParseSettingKeys(const nlohmann::ordered_json& j, const std::string& wher
 
 }  // namespace
 
-Result<std::optional<AwqSettings>> ParseAwqAlgoConfig(const nlohmann::ordered_json& algo_config, const AwqSettings& defaults) {
-  if (algo_config.is_null()) return std::optional<AwqSettings>{};
+Status ApplyAwqAlgoConfig(const nlohmann::ordered_json& algo_config, AwqSettings& s, AwqSettingNames& names) {
+  if (algo_config.is_null()) return Status::Ok();
   nlohmann::ordered_json list = algo_config.is_array() ? algo_config : nlohmann::ordered_json::array({algo_config});
   for (size_t e = 0; e < list.size(); ++e) {
     const auto& j = list[e];
     const std::string where = "algo_config[" + std::to_string(e) + "]";
     if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>() != "awq") continue;
-    AwqSettings s = defaults;
     if (j.contains("scaling_layers") && !j["scaling_layers"].is_null()) {
       if (!j["scaling_layers"].is_array()) return MakeError(where, ".scaling_layers: expected a list");
       s.scaling_layers.clear();
@@ -99,10 +99,9 @@ Result<std::optional<AwqSettings>> ParseAwqAlgoConfig(const nlohmann::ordered_js
         s.scaling_layers.push_back(std::move(mp));
       }
     }
-    NIBBLE_RETURN_IF_ERROR(ParseSettingKeys(j, where, s));
-    return std::optional<AwqSettings>(s);
+    return ParseSettingKeys(j, where, s, names);
   }
-  return std::optional<AwqSettings>{};
+  return Status::Ok();
 }
 
 nlohmann::ordered_json AwqAlgoConfigJson(const AwqSettings& s, const std::vector<AwqMapping>& used, const ModelConfig& mc) {

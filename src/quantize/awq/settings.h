@@ -58,18 +58,25 @@ struct AwqSettings {
   bool reuse_attention = true;
 };
 
-/// Checks n_grid against duo_scaling. Errors name `what`.
-Status ValidateAwqGrid(const AwqSettings& s, const std::string& what);
+/// How errors name the settings a run validates: by the flag that gave each, or by the key of
+/// the algo_config entry that overrode it (ApplyAwqAlgoConfig).
+struct AwqSettingNames {
+  std::string n_grid = "--n_grid";
+  std::string duo_scaling = "--duo_scaling";
+};
 
-/// Parses the AWQ entry of a Quark `algo_config` (a list, or a legacy single object): the entry
-/// whose "name" is "awq". Reads scaling_layers (prev_op, layers, inp, module2inspect; extra keys
-/// such as has_kwargs ignored) and nibble's optional keys duo_scaling, n_grid, clip,
-/// propagation; keys that are absent keep their value from `defaults`. Returns nullopt when
-/// algo_config is null or holds no "awq" entry.
-/// Errors name the key: a non-list scaling_layers, an entry without string prev_op or a
-/// non-empty string list layers, an unknown duo_scaling / propagation, n_grid < 2.
-Result<std::optional<AwqSettings>> ParseAwqAlgoConfig(const nlohmann::ordered_json& algo_config,
-                                                      const AwqSettings& defaults = AwqSettings());
+/// Checks n_grid against duo_scaling: once per run, on the settings as they run. Errors name the
+/// settings as `names` does.
+Status ValidateAwqSettings(const AwqSettings& s, const AwqSettingNames& names = {});
+
+/// Applies the AWQ entry of a Quark `algo_config` (a list, or a legacy single object: the entry
+/// whose "name" is "awq") onto `s`, key by key: scaling_layers (prev_op, layers, inp,
+/// module2inspect; extra keys such as has_kwargs ignored) and nibble's keys duo_scaling, n_grid,
+/// clip, propagation; `names` gets the key of each validated setting it gave. Nothing happens
+/// when algo_config is null or holds no "awq" entry. Parses only (ValidateAwqSettings checks the
+/// result). Errors name the key: a non-list scaling_layers, an entry without string prev_op or a
+/// non-empty string list layers, a value of the wrong type, an unknown duo_scaling / propagation.
+Status ApplyAwqAlgoConfig(const nlohmann::ordered_json& algo_config, AwqSettings& s, AwqSettingNames& names);
 
 /// The Quark `algo_config` list written to config.json: [{"name": "awq", "scaling_layers": the
 /// mappings actually used (skipped ones left out), "model_decoder_layers": "model.layers",

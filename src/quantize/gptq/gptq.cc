@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "model/llama.h"
-#include "quantize/calibrated.h"
 #include "quantize/gram.h"
 
 namespace nibble {
@@ -20,11 +19,6 @@ std::vector<int> LinearsOf(LayerInput in) {
 }
 
 }  // namespace
-
-Result<std::unique_ptr<GptqAlgorithm>> GptqAlgorithm::Create(const GptqSettings& s) {
-  NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, "GPTQ"));
-  return std::unique_ptr<GptqAlgorithm>(new GptqAlgorithm(s));
-}
 
 Status GptqAlgorithm::QuantizeInput(LayerInput in, const float* x, int64_t rows, const CalibLayer& L, LayerCodes& codes,
                                     std::array<GptqLinearInfo, kNumLinears>& info) {
@@ -92,12 +86,51 @@ Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCode
 
 std::vector<std::string> GptqAlgorithm::Messages() const { return {messages_.begin(), messages_.end()}; }
 
-Result<GptqResult> RunGptq(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
-                           const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len, const GptqSettings& st,
-                           const std::optional<AwqSettings>& awq, const LayerTensorSink& sink,
-                           const std::function<void(int64_t, int64_t)>& progress,
-                           const CancellationToken* cancel) {
-  return RunCalibrated(mc, store, plan, tokens, batch, seq_len, awq, st, st.propagation, sink, progress, cancel);
+namespace {
+
+// A run's GPTQ settings (see ResolveGptq), with the names errors give them.
+class GptqRunSettings final : public AlgorithmSettings {
+ public:
+  GptqRunSettings(const GptqSettings& s, const GptqSettingNames& names) : st_(s), names_(names) {}
+  Propagation propagation() const override { return st_.propagation; }
+  Status CheckExport(const FormatEntry& format, const std::string& model_export) const override {
+    if (st_.actorder != GptqActOrder::kGroup || format.holds_g_idx) return Status::Ok();
+    return MakeErrorCode(ErrorCode::kUnsupported, names_.actorder, " group needs a g_idx in the checkpoint; --model_export ",
+                         model_export, " (", format.description, ") cannot hold one; use --model_export gptq or "
+                         "compressed-tensors, or --actorder static (groups on the natural columns) or none");
+  }
+  std::unique_ptr<ChainAlgorithm> MakeAlgorithm() const override { return std::make_unique<GptqAlgorithm>(st_); }
+  std::vector<nlohmann::ordered_json> AlgoConfig(const CalibResult&, const ModelConfig&) const override {
+    return {GptqAlgoConfigEntry(st_)};
+  }
+  nlohmann::ordered_json ReportJson(const CalibResult& run) const override {
+    return {{"dampening_frac", st_.dampening_frac}, {"block_size", st_.block_size},
+            {"scale_timing", GptqScaleTimingName(st_.scale_timing)}, {"actorder", GptqActOrderName(st_.actorder)},
+            {"true_sequential", st_.true_sequential}, {"hessian_peak_bytes", run.hessian_peak_bytes}};
+  }
+
+ private:
+  GptqSettings st_;
+  GptqSettingNames names_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<const AlgorithmSettings>> ResolveGptq(const AlgorithmFlags& flags, Propagation propagation,
+                                                             const nlohmann::ordered_json& algo_config) {
+  GptqSettings s = flags.gptq;
+  s.propagation = propagation;
+  GptqSettingNames names;
+  NIBBLE_RETURN_IF_ERROR(ApplyGptqAlgoConfig(algo_config, s, names));
+  NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, names));
+  return std::shared_ptr<const AlgorithmSettings>(std::make_shared<GptqRunSettings>(s, names));
+}
+
+Status CheckGptqFlagsUnused(const AlgorithmFlags& flags, const std::string& chain) {
+  if (flags.gptq.actorder != GptqActOrder::kNone)
+    return MakeError("--actorder ", GptqActOrderName(flags.gptq.actorder), " is a GPTQ setting; --quant_algo ", chain,
+                     " does not use it (use a chain with gptq, or drop --actorder)");
+  return ValidateGptqSettings(flags.gptq);
 }
 
 }  // namespace nibble

@@ -26,14 +26,14 @@ const char* GptqActOrderName(GptqActOrder a) {
   }
 }
 
-Status ValidateGptqSettings(const GptqSettings& s, const std::string& what) {
+Status ValidateGptqSettings(const GptqSettings& s, const GptqSettingNames& names) {
   if (!(s.dampening_frac > 0 && s.dampening_frac < 1))
-    return MakeError(what, ": dampening_frac ", s.dampening_frac, " must be in (0, 1)");
-  if (s.block_size < 1) return MakeError(what, ": block_size ", s.block_size, " must be at least 1");
+    return MakeError(names.dampening_frac, " ", s.dampening_frac, " must be in (0, 1), e.g. 0.01");
+  if (s.block_size < 1) return MakeError(names.block_size, " ", s.block_size, " must be at least 1");
   if (s.scale_timing == GptqScaleTiming::kDynamic && s.actorder == GptqActOrder::kStatic)
-    return MakeError(what, ": scale timing dynamic with act-order static would refit groups in the permuted order "
-                     "while they stay on the natural columns; use act-order group with dynamic (a g_idx), or "
-                     "up_front scale timing with act-order static");
+    return MakeError(names.scale_timing, " dynamic with ", names.actorder, " static would refit groups in the permuted "
+                     "order while they stay on the natural columns; use act-order group (a g_idx) or none with dynamic "
+                     "scale timing, or up_front scale timing with act-order static");
   return Status::Ok();
 }
 
@@ -50,15 +50,18 @@ Result<std::string> StringKey(const nlohmann::ordered_json& j, const char* key, 
 }
 
 // Quark's spelling (desc_act, static_groups) onto s; nibble's own keys are read after it.
-Status ParseQuarkKeys(const nlohmann::ordered_json& j, const std::string& where, GptqSettings& s) {
+Status ParseQuarkKeys(const nlohmann::ordered_json& j, const std::string& where, GptqSettings& s,
+                      GptqSettingNames& names) {
   if (j.contains("damp_percent")) {
     if (!j["damp_percent"].is_number()) return MakeError(where, ".damp_percent: expected a number, found ", j["damp_percent"].dump());
     s.dampening_frac = j["damp_percent"].get<double>();
+    names.dampening_frac = where + ".damp_percent";
   }
   if (j.contains("block_size")) {
     if (!j["block_size"].is_number_integer())
       return MakeError(where, ".block_size: expected an integer, found ", j["block_size"].dump());
     s.block_size = j["block_size"].get<int64_t>();
+    names.block_size = where + ".block_size";
   }
   bool desc_act = s.actorder != GptqActOrder::kNone;
   bool static_groups = s.scale_timing == GptqScaleTiming::kUpFront;
@@ -71,6 +74,8 @@ Status ParseQuarkKeys(const nlohmann::ordered_json& j, const std::string& where,
   if (j.contains("desc_act") || j.contains("static_groups")) {
     s.scale_timing = static_groups || desc_act ? GptqScaleTiming::kUpFront : GptqScaleTiming::kDynamic;
     s.actorder = !desc_act ? GptqActOrder::kNone : static_groups ? GptqActOrder::kStatic : GptqActOrder::kGroup;
+    names.scale_timing = where + ".static_groups";
+    names.actorder = where + ".desc_act";
   }
   if (j.contains("true_sequential")) {
     NIBBLE_ASSIGN_OR_RETURN(s.true_sequential, BoolKey(j, "true_sequential", where));
@@ -78,14 +83,17 @@ Status ParseQuarkKeys(const nlohmann::ordered_json& j, const std::string& where,
   return Status::Ok();
 }
 
-Status ParseNibbleKeys(const nlohmann::ordered_json& j, const std::string& where, GptqSettings& s) {
+Status ParseNibbleKeys(const nlohmann::ordered_json& j, const std::string& where, GptqSettings& s,
+                       GptqSettingNames& names) {
   if (j.contains("scale_timing")) {
     NIBBLE_ASSIGN_OR_RETURN(std::string v, StringKey(j, "scale_timing", where));
     NIBBLE_ASSIGN_OR_RETURN(s.scale_timing, ParseGptqScaleTiming(v, where + ".scale_timing"));
+    names.scale_timing = where + ".scale_timing";
   }
   if (j.contains("actorder")) {
     NIBBLE_ASSIGN_OR_RETURN(std::string v, StringKey(j, "actorder", where));
     NIBBLE_ASSIGN_OR_RETURN(s.actorder, ParseGptqActOrder(v, where + ".actorder"));
+    names.actorder = where + ".actorder";
   }
   if (j.contains("propagation")) {
     NIBBLE_ASSIGN_OR_RETURN(std::string v, StringKey(j, "propagation", where));
@@ -98,21 +106,17 @@ Status ParseNibbleKeys(const nlohmann::ordered_json& j, const std::string& where
 
 }  // namespace
 
-Result<std::optional<GptqSettings>> ParseGptqAlgoConfig(const nlohmann::ordered_json& algo_config,
-                                                        const GptqSettings& defaults) {
-  if (algo_config.is_null()) return std::optional<GptqSettings>{};
+Status ApplyGptqAlgoConfig(const nlohmann::ordered_json& algo_config, GptqSettings& s, GptqSettingNames& names) {
+  if (algo_config.is_null()) return Status::Ok();
   nlohmann::ordered_json list = algo_config.is_array() ? algo_config : nlohmann::ordered_json::array({algo_config});
   for (size_t e = 0; e < list.size(); ++e) {
     const auto& j = list[e];
     const std::string where = "algo_config[" + std::to_string(e) + "]";
     if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>() != "gptq") continue;
-    GptqSettings s = defaults;
-    NIBBLE_RETURN_IF_ERROR(ParseQuarkKeys(j, where, s));
-    NIBBLE_RETURN_IF_ERROR(ParseNibbleKeys(j, where, s));
-    NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, where));
-    return std::optional<GptqSettings>(s);
+    NIBBLE_RETURN_IF_ERROR(ParseQuarkKeys(j, where, s, names));
+    return ParseNibbleKeys(j, where, s, names);
   }
-  return std::optional<GptqSettings>{};
+  return Status::Ok();
 }
 
 nlohmann::ordered_json GptqAlgoConfigEntry(const GptqSettings& s) {

@@ -50,17 +50,27 @@ struct GptqSettings {
   Propagation propagation = Propagation::kQuantized;
 };
 
-/// Checks ranges and combinations. Errors name `what` ("--dampening_frac", "algo_config[1]").
-Status ValidateGptqSettings(const GptqSettings& s, const std::string& what);
+/// How errors name the settings a run validates: by the flag that gave each, or by the key of
+/// the algo_config entry that overrode it (ApplyGptqAlgoConfig).
+struct GptqSettingNames {
+  std::string dampening_frac = "--dampening_frac";
+  std::string block_size = "--block_size";
+  std::string scale_timing = "--gptq_scale_timing";
+  std::string actorder = "--actorder";
+};
 
-/// Parses the GPTQ entry of a Quark `algo_config` (a list, or a single object): the entry whose
-/// "name" is "gptq". Quark's keys damp_percent, block_size, desc_act, static_groups (desc_act
-/// with static_groups is act-order static, without it act-order group; static_groups false is
-/// dynamic scale timing) and nibble's keys scale_timing, actorder, true_sequential, propagation,
-/// which win over Quark's; absent keys keep their value from `defaults`. Returns nullopt when
-/// algo_config holds no "gptq" entry. Errors name the key, the value and what is allowed.
-Result<std::optional<GptqSettings>> ParseGptqAlgoConfig(const nlohmann::ordered_json& algo_config,
-                                                        const GptqSettings& defaults = GptqSettings());
+/// Checks ranges and combinations: once per run, on the settings as they run. Errors name the
+/// settings as `names` does.
+Status ValidateGptqSettings(const GptqSettings& s, const GptqSettingNames& names = {});
+
+/// Applies the GPTQ entry of a Quark `algo_config` (a list, or a single object: the entry whose
+/// "name" is "gptq") onto `s`, key by key: Quark's keys damp_percent, block_size, desc_act,
+/// static_groups (desc_act with static_groups is act-order static, without it act-order group;
+/// static_groups false is dynamic scale timing) and nibble's keys scale_timing, actorder,
+/// true_sequential, propagation, which win over Quark's; `names` gets the key of each validated
+/// setting it gave. Nothing happens when algo_config holds no "gptq" entry. Parses only
+/// (ValidateGptqSettings checks the result). Errors name the key, the value and what is allowed.
+Status ApplyGptqAlgoConfig(const nlohmann::ordered_json& algo_config, GptqSettings& s, GptqSettingNames& names);
 
 /// The "gptq" algo_config entry written to config.json: Quark's keys (damp_percent, block_size,
 /// desc_act, static_groups, true_sequential, model_decoder_layers) and nibble's (scale_timing,
