@@ -139,6 +139,24 @@ const cases = {
     check(/^nibble_cancelled_total [1-9]/m.test(m), 'the cancel is counted');
     return { freed_ms: Date.now() - t0 };
   },
+  // OpenAI's penalties: greedy, 0 leaves the text as without them; a strong frequency_penalty
+  // changes it (the model repeats itself within 64 tokens), and so does presence_penalty.
+  async penalties() {
+    const req = { model, prompt: 'The old man said that the old man', max_tokens: 64, temperature: 0 };
+    const text = async (extra) => (await client.completions.create({ ...req, ...extra })).choices[0].text;
+    const plain = await text({});
+    eq(await text({ presence_penalty: 0, frequency_penalty: 0 }), plain, 'penalties 0 change nothing');
+    const freq = await text({ frequency_penalty: 2 });
+    check(freq !== plain, 'frequency_penalty 2 changes the greedy text');
+    const pres = await text({ presence_penalty: 2 });
+    check(pres !== plain, 'presence_penalty 2 changes the greedy text');
+    const chat = await client.chat.completions.create({ ...chatReq, max_tokens: 32, frequency_penalty: 2 });
+    check(chat.choices[0].message.content.length > 0, 'chat with frequency_penalty');
+    let status = 0, param = null;
+    try { await client.completions.create({ ...req, presence_penalty: 2.5 }); } catch (e) { status = e.status; param = e.param; }
+    eq([status, param], [400, 'presence_penalty'], 'presence_penalty outside [-2, 2]');
+    return { plain, freq, pres };
+  },
   // A bounded load: 32 requests, 12 at a time (more than the 8 slots: some queue), streamed and
   // whole, with logprobs: every token arrives once (the logprobs tokens make up the text and
   // match usage), and no slot or queue entry is left afterwards.
