@@ -1,9 +1,9 @@
 // `nibble serve` on a loopback port, driven by the official OpenAI client (npm `openai`,
 // tests/e2e/serve_client.cjs): chat, streaming against the whole response, stop strings and
 // logprobs, echo scoring against `perplexity`, n with a seed, concurrent streams against the same
-// requests one at a time, a disconnect freeing its slot, OpenAI's penalties, keys, a
-// table of bad requests, the load line, and SIGTERM draining. Skips, naming what is missing,
-// without node or the package. The KV flags shared with generate, without node.
+// requests one at a time, a disconnect (streamed or whole) freeing its slot, OpenAI's penalties,
+// keys, a table of bad requests, the load line, and SIGTERM draining. Skips, naming what is
+// missing, without node or the package. The KV flags shared with generate, without node.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -103,6 +103,7 @@ TEST_F(ServeTest, StopStringsAcrossTokensAndLogprobs) { Client("stop"); }
 TEST_F(ServeTest, NChoicesWithSeed) { Client("n2"); }
 TEST_F(ServeTest, EightConcurrentStreamsEqualSequential) { Client("concurrent"); }
 TEST_F(ServeTest, DisconnectFreesSlot) { Client("disconnect"); }
+TEST_F(ServeTest, DisconnectOfWholeResponseFreesSlot) { Client("disconnect_whole"); }
 TEST_F(ServeTest, PresenceAndFrequencyPenalties) { Client("penalties"); }
 TEST_F(ServeTest, BoundedLoadLosesNoTokens) { Client("load"); }
 TEST_F(ServeTest, ApiKey) { Client("auth"); }
