@@ -28,7 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (s.empty()) std::abort();
     const nibble::SamplingOptions& so = r->sampling;
     if (!(so.temperature >= 0 && so.temperature <= 2) || !(so.top_p > 0 && so.top_p <= 1) || so.top_k < 0 ||
-        !(so.min_p >= 0 && so.min_p <= 1) || !(so.repeat_penalty > 0))
+        !(so.min_p >= 0 && so.min_p <= 1) || !(so.repeat_penalty > 0) ||
+        !(so.presence_penalty >= -2 && so.presence_penalty <= 2) || !(so.frequency_penalty >= -2 && so.frequency_penalty <= 2))
       std::abort();
   }
   nibble::serve::ApiError e;

@@ -53,6 +53,12 @@ void AddSamplingFlags(CLI::App* cmd, GenerateArgs& a) {
       ->capture_default_str();
   cmd->add_option("--repeat_last_n", s.repeat_last_n, "Tokens the repeat penalty looks back over; 0 = off, -1 = all")
       ->capture_default_str();
+  cmd->add_option("--presence_penalty", s.presence_penalty,
+                  "OpenAI's: subtract this from the logit of every token already generated, in [-2, 2]; 0 = off")
+      ->capture_default_str();
+  cmd->add_option("--frequency_penalty", s.frequency_penalty,
+                  "OpenAI's: subtract this times its count from the logit of every generated token, in [-2, 2]; 0 = off")
+      ->capture_default_str();
   // Parsed here: CLI11 wraps "-1" to 2^64 - 1 and clamps a value past 2^64 - 1 to it.
   a.seed = cmd->add_option_function<std::string>(
       "--seed",

@@ -19,8 +19,7 @@ namespace {
 struct ServeArgs {
   nibble::ServeOptions o;
   std::string api_key_file;
-  std::string kv_dtype = "bf16";
-  std::string weight_cache;  // --weight_cache DIR|off ("" = the default directory)
+  KvArgs kv;  // --ctx_size (per sequence), --kv_dtype, --max_memory (all slots), --weight_cache
 };
 
 // The key file's first line, trailing whitespace dropped (a key itself has none).
@@ -37,9 +36,9 @@ int RunServe(ServeArgs& a) {
   if (!a.api_key_file.empty()) {
     if (const std::string err = ReadKeyFile(a.api_key_file, &a.o.api_key); !err.empty()) return UsageError(err);
   }
-  if (!nibble::ParseKvDtype(a.kv_dtype, &a.o.load.kv_dtype)) return UsageError("--kv_dtype must be bf16 or fp32, got " + a.kv_dtype);
-  a.o.load.weight_cache = a.weight_cache != "off";
-  if (a.o.load.weight_cache) a.o.load.weight_cache_dir = a.weight_cache;
+  ApplyKvArgs(a.kv, &a.o.load);
+  if (a.kv.ctx_size > 0) a.o.ctx_size = a.kv.ctx_size;
+  a.o.max_memory = a.kv.max_memory;
   if (const nibble::Status st = nibble::ValidateServeOptions(a.o); !st.ok()) return UsageError(st.error().message);
   // SIGTERM / SIGINT are taken by sigwait below: blocked before any thread starts, so that
   // every thread inherits the mask and none is interrupted.
@@ -48,11 +47,21 @@ int RunServe(ServeArgs& a) {
   sigaddset(&sigs, SIGTERM);
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-  auto server = nibble::Server::Start(a.o, [&a](int port) {
+  auto on_listening = [&a](int port) {
     std::fprintf(stderr, "nibble serve: listening on http://%s:%d (loading %s)\n", a.o.host.c_str(), port, a.o.model_dir.c_str());
     std::fflush(stderr);
-  });
-  if (!server.ok()) return FailStatus(server.error());
+  };
+  // What generate and perplexity print once the model is loaded, and their activations refusal.
+  std::string refusal;
+  auto on_loaded = [&a, &refusal](const nibble::Model& model) {
+    PrintWarnings(a.o.model_dir, model.info().warnings);
+    std::fprintf(stderr, "%s\n", nibble::LoadSummary(model.info()).c_str());
+    refusal = ReportActivations(a.o.model_dir, a.o.load.activations, model.info());
+    std::fflush(stderr);
+    return refusal.empty() ? nibble::Status::Ok() : nibble::Status(nibble::MakeError(refusal));
+  };
+  auto server = nibble::Server::Start(a.o, on_listening, on_loaded);
+  if (!server.ok()) return refusal.empty() ? FailStatus(server.error()) : Fail(refusal);
   std::fprintf(stderr, "nibble serve: ready on port %d: %d slots, ctx_size %lld, chunk %lld%s\n", (*server)->port(),
                a.o.parallel, static_cast<long long>((*server)->context_size()), static_cast<long long>(a.o.chunk),
                a.o.api_key.empty() ? "" : ", API key required");
@@ -77,17 +86,15 @@ Runner RegisterServe(CLI::App& app) {
   cmd->add_option("--host", o.host, "Address to bind (127.0.0.1: this machine only)")->capture_default_str();
   cmd->add_option("--port", o.port, "TCP port (0 = any free port, printed)")->capture_default_str();
   cmd->add_option("--parallel,-P", o.parallel, "Sequences decoded together (slots)")->capture_default_str();
-  cmd->add_option("--ctx_size,-c", o.ctx_size, "KV positions per sequence (0 = min(max_position_embeddings, 8192))")
-      ->capture_default_str();
   cmd->add_option("--chunk", o.chunk, "Prompt tokens per batched step (chunked prefill)")->capture_default_str();
   CLI::Option* key = cmd->add_option("--api_key", o.api_key, "Require this key (Authorization: Bearer / X-Api-Key)");
   cmd->add_option("--api_key_file", a->api_key_file, "Read the key from the first line of this file")->excludes(key);
   cmd->add_option("--threads,-t", o.threads, "Compute threads (0 = all cores)")->capture_default_str();
   AddActivationsOption(cmd, &o.load.activations);
   AddTokenizerOption(cmd, &o.load.tokenizer);
-  cmd->add_option("--kv_dtype", a->kv_dtype, "KV cache dtype: bf16 | fp32")->capture_default_str();
-  cmd->add_option("--weight_cache", a->weight_cache,
-                  "Directory of packed int4 weights reused by later loads, or off (default ~/.cache/nibble/weights)");
+  AddKvOptions(cmd, &a->kv,
+               "per sequence, default " + std::to_string(o.ctx_size) +
+                   " (at most max_position_embeddings); --max_memory bounds the KV caches of all --parallel slots");
   cmd->add_option("--chat_template", o.chat_template, "Jinja chat template file (default: the model's)");
   cmd->add_option("--alias", o.alias, "Model id reported by /v1/models (default: the directory name)");
   cmd->add_option("--timeout", o.timeout_seconds, "Seconds a request may run before it is ended")->capture_default_str();

@@ -26,7 +26,9 @@ struct ServeOptions {
   int64_t max_queue = 64;      // sequences that may wait for a slot; a request that would exceed it gets 429
   std::string api_key;         // "" = no key required
   int threads = 0;             // compute threads of the scheduler (0 = all cores)
-  LoadOptions load;            // activations, kv_dtype, tokenizer
+  int64_t max_memory = 0;      // bytes the KV caches of all slots may take (SessionOptions::max_memory:
+                               // 0 = DefaultMaxMemory(), < 0 = no limit)
+  LoadOptions load;            // activations, kv_dtype, tokenizer, weight cache
   std::string chat_template;   // a Jinja file instead of the model's own chat_template ("" = the model's)
   std::string alias;           // the model id /v1/models reports ("" = the directory's name)
   double timeout_seconds = 600;  // a request running longer is ended (its stream with an error chunk)
@@ -41,10 +43,14 @@ Status ValidateServeOptions(const ServeOptions& options);
 class Server {
  public:
   /// Binds host:port and starts answering (/health says 503 until the model is loaded), then
-  /// loads the model on the calling thread. Errors: the bind (names host and port), the load.
-  /// `on_listening` runs once bound, with the port (before the model loads).
+  /// loads the model on the calling thread. Errors: the bind (names host and port), the load,
+  /// the KV caches of all slots (ctx_size · parallel positions) above max_memory (CheckKvMemory).
+  /// `on_listening` runs once bound, with the port (before the model loads); `on_loaded` once the
+  /// model is loaded, before the server is ready (a front end reports the load; an error it
+  /// returns stops the server and is Start's).
   static Result<std::unique_ptr<Server>> Start(const ServeOptions& options,
-                                               const std::function<void(int port)>& on_listening = nullptr);
+                                               const std::function<void(int port)>& on_listening = nullptr,
+                                               const std::function<Status(const Model&)>& on_loaded = nullptr);
   ~Server();
   int port() const;
   /// KV positions of each sequence: --ctx_size within max_position_embeddings.

@@ -30,24 +30,32 @@
 
 namespace nibble {
 
-/// Applied in this order: repeat penalty (llama.cpp's), temperature, top-k, top-p, min-p; the
-/// cuts act on the tempered probabilities.
+/// Applied in this order: repeat penalty (llama.cpp's), presence and frequency penalties
+/// (OpenAI's), temperature, top-k, top-p, min-p; the cuts act on the tempered probabilities.
 struct SamplingOptions {
-  float temperature = 0.8f;    // 0 = greedy (the argmax after the repeat penalty)
+  float temperature = 0.8f;    // 0 = greedy (the argmax after the penalties)
   int64_t top_k = 40;          // 0 = no top-k
   float top_p = 0.95f;         // 1 = no nucleus cut
   float min_p = 0.0f;          // keep tokens with p >= min_p · p_max; 0 = off (llama.cpp's default: 0.05)
   float repeat_penalty = 1.0f; // > 1 divides a positive logit / multiplies a negative one of every
                                // token among the last repeat_last_n of the context; 1 = off
   int64_t repeat_last_n = 64;  // tokens the penalty looks back over (prompt included); 0 = off, -1 = all
+  // OpenAI's penalties over the output so far (the generated tokens, not the prompt; Session::Sample
+  // says which): logit[t] -= presence_penalty · (count[t] > 0) + frequency_penalty · count[t].
+  // In [-2, 2]; 0 = off; negative values favour repeats.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0;
+
+  bool operator==(const SamplingOptions&) const = default;
 };
 
 /// The rules every front end applies (CLI flags, a server's request fields): temperature >= 0
 /// and finite, top_k >= 0, top_p in (0, 1], min_p in [0, 1], repeat_penalty > 0 and finite,
-/// repeat_last_n >= -1. Cheap and model-free, so a front end checks before loading anything. The
-/// error names the field as `name_prefix` + field name ("--temperature" for the CLI's "--";
-/// the bare names are llama.cpp server's request fields) with the value and the allowed range.
+/// repeat_last_n >= -1, presence_penalty and frequency_penalty in [-2, 2] (OpenAI's range).
+/// Cheap and model-free, so a front end checks before loading anything. The error names the
+/// field as `name_prefix` + field name ("--temperature" for the CLI's "--"; the bare names are
+/// llama.cpp server's request fields) with the value and the allowed range.
 Status ValidateSamplingOptions(const SamplingOptions& options, std::string_view name_prefix = "");
 
 struct SessionOptions {
@@ -157,7 +165,11 @@ class Session {
   /// Appends one token (a decode step); same errors.
   Status Step(int32_t token, const CancellationToken* cancel = nullptr);
   /// Samples the next token from the current logits (greedy when temperature is 0); the repeat
-  /// penalty looks back over the tokens the context holds. The sampler is seeded with
+  /// penalty looks back over the tokens the context holds. The presence and frequency penalties
+  /// count the session's output: the tokens appended since the last prompt, each of them the token
+  /// Sample had just returned (Step after Sample, as Generate and a server's decode step run it).
+  /// Appending anything else (a prompt, a chunk of one, another token), a Fork and
+  /// KeepCommonPrefix start a new, empty output; Truncate cuts it. The sampler is seeded with
   /// options.seed at the first call and again whenever the options change.
   /// Errors: no logits yet (nothing prefilled), invalid options (names the field).
   Result<int32_t> Sample(const SamplingOptions& options);

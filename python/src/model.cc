@@ -12,7 +12,8 @@
 namespace nibble_py {
 
 nibble::SamplingOptions MakeSampling(double temperature, int64_t top_k, double top_p, double min_p, double repeat_penalty,
-                                     int64_t repeat_last_n, const std::optional<uint64_t>& seed) {
+                                     int64_t repeat_last_n, const std::optional<uint64_t>& seed, double presence_penalty,
+                                     double frequency_penalty) {
   nibble::SamplingOptions s;
   s.temperature = static_cast<float>(temperature);
   s.top_k = top_k;
@@ -20,6 +21,8 @@ nibble::SamplingOptions MakeSampling(double temperature, int64_t top_k, double t
   s.min_p = static_cast<float>(min_p);
   s.repeat_penalty = static_cast<float>(repeat_penalty);
   s.repeat_last_n = repeat_last_n;
+  s.presence_penalty = static_cast<float>(presence_penalty);
+  s.frequency_penalty = static_cast<float>(frequency_penalty);
   s.seed = seed ? *seed : std::random_device{}();
   ThrowIfError(nibble::ValidateSamplingOptions(s));
   return s;
@@ -337,6 +340,8 @@ py::dict Perplexity(const PyModel& pm, const std::string& text, int64_t seq_len,
   py::arg("max_new_tokens") = 128, py::arg("temperature") = 0.8, py::arg("top_k") = 40, py::arg("top_p") = 0.95, \
       py::arg("min_p") = 0.0, py::arg("repeat_penalty") = 1.0, py::arg("repeat_last_n") = 64,                  \
       py::arg("stop") = std::vector<std::string>(), py::arg("seed") = py::none()
+// OpenAI's penalties, last in every signature (so positional calls keep their meaning).
+#define NIBBLE_PY_PENALTY_ARGS py::arg("presence_penalty") = 0.0, py::arg("frequency_penalty") = 0.0
 
 void RegisterModel(py::module_& m) {
   py::class_<TokenStream>(m, "TokenStream", "Iterator over a generation's text pieces (or token events).")
@@ -376,31 +381,35 @@ stream / chat / perplexity. weight_cache: an int4 checkpoint's repacked weights 
            "float32 array [T - 1]: log p(token_i | tokens before it) for i >= 1 (text is tokenized with BOS).")
       .def("generate", [](const PyModel& pm, const py::object& prompt, int64_t max_new_tokens, double temperature,
                           int64_t top_k, double top_p, double min_p, double repeat_penalty, int64_t repeat_last_n,
-                          const std::vector<std::string>& stop, std::optional<uint64_t> seed) {
-             auto s = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed);
+                          const std::vector<std::string>& stop, std::optional<uint64_t> seed, double presence_penalty,
+                          double frequency_penalty) {
+             auto s = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, presence_penalty,
+                                   frequency_penalty);
              return RunGenerate(pm, MakeGenerate(prompt, max_new_tokens, s, stop, false, 0)).first;
-           }, py::arg("prompt"), NIBBLE_PY_SAMPLING_ARGS,
+           }, py::arg("prompt"), NIBBLE_PY_SAMPLING_ARGS, NIBBLE_PY_PENALTY_ARGS,
            "The continuation of prompt (text, or token ids run as given); the prompt is not echoed.")
       .def("stream", [](std::shared_ptr<PyModel> pm, const py::object& prompt, int64_t max_new_tokens, double temperature,
                         int64_t top_k, double top_p, double min_p, double repeat_penalty, int64_t repeat_last_n,
                         const std::vector<std::string>& stop, std::optional<uint64_t> seed, bool logprobs,
-                        int top_logprobs, bool events) {
-             auto s = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed);
+                        int top_logprobs, bool events, double presence_penalty, double frequency_penalty) {
+             auto s = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, presence_penalty,
+                                   frequency_penalty);
              auto g = MakeGenerate(prompt, max_new_tokens, s, stop, logprobs, top_logprobs);
              return std::make_unique<TokenStream>(pm, std::move(g), events || logprobs || top_logprobs > 0);
            }, py::arg("prompt"), NIBBLE_PY_SAMPLING_ARGS, py::arg("logprobs") = false, py::arg("top_logprobs") = 0,
-           py::arg("events") = false,
+           py::arg("events") = false, NIBBLE_PY_PENALTY_ARGS,
            "Iterator of text pieces that concatenate to generate()'s text; with logprobs / top_logprobs / events,\n"
            "dicts {id, text, logprob, top_logprobs} per token instead.")
       .def("chat", [](const PyModel& pm, const py::iterable& messages, int64_t max_new_tokens, double temperature,
                       int64_t top_k, double top_p, double min_p, double repeat_penalty, int64_t repeat_last_n,
                       const std::vector<std::string>& stop, std::optional<uint64_t> seed, const std::string& chat_template,
-                      std::optional<py::dict> chat_template_kwargs) {
-             auto s = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed);
+                      std::optional<py::dict> chat_template_kwargs, double presence_penalty, double frequency_penalty) {
+             auto s = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, presence_penalty,
+                                   frequency_penalty);
              return Chat(pm, messages, MakeGenerate(py::str(""), max_new_tokens, s, stop, false, 0), chat_template,
                          chat_template_kwargs);
            }, py::arg("messages"), NIBBLE_PY_SAMPLING_ARGS, py::arg("chat_template") = "",
-           py::arg("chat_template_kwargs") = py::none(),
+           py::arg("chat_template_kwargs") = py::none(), NIBBLE_PY_PENALTY_ARGS,
            "An OpenAI chat.completion dict for messages [{role, content}, ...], rendered through the model's\n"
            "chat_template (tokenizer_config.json) or the Jinja file chat_template.")
       .def("perplexity", &Perplexity, py::arg("text"), py::arg("seq_len") = 0, py::arg("max_windows") = 0,

@@ -21,7 +21,8 @@ struct PyModel {
 /// The sampling keyword arguments as SamplingOptions, checked with the library's rules (field
 /// names as the keywords); seed None = a random one.
 nibble::SamplingOptions MakeSampling(double temperature, int64_t top_k, double top_p, double min_p, double repeat_penalty,
-                                     int64_t repeat_last_n, const std::optional<uint64_t>& seed);
+                                     int64_t repeat_last_n, const std::optional<uint64_t>& seed,
+                                     double presence_penalty = 0.0, double frequency_penalty = 0.0);
 
 /// A prompt given as text or as token ids (a list of ints or an integer array).
 struct Prompt {

@@ -57,9 +57,9 @@ void AppendTokens(PySession& s, const std::vector<int32_t>& ids) {
 
 // Samples the next token from the current logits, appends it (one decode step) and returns it.
 int32_t NextToken(PySession& s, double temperature, int64_t top_k, double top_p, double min_p, double repeat_penalty,
-                  int64_t repeat_last_n, std::optional<uint64_t> seed) {
+                  int64_t repeat_last_n, std::optional<uint64_t> seed, double presence_penalty, double frequency_penalty) {
   const nibble::SamplingOptions o = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
-                                                 seed ? seed : std::optional<uint64_t>(0));
+                                                 seed ? seed : std::optional<uint64_t>(0), presence_penalty, frequency_penalty);
   Hold hold(s, "next_token");
   return TakeOrThrow(RunCancellable<nibble::Result<int32_t>>(0, [&](const nibble::CancellationToken* c)
                                                                     -> nibble::Result<int32_t> {
@@ -107,13 +107,15 @@ void RewindTo(PySession& s, int64_t position) {
 
 std::string Generate(PySession& s, const py::object& prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
                      double top_p, double min_p, double repeat_penalty, int64_t repeat_last_n,
-                     const std::vector<std::string>& stop, std::optional<uint64_t> seed) {
+                     const std::vector<std::string>& stop, std::optional<uint64_t> seed, double presence_penalty,
+                     double frequency_penalty) {
   nibble::GenerateOptions g;
   const Prompt p = ToPrompt(prompt);
   if (p.is_ids) g.prompt_ids = p.ids;
   else g.prompt = p.text;
   g.max_new_tokens = max_new_tokens;
-  g.sampling = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed);
+  g.sampling = MakeSampling(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, seed, presence_penalty,
+                            frequency_penalty);
   g.stop = stop;
   ThrowIfError(nibble::ValidateGenerateOptions(g));
   Hold hold(s, "generate");
@@ -140,11 +142,12 @@ nibble.InvalidArgument. Sessions over one Model run in parallel from different t
            "Runs ids at the current position (prefill); logits become those of the last one.")
       .def("next_token", &NextToken, py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
            py::arg("min_p") = 0.0, py::arg("repeat_penalty") = 1.0, py::arg("repeat_last_n") = 64,
-           py::arg("seed") = 0,
+           py::arg("seed") = 0, py::arg("presence_penalty") = 0.0, py::arg("frequency_penalty") = 0.0,
            "Samples a token from the current logits (greedy at temperature 0), appends it, returns its id.")
       .def("generate", &Generate, py::arg("prompt"), py::arg("max_new_tokens") = 128, py::arg("temperature") = 0.8,
            py::arg("top_k") = 40, py::arg("top_p") = 0.95, py::arg("min_p") = 0.0, py::arg("repeat_penalty") = 1.0,
            py::arg("repeat_last_n") = 64, py::arg("stop") = std::vector<std::string>(), py::arg("seed") = py::none(),
+           py::arg("presence_penalty") = 0.0, py::arg("frequency_penalty") = 0.0,
            "Model.generate continuing this session's context (BOS only when the session is empty).")
       .def_property_readonly("logits", &LogitsView,
                              "float32 array [vocab_size], read-only: the last position's logits (empty before any),\n"

@@ -144,6 +144,25 @@ def test_sampling_arguments_are_checked(model):
         model.generate([1, 10**6], max_new_tokens=2)
 
 
+def test_presence_and_frequency_penalties(model):
+    prompt = "The old man said that the old man"
+    plain = model.generate(prompt, max_new_tokens=32, temperature=0)
+    assert model.generate(prompt, max_new_tokens=32, temperature=0, presence_penalty=0.0, frequency_penalty=0.0) == plain
+    penalised = model.generate(prompt, max_new_tokens=32, temperature=0, frequency_penalty=2.0, presence_penalty=0.5)
+    assert penalised != plain
+    # Session.next_token counts the same output: the tokens it appended since the prompt.
+    g = model.session()
+    ids = model.tokenize(prompt)
+    g.append_tokens(ids)
+    out = [g.next_token(frequency_penalty=2.0, presence_penalty=0.5) for _ in range(32)]
+    eos = model.special_tokens["eos_ids"]
+    if any(t in eos for t in out):
+        out = out[:min(out.index(t) for t in out if t in eos)]
+    assert model.detokenize(ids + out) == model.detokenize(ids) + penalised
+    with pytest.raises(nibble.InvalidArgument, match="frequency_penalty"):
+        model.generate("Hi", frequency_penalty=2.5)
+
+
 def test_info(model):
     info = model.info
     assert info["architecture"] == "LlamaForCausalLM"

@@ -67,6 +67,11 @@ struct Session::Impl {
   std::shared_ptr<std::vector<float>> logits;
   std::optional<Sampler> sampler;
   SamplingOptions sampler_options;
+  // The output the presence / frequency penalties count: tokens[output_start..]. `sampled` is the
+  // token Sample returned last (-1 once anything was appended): appended alone next, it extends
+  // the output; anything else appended is a prompt, after which a new output starts.
+  int64_t output_start = 0;
+  int32_t sampled = -1;
   // A token Generate sampled last and streamed but did not run (the next call runs it first, so
   // the context holds every token shown).
   std::vector<int32_t> unfed;
@@ -90,6 +95,11 @@ struct Session::Impl {
   Status Prefill(const std::vector<int32_t>& tokens, const CancellationToken* cancel);
   Result<int32_t> Sample(const SamplingOptions& o);
   void Truncate(int64_t position);
+  // Bookkeeping after `added` were appended (the cache holds them).
+  void Appended(const std::vector<int32_t>& added) {
+    if (added.size() != 1 || added[0] != sampled) output_start = cache.length;
+    sampled = -1;
+  }
 };
 
 Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -123,6 +133,7 @@ Status Session::Impl::Prefill(const std::vector<int32_t>& new_tokens, const Canc
     logits = std::move(out);
   }
   tokens.resize(static_cast<size_t>(cache.length));
+  if (s.ok()) Appended(new_tokens);
   return s;
 }
 
@@ -176,6 +187,7 @@ Status StepBatch(const std::vector<BatchItem>& items, const CancellationToken* c
     std::copy(row, row + vocab, out->begin());
     s.logits = std::move(out);
     s.tokens.insert(s.tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
+    s.Appended(items[i].tokens);
   }
   return Status::Ok();
 }
@@ -209,6 +221,10 @@ Status ValidateSamplingOptions(const SamplingOptions& o, std::string_view prefix
   if (!(o.repeat_penalty > 0 && std::isfinite(o.repeat_penalty)))
     return MakeError(p, "repeat_penalty ", Shown(o.repeat_penalty), " must be > 0 (1 = off) and finite");
   if (o.repeat_last_n < -1) return MakeError(p, "repeat_last_n ", o.repeat_last_n, " must be >= -1 (-1 = all, 0 = off)");
+  if (!(o.presence_penalty >= -2 && o.presence_penalty <= 2))
+    return MakeError(p, "presence_penalty ", Shown(o.presence_penalty), " must be in [-2, 2] (0 = off)");
+  if (!(o.frequency_penalty >= -2 && o.frequency_penalty <= 2))
+    return MakeError(p, "frequency_penalty ", Shown(o.frequency_penalty), " must be in [-2, 2] (0 = off)");
   return Status::Ok();
 }
 
@@ -237,14 +253,14 @@ Result<int32_t> Session::Sample(const SamplingOptions& o) {
 Result<int32_t> Session::Impl::Sample(const SamplingOptions& o) {
   if (!has_logits()) return MakeError("Sample: no logits yet (prefill a prompt first)");
   NIBBLE_RETURN_IF_ERROR(ValidateSamplingOptions(o));
-  const SamplingOptions& cur = sampler_options;
-  if (!sampler || o.temperature != cur.temperature || o.top_k != cur.top_k || o.top_p != cur.top_p ||
-      o.min_p != cur.min_p || o.repeat_penalty != cur.repeat_penalty || o.repeat_last_n != cur.repeat_last_n ||
-      o.seed != cur.seed) {
+  if (!sampler || !(o == sampler_options)) {
     sampler.emplace(o);
     sampler_options = o;
   }
-  return sampler->Sample(logits->data(), static_cast<int64_t>(logits->size()), tokens);
+  const std::span<const int32_t> context(tokens);
+  const size_t start = std::min(static_cast<size_t>(output_start), tokens.size());
+  sampled = sampler->Sample(logits->data(), static_cast<int64_t>(logits->size()), context, context.subspan(start));
+  return sampled;
 }
 
 const std::vector<float>& Session::logits() const {
@@ -270,6 +286,8 @@ void Session::Impl::Truncate(int64_t position) {
   tokens.resize(static_cast<size_t>(cache.length));
   logits = nullptr;  // readers keep theirs
   unfed.clear();
+  output_start = std::min(output_start, cache.length);
+  sampled = -1;
 }
 
 const std::vector<int32_t>& Session::tokens() const { return impl_->tokens; }
@@ -290,6 +308,8 @@ Result<int64_t> Session::KeepCommonPrefix(const std::vector<int32_t>& tokens) {
   const int64_t keep = CommonPrefix(tokens);
   if (keep < position()) impl_->Truncate(keep);
   impl_->unfed.clear();
+  impl_->output_start = keep;  // what is kept is the caller's prompt
+  impl_->sampled = -1;
   return keep;
 }
 
@@ -327,6 +347,7 @@ Result<std::unique_ptr<Session>> Session::Fork(int64_t position, const SessionOp
   copy(src.k16, dst.cache.k16);
   copy(src.v16, dst.cache.v16);
   dst.cache.length = position;
+  dst.output_start = position;  // a fork starts a new output, as its sampler starts fresh
   dst.tokens.assign(impl_->tokens.begin(), impl_->tokens.begin() + static_cast<std::ptrdiff_t>(position));
   if (position == src.length) {
     dst.logits = impl_->logits;  // shared: neither session writes into it while the other holds it
@@ -467,6 +488,8 @@ Result<GenerateStats> Generate(Session& session, const GenerateOptions& options,
   // An error before the first token streamed leaves the session as it was before the call.
   const std::vector<int32_t> unfed0 = std::move(impl.unfed);
   const std::shared_ptr<std::vector<float>> logits0 = impl.logits;  // the prefill writes a fresh buffer
+  const int64_t output_start0 = impl.output_start;
+  const int32_t sampled0 = impl.sampled;
   impl.unfed.clear();
   const auto t0 = std::chrono::steady_clock::now();
   Status st = prompt.empty() ? Status::Ok() : impl.Prefill(prompt, options.cancel);
@@ -479,6 +502,8 @@ Result<GenerateStats> Generate(Session& session, const GenerateOptions& options,
     impl.tokens.resize(static_cast<size_t>(p0));
     impl.unfed = unfed0;
     impl.logits = logits0;
+    impl.output_start = output_start0;
+    impl.sampled = sampled0;
   }
   if (!st.ok()) return st.error();
   return stats;

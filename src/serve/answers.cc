@@ -5,6 +5,7 @@
 
 #include "api/model_impl.h"
 #include "serve/openai_format.h"
+#include "serve/peer_watch.h"
 #include "serve/server_impl.h"
 
 namespace nibble {
@@ -345,9 +346,20 @@ void Server::Impl::Completion(const httplib::Request& req, httplib::Response& re
     return;
   }
   std::vector<serve::ChoiceResult> choices = serve::StartChoices(*r, p);
+  // Nothing is written before the end, so a client that goes away is watched for: its sequences
+  // end at the scheduler's next step (and queued ones are dropped), as a stream's failed write does.
+  const serve::PeerWatch peer(req);
   for (int done = 0; done < total;) {
     serve::SeqEvent ev;
-    if (!channel->Pop(&ev, std::chrono::seconds(1))) continue;
+    const bool got = channel->Pop(&ev, std::chrono::milliseconds(20));
+    if (peer.Closed()) {
+      channel->Cancel();
+      ApiError gone;
+      gone.status = 499;  // nginx's "client closed request": counted in /metrics, never read
+      gone.message = "the client closed the connection";
+      return serve::SendError(res, gone);
+    }
+    if (!got) continue;
     done += ev.done ? 1 : 0;
     serve::Apply(ev, p, r->n, r->logprobs, ep, choices, usage);
   }

@@ -227,15 +227,9 @@ bool GetSampling(const json& o, CompletionRequest* r, ApiError* e) {
   if (top_k) s.top_k = *top_k < 0 ? 0 : *top_k;  // vLLM's -1 = off
   if (!GetInt(o, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(), &seed, e)) return false;
   if (seed) r->seed = static_cast<uint64_t>(*seed);
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    float p = 0;
-    if (!GetNumber(o, key, -2, 2, false, &p, e)) return false;
-    if (p != 0) {
-      *e = FieldError(key, "is not supported (only 0); use repetition_penalty");
-      return false;
-    }
-  }
-  return true;
+  // OpenAI's penalties over the choice's own generated tokens (Session::Sample), in OpenAI's range.
+  return GetNumber(o, "presence_penalty", -2, 2, false, &s.presence_penalty, e) &&
+         GetNumber(o, "frequency_penalty", -2, 2, false, &s.frequency_penalty, e);
 }
 
 bool GetLogprobs(const json& o, CompletionRequest* r, ApiError* e) {

@@ -64,8 +64,8 @@ inline constexpr int kMaxChoices = 16;
 inline constexpr int kMaxStops = 16;
 
 /// Parses a request body. Errors (400): not JSON, not an object, a field of the wrong type or
-/// out of range (param names it), a missing `prompt` / `messages`, an unsupported value
-/// (presence_penalty / frequency_penalty other than 0, suffix).
+/// out of range (param names it), a missing `prompt` / `messages`, an unsupported value (a
+/// non-empty suffix).
 std::optional<CompletionRequest> ParseCompletionRequest(std::string_view body, Endpoint endpoint, ApiError* error);
 
 /// The JSON body of /tokenize ({"content": text | "prompt": text, "add_special": bool,

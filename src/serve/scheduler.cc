@@ -153,6 +153,7 @@ Status Scheduler::Start(Slot& s) {
   SessionOptions so;
   so.context = options_.ctx_size;
   so.threads = options_.threads;
+  so.max_memory = options_.max_memory;
   if (const Slot* sib = Sibling(s.job); sib != nullptr && s.job.prompt.size() > 1 && sib->fed == sib->job.prompt.size()) {
     const auto keep = static_cast<int64_t>(s.job.prompt.size()) - 1;
     NIBBLE_ASSIGN_OR_RETURN(s.session, sib->session->Fork(keep, so));

@@ -74,6 +74,7 @@ struct SchedulerOptions {
   int64_t chunk = 256;
   int64_t max_queue = 64;
   int threads = 0;
+  int64_t max_memory = 0;  // SessionOptions::max_memory of every sequence's session
   int64_t prefix_cache_bytes = 256 << 20;
 };
 

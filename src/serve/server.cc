@@ -132,7 +132,8 @@ void Server::Impl::Routes() {
   });
 }
 
-Result<std::unique_ptr<Server>> Server::Start(const ServeOptions& options, const std::function<void(int)>& on_listening) {
+Result<std::unique_ptr<Server>> Server::Start(const ServeOptions& options, const std::function<void(int)>& on_listening,
+                                              const std::function<Status(const Model&)>& on_loaded) {
   NIBBLE_RETURN_IF_ERROR(ValidateServeOptions(options));
   auto impl = std::make_unique<Impl>();
   Impl& s = *impl;
@@ -176,6 +177,9 @@ Result<std::unique_ptr<Server>> Server::Start(const ServeOptions& options, const
   Result<std::unique_ptr<Model>> model = Model::Load(options.model_dir, options.load);
   if (!model.ok()) return fail(model.error());
   s.model = std::move(*model);
+  if (on_loaded) {
+    if (const Status st = on_loaded(*s.model); !st.ok()) return fail(st.error());
+  }
   Result<ChatTemplate> tmpl = LoadChatTemplate(options.model_dir, options.chat_template);
   if (tmpl.ok()) {
     s.tmpl = *tmpl;
@@ -198,8 +202,9 @@ Result<std::unique_ptr<Server>> Server::Start(const ServeOptions& options, const
   so.chunk = options.chunk;
   so.max_queue = options.max_queue;
   so.threads = options.threads;
+  so.max_memory = options.max_memory;
   so.prefix_cache_bytes = options.prefix_cache_bytes;
-  if (const Status st = CheckKvMemory(*s.model, so.ctx_size * options.parallel, 0); !st.ok())
+  if (const Status st = CheckKvMemory(*s.model, so.ctx_size * options.parallel, options.max_memory); !st.ok())
     return fail(st.error().WithContext("--ctx_size " + std::to_string(so.ctx_size) + " x --parallel " +
                                        std::to_string(options.parallel)));
   s.n_ctx = so.ctx_size;

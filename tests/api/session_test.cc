@@ -107,6 +107,65 @@ TEST(Session, RepeatPenaltySeesTheTokensInTheContext) {
   EXPECT_EQ(*next, PenalisedArgmax(s.logits(), history, o.repeat_penalty));
 }
 
+// The argmax of `logits` after OpenAI's penalties over `output`, written out per token.
+int32_t OpenAiArgmax(std::vector<float> logits, const std::vector<int32_t>& output, float presence, float frequency) {
+  for (size_t t = 0; t < logits.size(); ++t) {
+    const auto count = static_cast<float>(std::count(output.begin(), output.end(), static_cast<int32_t>(t)));
+    logits[t] -= presence * (count > 0 ? 1.0f : 0.0f) + frequency * count;
+  }
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+// Up to n greedy tokens after `context` on a fresh session, the penalties counting only these
+// tokens (stops at EOS); `changed` counts the steps where the penalties changed the argmax.
+std::vector<int32_t> PenalisedReference(const nibble::Model& m, const std::vector<int32_t>& context, int n, float presence,
+                                        float frequency, int* changed) {
+  auto session = nibble::Session::Create(m);
+  EXPECT_TRUE(session.ok() && (*session)->Prefill(context).ok());
+  if (!session.ok()) return {};
+  const std::vector<int32_t>& eos = m.special_tokens().eos_ids;
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    const std::vector<float>& l = (*session)->logits();
+    const int32_t next = OpenAiArgmax(l, out, presence, frequency);
+    *changed += next != OpenAiArgmax(l, {}, 0, 0);
+    if (std::find(eos.begin(), eos.end(), next) != eos.end()) break;
+    out.push_back(next);
+    EXPECT_TRUE((*session)->Step(next).ok());
+  }
+  return out;
+}
+
+// OpenAI's presence / frequency penalties count a Generate's own tokens: not the prompt, not an
+// earlier Generate's on the same session.
+TEST(SessionSampling, OpenAiPenaltiesCountOnlyThisGenerationsOutput) {
+  const nibble::Model& m = EmbeddedModel();
+  auto session = nibble::Session::Create(m);
+  ASSERT_TRUE(session.ok()) << session.error().message;
+  nibble::GenerateOptions o = nibble_test::GreedyOptions("", 24);
+  o.sampling.presence_penalty = 0.5f;
+  o.sampling.frequency_penalty = 1.5f;
+  std::vector<int32_t> context;  // what the session holds (and the token Generate left to run)
+  for (const char* prompt : {"And God said unto Moses, and God said", " and the king said"}) {
+    auto ids = m.Tokenize(prompt, context.empty());
+    ASSERT_TRUE(ids.ok());
+    context.insert(context.end(), ids->begin(), ids->end());
+    o.prompt = prompt;
+    std::vector<int32_t> got;
+    auto st = nibble::Generate(**session, o, [&got](const nibble::TokenEvent& ev) {
+      if (ev.id != nibble::TokenEvent::kNoToken) got.push_back(ev.id);
+      return true;
+    });
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    int changed = 0;
+    const std::vector<int32_t> want =
+        PenalisedReference(m, context, 24, o.sampling.presence_penalty, o.sampling.frequency_penalty, &changed);
+    EXPECT_EQ(got, want) << prompt;
+    EXPECT_GT(changed, 0) << "the penalties never changed the greedy choice: the check above proves nothing";
+    context.insert(context.end(), got.begin(), got.end());
+  }
+}
+
 TEST(Session, SessionsOverOneModelRunAtOnceWithTheSameResults) {
   const nibble::Model& m = EmbeddedModel();
   const auto a = nibble_test::GreedyOptions("In the beginning", 24), b = nibble_test::GreedyOptions("The king", 24);

@@ -775,6 +775,8 @@ TEST(Cli, FlagsAreCheckedBeforeAnythingIsLoaded) {
       {g + "--min_p 1.5", "--min_p 1.5", 2},
       {g + "--repeat_penalty 0", "--repeat_penalty 0", 2},
       {g + "--repeat_last_n -2", "--repeat_last_n -2", 2},
+      {g + "--presence_penalty 2.5", "--presence_penalty 2.5 must be in [-2, 2]", 2},
+      {g + "--frequency_penalty -3", "--frequency_penalty -3 must be in [-2, 2]", 2},
       {g + "-n -1", "--max_new_tokens -1", 2},
       {g + "--warmup -1", "--warmup -1", 2},
       {g + "--stop ''", "--stop: empty stop string", 2},

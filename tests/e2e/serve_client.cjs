@@ -139,6 +139,51 @@ const cases = {
     check(/^nibble_cancelled_total [1-9]/m.test(m), 'the cancel is counted');
     return { freed_ms: Date.now() - t0 };
   },
+  // The same, for a whole (non-streamed) response: nothing is written until the end, so the
+  // server watches the connection; the abort closes it and frees the slot within a step.
+  async disconnect_whole() {
+    const metrics = async () => (await fetch(base + '/metrics', { headers: { Authorization: 'Bearer ' + key } })).text();
+    const num = (m, name) => Number((new RegExp('^' + name + ' ([0-9.e+-]+)$', 'm').exec(m) || [])[1]);
+    const before = num(await metrics(), 'nibble_cancelled_total');
+    const ac = new AbortController();
+    const req = client.completions.create({ model, prompt: 'The story', max_tokens: 480, temperature: 0 }, { signal: ac.signal })
+      .catch(() => null);
+    let t0 = Date.now();
+    while (!/^nibble_active_slots 1$/m.test(await metrics())) {
+      check(Date.now() - t0 < 10000, 'the request holds a slot');
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    ac.abort();
+    await req;
+    t0 = Date.now();
+    let m = '';
+    for (;;) {
+      m = await metrics();
+      if (/^nibble_active_slots 0$/m.test(m)) break;
+      check(Date.now() - t0 < 3000, 'the slot is freed after a disconnect:\n' + m);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    eq(num(m, 'nibble_cancelled_total'), before + 1, 'the abort cancelled the request (it did not run to its end)');
+    return { freed_ms: Date.now() - t0 };
+  },
+  // OpenAI's penalties: greedy, 0 leaves the text as without them; a strong frequency_penalty
+  // changes it (the model repeats itself within 64 tokens), and so does presence_penalty.
+  async penalties() {
+    const req = { model, prompt: 'The old man said that the old man', max_tokens: 64, temperature: 0 };
+    const text = async (extra) => (await client.completions.create({ ...req, ...extra })).choices[0].text;
+    const plain = await text({});
+    eq(await text({ presence_penalty: 0, frequency_penalty: 0 }), plain, 'penalties 0 change nothing');
+    const freq = await text({ frequency_penalty: 2 });
+    check(freq !== plain, 'frequency_penalty 2 changes the greedy text');
+    const pres = await text({ presence_penalty: 2 });
+    check(pres !== plain, 'presence_penalty 2 changes the greedy text');
+    const chat = await client.chat.completions.create({ ...chatReq, max_tokens: 32, frequency_penalty: 2 });
+    check(chat.choices[0].message.content.length > 0, 'chat with frequency_penalty');
+    let status = 0, param = null;
+    try { await client.completions.create({ ...req, presence_penalty: 2.5 }); } catch (e) { status = e.status; param = e.param; }
+    eq([status, param], [400, 'presence_penalty'], 'presence_penalty outside [-2, 2]');
+    return { plain, freq, pres };
+  },
   // A bounded load: 32 requests, 12 at a time (more than the 8 slots: some queue), streamed and
   // whole, with logprobs: every token arrives once (the logprobs tokens make up the text and
   // match usage), and no slot or queue entry is left afterwards.

@@ -1,8 +1,9 @@
 // `nibble serve` on a loopback port, driven by the official OpenAI client (npm `openai`,
 // tests/e2e/serve_client.cjs): chat, streaming against the whole response, stop strings and
 // logprobs, echo scoring against `perplexity`, n with a seed, concurrent streams against the same
-// requests one at a time, a disconnect freeing its slot, keys, a table of bad requests, and
-// SIGTERM draining. Skips, naming what is missing, without node or the package.
+// requests one at a time, a disconnect (streamed or whole) freeing its slot, OpenAI's penalties,
+// keys, a table of bad requests, the load line, and SIGTERM draining. Skips, naming what is
+// missing, without node or the package. The KV flags shared with generate, without node.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -102,6 +103,8 @@ TEST_F(ServeTest, StopStringsAcrossTokensAndLogprobs) { Client("stop"); }
 TEST_F(ServeTest, NChoicesWithSeed) { Client("n2"); }
 TEST_F(ServeTest, EightConcurrentStreamsEqualSequential) { Client("concurrent"); }
 TEST_F(ServeTest, DisconnectFreesSlot) { Client("disconnect"); }
+TEST_F(ServeTest, DisconnectOfWholeResponseFreesSlot) { Client("disconnect_whole"); }
+TEST_F(ServeTest, PresenceAndFrequencyPenalties) { Client("penalties"); }
 TEST_F(ServeTest, BoundedLoadLosesNoTokens) { Client("load"); }
 TEST_F(ServeTest, ApiKey) { Client("auth"); }
 TEST_F(ServeTest, BadRequestsThenHealthy) { Client("bad_requests"); }
@@ -132,6 +135,14 @@ TEST_F(ServeTest, EchoLogprobsMatchPerplexity) {
   EXPECT_NEAR(-sum / (seq_len - 1), pp["mean_nll"].get<double>(), 1e-4);
 }
 
+// The load line generate and perplexity print, before ready.
+TEST_F(ServeTest, PrintsTheLoadLine) {
+  const std::string log = ReadFile(log_);
+  const size_t loaded = log.find("loaded in ");
+  EXPECT_NE(loaded, std::string::npos) << log;
+  EXPECT_LT(loaded, log.find("ready on port")) << log;
+}
+
 // Last: SIGTERM lets a running stream finish and the server exit 0.
 TEST_F(ServeTest, SigtermDrains) {
   const std::string cmd = "curl -sN -H 'Authorization: Bearer " + std::string(kServeKey) + "' " + base_ +
@@ -148,6 +159,22 @@ TEST_F(ServeTest, SigtermDrains) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(log_);
   EXPECT_NE(streamed.out.find("data: [DONE]"), std::string::npos) << streamed.out;
   EXPECT_NE(ReadFile(log_).find("draining"), std::string::npos);
+}
+
+// The KV flags are generate's: --max_memory bounds the KV caches of all slots (refused after the
+// load, with the numbers), a bad --kv_dtype or --max_memory is a usage error naming the flag.
+TEST(ServeCli, SharedKvFlags) {
+  const std::string model = EmbeddedModel();
+  RunResult big = RunNibble("serve --model " + Quote(model) + " --port 0 --parallel 4 --ctx_size 256 --max_memory 1MiB");
+  EXPECT_EQ(big.exit_code, 1) << big.out;
+  EXPECT_NE(big.out.find("--ctx_size 256 x --parallel 4"), std::string::npos) << big.out;
+  EXPECT_NE(big.out.find("loaded in "), std::string::npos) << big.out;
+  RunResult dtype = RunNibble("serve --model " + Quote(model) + " --kv_dtype fp8");
+  EXPECT_EQ(dtype.exit_code, 2) << dtype.out;
+  EXPECT_NE(dtype.out.find("--kv_dtype"), std::string::npos) << dtype.out;
+  RunResult mem = RunNibble("serve --model " + Quote(model) + " --max_memory 12XB");
+  EXPECT_EQ(mem.exit_code, 2) << mem.out;
+  EXPECT_NE(mem.out.find("--max_memory"), std::string::npos) << mem.out;
 }
 
 }  // namespace

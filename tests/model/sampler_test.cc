@@ -1,10 +1,12 @@
 // The sampler against distributions computed here by hand: llama.cpp's repeat penalty (divide a
-// positive logit, multiply a negative one, once per distinct recent token), then temperature, and
-// top-k, top-p and min-p on the tempered probabilities; greedy after the penalty.
+// positive logit, multiply a negative one, once per distinct recent token), OpenAI's presence and
+// frequency penalties over the output, then temperature, and top-k, top-p and min-p on the
+// tempered probabilities; greedy after the penalties.
 #include "model/sampler.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -115,6 +117,67 @@ TEST(Sampler, SampleDrawsOnlyFromTheDistribution) {
   int twos = 0;
   for (int i = 0; i < 2000; ++i) twos += s.Sample(logits.data(), 3, recent) == 2;
   EXPECT_NEAR(twos / 2000.0, std::exp(2.9) / (std::exp(2.9) + 2 * std::exp(0.03)), 0.03);
+}
+
+// OpenAI's formula, written out per token: logit[t] - presence · (count[t] > 0) - frequency ·
+// count[t], count[t] = occurrences of t in the output (the context before it does not count).
+std::vector<TokenProb> OpenAiPenalised(const std::vector<float>& logits, const std::vector<int32_t>& output,
+                                       double presence, double frequency) {
+  std::vector<double> l(logits.begin(), logits.end());
+  for (size_t t = 0; t < l.size(); ++t) {
+    int count = 0;
+    for (const int32_t id : output) count += id == static_cast<int32_t>(t) ? 1 : 0;
+    l[t] -= presence * (count > 0 ? 1 : 0) + frequency * count;
+  }
+  double sum = 0;
+  for (const double x : l) sum += std::exp(x);
+  std::vector<TokenProb> d;
+  for (size_t t = 0; t < l.size(); ++t) d.push_back({static_cast<int32_t>(t), std::exp(l[t]) / sum});
+  std::sort(d.begin(), d.end(), [](const TokenProb& a, const TokenProb& b) { return a.p > b.p || (a.p == b.p && a.id < b.id); });
+  return d;
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltiesFollowOpenAisFormula) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 0.25f};
+  const std::vector<int32_t> context = {5, 5, 5, 0, 1, 4, 1, 1, 3};  // a prompt of 5 5 5 0, then the output
+  const std::vector<int32_t> output(context.begin() + 4, context.end());  // 1 x3, 4 x1, 3 x1
+  for (const auto& [presence, frequency] : {std::pair{0.7, 0.4}, {0.0, 1.3}, {-0.5, 0.0}, {2.0, -2.0}, {0.0, 0.0}}) {
+    SamplingOptions o = Plain();
+    o.presence_penalty = static_cast<float>(presence);
+    o.frequency_penalty = static_cast<float>(frequency);
+    SCOPED_TRACE(testing::Message() << "presence " << presence << ", frequency " << frequency);
+    ExpectDistribution(Sampler(o).Distribution(logits.data(), 6, context, output),
+                       OpenAiPenalised(logits, output, presence, frequency));
+  }
+}
+
+TEST(Sampler, RepeatPenaltyThenOpenAiPenalties) {
+  SamplingOptions o = Plain();
+  o.repeat_penalty = 2.0f;
+  o.repeat_last_n = -1;
+  o.presence_penalty = 0.5f;
+  o.frequency_penalty = 0.25f;
+  const std::vector<float> logits = {2.0f, 1.0f, -1.0f, 0.5f};
+  const std::vector<int32_t> context = {2, 0, 0};
+  const std::vector<int32_t> output = {0, 0};
+  // Repeat penalty on ids 0 and 2: {1, 1, -2, 0.5}; then id 0 (count 2) loses 0.5 + 0.5: {0, 1, -2, 0.5}.
+  ExpectDistribution(Sampler(o).Distribution(logits.data(), 4, context, output),
+                     OpenAiPenalised({1.0f, 1.0f, -2.0f, 0.5f}, output, 0.5, 0.25));
+}
+
+TEST(Sampler, GreedyTakesTheArgmaxAfterOpenAiPenalties) {
+  SamplingOptions o = Plain();
+  o.temperature = 0;
+  const std::vector<float> logits = {2.0f, 1.5f, -3.0f};
+  const std::vector<int32_t> output = {0, 0};
+  EXPECT_EQ(Sampler(o).Sample(logits.data(), 3, output, output), 0);
+  o.frequency_penalty = 0.3f;  // {1.4, 1.5, -3}
+  EXPECT_EQ(Sampler(o).Sample(logits.data(), 3, output, output), 1);
+  o.frequency_penalty = 0.2f;  // {1.6, 1.5, -3}
+  EXPECT_EQ(Sampler(o).Sample(logits.data(), 3, output, output), 0);
+  o.presence_penalty = 0.2f;   // {1.4, 1.5, -3}
+  EXPECT_EQ(Sampler(o).Sample(logits.data(), 3, output, output), 1);
+  EXPECT_EQ(Sampler(o).Sample(logits.data(), 3, output, {}), 0);  // the context alone is not penalised
 }
 
 }  // namespace

@@ -113,14 +113,32 @@ TEST(ServeRequest, WrongTypesAndRangesNameTheField) {
   EXPECT_EQ(Rejects(with("stop", {"a", 2})), "stop[1]");
   EXPECT_EQ(Rejects(with("stop", 3)), "stop");
   EXPECT_EQ(Rejects(with("seed", "7")), "seed");
-  EXPECT_EQ(Rejects(with("presence_penalty", 0.5)), "presence_penalty");
+  EXPECT_EQ(Rejects(with("presence_penalty", 2.5)), "presence_penalty");
+  EXPECT_EQ(Rejects(with("presence_penalty", "high")), "presence_penalty");
   EXPECT_EQ(Rejects(with("frequency_penalty", 3)), "frequency_penalty");
+  EXPECT_EQ(Rejects(with("frequency_penalty", -2.01)), "frequency_penalty");
   EXPECT_EQ(Rejects(with("repetition_penalty", 0)), "repetition_penalty");
   EXPECT_EQ(Rejects(with("suffix", "end")), "suffix");
   EXPECT_EQ(Rejects(with("model", 3)), "model");
   // null is "not given", as OpenAI treats it.
   EXPECT_EQ(Rejects(with("temperature", nullptr)), "<accepted>");
   EXPECT_EQ(Rejects(with("presence_penalty", 0)), "<accepted>");
+}
+
+// OpenAI's penalties, [-2, 2] each, reach the sampling options; absent they are 0.
+TEST(ServeRequest, PresenceAndFrequencyPenalties) {
+  ApiError e;
+  auto r = Parse(R"({"prompt": "x", "presence_penalty": 1.5, "frequency_penalty": -2})", Endpoint::kCompletions, &e);
+  ASSERT_TRUE(r) << e.message;
+  EXPECT_EQ(r->sampling.presence_penalty, 1.5f);
+  EXPECT_EQ(r->sampling.frequency_penalty, -2.0f);
+  auto chat = Parse(R"({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 2})", Endpoint::kChat, &e);
+  ASSERT_TRUE(chat) << e.message;
+  EXPECT_EQ(chat->sampling.frequency_penalty, 2.0f);
+  EXPECT_EQ(chat->sampling.presence_penalty, 0.0f);
+  ApiError range;
+  EXPECT_FALSE(Parse(R"({"prompt": "x", "presence_penalty": 2.5})", Endpoint::kCompletions, &range));
+  EXPECT_EQ(range.message, "`presence_penalty` must be in [-2.0, 2.0], got 2.5");
 }
 
 TEST(ServeRequest, StopsSeedsAndLogprobs) {

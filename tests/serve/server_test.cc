@@ -1,10 +1,18 @@
 // The server in-process (<nibble/serve.h>) with cpp-httplib's client: /health before the model
-// is loaded, 429 when the queue is full, and draining.
+// is loaded, 429 when the queue is full, draining, the timeout, and a client that closes its
+// connection while waiting for a whole response.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <thread>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <regex>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -133,6 +141,57 @@ TEST(ServeServer, TimeoutEndsTheRequest) {
   EXPECT_NE(streamed->body.find("\"error\""), std::string::npos) << streamed->body;
   EXPECT_NE(streamed->body.find("\"finish_reason\":\"abort\""), std::string::npos);
   EXPECT_NE(streamed->body.find("data: [DONE]"), std::string::npos);
+  (*server)->Drain();
+  (*server)->Wait();
+}
+
+// A metric's value in /metrics text (-1 when absent).
+double Metric(httplib::Client& cli, const std::string& name) {
+  auto m = cli.Get("/metrics");
+  std::smatch match;
+  if (!m || !std::regex_search(m->body, match, std::regex("\n" + name + " ([0-9.e+-]+)\n"))) return -1;
+  return std::stod(match[1].str());
+}
+
+// A client that sends a request for a whole (non-streamed) response and closes its connection
+// while the request runs: the sequence is cancelled within a step, its slot freed, long before
+// it would have finished (--timeout is 600 s).
+TEST(ServeServer, ClosedConnectionCancelsAWholeResponse) {
+  ServeOptions o = Options();
+  o.parallel = 1;
+  auto server = Server::Start(o);
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  httplib::Client cli("127.0.0.1", (*server)->port());
+  const std::string body = json{{"prompt", "The story"}, {"max_tokens", 480}, {"temperature", 0}}.dump();
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+  for (int i = 0; i < 1000 && Metric(cli, "nibble_active_slots") != 1; ++i) std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(Metric(cli, "nibble_active_slots"), 1);
+  const double tokens_at_close = Metric(cli, "nibble_generation_tokens_total");
+  close(fd);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (Metric(cli, "nibble_active_slots") != 0 && std::chrono::steady_clock::now() - t0 < 10s) std::this_thread::sleep_for(5ms);
+  const double freed_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(Metric(cli, "nibble_active_slots"), 0);
+  EXPECT_EQ(Metric(cli, "nibble_cancelled_total"), 1) << "the slot was freed by the end of generation, not the close";
+  EXPECT_LT(Metric(cli, "nibble_generation_tokens_total"), 480) << "generated " << tokens_at_close << " before the close";
+  EXPECT_LT(freed_ms, 2000);
+  // Counted once the handler returned (it may lag the freed slot by a moment).
+  std::string metrics;
+  for (int i = 0; i < 200 && metrics.find("nibble_requests_total{status=\"499\"} 1") == std::string::npos; ++i) {
+    if (i > 0) std::this_thread::sleep_for(5ms);
+    auto m = cli.Get("/metrics");
+    metrics = m ? m->body : "";
+  }
+  EXPECT_NE(metrics.find("nibble_requests_total{status=\"499\"} 1"), std::string::npos) << metrics;
   (*server)->Drain();
   (*server)->Wait();
 }
