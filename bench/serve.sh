@@ -7,7 +7,8 @@
 # (bench/serve_bench.cjs): aggregate decode tokens/s with every stream decoding, and the time to
 # first token (p50, p99) of those S prompts arriving together.
 # Steady rows (-b, the question "how long does a new request wait while the server is busy"):
-# per busy count B, a fresh server with B + 1 slots (one free for the probe); PROBES probe
+# per busy count B, a fresh server with B + SPARE slots (-S; 1: the probe finds a free slot, 0:
+# it waits for a busy stream to end, the queueing a full server adds); PROBES probe
 # requests with a P-token prompt on the idle server, then B clients each issuing request after
 # request (BUSY_P-token prompts, N tokens each) and, once all of them decode, PROBES probes one
 # after another: TTFT p50 / p99 busy against idle, and the busy streams' decode rate meanwhile.
@@ -21,19 +22,21 @@
 # a 2 GiB context): take -c bench/configs/tinyllama-6l.json then.
 #
 # Usage: bench/serve.sh [-s "1 2 4 8 16"] [-p 256] [-n 64] [-r 2] [-t THREADS] [-c CONFIG.json]
-#                       [-b "8"] [-B 32] [-q 8] [-L LLAMA_CPP_SOURCE_DIR] [-e ENGINE] [WORK_DIR]
+#                       [-b "8"] [-B 32] [-q 8] [-S 1] [-L LLAMA_CPP_SOURCE_DIR] [-e ENGINE] [WORK_DIR]
 # -s "" or -b "" skips that part; -e nibble or -e llama.cpp runs only that engine. Needs: the
 # built CLI (build/release/nibble), node >= 18, python3; with -L cmake and a C++ compiler.
+# NIBBLE_SERVE_ARGS / LLAMA_SERVER_ARGS in the environment: more flags for each server (e.g.
+# NIBBLE_SERVE_ARGS="--chunk 512").
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 streams="1 2 4 8 16" p=256 n=64 rounds=2 threads=0 config="$root/bench/configs/tinyllama-1.1b.json"
-busy="8" busy_p=32 probes=8 llama_src="${LLAMA_CPP_SOURCE_DIR:-}" only=""
-while getopts "s:p:n:r:t:c:b:B:q:L:e:" o; do
+busy="8" busy_p=32 probes=8 spare=1 llama_src="${LLAMA_CPP_SOURCE_DIR:-}" only=""
+while getopts "s:p:n:r:t:c:b:B:q:S:L:e:" o; do
   case "$o" in
     s) streams="$OPTARG" ;; p) p="$OPTARG" ;; n) n="$OPTARG" ;; r) rounds="$OPTARG" ;; t) threads="$OPTARG" ;;
     c) config="$OPTARG" ;; b) busy="$OPTARG" ;; B) busy_p="$OPTARG" ;; q) probes="$OPTARG" ;; L) llama_src="$OPTARG" ;;
-    e) only="$OPTARG" ;;
-    *) echo "usage: $0 [-s STREAMS] [-p N] [-n N] [-r ROUNDS] [-t THREADS] [-c CONFIG] [-b BUSY] [-B BUSY_P] [-q PROBES]" \
+    e) only="$OPTARG" ;; S) spare="$OPTARG" ;;
+    *) echo "usage: $0 [-s STREAMS] [-p N] [-n N] [-r ROUNDS] [-t THREADS] [-c CONFIG] [-b BUSY] [-B BUSY_P] [-q PROBES] [-S SPARE]" \
          "[-L LLAMA_CPP_SOURCE_DIR] [-e ENGINE] [WORK_DIR]" >&2; exit 2 ;;
   esac
 done
@@ -68,6 +71,8 @@ fi
 nthreads=$threads
 ((nthreads > 0)) || nthreads=$(nproc)
 
+read -r -a nibble_args <<<"${NIBBLE_SERVE_ARGS:-}"
+read -r -a llama_args <<<"${LLAMA_SERVER_ARGS:-}"
 pid=""
 stop_server() {
   [[ -n "$pid" ]] || return 0
@@ -84,7 +89,8 @@ start_server() {
   local engine="$1" slots="$2" ctx="$3" log="$work/serve-$1.log"
   port=""
   if [[ "$engine" == nibble ]]; then
-    "$nibble" serve --model "$model" --port 0 --parallel "$slots" --ctx_size "$ctx" --threads "$threads" 2>"$log" &
+    "$nibble" serve --model "$model" --port 0 --parallel "$slots" --ctx_size "$ctx" --threads "$threads" \
+      "${nibble_args[@]}" 2>"$log" &
     pid=$!
     for _ in $(seq 1200); do
       port="$(grep -o 'ready on port [0-9]*' "$log" | grep -o '[0-9]*$' || true)"
@@ -95,7 +101,7 @@ start_server() {
   else
     port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
     "$llama_server" -m "$gguf" --host 127.0.0.1 --port "$port" -np "$slots" -c $((slots * ctx)) -t "$nthreads" \
-      >"$log" 2>&1 &
+      "${llama_args[@]}" >"$log" 2>&1 &
     pid=$!
     for _ in $(seq 1200); do
       python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
@@ -153,12 +159,12 @@ fi
 
 if [[ -n "$busy" ]]; then
   echo "steady: probe prompt $p tokens; busy streams: $busy_p-token prompts, $n tokens each, request after request;" \
-    "$probes probes idle, then $probes busy; server slots = busy + 1"
+    "$probes probes idle, then $probes busy; server slots = busy + $spare"
   res="$work/serve-steady.jsonl"
   : >"$res"
   for b in $busy; do
     for e in $engines; do
-      start_server "$e" $((b + 1)) $(( (p > busy_p ? p : busy_p) + n + 16 ))
+      start_server "$e" $((b + spare)) $(( (p > busy_p ? p : busy_p) + n + 16 ))
       node "$root/bench/serve_bench.cjs" "$e" "http://127.0.0.1:$port" steady "$b" "$busy_p" "$n" "$p" "$probes" |
         python3 -c 'import json,sys; j=json.load(sys.stdin); j["engine"]=sys.argv[1]; j["load"]=open("/proc/loadavg").read().split()[0]; print(json.dumps(j))' "$e" >>"$res"
       stop_server

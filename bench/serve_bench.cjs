@@ -10,7 +10,8 @@
 //
 // steady: the time to first token of a probe request while BUSY streams decode: first PROBES
 // probes one after another on the idle server, then BUSY clients each issue request after request
-// (BUSY_P-token prompts, BUSY_N tokens each) and, once every one of them decodes, PROBES probes
+// (BUSY_P-token prompts, BUSY_N tokens each, the first a random share of that) and, once every
+// one of them has finished its first request, PROBES probes
 // arrive one after another (a random 0-500 ms pause before each), as a new client would; prints
 // one JSON line with the idle and busy TTFT (p50, p99), their ratios and the busy streams'
 // aggregate decode rate over the probe window (tokens per second of wall time).
@@ -110,10 +111,14 @@ async function steady(B, BP, BN, PP, Q) {
   const decoding = new Array(B).fill(false);
   const clients = [];
   for (let b = 0; b < B; b++) {
+    // The first request of each client stops after a random share of BUSY_N tokens, so that the
+    // clients' requests end at different steps (as independent users' do), not all together.
+    let n = 1 + Math.floor(rand() * BN);
     clients.push((async () => {
       while (!stop.signal.aborted) {
         try {
-          await one(prompt(BP), BN, stop.signal, tokens);
+          await one(prompt(BP), n, stop.signal, tokens);
+          n = BN;
         } catch (e) {
           if (stop.signal.aborted) return;
           throw e;
