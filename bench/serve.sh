@@ -74,14 +74,15 @@ nthreads=$threads
 read -r -a nibble_args <<<"${NIBBLE_SERVE_ARGS:-}"
 read -r -a llama_args <<<"${LLAMA_SERVER_ARGS:-}"
 pid=""
+# Quietly: llama-server b4748 aborts in its exit path after SIGTERM, which bash would report.
 stop_server() {
   [[ -n "$pid" ]] || return 0
-  kill "$pid" 2>/dev/null || true
-  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
+  kill "$pid" || true
+  for _ in $(seq 100); do kill -0 "$pid" || break; sleep 0.1; done
+  kill -9 "$pid" || true
+  wait "$pid" || true
   pid=""
-}
+} 2>/dev/null
 trap stop_server EXIT
 
 # start_server ENGINE SLOTS CTX: starts it on loopback and sets `port` once it answers.
