@@ -17,7 +17,8 @@
 # Needs: cmake and a C++ compiler (for llama.cpp), python3 (the summary). llama.cpp's converter
 # holds the fp32 model in one ggml context, 2 GiB in some versions (b4748 among them): about 500M
 # parameters, less than TinyLlama-1.1B; the script then says so and -c takes a smaller config. Checkpoints are kept in
-# WORK_DIR and reused (delete it to redo them); llama.cpp is rebuilt incrementally.
+# WORK_DIR and reused (delete it to redo them); llama.cpp is rebuilt incrementally, in WORK_DIR
+# (bench/serve.sh -L shares it).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 rounds=5 threads="1 2" p=512 n=64 modes="auto" config="$root/bench/configs/tinyllama-1.1b.json"
@@ -39,32 +40,14 @@ work="$(cd "$work" && pwd)"
 nibble="$root/build/release/nibble"
 (cd "$root" && cmake --preset release >/dev/null && cmake --build --preset release --target nibble >/dev/null)
 
-# llama.cpp, native build of the three programs used.
-lb="$work/llama.cpp-build"
-cmake -S "$src" -B "$lb" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF >"$work/llama.cpp-cmake.log" 2>&1
-cmake --build "$lb" -j "$(nproc)" --target llama-bench llama-quantize llama-convert-llama2c-to-ggml \
-  >"$work/llama.cpp-build.log" 2>&1
-bin() { find "$lb" -type f -name "$1" -perm -u+x | head -1; }
-llama_bench="$(bin llama-bench)" llama_quantize="$(bin llama-quantize)"
-llama_convert="$(bin llama-convert-llama2c-to-ggml)"
-
-# The same weights for both: the llama.cpp copy from the llama2.c files, the nibble copy from the
-# dense checkpoint they were written beside.
-if [ ! -f "$work/q4_0.gguf" ] || [ ! -d "$work/nibble-q" ]; then
-  "$nibble" synth --config "$config" --format dense --llama2c --out "$work/dense" --overwrite >/dev/null
-  "$llama_convert" --copy-vocab-from-model "$work/dense/tokenizer.llama2c.bin" \
-    --llama2c-model "$work/dense/model.llama2c.bin" --llama2c-output-model "$work/f32.gguf" >"$work/convert.log" 2>&1 ||
-    { echo "error: llama-convert-llama2c-to-ggml failed (log: $work/convert.log). Its fp32 model must fit one" \
-        "2 GiB ggml context in some llama.cpp versions (about 500M parameters): pass a smaller config with -c" >&2
-      exit 1; }
-  "$llama_quantize" "$work/f32.gguf" "$work/q4_0.gguf" Q4_0 >"$work/quantize.log" 2>&1
-  rm -f "$work/f32.gguf"
-  rm -rf "$work/nibble-q"
-  "$nibble" quantize --model_dir "$work/dense" --output_dir "$work/nibble-q" --quant_scheme w_uint4_per_group_asym \
-    --group_size 128 --exclude_layers '' >/dev/null
-  rm -rf "$work/dense"
-fi
+# llama.cpp, native build of the two programs used (bench/llamacpp.sh), then the same weights for
+# both: the llama.cpp copy from the llama2.c files, the nibble copy from the dense checkpoint they
+# were written beside.
+# shellcheck source=bench/llamacpp.sh
+source "$root/bench/llamacpp.sh"
+llamacpp_build "$src" "$work" llama-bench llama-quantize llama-convert-llama2c-to-ggml
+llama_bench="$(llamacpp_bin llama-bench)"
+llamacpp_same_weights "$nibble" "$config" "$work"
 
 bandwidth() {  # GB/s with $1 threads
   "$nibble" bench --no_gemm -t "$1" --bandwidth_gib 1 | sed -n 's/^DRAM read bandwidth: \([0-9.]*\) GB\/s.*/\1/p'

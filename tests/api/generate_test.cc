@@ -10,11 +10,14 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "api/load_or_fail.h"
+#include "api/logprobs.h"
+#include "api/model_impl.h"
 #include "test_paths.h"
 #include "test_util.h"
 #include "tiny_llama.h"
@@ -117,6 +120,31 @@ TEST(TokenEvents, LogprobsAreTheLogSoftmaxOfTheLogits) {
 }
 
 // The events' texts are the text stream: whole UTF-8 characters each, together the decoded ids.
+// FillLogprobs alone on vocabulary sizes that end inside its lanes and chunks, and on rows whose
+// logits span from far below the largest to ties at it: each id's logprob is the double
+// log-softmax within 1e-5.
+TEST(TokenEvents, FillLogprobsEqualsTheDoubleLogSoftmax) {
+  const nibble::StreamDecoder stream(nibble::ModelAccess::tokenizer(Embedded()));
+  std::mt19937 gen(7);
+  for (const int64_t vocab : {1, 7, 9, 511, 513, 1030, 32003}) {
+    for (const float spread : {0.5f, 8.0f, 20.0f}) {  // logprobs above -200: float rounds them within 1e-5
+      std::normal_distribution<float> dist(-2.0f, spread);
+      std::vector<float> logits(static_cast<size_t>(vocab));
+      for (float& l : logits) l = dist(gen);
+      logits[static_cast<size_t>(vocab / 2)] = logits[static_cast<size_t>(vocab - 1)] = 40.0f;  // a tie at the top
+      const std::vector<double> ref = LogSoftmax(logits.data(), logits.size());
+      for (const int32_t id : {int32_t{0}, static_cast<int32_t>(vocab / 3), static_cast<int32_t>(vocab - 1)}) {
+        nibble::TokenEvent ev;
+        ev.id = id;
+        const int top_n = static_cast<int>(std::min<int64_t>(3, vocab));
+        nibble::FillLogprobs(logits.data(), vocab, top_n, stream, ev);
+        ExpectLogprobs(ev, ref, top_n,
+                       "vocab " + std::to_string(vocab) + " spread " + std::to_string(spread) + " id " + std::to_string(id));
+      }
+    }
+  }
+}
+
 TEST(TokenEvents, TextsConcatenateToTheTextStream) {
   const nibble::Model& m = Embedded();
   for (const std::string& prompt : {std::string("And God said"), std::string("Le café était déjà là, naïf —")}) {
