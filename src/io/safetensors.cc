@@ -181,6 +181,11 @@ void TensorStore::Release(const TensorView& t) const {
   if (const std::shared_ptr<SafetensorsFile>* f = FileOf(t)) (*f)->map().Release(t.data, t.nbytes);
 }
 
+void TensorStore::Evict(const uint8_t* p, size_t n) const {
+  for (const auto& f : files_)
+    if (f->map().Contains(p, n)) return f->map().Evict(p, n);
+}
+
 std::vector<std::string> TensorStore::Names() const {
   std::vector<std::string> names;
   for (const auto& kv : by_name_) names.push_back(kv.first);

@@ -100,6 +100,10 @@ class TensorStore {
   /// loader has copied or repacked, so that the mapping and the copy are not resident together.
   /// Reading `t` afterwards stays valid (the bytes fault back in from the file).
   void Release(const TensorView& t) const;
+  /// MappedFile::Evict of bytes [p, p + n) when they lie in one of this store's files (else
+  /// nothing): the process's pages and the page cache of input read once.
+  void Evict(const uint8_t* p, size_t n) const;
+  void Evict(const TensorView& t) const { Evict(t.data, t.nbytes); }
 
  private:
   // The file holding `t`'s bytes; nullptr when `t` is not a tensor of this store.
