@@ -108,11 +108,18 @@ Status CheckpointWriter::FlushShard() {
     names.push_back(p.tensor.name);
   }
   const std::string file = JoinPath(staging_.path(), PendingName(shard_tensors_.size()));
-  NIBBLE_RETURN_IF_ERROR(WriteSafetensors(file, ptrs, {{"format", "pt"}}));
-  for (const Pending& p : pending_) {
-    if (p.spooled) spool_->Discard(p.offset, p.tensor.borrowed_size);
-    else if (after_borrowed_ && p.tensor.borrowed != nullptr) after_borrowed_(p.tensor.borrowed, p.tensor.borrowed_size);
-  }
+  // Each tensor's mapped pages go once its bytes are written: the spool's range (and its disk
+  // space), a borrowed tensor's through the caller's hook.
+  auto written = [&](size_t i) {
+    const Pending& p = pending_[i];
+    if (p.spooled && p.tensor.borrowed_size > 0) {
+      spooled->Release(p.tensor.borrowed, p.tensor.borrowed_size);
+      spool_->Discard(p.offset, p.tensor.borrowed_size);
+    } else if (!p.spooled && after_borrowed_ && p.tensor.borrowed != nullptr) {
+      after_borrowed_(p.tensor.borrowed, p.tensor.borrowed_size);
+    }
+  };
+  NIBBLE_RETURN_IF_ERROR(WriteSafetensors(file, ptrs, {{"format", "pt"}}, written));
   shard_tensors_.push_back(std::move(names));
   pending_.clear();
   pending_bytes_ = 0;

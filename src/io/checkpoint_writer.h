@@ -61,8 +61,8 @@ class CheckpointWriter {
   /// Add the handle when its turn comes. Errors: as Add.
   Result<Spooled> Spool(const TensorToWrite& tensor);
   Status Add(Spooled tensor);
-  /// Called with the bytes of each borrowed tensor once its shard is written (quantize drops the
-  /// input's pages read once: TensorStore::Evict).
+  /// Called with the bytes of each borrowed tensor once they are written into its shard (quantize
+  /// drops the input's pages read once: TensorStore::Evict).
   void SetAfterBorrowedWritten(std::function<void(const uint8_t* data, size_t size)> f) { after_borrowed_ = std::move(f); }
   /// Writes `bytes` as the file `name` of the output.
   Status WriteFile(const std::string& name, const std::string& bytes);

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -142,9 +143,12 @@ Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const Tensor
                                                   const std::map<std::string, std::string>& metadata);
 
 /// Writes the same image as SerializeSafetensors to `path` atomically (temporary file, fsync,
-/// rename; file.h WriteFileAtomicParts), streaming header and tensor data to the file without
-/// assembling the image in memory. Same errors, plus the file's write errors (naming the path).
+/// rename; file.h AtomicFileWriter), streaming header and tensor data to the file without
+/// assembling the image in memory; `written(i)`, when given, is called once tensors[i]'s bytes are
+/// written (a caller drops their mapped pages). Same errors, plus the file's write errors (naming
+/// the path).
 Status WriteSafetensors(const std::string& path, const std::vector<const TensorToWrite*>& tensors,
-                        const std::map<std::string, std::string>& metadata);
+                        const std::map<std::string, std::string>& metadata,
+                        const std::function<void(size_t)>& written = nullptr);
 
 }  // namespace nibble
