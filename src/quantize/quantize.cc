@@ -221,8 +221,10 @@ Status OrderedExport::Drain() {
 }
 
 Status OrderedExport::Deliver(const std::string& name, Produced p) {
-  if (awaited_.erase(name) == 0)
+  if (!awaited_.contains(name))
     return MakeErrorCode(ErrorCode::kInternal, "the quantize pipeline handed over ", name, ", which the export does not await");
+  NIBBLE_RETURN_IF_ERROR(Drain());  // what precedes it and is not awaited (lm_head, embed_tokens before layer 0)
+  awaited_.erase(name);
   if (next_ < order_.size() && order_[next_] == name) {
     NIBBLE_RETURN_IF_ERROR(Append(p.tensors, p.layer));
     ++next_;
@@ -272,7 +274,6 @@ Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, cons
     if (o.on_layer && total % layers == 0 && done % (total / layers) == 0) o.on_layer(done / (total / layers), layers);
   };
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) exp.Await(LayerTensorNames(mc, l));
-  NIBBLE_RETURN_IF_ERROR(exp.Drain());  // what precedes layer 0 in the output (lm_head, embed_tokens)
   auto sink = [&](LayerTensor lt) -> Status {
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, "quantize at " + lt.name));
     NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(lt.name));
