@@ -66,6 +66,7 @@ Result<TensorToWrite> FloatTensor(const TensorView& t, const std::vector<float>*
 struct ExportContext {
   const QuantizePlan* plan;
   const FormatWriter* writer;
+  const TensorStore* store;  // the input: a weight read to be quantized is evicted once done
   std::map<std::string, const PlannedLinear*> linear_of_weight;  // "<module>.weight" -> its plan
   // A tied model whose lm_head is quantized: the input tensor the head is quantized from (the
   // embedding, FindOutputProjection), written after it; "" otherwise. Stored lm_head tensors are
@@ -134,6 +135,7 @@ Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& r, cons
   auto packed = ex.writer->WriteLinear(name, *q, *r.spec, scale_dtype);
   if (!packed.ok()) return packed.error().WithContext("layer " + name);
   lr.rel_error = RelWeightError(*w, *q);
+  if (w == &owned) ex.store->Evict(t);  // read once (a pending borrowed copy of it re-reads the file)
   lr.quantized = true;
   lr.scheme = DescribeSpec(*r.spec);
   for (auto& pt : *packed) {
@@ -440,7 +442,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
     plan.SetScaleDType(*dt);
     SetScaleDType(request, *dt);
   }
-  ExportContext ex{&plan, writer.get(), {}, ""};
+  ExportContext ex{&plan, writer.get(), &store, {}, ""};
   for (const PlannedLinear& l : plan.linears)
     if (l.written && l.weight == l.module + ".weight") ex.linear_of_weight[l.weight] = &l;
   if (plan.head_from_embedding) ex.head_source = kEmbedTokensWeight;
