@@ -5,7 +5,8 @@
 # Quantizes the shipped models with rtn, awq, gptq and awq,gptq into every export format, plus
 # flag combinations (overrides, exclusions, --misaligned, act-order, clip, --tp), with a small
 # calibration (4 x 64 tokens; about 4 minutes on 2 cores). Sums: every output file as written,
-# each --report without its timings, each log with OUTROOT and every duration replaced.
+# each --report without its timings and memory, each log with OUTROOT and every duration replaced
+# and without its memory line (memory figures vary from run to run).
 set -u
 NIB=$1; ROOT=$(realpath -m "$2"); SUMS=$3
 SHARED=$(cd "$(dirname "$0")/../../shared" && pwd)
@@ -39,8 +40,8 @@ run v-awq-clip --model_dir $m --quant_algo awq $CAL --awq_clip --duo_scaling bot
 run v-awqgptq-fp --model_dir $m --quant_algo awq,gptq $CAL --propagate fp --model_export compressed-tensors
 run v-tp --model_dir $m --tp 2 --quant_algo rtn --model_export gptq
 fi
-# Sums: every output file as written; each report without its timings; each log with the path of
-# $ROOT and every duration replaced.
+# Sums: every output file as written; each report without its timings and memory figures; each
+# log with the path of $ROOT and every duration replaced, without the memory line.
 : > "$SUMS"
 cat "$ROOT/failures" >> "$SUMS"
 for d in $(cd "$ROOT" && find . -mindepth 1 -maxdepth 1 -type d | sort); do
@@ -49,9 +50,9 @@ for d in $(cd "$ROOT" && find . -mindepth 1 -maxdepth 1 -type d | sort); do
   sed "s|$ROOT|ROOT|g" "$ROOT/$name.report.json" | python3 -c '
 import json,sys,hashlib
 def strip(o):
-    if isinstance(o,dict): return {k:strip(v) for k,v in o.items() if k != "seconds"}
+    if isinstance(o,dict): return {k:strip(v) for k,v in o.items() if k not in ("seconds", "memory")}
     if isinstance(o,list): return [strip(x) for x in o]
     return o
 print(hashlib.sha256(json.dumps(strip(json.load(sys.stdin)),sort_keys=True).encode()).hexdigest()+"  '$name'.report.json")' >> "$SUMS"
-  sed -E -e "s|$ROOT|ROOT|g" -e 's/[0-9]+(\.[0-9]+)? s\b/T s/g' "$ROOT/$name.log" | sha256sum | sed "s|-|$name.log|" >> "$SUMS"
+  sed -E -e "s|$ROOT|ROOT|g" -e 's/[0-9]+(\.[0-9]+)? s\b/T s/g' -e '/^memory: /d' "$ROOT/$name.log" | sha256sum | sed "s|-|$name.log|" >> "$SUMS"
 done

@@ -110,6 +110,10 @@ void PrintExportSummary(std::FILE* out, const nibble::QuantizeRequest& r, const 
                  s.quant_algo.c_str(), s.calib_seconds);
   else
     std::fprintf(out, "wrote %lld shard(s) in %.2f s\n", static_cast<long long>(s.shards), s.seconds);
+  if (s.peak_anon_bytes >= 0)
+    std::fprintf(out, "memory: peak anonymous %.1f MB (%.1f MB at the start), peak file-backed %.1f MB, VmHWM %.1f MB\n",
+                 static_cast<double>(s.peak_anon_bytes) / 1e6, static_cast<double>(s.start_anon_bytes) / 1e6,
+                 static_cast<double>(s.peak_file_bytes) / 1e6, static_cast<double>(s.vm_hwm_bytes) / 1e6);
 }
 
 // --json: the summary as one object (the report file has the per-layer detail).
@@ -134,6 +138,8 @@ nlohmann::ordered_json SummaryJson(const nibble::QuantizeRequest& r, const nibbl
   j["shards"] = s.shards;
   j["seconds"] = s.seconds;
   if (s.calibrated) j["calib_seconds"] = s.calib_seconds;
+  j["peak_anon_bytes"] = s.peak_anon_bytes;
+  j["peak_file_bytes"] = s.peak_file_bytes;
   return j;
 }
 

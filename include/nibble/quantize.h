@@ -166,6 +166,10 @@ struct QuantizeSummary {
   std::string propagate;           // as run: fp | quantized
   int64_t hessian_peak_bytes = 0;  // GPTQ: the largest one Hessian and its factorisation took
   int64_t calib_chunks = 0, calib_seq_len = 0, calib_available_chunks = 0, calib_total_tokens = 0;
+  /// Resident memory of the process during the run (/proc/self/status, sampled), bytes, -1 when
+  /// unknown: RssAnon at the start and its peak (memory quantize itself holds), the peak of
+  /// RssFile (pages of mapped files, chiefly the input: the kernel can drop them) and VmHWM.
+  int64_t start_anon_bytes = -1, peak_anon_bytes = -1, peak_file_bytes = -1, vm_hwm_bytes = -1;
   std::vector<std::string> messages;
   /// The machine-readable report (`nibble quantize --report`): settings, calibration, per layer
   /// mappings and per-linear errors, per-linear export summary. JSON text.

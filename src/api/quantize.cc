@@ -205,6 +205,8 @@ static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSu
                     {"rel_weight_error", l.rel_error}});
   j["linears"] = lins;
   j["messages"] = s.messages;
+  j["memory"] = {{"start_anon_bytes", s.start_anon_bytes}, {"peak_anon_bytes", s.peak_anon_bytes},
+                 {"peak_file_bytes", s.peak_file_bytes}, {"vm_hwm_bytes", s.vm_hwm_bytes}};
   return j.dump(2) + "\n";
 }
 
@@ -316,6 +318,10 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   s.total_bytes = rep.total_bytes;
   s.size = SizeOfQuantized(s.layers, rep.total_bytes);
   s.seconds = rep.seconds;
+  s.start_anon_bytes = rep.memory.start_anon;
+  s.peak_anon_bytes = rep.memory.peak_anon;
+  s.peak_file_bytes = rep.memory.peak_file;
+  s.vm_hwm_bytes = rep.memory.hwm;
   s.quantization_config_json = rep.quantization_config.dump(2);
   s.report_json = QuantizeReportJson(r, s, rep.calib ? rep.algorithms.ReportJson(*rep.calib) : nlohmann::ordered_json());
   return s;

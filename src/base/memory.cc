@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 
@@ -62,6 +63,56 @@ Status CheckMemoryFor(double bytes, const std::string& what) {
   return MakeError(what, " needs ", FormatBytes(bytes), ", more than the ",
                    FormatBytes(static_cast<double>(avail)), " of memory available (MemAvailable",
                    AddressSpaceLeft() >= 0 ? ", RLIMIT_AS" : "", ")");
+}
+
+ProcessMemory ReadProcessMemory() {
+  ProcessMemory m;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    long long kib = 0;
+    if (std::sscanf(line.c_str(), "RssAnon: %lld", &kib) == 1) m.anon = kib * 1024;
+    else if (std::sscanf(line.c_str(), "RssFile: %lld", &kib) == 1) m.file = kib * 1024;
+    else if (std::sscanf(line.c_str(), "VmHWM: %lld", &kib) == 1) m.hwm = kib * 1024;
+  }
+  return m;
+}
+
+PeakMemorySampler::PeakMemorySampler(int period_ms) {
+  peaks_.start_anon = ReadProcessMemory().anon;
+  Sample();
+  thread_ = std::thread([this, period_ms] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(period_ms), [this] { return stop_; })) {
+      lock.unlock();
+      Sample();
+      lock.lock();
+    }
+  });
+}
+
+PeakMemorySampler::~PeakMemorySampler() { Stop(); }
+
+void PeakMemorySampler::Sample() {
+  const ProcessMemory m = ReadProcessMemory();
+  std::lock_guard<std::mutex> lock(mu_);
+  peaks_.peak_anon = std::max(peaks_.peak_anon, m.anon);
+  peaks_.peak_file = std::max(peaks_.peak_file, m.file);
+  peaks_.hwm = m.hwm;
+}
+
+PeakMemorySampler::Peaks PeakMemorySampler::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) {
+    thread_.join();
+    Sample();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return peaks_;
 }
 
 }  // namespace nibble

@@ -3,8 +3,11 @@
 // std::bad_alloc or minutes of swapping.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "base/result.h"
 
@@ -22,5 +25,38 @@ Status CheckMemoryFor(double bytes, const std::string& what);
 
 /// `bytes` as "512 B", "3.2 MiB", "16.0 GiB" for messages.
 std::string FormatBytes(double bytes);
+
+/// The process's resident memory from /proc/self/status, in bytes (-1 when unknown): RssAnon
+/// (heap and anonymous maps: what the process itself holds), RssFile (pages of mapped files, e.g.
+/// an mmap'd checkpoint: the kernel can drop them) and VmHWM (the peak of the total).
+struct ProcessMemory {
+  int64_t anon = -1, file = -1, hwm = -1;
+};
+ProcessMemory ReadProcessMemory();
+
+/// Peaks of RssAnon and RssFile over a span of work: the kernel keeps a peak of the total only
+/// (VmHWM), so a thread samples ReadProcessMemory every `period_ms` from construction to Stop.
+class PeakMemorySampler {
+ public:
+  struct Peaks {
+    int64_t start_anon = -1;  // RssAnon when sampling began
+    int64_t peak_anon = -1, peak_file = -1;
+    int64_t hwm = -1;  // VmHWM at Stop (the process's whole life)
+  };
+  explicit PeakMemorySampler(int period_ms = 20);
+  ~PeakMemorySampler();
+  PeakMemorySampler(const PeakMemorySampler&) = delete;
+  PeakMemorySampler& operator=(const PeakMemorySampler&) = delete;
+  /// Stops sampling (one last sample included); later calls return the same peaks.
+  Peaks Stop();
+
+ private:
+  void Sample();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  Peaks peaks_;
+  std::thread thread_;
+};
 
 }  // namespace nibble

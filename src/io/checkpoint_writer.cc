@@ -1,7 +1,12 @@
 #include "io/checkpoint_writer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -26,6 +31,53 @@ std::string PendingName(size_t i) { return "shard-" + std::to_string(i) + ".safe
 
 }  // namespace
 
+// The spool: an append-only file in the staging directory holding the bytes of tensors added but
+// not yet written into a shard. Removed when the writer is done with it.
+class CheckpointWriter::SpoolFile {
+ public:
+  static Result<std::shared_ptr<SpoolFile>> Create(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return MakeErrorCode(ErrorCode::kIo, "cannot create ", path, ": ", std::strerror(errno));
+    return std::shared_ptr<SpoolFile>(new SpoolFile(path, fd));
+  }
+  ~SpoolFile() {
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  SpoolFile(const SpoolFile&) = delete;
+  SpoolFile& operator=(const SpoolFile&) = delete;
+  const std::string& path() const { return path_; }
+
+  // Appends `data`; returns its offset.
+  Result<uint64_t> Append(std::span<const uint8_t> data) {
+    const uint64_t at = end_;
+    const uint8_t* p = data.data();
+    size_t left = data.size();
+    while (left > 0) {
+      const ssize_t n = ::pwrite(fd_, p, left, static_cast<off_t>(end_));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return MakeErrorCode(ErrorCode::kIo, "cannot write ", path_, ": ", std::strerror(errno));
+      p += n;
+      left -= static_cast<size_t>(n);
+      end_ += static_cast<uint64_t>(n);
+    }
+    return at;
+  }
+  // Frees the disk space and page cache of [offset, offset + size) once written into a shard
+  // (best effort: a file system without hole punching keeps it until the spool is removed).
+  void Discard(uint64_t offset, uint64_t size) {
+    if (size > 0)
+      (void)::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                        static_cast<off_t>(size));
+  }
+
+ private:
+  SpoolFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  std::string path_;
+  int fd_;
+  uint64_t end_ = 0;
+};
+
 Result<CheckpointWriter> CheckpointWriter::Create(const std::string& out_dir, int64_t max_shard_size,
                                                   const std::string& staging_kind) {
   if (out_dir.empty()) return MakeError("output directory is empty");
@@ -38,24 +90,76 @@ Result<CheckpointWriter> CheckpointWriter::Create(const std::string& out_dir, in
 
 Status CheckpointWriter::FlushShard() {
   if (pending_.empty()) return Status::Ok();
+  // The spool as it is now holds every spooled tensor of this shard; mapped only for the write.
+  std::shared_ptr<MappedFile> spooled;
+  for (const Pending& p : pending_)
+    if (p.spooled && p.tensor.borrowed_size > 0 && spooled == nullptr) {
+      NIBBLE_ASSIGN_OR_RETURN(spooled, MappedFile::Open(spool_->path()));
+    }
   std::vector<const TensorToWrite*> ptrs;
   std::vector<std::string> names;
-  for (const auto& t : pending_) {
-    ptrs.push_back(&t);
-    names.push_back(t.name);
+  for (Pending& p : pending_) {
+    if (p.spooled && p.tensor.borrowed_size > 0) {
+      if (!spooled->Contains(spooled->data() + p.offset, p.tensor.borrowed_size))
+        return MakeErrorCode(ErrorCode::kInternal, spool_->path(), " does not hold tensor ", p.tensor.name);
+      p.tensor.borrowed = spooled->data() + p.offset;
+    }
+    ptrs.push_back(&p.tensor);
+    names.push_back(p.tensor.name);
   }
   const std::string file = JoinPath(staging_.path(), PendingName(shard_tensors_.size()));
-  NIBBLE_RETURN_IF_ERROR(WriteSafetensors(file, ptrs, {{"format", "pt"}}));
+  // Each tensor's mapped pages go once its bytes are written: the spool's range (and its disk
+  // space), a borrowed tensor's through the caller's hook.
+  auto written = [&](size_t i) {
+    const Pending& p = pending_[i];
+    if (p.spooled && p.tensor.borrowed_size > 0) {
+      spooled->Release(p.tensor.borrowed, p.tensor.borrowed_size);
+      spool_->Discard(p.offset, p.tensor.borrowed_size);
+    } else if (!p.spooled && after_borrowed_ && p.tensor.borrowed != nullptr) {
+      after_borrowed_(p.tensor.borrowed, p.tensor.borrowed_size);
+    }
+  };
+  NIBBLE_RETURN_IF_ERROR(WriteSafetensors(file, ptrs, {{"format", "pt"}}, written));
   shard_tensors_.push_back(std::move(names));
   pending_.clear();
   pending_bytes_ = 0;
   return Status::Ok();
 }
 
+Result<CheckpointWriter::Spooled> CheckpointWriter::Spool(const TensorToWrite& tensor) {
+  if (spool_ == nullptr) {
+    NIBBLE_ASSIGN_OR_RETURN(spool_, SpoolFile::Create(JoinPath(staging_.path(), "tensors.spool")));
+  }
+  Spooled s{tensor.name, tensor.dtype, tensor.shape, 0, tensor.data().size()};
+  NIBBLE_ASSIGN_OR_RETURN(s.offset, spool_->Append(tensor.data()));
+  return s;
+}
+
 Status CheckpointWriter::Add(TensorToWrite tensor) {
+  if (tensor.borrowed == nullptr) {
+    NIBBLE_ASSIGN_OR_RETURN(Spooled s, Spool(tensor));
+    tensor = TensorToWrite{};  // the bytes are on disk now
+    return Add(std::move(s));
+  }
   const int64_t b = static_cast<int64_t>(tensor.data().size());
   if (!pending_.empty() && pending_bytes_ + b > max_shard_size_) NIBBLE_RETURN_IF_ERROR(FlushShard());
-  pending_.push_back(std::move(tensor));
+  pending_.push_back({std::move(tensor), false, 0});
+  pending_bytes_ += b;
+  total_bytes_ += b;
+  return Status::Ok();
+}
+
+Status CheckpointWriter::Add(Spooled s) {
+  const int64_t b = static_cast<int64_t>(s.size);
+  if (!pending_.empty() && pending_bytes_ + b > max_shard_size_) NIBBLE_RETURN_IF_ERROR(FlushShard());
+  Pending p;
+  p.tensor.name = std::move(s.name);
+  p.tensor.dtype = s.dtype;
+  p.tensor.shape = std::move(s.shape);
+  p.tensor.borrowed_size = s.size;  // the pointer is set when the spool is mapped (FlushShard)
+  p.spooled = true;
+  p.offset = s.offset;
+  pending_.push_back(std::move(p));
   pending_bytes_ += b;
   total_bytes_ += b;
   return Status::Ok();
@@ -89,6 +193,7 @@ Status CheckpointWriter::WriteModelCard(const std::string& from_dir, const Model
 
 Status CheckpointWriter::Finish() {
   if (shard_tensors_.empty() || !pending_.empty()) NIBBLE_RETURN_IF_ERROR(FlushShard());
+  spool_.reset();
   const size_t n = shard_tensors_.size();
   if (n == 0) return MakeErrorCode(ErrorCode::kInternal, "checkpoint ", staging_.target(), " has no tensors");
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();

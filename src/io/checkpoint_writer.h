@@ -6,11 +6,17 @@
 //
 // Tensors are written in the order added: consecutive tensors fill a shard up to max_shard_size
 // bytes (a larger tensor gets a shard of its own), and a shard is written as soon as the next
-// tensor does not fit, so memory holds one shard's tensors at a time. Shards are written under
-// temporary names and renamed once their count is known.
+// tensor does not fit. A shard's header (names, shapes, offsets) is known only then, so the bytes
+// of owned tensors go at once to a spool file in the staging directory and are copied into the
+// shard when it is written (its spooled range is then punched out): memory holds no tensor past
+// its Add, whatever the shard size. Borrowed tensors (the mmap'd input) are read when their shard
+// is written. Tensors finished before their turn are spooled (Spool) and added in order later.
+// Shards are written under temporary names and renamed once their count is known.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,8 +45,25 @@ class CheckpointWriter {
   static Result<CheckpointWriter> Create(const std::string& out_dir, int64_t max_shard_size,
                                          const std::string& staging_kind = "tmp");
 
-  /// Adds a tensor. Borrowed data must stay valid until Finish (it is written with its shard).
+  /// A tensor whose bytes are in the spool file, not in memory: Spool's handle for a later Add.
+  struct Spooled {
+    std::string name;
+    DType dtype = DType::kF32;
+    std::vector<int64_t> shape;
+    uint64_t offset = 0, size = 0;  // the byte range in the spool file
+  };
+
+  /// Adds a tensor. Owned bytes are spooled at once (and freed with `tensor`); borrowed data must
+  /// stay valid until Finish (it is read when its shard is written). Errors: the spool's write
+  /// errors (naming the file).
   Status Add(TensorToWrite tensor);
+  /// Writes the bytes of a tensor finished before its turn in the output order to the spool now;
+  /// Add the handle when its turn comes. Errors: as Add.
+  Result<Spooled> Spool(const TensorToWrite& tensor);
+  Status Add(Spooled tensor);
+  /// Called with the bytes of each borrowed tensor once they are written into its shard (quantize
+  /// drops the input's pages read once: TensorStore::Evict).
+  void SetAfterBorrowedWritten(std::function<void(const uint8_t* data, size_t size)> f) { after_borrowed_ = std::move(f); }
   /// Writes `bytes` as the file `name` of the output.
   Status WriteFile(const std::string& name, const std::string& bytes);
   /// Copies each of `names` that exists in `from_dir` into the output; returns those copied.
@@ -48,7 +71,8 @@ class CheckpointWriter {
   /// Writes README.md: from_dir's README.md with `note` at its top, or the note alone when
   /// from_dir has none (io/model_card.h). Call after CopyFiles (it replaces the copied card).
   Status WriteModelCard(const std::string& from_dir, const ModelCardNote& note);
-  /// Writes the last shard, renames the shards to their final names and writes the index.
+  /// Writes the last shard, removes the spool, renames the shards to their final names and writes
+  /// the index.
   Status Finish();
   /// Renames the staging directory onto the output (StagingDir::Commit). Call after Finish.
   Status Commit(bool overwrite);
@@ -59,12 +83,21 @@ class CheckpointWriter {
   int64_t total_bytes() const { return total_bytes_; }
 
  private:
+  class SpoolFile;
+  // One tensor of the shard being filled: borrowed (`tensor` holds the pointer) or spooled.
+  struct Pending {
+    TensorToWrite tensor;  // no owned bytes
+    bool spooled = false;
+    uint64_t offset = 0;
+  };
   CheckpointWriter() = default;
   Status FlushShard();
 
   StagingDir staging_;
   int64_t max_shard_size_ = 0;
-  std::vector<TensorToWrite> pending_;  // the shard being filled
+  std::shared_ptr<SpoolFile> spool_;  // created at the first owned tensor; gone after Finish
+  std::function<void(const uint8_t*, size_t)> after_borrowed_;
+  std::vector<Pending> pending_;  // the shard being filled
   int64_t pending_bytes_ = 0;
   std::vector<std::vector<std::string>> shard_tensors_;  // names per written shard
   int64_t total_bytes_ = 0;

@@ -99,6 +99,15 @@ void MappedFile::Release(const uint8_t* p, size_t n) const {
   if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
+void MappedFile::Evict(const uint8_t* p, size_t n) const {
+  if (n == 0 || !Contains(p, n)) return;
+  Release(p, n);
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::posix_fadvise(fd, static_cast<off_t>(p - data_), static_cast<off_t>(n), POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

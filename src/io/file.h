@@ -44,6 +44,10 @@ class MappedFile {
   /// the range faults the same bytes back in from the file (the page cache keeps them); this only
   /// lowers resident memory once a loader has copied or repacked a tensor.
   void Release(const uint8_t* p, size_t n) const;
+  /// Release, and the kernel's page cache of the same file range dropped too
+  /// (posix_fadvise DONTNEED): for input read once (quantize), whose cached pages would otherwise
+  /// count against a memory-limited cgroup. Best effort: errors are ignored.
+  void Evict(const uint8_t* p, size_t n) const;
   /// Whether [p, p + n) lies inside the map.
   bool Contains(const uint8_t* p, size_t n) const { return p >= data_ && n <= size_ && p - data_ <= static_cast<ptrdiff_t>(size_ - n); }
 

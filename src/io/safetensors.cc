@@ -181,6 +181,11 @@ void TensorStore::Release(const TensorView& t) const {
   if (const std::shared_ptr<SafetensorsFile>* f = FileOf(t)) (*f)->map().Release(t.data, t.nbytes);
 }
 
+void TensorStore::Evict(const uint8_t* p, size_t n) const {
+  for (const auto& f : files_)
+    if (f->map().Contains(p, n)) return f->map().Evict(p, n);
+}
+
 std::vector<std::string> TensorStore::Names() const {
   std::vector<std::string> names;
   for (const auto& kv : by_name_) names.push_back(kv.first);
@@ -312,16 +317,19 @@ Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const Tensor
 }
 
 Status WriteSafetensors(const std::string& path, const std::vector<const TensorToWrite*>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+                        const std::map<std::string, std::string>& metadata, const std::function<void(size_t)>& written) {
   NIBBLE_ASSIGN_OR_RETURN(auto header, BuildHeader(tensors, metadata));
   const std::string& h = header.first;
   const auto prefix = LengthPrefix(h.size());
-  std::vector<std::span<const uint8_t>> parts;
-  parts.reserve(tensors.size() + 2);
-  parts.emplace_back(prefix.data(), prefix.size());
-  parts.emplace_back(reinterpret_cast<const uint8_t*>(h.data()), h.size());
-  for (const TensorToWrite* t : tensors) parts.push_back(t->data());
-  return WriteFileAtomicParts(path, parts);
+  NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> w, AtomicFileWriter::Open(path));
+  NIBBLE_RETURN_IF_ERROR(w->Write(prefix.data(), prefix.size()));
+  NIBBLE_RETURN_IF_ERROR(w->Write(h.data(), h.size()));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto d = tensors[i]->data();
+    NIBBLE_RETURN_IF_ERROR(w->Write(d.data(), d.size()));
+    if (written) written(i);
+  }
+  return w->Commit();
 }
 
 TensorToWrite BorrowTensor(const TensorView& t) {

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -100,6 +101,10 @@ class TensorStore {
   /// loader has copied or repacked, so that the mapping and the copy are not resident together.
   /// Reading `t` afterwards stays valid (the bytes fault back in from the file).
   void Release(const TensorView& t) const;
+  /// MappedFile::Evict of bytes [p, p + n) when they lie in one of this store's files (else
+  /// nothing): the process's pages and the page cache of input read once.
+  void Evict(const uint8_t* p, size_t n) const;
+  void Evict(const TensorView& t) const { Evict(t.data, t.nbytes); }
 
  private:
   // The file holding `t`'s bytes; nullptr when `t` is not a tensor of this store.
@@ -138,9 +143,12 @@ Result<std::vector<uint8_t>> SerializeSafetensors(const std::vector<const Tensor
                                                   const std::map<std::string, std::string>& metadata);
 
 /// Writes the same image as SerializeSafetensors to `path` atomically (temporary file, fsync,
-/// rename; file.h WriteFileAtomicParts), streaming header and tensor data to the file without
-/// assembling the image in memory. Same errors, plus the file's write errors (naming the path).
+/// rename; file.h AtomicFileWriter), streaming header and tensor data to the file without
+/// assembling the image in memory; `written(i)`, when given, is called once tensors[i]'s bytes are
+/// written (a caller drops their mapped pages). Same errors, plus the file's write errors (naming
+/// the path).
 Status WriteSafetensors(const std::string& path, const std::vector<const TensorToWrite*>& tensors,
-                        const std::map<std::string, std::string>& metadata);
+                        const std::map<std::string, std::string>& metadata,
+                        const std::function<void(size_t)>& written = nullptr);
 
 }  // namespace nibble

@@ -106,6 +106,11 @@ const float* LayerActs::Of(LayerInput in) const {
 
 namespace {
 
+// Which projections of `mc` have a bias, in slot order.
+std::array<bool, kNumLinears> HasBias(const ModelConfig& mc) {
+  return {mc.qkv_bias, mc.qkv_bias, mc.qkv_bias, mc.o_bias, mc.mlp_bias, mc.mlp_bias, mc.mlp_bias};
+}
+
 // Runs L on x (`batch` sequences) up to `stop`, capturing into `a` (sized here); start = kMlp
 // resumes from a's attention stages.
 void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer& L, const float* x, int64_t batch,
@@ -210,8 +215,7 @@ Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, co
   const int64_t kv_dim = mc.num_key_value_heads * mc.head_dim, inter = mc.intermediate_size;
   const std::array<std::pair<int64_t, int64_t>, kNumLinears> shapes = {
       std::pair{q_dim, h}, {kv_dim, h}, {kv_dim, h}, {h, q_dim}, {inter, h}, {inter, h}, {h, inter}};
-  const std::array<bool, kNumLinears> has_bias = {mc.qkv_bias, mc.qkv_bias, mc.qkv_bias, mc.o_bias,
-                                                  mc.mlp_bias, mc.mlp_bias, mc.mlp_bias};
+  const std::array<bool, kNumLinears> has_bias = HasBias(mc);
   CalibLayer L;
   L.index = l;
   L.name = "model.layers." + std::to_string(l);
@@ -220,6 +224,8 @@ Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, co
   NIBBLE_ASSIGN_OR_RETURN(L.ln2, LoadF32(store, p + "post_attention_layernorm.weight", {h}));
   L.ln1_dtype = store.Find(p + "input_layernorm.weight")->dtype;
   L.ln2_dtype = store.Find(p + "post_attention_layernorm.weight")->dtype;
+  store.Evict(*store.Find(p + "input_layernorm.weight"));
+  store.Evict(*store.Find(p + "post_attention_layernorm.weight"));
   if (mc.qk_norm) {  // read only by the forward; the exporter copies them from the input as stored
     NIBBLE_ASSIGN_OR_RETURN(L.q_norm, LoadF32(store, p + "self_attn.q_norm.weight", {mc.head_dim}));
     NIBBLE_ASSIGN_OR_RETURN(L.k_norm, LoadF32(store, p + "self_attn.k_norm.weight", {mc.head_dim}));
@@ -234,6 +240,9 @@ Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, co
     if (has_bias[i]) {
       NIBBLE_ASSIGN_OR_RETURN(L.bias[i], LoadF32(store, name + ".bias", {L.n[i]}));
     }
+    // The input is read once: its pages leave the process and the page cache (fp32 copies now).
+    store.Evict(*store.Find(name + ".weight"));
+    if (has_bias[i]) store.Evict(*store.Find(name + ".bias"));
     NIBBLE_ASSIGN_OR_RETURN(LinearPlan rc, plan(name));
     L.spec[i] = rc.spec;
     if (rc.spec && L.k[i] % rc.spec->EffectiveGroupSize(L.k[i]) != 0)
@@ -306,6 +315,7 @@ Result<std::vector<LinearErrorReport>> ErrorReport(const LayerRunner& runner, co
   return out;
 }
 
+// Hands the layer's tensors to the sink in LayerTensorNames order.
 Status SinkLayer(CalibLayer& L, LayerCodes& codes, const LayerTensorSink& sink, const CancellationToken* cancel) {
   NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + " (export)")));
   const std::string p = L.name + ".";
@@ -320,6 +330,17 @@ Status SinkLayer(CalibLayer& L, LayerCodes& codes, const LayerTensorSink& sink, 
 }
 
 }  // namespace
+
+std::vector<std::string> LayerTensorNames(const ModelConfig& mc, int64_t layer) {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  std::vector<std::string> names = {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"};
+  const std::array<bool, kNumLinears> has_bias = HasBias(mc);
+  for (int i = 0; i < kNumLinears; ++i) {
+    names.push_back(p + DecoderLinearNames()[i] + ".weight");
+    if (has_bias[i]) names.push_back(p + DecoderLinearNames()[i] + ".bias");
+  }
+  return names;
+}
 
 Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                                         const std::vector<int32_t>& tokens, int64_t batch, int64_t seq_len,

@@ -196,6 +196,9 @@ struct LayerTensor {
 /// Receives every weight (and bias) of a layer, norms first then q/k/v/o/gate/up/down, as soon as
 /// the layer is done; a non-OK status stops the pipeline and is returned.
 using LayerTensorSink = std::function<Status(LayerTensor)>;
+/// The names the sink receives for decoder layer `layer` of `mc`, in that order (an exporter
+/// knows up front which tensors the pipeline will hand over; the rest it copies from the input).
+std::vector<std::string> LayerTensorNames(const ModelConfig& mc, int64_t layer);
 
 struct PipelineOptions {
   Propagation propagation = Propagation::kFp;

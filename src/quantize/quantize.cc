@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "base/version.h"
 #include "formats/checkpoint_format.h"
@@ -65,6 +66,7 @@ Result<TensorToWrite> FloatTensor(const TensorView& t, const std::vector<float>*
 struct ExportContext {
   const QuantizePlan* plan;
   const FormatWriter* writer;
+  const TensorStore* store;  // the input: a weight read to be quantized is evicted once done
   std::map<std::string, const PlannedLinear*> linear_of_weight;  // "<module>.weight" -> its plan
   // A tied model whose lm_head is quantized: the input tensor the head is quantized from (the
   // embedding, FindOutputProjection), written after it; "" otherwise. Stored lm_head tensors are
@@ -133,6 +135,7 @@ Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& r, cons
   auto packed = ex.writer->WriteLinear(name, *q, *r.spec, scale_dtype);
   if (!packed.ok()) return packed.error().WithContext("layer " + name);
   lr.rel_error = RelWeightError(*w, *q);
+  if (w == &owned) ex.store->Evict(t);  // read once (a pending borrowed copy of it re-reads the file)
   lr.quantized = true;
   lr.scheme = DescribeSpec(*r.spec);
   for (auto& pt : *packed) {
@@ -143,13 +146,118 @@ Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& r, cons
   return res;
 }
 
+// The output in input order (sorted names, so "model.layers.10." before "model.layers.2."), fed
+// by the calibrated pipeline as it finishes decoder layers in numeric order: a tensor whose turn
+// has come goes to the writer at once, one finished early is spooled to disk (CheckpointWriter::
+// Spool) until its turn, and the tensors the pipeline does not hand over are copied from the
+// input as their turn comes. So memory holds no finished tensor past its layer, whatever the
+// order. An RTN export awaits nothing: every tensor is produced in turn.
+class OrderedExport {
+ public:
+  OrderedExport(const QuantizeOptions& o, const TensorStore& store, const ExportContext& ex, size_t n_modules,
+                CheckpointWriter& out, QuantizeReport& report)
+      : o_(o), store_(store), ex_(ex), n_modules_(n_modules), out_(out), report_(report) {
+    for (const std::string& name : store.Names())
+      if (ex.head_source.empty() || !name.starts_with("lm_head.")) order_.push_back(name);  // see head_source
+  }
+  /// The tensors a calibrated pipeline will hand over (LayerTensorNames of every layer).
+  void Await(const std::vector<std::string>& names) { awaited_.insert(names.begin(), names.end()); }
+  /// Every tensor whose turn has come, until one that is awaited.
+  Status Drain();
+  /// A tensor the pipeline handed over. Errors: one not awaited (kInternal), the writer's.
+  Status Deliver(const std::string& name, Produced p);
+  /// After the pipeline: the rest. Errors: an awaited tensor never handed over (kInternal).
+  Status Finish();
+
+ private:
+  struct Early {  // a tensor finished before its turn: its bytes in the spool
+    std::vector<CheckpointWriter::Spooled> tensors;
+    std::optional<QuantizedLayerReport> layer;
+  };
+  template <typename T>
+  Status Append(std::vector<T>& tensors, std::optional<QuantizedLayerReport>& layer);
+
+  const QuantizeOptions& o_;
+  const TensorStore& store_;
+  const ExportContext& ex_;
+  size_t n_modules_;
+  CheckpointWriter& out_;
+  QuantizeReport& report_;
+  std::vector<std::string> order_;
+  size_t next_ = 0;
+  int64_t done_ = 0;
+  std::set<std::string> awaited_;
+  std::map<std::string, Early> early_;
+};
+
+template <typename T>
+Status OrderedExport::Append(std::vector<T>& tensors, std::optional<QuantizedLayerReport>& layer) {
+  for (auto& t : tensors) NIBBLE_RETURN_IF_ERROR(out_.Add(std::move(t)));
+  tensors.clear();
+  if (!layer) return Status::Ok();
+  report_.layers.push_back(std::move(*layer));
+  if (o_.progress && !ex_.plan->algorithms.Calibrated()) o_.progress(++done_, static_cast<int64_t>(n_modules_));
+  return Status::Ok();
+}
+
+Status OrderedExport::Drain() {
+  for (; next_ < order_.size(); ++next_) {
+    const std::string& tname = order_[next_];
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(o_.cancel, "quantize at " + tname));
+    if (auto it = early_.find(tname); it != early_.end()) {
+      NIBBLE_RETURN_IF_ERROR(Append(it->second.tensors, it->second.layer));
+      early_.erase(it);
+    } else if (awaited_.contains(tname)) {
+      return Status::Ok();
+    } else {
+      NIBBLE_ASSIGN_OR_RETURN(Produced p, ProduceTensor(*store_.Find(tname), nullptr, nullptr, ex_));
+      NIBBLE_RETURN_IF_ERROR(Append(p.tensors, p.layer));
+    }
+    if (tname == ex_.head_source) {
+      NIBBLE_ASSIGN_OR_RETURN(Produced head,
+                              ProduceLinear(*store_.Find(tname), *ex_.plan->Find("lm_head"), nullptr, nullptr, ex_));
+      NIBBLE_RETURN_IF_ERROR(Append(head.tensors, head.layer));
+    }
+  }
+  return Status::Ok();
+}
+
+Status OrderedExport::Deliver(const std::string& name, Produced p) {
+  if (!awaited_.contains(name))
+    return MakeErrorCode(ErrorCode::kInternal, "the quantize pipeline handed over ", name, ", which the export does not await");
+  NIBBLE_RETURN_IF_ERROR(Drain());  // what precedes it and is not awaited (lm_head, embed_tokens before layer 0)
+  awaited_.erase(name);
+  if (next_ < order_.size() && order_[next_] == name) {
+    NIBBLE_RETURN_IF_ERROR(Append(p.tensors, p.layer));
+    ++next_;
+    return Drain();
+  }
+  Early e{{}, std::move(p.layer)};
+  for (TensorToWrite& t : p.tensors) {
+    NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter::Spooled s, out_.Spool(t));
+    t = TensorToWrite{};
+    e.tensors.push_back(std::move(s));
+  }
+  early_[name] = std::move(e);
+  return Status::Ok();
+}
+
+Status OrderedExport::Finish() {
+  if (!awaited_.empty())
+    return MakeErrorCode(ErrorCode::kInternal, "the quantize pipeline did not hand over ", *awaited_.begin());
+  NIBBLE_RETURN_IF_ERROR(Drain());
+  if (!early_.empty())
+    return MakeErrorCode(ErrorCode::kInternal, "tensor ", early_.begin()->first, " is not in the input's order");
+  return Status::Ok();
+}
+
 // The plan's calibrated chain (AWQ, GPTQ, AWQ+GPTQ) on the sequential pipeline: calibration data,
-// then each layer's tensors produced as soon as the layer is done (and freed), so memory never
-// holds the model in fp32. Records the run in `report` and the algo_config in `cfg`.
-Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc,
-                                                            const TensorStore& store, const ExportContext& ex,
-                                                            QuarkQuantConfig& cfg, QuantizeReport& report,
-                                                            const std::function<void(const std::string&)>& note) {
+// then each layer's tensors produced and handed to `exp` as soon as the layer is done, so memory
+// never holds the model in fp32 nor its finished tensors. Records the run in `report` and the
+// algo_config in `cfg`.
+Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, const TensorStore& store,
+                           const ExportContext& ex, OrderedExport& exp, QuarkQuantConfig& cfg, QuantizeReport& report,
+                           const std::function<void(const std::string&)>& note) {
   const AlgorithmPlan& algos = ex.plan->algorithms;
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadCalibrationTexts(o.dataset));
@@ -165,13 +273,13 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
     if (o.progress) o.progress(done, total);
     if (o.on_layer && total % layers == 0 && done % (total / layers) == 0) o.on_layer(done / (total / layers), layers);
   };
-  std::map<std::string, Produced> produced;
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) exp.Await(LayerTensorNames(mc, l));
   auto sink = [&](LayerTensor lt) -> Status {
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, "quantize at " + lt.name));
     NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(lt.name));
     NIBBLE_ASSIGN_OR_RETURN(Produced p, ProduceTensor(*t, &lt.values, lt.codes ? &*lt.codes : nullptr, ex));
-    produced[lt.name] = std::move(p);
-    return Status::Ok();
+    lt = LayerTensor{};
+    return exp.Deliver(t->name, std::move(p));
   };
   const Propagation prop = algos.propagation();
   NIBBLE_ASSIGN_OR_RETURN(cfg.calibration,
@@ -183,38 +291,8 @@ Result<std::map<std::string, Produced>> RunCalibratedExport(const QuantizeOption
   for (const auto& m : r->messages) note(m);
   cfg.algo_config = algos.AlgoConfig(*r, mc);
   report.calib = std::move(r).value();
-  return produced;
-}
-
-// Every tensor in input order (sorted names) into `out`; the algorithm's are already produced.
-Status WriteTensors(const QuantizeOptions& o, const TensorStore& store, const ExportContext& ex, size_t n_modules,
-                    std::map<std::string, Produced>& produced, CheckpointWriter& out, QuantizeReport& report) {
-  int64_t done = 0;
-  for (const std::string& tname : store.Names()) {
-    NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, "quantize at " + tname));
-    if (!ex.head_source.empty() && tname.starts_with("lm_head.")) continue;  // replaced, see head_source
-    Produced p;
-    if (auto it = produced.find(tname); it != produced.end()) {
-      p = std::move(it->second);
-      produced.erase(it);
-    } else {
-      NIBBLE_ASSIGN_OR_RETURN(p, ProduceTensor(*store.Find(tname), nullptr, nullptr, ex));
-    }
-    std::optional<Produced> head;
-    if (tname == ex.head_source) {
-      NIBBLE_ASSIGN_OR_RETURN(head, ProduceLinear(*store.Find(tname), *ex.plan->Find("lm_head"), nullptr, nullptr, ex));
-    }
-    for (Produced* q : {&p, head ? &*head : nullptr}) {
-      if (q == nullptr) continue;
-      for (auto& t : q->tensors) NIBBLE_RETURN_IF_ERROR(out.Add(std::move(t)));
-      if (!q->layer) continue;
-      report.layers.push_back(std::move(*q->layer));
-      if (o.progress && !ex.plan->algorithms.Calibrated()) o.progress(++done, static_cast<int64_t>(n_modules));
-    }
-  }
   return Status::Ok();
 }
-
 
 // The note at the top of the output's README.md (io/model_card.h): what was quantized how, as
 // Quark and llm-compressor state it in theirs.
@@ -320,6 +398,7 @@ Result<std::vector<std::string>> OutputWarnings(const QuantizeOptions& o, const 
 
 Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
+  PeakMemorySampler memory;
   QuantizeReport report;
   NIBBLE_ASSIGN_OR_RETURN(AlgorithmPlan algorithms, CheckRequest(o));
   NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* format, FindExportFormat(o.model_export));
@@ -344,7 +423,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
     plan.SetScaleDType(*dt);
     SetScaleDType(request, *dt);
   }
-  ExportContext ex{&plan, writer.get(), {}, ""};
+  ExportContext ex{&plan, writer.get(), &store, {}, ""};
   for (const PlannedLinear& l : plan.linears)
     if (l.written && l.weight == l.module + ".weight") ex.linear_of_weight[l.weight] = &l;
   if (plan.head_from_embedding) ex.head_source = kEmbedTokensWeight;
@@ -362,13 +441,13 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
     note("warning: --dataset " + o.dataset + " is not used by --quant_algo " + plan.algorithms.Name());
   if (o.model_export != "gptq" && o.gptq_format != "v1")
     note("warning: --gptq_format " + o.gptq_format + " is used only by --model_export gptq");
-  std::map<std::string, Produced> produced;
-  if (plan.algorithms.Calibrated()) {
-    NIBBLE_ASSIGN_OR_RETURN(produced, RunCalibratedExport(o, mc, store, ex, request.config, report, note));
-  }
   if (o.output_dir.empty()) return MakeError("--output_dir is empty");
   NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, CheckpointWriter::Create(o.output_dir, o.max_shard_size));
-  NIBBLE_RETURN_IF_ERROR(WriteTensors(o, store, ex, request.modules.size(), produced, out, report));
+  // Input tensors written unchanged are read once: their pages go once their shard is written.
+  out.SetAfterBorrowedWritten([&store](const uint8_t* p, size_t n) { store.Evict(p, n); });
+  OrderedExport exp(o, store, ex, request.modules.size(), out, report);
+  if (plan.algorithms.Calibrated()) NIBBLE_RETURN_IF_ERROR(RunCalibratedExport(o, mc, store, ex, exp, request.config, report, note));
+  NIBBLE_RETURN_IF_ERROR(exp.Finish());
   NIBBLE_RETURN_IF_ERROR(out.Finish());
   report.shards = out.shards();
   report.total_bytes = out.total_bytes();
@@ -388,6 +467,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, "quantize before the output was committed"));
   NIBBLE_RETURN_IF_ERROR(out.Commit(o.overwrite));
   for (const std::string& w : warnings) note(w);
+  report.memory = memory.Stop();
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }

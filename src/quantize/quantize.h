@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/memory.h"
 #include "base/result.h"
 #include "formats/quark_config.h"
 #include "quantize/algorithm.h"
@@ -21,6 +22,8 @@
 #include "quantize/plan.h"
 
 namespace nibble {
+
+using ProcessMemoryPeaks = PeakMemorySampler::Peaks;
 
 struct QuantizeOptions {
   std::string model_dir;
@@ -80,6 +83,10 @@ struct QuantizeReport {
   int64_t shards = 0;
   int64_t total_bytes = 0;          // all tensor bytes written
   double seconds = 0;
+  /// Resident memory over the run (PeakMemorySampler), bytes, -1 unknown: RssAnon at the start and
+  /// its peak (what quantize itself holds), RssFile's peak (pages of the mmap'd input and of the
+  /// spool being copied into a shard, which the kernel can drop) and VmHWM (peak of the total).
+  ProcessMemoryPeaks memory;
 };
 
 /// Runs the whole export. Errors: input errors (config, tensors), a misaligned layer under
