@@ -53,6 +53,24 @@ Status CheckChainOrder(const std::vector<const QuantAlgorithm*>& chain) {
   return Status::Ok();
 }
 
+// The first entry of a Quark algo_config (a list, or a legacy single object) whose "name" is
+// `name`, and "algo_config[i]" naming it; nullptr when there is none.
+const nlohmann::ordered_json* FindAlgoConfigEntry(const nlohmann::ordered_json& algo_config, const std::string& name,
+                                                  std::string* where) {
+  if (algo_config.is_null()) return nullptr;
+  if (!algo_config.is_array()) {
+    *where = "algo_config[0]";
+    return algo_config.is_object() && algo_config.value("name", nlohmann::ordered_json()) == name ? &algo_config : nullptr;
+  }
+  for (size_t e = 0; e < algo_config.size(); ++e) {
+    const auto& j = algo_config[e];
+    if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>() != name) continue;
+    *where = "algo_config[" + std::to_string(e) + "]";
+    return &j;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 Result<std::vector<const QuantAlgorithm*>> ParseAlgorithmChain(const std::string& text) {
@@ -89,7 +107,9 @@ Result<AlgorithmPlan> ResolveAlgorithms(const std::vector<const QuantAlgorithm*>
   for (const QuantAlgorithm* a : chain) {
     PlannedAlgorithm p{a, nullptr};
     if (a->resolve != nullptr) {
-      NIBBLE_ASSIGN_OR_RETURN(p.settings, a->resolve(flags, prop, algo_config));
+      std::string where;
+      const nlohmann::ordered_json* entry = FindAlgoConfigEntry(algo_config, a->name, &where);
+      NIBBLE_ASSIGN_OR_RETURN(p.settings, a->resolve(flags, prop, entry, where));
     }
     plan.chain.push_back(std::move(p));
   }

@@ -85,10 +85,11 @@ struct QuantAlgorithm {
   CalibrationNeed calibration;
   AlgorithmRole role;
   Propagation default_propagation;  // as the chain's last algorithm, without --propagate
-  /// Its settings for a run: `flags`' with `propagation`, its algo_config entry over them,
-  /// validated. nullptr: it has none (RTN).
+  /// Its settings for a run: `flags`' with `propagation`, its algo_config entry over them (`entry`:
+  /// FindAlgoConfigEntry's, nullptr when none; `where` names it in errors), validated. nullptr: it
+  /// has none (RTN).
   Result<std::shared_ptr<const AlgorithmSettings>> (*resolve)(const AlgorithmFlags& flags, Propagation propagation,
-                                                              const nlohmann::ordered_json& algo_config);
+                                                              const nlohmann::ordered_json* entry, const std::string& where);
   /// When it is not in the chain `chain`: refuses its flags that would change the run (GPTQ's
   /// --actorder), and checks the others as they would run. nullptr: nothing to check.
   Status (*check_unused)(const AlgorithmFlags& flags, const std::string& chain);

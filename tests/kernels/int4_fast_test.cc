@@ -44,6 +44,21 @@ struct Packed {
                  bytes.data())) {}
 };
 
+// One random GEMM case: W (N × K, group g) with its reference dequantization and packing, M rows
+// of x and a bias, drawn from `rng` in that order.
+struct GemmCase {
+  Int4Matrix w;
+  std::vector<float> wd;
+  Packed p;
+  std::vector<float> x, bias;
+  GemmCase(std::mt19937& rng, std::normal_distribution<float>& xd, int64_t m, int64_t n, int64_t k, int64_t g, bool sym)
+      : w(RandomMatrix(rng, n, k, g, sym)), wd(static_cast<size_t>(n * k)), p((DequantizeRef(w, wd.data()), w)),
+        x(static_cast<size_t>(m * k)), bias(static_cast<size_t>(n)) {
+    for (auto& v : x) v = xd(rng);
+    for (auto& v : bias) v = xd(rng);
+  }
+};
+
 std::vector<const W4Kernels*> SupportedKernels() {
   std::vector<const W4Kernels*> out;
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
@@ -168,25 +183,19 @@ TEST(W4KernelTest, EveryIsaMatchesReferenceOnTailShapes) {
         for (int64_t m : {1, 2, 5, 32}) {
           if (n * k * m > (int64_t{1} << 23) && !(n == 4096 && k == 4096 && m == 1 && gs == 128)) continue;
           const bool sym = ((n + m + kk) % 2) == 0;
-          const Int4Matrix w = RandomMatrix(rng, n, k, gs, sym);
-          std::vector<float> wd(static_cast<size_t>(n * k));
-          DequantizeRef(w, wd.data());
-          Packed p(w);
-          std::vector<float> x(static_cast<size_t>(m * k)), bias(static_cast<size_t>(n));
-          for (auto& v : x) v = xd(rng);
-          for (auto& v : bias) v = xd(rng);
+          GemmCase c(rng, xd, m, n, k, gs, sym);
           const bool with_bias = cases % 3 == 0;
           for (const W4Kernels* kern : isas) {
             std::vector<float> y(static_cast<size_t>(m * n), std::nanf(""));
-            W4PackedGemmArgs a{m, &p.w, x.data(), with_bias ? bias.data() : nullptr, y.data()};
+            W4PackedGemmArgs a{m, &c.p.w, c.x.data(), with_bias ? c.bias.data() : nullptr, y.data()};
             GemmW4A32Packed(a, kern);
-            EXPECT_TRUE(WithinTolerance(w, wd, m, x, with_bias ? bias.data() : nullptr, y))
+            EXPECT_TRUE(WithinTolerance(c.w, c.wd, m, c.x, with_bias ? c.bias.data() : nullptr, y))
                 << IsaName(kern->isa) << " M=" << m << " N=" << n << " K=" << k << " g=" << gs
                 << (sym ? " sym" : " asym") << (with_bias ? " bias" : "");
             std::vector<float> d(static_cast<size_t>(n * k));
             if (m == 1) {
-              DequantW4Packed(p.w, d.data(), kern);
-              EXPECT_EQ(std::memcmp(d.data(), wd.data(), d.size() * 4), 0) << IsaName(kern->isa) << " dequant";
+              DequantW4Packed(c.p.w, d.data(), kern);
+              EXPECT_EQ(std::memcmp(d.data(), c.wd.data(), d.size() * 4), 0) << IsaName(kern->isa) << " dequant";
             }
           }
           ++cases;
@@ -206,18 +215,12 @@ TEST(W4KernelTest, GemvOnBothSidesOfTheRowStreamingLimit) {
     for (int64_t k : {int64_t{8192}, int64_t{8448}}) {
       for (int64_t n : {1, 9, 65}) {
         for (bool sym : {true, false}) {
-          const Int4Matrix w = RandomMatrix(rng, n, k, g, sym);
-          std::vector<float> wd(static_cast<size_t>(n * k));
-          DequantizeRef(w, wd.data());
-          Packed p(w);
-          std::vector<float> x(static_cast<size_t>(k)), bias(static_cast<size_t>(n));
-          for (auto& v : x) v = xd(rng);
-          for (auto& v : bias) v = xd(rng);
+          GemmCase c(rng, xd, 1, n, k, g, sym);
           for (const W4Kernels* kern : SupportedKernels()) {
             std::vector<float> y(static_cast<size_t>(n), std::nanf(""));
-            W4PackedGemmArgs a{1, &p.w, x.data(), bias.data(), y.data()};
+            W4PackedGemmArgs a{1, &c.p.w, c.x.data(), c.bias.data(), y.data()};
             GemmW4A32Packed(a, kern);
-            EXPECT_TRUE(WithinTolerance(w, wd, 1, x, bias.data(), y))
+            EXPECT_TRUE(WithinTolerance(c.w, c.wd, 1, c.x, c.bias.data(), y))
                 << IsaName(kern->isa) << " N=" << n << " K=" << k << " g=" << g << (sym ? " sym" : " asym");
           }
         }
@@ -258,19 +261,13 @@ TEST(W4KernelTest, Avx2KernelIsBitIdenticalToItsScalarOrderModel) {
       for (int64_t n : {1, 5, 9}) {
         for (int64_t m : {1, 3}) {
           const bool sym = (n + m) % 2 == 0;
-          const Int4Matrix w = RandomMatrix(rng, n, k, g, sym);
-          std::vector<float> wd(static_cast<size_t>(n * k));
-          DequantizeRef(w, wd.data());
-          Packed p(w);
-          std::vector<float> x(static_cast<size_t>(m * k)), bias(static_cast<size_t>(n));
-          for (auto& v : x) v = xd(rng);
-          for (auto& v : bias) v = xd(rng);
+          GemmCase c(rng, xd, m, n, k, g, sym);
           std::vector<float> y(static_cast<size_t>(m * n), std::nanf(""));
-          W4PackedGemmArgs a{m, &p.w, x.data(), bias.data(), y.data()};
+          W4PackedGemmArgs a{m, &c.p.w, c.x.data(), c.bias.data(), y.data()};
           GemmW4A32Packed(a, avx2);
           for (int64_t i = 0; i < m; ++i)
             for (int64_t j = 0; j < n; ++j) {
-              const float want = Avx2OrderModel(x.data() + i * k, wd.data() + j * k, k, bias.data() + j);
+              const float want = Avx2OrderModel(c.x.data() + i * k, c.wd.data() + j * k, k, c.bias.data() + j);
               const float got = y[static_cast<size_t>(i * n + j)];
               EXPECT_EQ(std::memcmp(&got, &want, 4), 0) << "y[" << i << "][" << j << "] = " << got << ", model " << want
                                                         << " (g=" << g << " K=" << k << " N=" << n << " M=" << m << ")";

@@ -84,11 +84,11 @@ class AwqRunSettings final : public AlgorithmSettings {
 }  // namespace
 
 Result<std::shared_ptr<const AlgorithmSettings>> ResolveAwq(const AlgorithmFlags& flags, Propagation propagation,
-                                                            const nlohmann::ordered_json& algo_config) {
+                                                            const nlohmann::ordered_json* entry, const std::string& where) {
   AwqSettings s = flags.awq;
   s.propagation = propagation;
   AwqSettingNames names;
-  NIBBLE_RETURN_IF_ERROR(ApplyAwqAlgoConfig(algo_config, s, names));
+  if (entry != nullptr) NIBBLE_RETURN_IF_ERROR(ApplyAwqAlgoConfig(*entry, where, s, names));
   NIBBLE_RETURN_IF_ERROR(ValidateAwqSettings(s, names));
   std::vector<ResolvedMapping> maps;
   for (const auto& m : s.scaling_layers) {

@@ -59,10 +59,10 @@ class AwqAlgorithm final : public ChainAlgorithm {
 };
 
 /// The registry's AWQ (QuantAlgorithm::resolve): the flags' settings with `propagation`, the
-/// "awq" algo_config entry over them, validated, its scaling_layers resolved (a mapping that does
+/// "awq" algo_config entry (`entry`, nullptr when none; `where` names it) over them, validated, its scaling_layers resolved (a mapping that does
 /// not resolve is named).
 Result<std::shared_ptr<const AlgorithmSettings>> ResolveAwq(const AlgorithmFlags& flags, Propagation propagation,
-                                                            const nlohmann::ordered_json& algo_config);
+                                                            const nlohmann::ordered_json* entry, const std::string& where);
 /// AWQ not in `chain` (QuantAlgorithm::check_unused): its flags validated.
 Status CheckAwqFlagsUnused(const AlgorithmFlags& flags, const std::string& chain);
 

@@ -84,24 +84,17 @@ Status ParseSettingKeys(const nlohmann::ordered_json& j, const std::string& wher
 
 }  // namespace
 
-Status ApplyAwqAlgoConfig(const nlohmann::ordered_json& algo_config, AwqSettings& s, AwqSettingNames& names) {
-  if (algo_config.is_null()) return Status::Ok();
-  nlohmann::ordered_json list = algo_config.is_array() ? algo_config : nlohmann::ordered_json::array({algo_config});
-  for (size_t e = 0; e < list.size(); ++e) {
-    const auto& j = list[e];
-    const std::string where = "algo_config[" + std::to_string(e) + "]";
-    if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>() != "awq") continue;
-    if (j.contains("scaling_layers") && !j["scaling_layers"].is_null()) {
-      if (!j["scaling_layers"].is_array()) return MakeError(where, ".scaling_layers: expected a list");
-      s.scaling_layers.clear();
-      for (size_t i = 0; i < j["scaling_layers"].size(); ++i) {
-        NIBBLE_ASSIGN_OR_RETURN(AwqMapping mp, ParseMapping(j["scaling_layers"][i], where + ".scaling_layers[" + std::to_string(i) + "]"));
-        s.scaling_layers.push_back(std::move(mp));
-      }
+Status ApplyAwqAlgoConfig(const nlohmann::ordered_json& j, const std::string& where, AwqSettings& s,
+                          AwqSettingNames& names) {
+  if (j.contains("scaling_layers") && !j["scaling_layers"].is_null()) {
+    if (!j["scaling_layers"].is_array()) return MakeError(where, ".scaling_layers: expected a list");
+    s.scaling_layers.clear();
+    for (size_t i = 0; i < j["scaling_layers"].size(); ++i) {
+      NIBBLE_ASSIGN_OR_RETURN(AwqMapping mp, ParseMapping(j["scaling_layers"][i], where + ".scaling_layers[" + std::to_string(i) + "]"));
+      s.scaling_layers.push_back(std::move(mp));
     }
-    return ParseSettingKeys(j, where, s, names);
   }
-  return Status::Ok();
+  return ParseSettingKeys(j, where, s, names);
 }
 
 nlohmann::ordered_json AwqAlgoConfigJson(const AwqSettings& s, const std::vector<AwqMapping>& used, const ModelConfig& mc) {

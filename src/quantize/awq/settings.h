@@ -69,14 +69,14 @@ struct AwqSettingNames {
 /// settings as `names` does.
 Status ValidateAwqSettings(const AwqSettings& s, const AwqSettingNames& names = {});
 
-/// Applies the AWQ entry of a Quark `algo_config` (a list, or a legacy single object: the entry
-/// whose "name" is "awq") onto `s`, key by key: scaling_layers (prev_op, layers, inp,
+/// Applies the AWQ entry of a Quark `algo_config` (`entry`, found by FindAlgoConfigEntry; `where`
+/// names it in errors, "algo_config[i]") onto `s`, key by key: scaling_layers (prev_op, layers, inp,
 /// module2inspect; extra keys such as has_kwargs ignored) and nibble's keys duo_scaling, n_grid,
-/// clip, propagation; `names` gets the key of each validated setting it gave. Nothing happens
-/// when algo_config is null or holds no "awq" entry. Parses only (ValidateAwqSettings checks the
+/// clip, propagation; `names` gets the key of each validated setting it gave. Parses only (ValidateAwqSettings checks the
 /// result). Errors name the key: a non-list scaling_layers, an entry without string prev_op or a
 /// non-empty string list layers, a value of the wrong type, an unknown duo_scaling / propagation.
-Status ApplyAwqAlgoConfig(const nlohmann::ordered_json& algo_config, AwqSettings& s, AwqSettingNames& names);
+Status ApplyAwqAlgoConfig(const nlohmann::ordered_json& entry, const std::string& where, AwqSettings& s,
+                          AwqSettingNames& names);
 
 /// The Quark `algo_config` list written to config.json: [{"name": "awq", "scaling_layers": the
 /// mappings actually used (skipped ones left out), "model_decoder_layers": "model.layers",

@@ -117,11 +117,11 @@ class GptqRunSettings final : public AlgorithmSettings {
 }  // namespace
 
 Result<std::shared_ptr<const AlgorithmSettings>> ResolveGptq(const AlgorithmFlags& flags, Propagation propagation,
-                                                             const nlohmann::ordered_json& algo_config) {
+                                                             const nlohmann::ordered_json* entry, const std::string& where) {
   GptqSettings s = flags.gptq;
   s.propagation = propagation;
   GptqSettingNames names;
-  NIBBLE_RETURN_IF_ERROR(ApplyGptqAlgoConfig(algo_config, s, names));
+  if (entry != nullptr) NIBBLE_RETURN_IF_ERROR(ApplyGptqAlgoConfig(*entry, where, s, names));
   NIBBLE_RETURN_IF_ERROR(ValidateGptqSettings(s, names));
   return std::shared_ptr<const AlgorithmSettings>(std::make_shared<GptqRunSettings>(s, names));
 }

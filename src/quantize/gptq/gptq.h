@@ -57,9 +57,9 @@ class GptqAlgorithm final : public ChainAlgorithm {
 };
 
 /// The registry's GPTQ (QuantAlgorithm::resolve): the flags' settings with `propagation`, the
-/// "gptq" algo_config entry over them, validated.
+/// "gptq" algo_config entry (`entry`, nullptr when none; `where` names it) over them, validated.
 Result<std::shared_ptr<const AlgorithmSettings>> ResolveGptq(const AlgorithmFlags& flags, Propagation propagation,
-                                                             const nlohmann::ordered_json& algo_config);
+                                                             const nlohmann::ordered_json* entry, const std::string& where);
 /// GPTQ not in `chain` (QuantAlgorithm::check_unused): --actorder is refused, the other flags
 /// validated.
 Status CheckGptqFlagsUnused(const AlgorithmFlags& flags, const std::string& chain);

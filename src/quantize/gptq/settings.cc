@@ -106,17 +106,10 @@ Status ParseNibbleKeys(const nlohmann::ordered_json& j, const std::string& where
 
 }  // namespace
 
-Status ApplyGptqAlgoConfig(const nlohmann::ordered_json& algo_config, GptqSettings& s, GptqSettingNames& names) {
-  if (algo_config.is_null()) return Status::Ok();
-  nlohmann::ordered_json list = algo_config.is_array() ? algo_config : nlohmann::ordered_json::array({algo_config});
-  for (size_t e = 0; e < list.size(); ++e) {
-    const auto& j = list[e];
-    const std::string where = "algo_config[" + std::to_string(e) + "]";
-    if (!j.is_object() || !j.contains("name") || !j["name"].is_string() || j["name"].get<std::string>() != "gptq") continue;
-    NIBBLE_RETURN_IF_ERROR(ParseQuarkKeys(j, where, s, names));
-    return ParseNibbleKeys(j, where, s, names);
-  }
-  return Status::Ok();
+Status ApplyGptqAlgoConfig(const nlohmann::ordered_json& j, const std::string& where, GptqSettings& s,
+                           GptqSettingNames& names) {
+  NIBBLE_RETURN_IF_ERROR(ParseQuarkKeys(j, where, s, names));
+  return ParseNibbleKeys(j, where, s, names);
 }
 
 nlohmann::ordered_json GptqAlgoConfigEntry(const GptqSettings& s) {

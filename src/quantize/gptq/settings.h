@@ -63,14 +63,15 @@ struct GptqSettingNames {
 /// settings as `names` does.
 Status ValidateGptqSettings(const GptqSettings& s, const GptqSettingNames& names = {});
 
-/// Applies the GPTQ entry of a Quark `algo_config` (a list, or a single object: the entry whose
-/// "name" is "gptq") onto `s`, key by key: Quark's keys damp_percent, block_size, desc_act,
+/// Applies the GPTQ entry of a Quark `algo_config` (`entry`, found by FindAlgoConfigEntry; `where`
+/// names it in errors, "algo_config[i]") onto `s`, key by key: Quark's keys damp_percent, block_size, desc_act,
 /// static_groups (desc_act with static_groups is act-order static, without it act-order group;
 /// static_groups false is dynamic scale timing) and nibble's keys scale_timing, actorder,
 /// true_sequential, propagation, which win over Quark's; `names` gets the key of each validated
-/// setting it gave. Nothing happens when algo_config holds no "gptq" entry. Parses only
+/// setting it gave. Parses only
 /// (ValidateGptqSettings checks the result). Errors name the key, the value and what is allowed.
-Status ApplyGptqAlgoConfig(const nlohmann::ordered_json& algo_config, GptqSettings& s, GptqSettingNames& names);
+Status ApplyGptqAlgoConfig(const nlohmann::ordered_json& entry, const std::string& where, GptqSettings& s,
+                           GptqSettingNames& names);
 
 /// The "gptq" algo_config entry written to config.json: Quark's keys (damp_percent, block_size,
 /// desc_act, static_groups, true_sequential, model_decoder_layers) and nibble's (scale_timing,
