@@ -168,10 +168,10 @@ nlohmann::ordered_json ToJson(const CompareArgs& a, const nibble::ComparisonRepo
   j["text"] = a.text;
   j["base"] = r.base_logits_file.empty() ? a.model : r.base_logits_file;
   j["base_is_saved_logits"] = !r.base_logits_file.empty();
-  j["base_perplexity"] = PerplexityJson(r.base);
+  j["base_perplexity"] = PerplexityValue(r.base);
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (size_t i = 0; i < r.rows.size(); ++i) {
-    nlohmann::ordered_json row = ComparisonRowJson(r.rows[i]);
+    nlohmann::ordered_json row = ComparisonRowValue(r.rows[i]);
     row["size"] = SizeJson(sizes[i]);
     rows.push_back(row);
   }

@@ -103,9 +103,9 @@ int RunAgainstBase(const Run& run) {
                               {"base_is_saved_logits", !c->base_logits_file.empty()},
                               {"text", a->text},
                               {"activations", nibble::ActivationTypeName(run.model->info().activations)}};
-  j["base_perplexity"] = PerplexityJson(c->base);
-  j["perplexity"] = PerplexityJson(row.perplexity);
-  j["comparison"] = ComparisonRowJson(row);
+  j["base_perplexity"] = PerplexityValue(c->base);
+  j["perplexity"] = PerplexityValue(row.perplexity);
+  j["comparison"] = ComparisonRowValue(row);
   if (run.opt_in.on) {
     const auto& r2 = c->rows[1];
     std::fprintf(run.out, "%s, %lld int4 linears): perplexity %.4f (%+.2f %% vs fp32 activations), mean KLD %.6f nats "
@@ -113,7 +113,7 @@ int RunAgainstBase(const Run& run) {
                  run.opt_in.label, static_cast<long long>(run.opt_linears), r2.perplexity.ppl,
                  100.0 * (r2.perplexity.ppl / row.perplexity.ppl - 1.0), r2.mean_kld, r2.mean_kld - row.mean_kld,
                  100.0 * r2.top1_agreement);
-    j[std::string(run.opt_in.short_name) + "_activations"] = ComparisonRowJson(r2);
+    j[std::string(run.opt_in.short_name) + "_activations"] = ComparisonRowValue(r2);
   }
   if (!a->save_logits.empty()) std::fprintf(run.out, "saved the base model's logits to %s\n", a->save_logits.c_str());
   j["seconds"] = c->base.seconds;
@@ -151,7 +151,7 @@ int RunPlain(const Run& run, const nibble::PerplexityOptions& opt) {
   nlohmann::ordered_json j = {{"model", a->model},
                               {"text", a->text},
                               {"activations", nibble::ActivationTypeName(run.model->info().activations)}};
-  j["perplexity"] = PerplexityJson(*r);
+  j["perplexity"] = PerplexityValue(*r);
   j["seconds"] = r->seconds;
   j["tokens_per_second"] = r->tokens_per_second;
   j["threads"] = nibble::NumThreads();
@@ -166,7 +166,7 @@ int RunPlain(const Run& run, const nibble::PerplexityOptions& opt) {
                  100.0 * (r2->ppl / r->ppl - 1.0), r->ppl);
     std::fprintf(stderr, "throughput (%s activations): %.1f tokens/s (%.2f s)\n", run.opt_in.short_name, r2->tokens_per_second,
                  r2->seconds);
-    j[std::string(run.opt_in.short_name) + "_activations"] = PerplexityJson(*r2);
+    j[std::string(run.opt_in.short_name) + "_activations"] = PerplexityValue(*r2);
   }
   if (a->json) std::printf("%s\n", j.dump(2).c_str());
   return 0;

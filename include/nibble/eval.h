@@ -69,6 +69,11 @@ struct PerplexityReport {
 Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::string& text,
                                             const PerplexityOptions& options);
 
+/// The report as a JSON object: ppl, ppl_stderr, mean_nll, seq_len, tokens, windows,
+/// windows_available, scored_tokens, dropped_tokens, bos_prepended (`nibble perplexity --json`'s
+/// "perplexity" object; timing is left to the caller).
+std::string PerplexityJson(const PerplexityReport& report);
+
 /// Options of CompareModels: the perplexity protocol (SPEC §6.1) shared by every model.
 struct CompareOptions {
   int64_t seq_len = 512;
@@ -96,6 +101,10 @@ struct ComparisonRow {
   double top1_agreement = 0;  // fraction of positions whose argmax equals the base's ("same top p")
   double top1_agreement_error = 0;  // sqrt(p (1 - p) / (N - 1))
 };
+
+/// One compared model as a JSON object: dir, ppl, ppl_stderr, mean_nll, kld {mean, mean_stderr,
+/// median, p90, p99, p99_9, max}, same_top_p, same_top_p_stderr.
+std::string ComparisonRowJson(const ComparisonRow& row);
 
 struct ComparisonReport {
   PerplexityReport base;  // base.seconds: the whole comparison (base and every model), wall time

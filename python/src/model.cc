@@ -326,11 +326,10 @@ py::dict Perplexity(const PyModel& pm, const std::string& text, int64_t seq_len,
         o.cancel = cancel;
         return nibble::EvaluatePerplexity(*pm.model, text, o);
       }));
-  return py::dict(py::arg("ppl") = p.ppl, py::arg("ppl_stderr") = p.ppl_stderr, py::arg("mean_nll") = p.mean_nll,
-                  py::arg("seq_len") = p.seq_len, py::arg("tokens") = p.n_tokens, py::arg("windows") = p.n_windows,
-                  py::arg("windows_available") = p.n_windows_available, py::arg("scored_tokens") = p.scored_tokens,
-                  py::arg("dropped_tokens") = p.dropped_tokens, py::arg("bos_prepended") = p.bos_prepended,
-                  py::arg("seconds") = p.seconds, py::arg("tokens_per_second") = p.tokens_per_second);
+  py::dict d = py::module_::import("json").attr("loads")(nibble::PerplexityJson(p));
+  d["seconds"] = p.seconds;
+  d["tokens_per_second"] = p.tokens_per_second;
+  return d;
 }
 
 }  // namespace

@@ -25,9 +25,10 @@ void PrintKldStatistics(std::FILE* out, const nibble::ComparisonRow& row, const 
 /// `before_print` runs before the first output (e.g. to close a progress bar).
 std::function<void(int64_t, int64_t, double)> RunningPerplexityPrinter(std::function<void()> before_print = nullptr);
 
-nlohmann::ordered_json PerplexityJson(const nibble::PerplexityReport& p);
+/// The library's JSON forms (nibble::PerplexityJson, ComparisonRowJson, SizeSummaryJson) as objects.
+nlohmann::ordered_json PerplexityValue(const nibble::PerplexityReport& p);
 /// One compared model: perplexity and the KLD statistics.
-nlohmann::ordered_json ComparisonRowJson(const nibble::ComparisonRow& row);
+nlohmann::ordered_json ComparisonRowValue(const nibble::ComparisonRow& row);
 nlohmann::ordered_json SizeJson(const nibble::SizeSummary& s);
 
 }  // namespace nibble_cli
