@@ -404,6 +404,63 @@ TEST(W4Bf16Test, Bf16MatmulMatchesTheDoubleSum) {
   }
 }
 
+// Batched decode: every M from 1 to 16 against the oracle at each group size the kernel serves,
+// with odd N (tails of the 2-row blocks) and odd numbers of groups (K not a multiple of 128 at
+// g = 32, 96); and a row's result is the same bits whatever batch it shares a kernel with: among
+// the first M rows, at any slot among 7 other rows. That keeps a sequence's logits independent of
+// the other sequences of a batched step of 2 rows or more. A row alone (M = 1) at g % 128 == 0
+// runs the decode loop, another fixed order than the blocks (docs/KERNELS.md "bf16 activations"):
+// there the selection does not give the blocks' bits, and only the oracle is checked.
+TEST(W4Bf16Test, BatchesOfOneToSixteenRowsAndRowsIndependentOfTheBatch) {
+  const W4GemmBf16Kernel fast = FastKernel();
+  if (fast == nullptr) GTEST_SKIP() << "no AVX-512 BF16 kernel on this CPU: " << ActiveW4Dispatch().gemm_bf16_reason;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  for (int64_t g : {32, 64, 96, 128, 256}) {
+    for (int64_t n : {5, 19}) {
+      const int64_t k = g * (g >= 128 ? 3 : 5);
+      for (bool sym : {false, true}) {
+        const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, g, sym);
+        Packed p(m);
+        constexpr int64_t kRows = 16;
+        std::vector<float> x(static_cast<size_t>(k * kRows));
+        for (auto& v : x) v = xd(rng);
+        PreparedRows rows(x.data(), kRows, k, g);
+        std::vector<float> bias(static_cast<size_t>(n));
+        for (auto& v : bias) v = xd(rng);
+        const float* b = sym ? bias.data() : nullptr;
+        std::vector<float> yall(static_cast<size_t>(kRows * n));
+        fast(p.w, rows.acts.data(), kRows, b, yall.data(), 0, n);
+        for (int64_t mr = 1; mr <= kRows; ++mr) {
+          std::vector<float> y(static_cast<size_t>(mr * n));
+          fast(p.w, rows.acts.data(), mr, b, y.data(), 0, n);
+          for (int64_t i = 0; i < mr; ++i) {
+            const Ref ref = Oracle(m, x.data() + i * k, b);
+            for (int64_t j = 0; j < n; ++j) {
+              ASSERT_LE(std::fabs(y[i * n + j] - ref.y[j]), ref.tol[j])
+                  << "g=" << g << " n=" << n << " k=" << k << " sym=" << sym << " M=" << mr << " y[" << i << "][" << j << "]";
+            }
+          }
+          const bool decode_loop = mr < kW4Bf16BlockMinRows && g % 128 == 0;
+          if (!decode_loop) {
+            EXPECT_EQ(std::memcmp(y.data(), yall.data(), y.size() * 4), 0) << "g=" << g << " n=" << n << " M=" << mr;
+          }
+        }
+        // Row 0 at every slot of an 8-row batch of other rows (rows 8..14), against row 0 of the
+        // 16-row batch.
+        for (int64_t slot = 0; slot < 8; ++slot) {
+          std::vector<W4Bf16Acts> batch;
+          for (int64_t i = 0; i < 7; ++i) batch.push_back(rows.acts[static_cast<size_t>(8 + i)]);
+          batch.insert(batch.begin() + slot, rows.acts[0]);
+          std::vector<float> y(static_cast<size_t>(8 * n));
+          fast(p.w, batch.data(), 8, b, y.data(), 0, n);
+          EXPECT_EQ(std::memcmp(y.data() + slot * n, yall.data(), static_cast<size_t>(n) * 4), 0) << "g=" << g << " slot " << slot;
+        }
+      }
+    }
+  }
+}
+
 TEST(W4Bf16Test, ThreadsAndInt4LinearAndUnsupportedGroupSizes) {
   std::mt19937 rng(22);
   std::normal_distribution<float> xd(0.f, 1.f);
