@@ -140,6 +140,7 @@ nlohmann::ordered_json SummaryJson(const nibble::QuantizeRequest& r, const nibbl
   if (s.calibrated) j["calib_seconds"] = s.calib_seconds;
   j["peak_anon_bytes"] = s.peak_anon_bytes;
   j["peak_file_bytes"] = s.peak_file_bytes;
+  j["plan"] = nlohmann::ordered_json::parse(s.plan_json);
   return j;
 }
 
@@ -200,6 +201,9 @@ Runner RegisterQuantize(CLI::App& app) {
                   "Layers whose in_features is not a multiple of group_size: error | exclude | per_channel")
       ->capture_default_str();
   cmd->add_option("--tp", r.tp, "Refuse up front a configuration vLLM would refuse at this tensor-parallel size")->check(AtLeast(1));
+  AddMaxMemoryOption(cmd, &r.max_memory,
+                     "Refuse, before the first layer, a run whose planned peak memory (the plan: line) exceeds this "
+                     "(e.g. 20GB, 500MiB); default 90 % of MemAvailable");
   cmd->add_option("--max_shard_size", a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB, 200MiB")->capture_default_str();
   cmd->add_flag("--overwrite", r.overwrite, "Replace an existing output directory");
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
@@ -222,29 +226,25 @@ Runner RegisterQuantize(CLI::App& app) {
     }
     (void)cmd;
     nibble::SetNumThreads(a->threads);
-    std::unique_ptr<nibble::ProgressBar> bar;
-    int64_t bar_total = -1;
-    // RTN reports every linear quantized and written; the calibrated algorithms their (layer,
-    // step) units, logged per layer (LayerLog) where the bar is not drawn.
-    const nibble::Result<nibble::QuantAlgoInfo> algo = nibble::DescribeQuantAlgo(r.quant_algo);
-    const bool calibrated = algo.ok() && algo->calibrated;  // an unknown chain: Quantize names it
-    r.progress = [&bar, &bar_total, &r, calibrated](int64_t done, int64_t total) {
-      if (!bar || total != bar_total) {
-        bar = std::make_unique<nibble::ProgressBar>(calibrated ? r.quant_algo + " steps" : "quantize", total,
-                                                    /*enabled=*/true, /*log_lines=*/!calibrated);
-        bar_total = total;
-      }
-      bar->Update(done);
+    // Each layer's stages with elapsed time, ETA and RSS: one line redrawn on a terminal, a line
+    // per stage in logs; the calibrated algorithms' per-layer log lines (LayerLog) too.
+    nibble::StageProgress stages(r.quant_algo);
+    r.on_stage = [&stages](const nibble::QuantizeStage& st) {
+      stages.Update(st.layer, st.layers, st.layers_done, st.stage, st.rss_anon_bytes);
     };
     r.on_layer = nibble::LayerLog(r.quant_algo + " layers");
-    r.on_message = [&bar](const std::string& m) {
-      if (bar) bar->Finish();
+    r.on_plan = [&stages](const std::string& line) {
+      stages.Finish();
+      std::fprintf(stderr, "%s\n", line.c_str());
+    };
+    r.on_message = [&stages](const std::string& m) {
+      stages.Finish();
       std::fprintf(stderr, "%s\n", m.c_str());
     };
     const CancelOnSignal interrupt;  // Ctrl-C: the staging directory is removed, exit 130
     r.cancel = interrupt.token();
     auto s = nibble::Quantize(r);
-    bar.reset();
+    stages.Finish();
     if (!s.ok()) return FailStatus(s.error());
     if (!std::filesystem::exists(std::filesystem::path(r.model_dir) / "tokenizer.model") &&
         !std::filesystem::exists(std::filesystem::path(r.model_dir) / "tokenizer.json"))

@@ -90,6 +90,9 @@ struct KvArgs {
   int64_t max_memory = 0;    // bytes; 0 = 90 % of MemAvailable
   std::string weight_cache;  // --weight_cache: "" = the default directory, "off" = none
 };
+/// `--max_memory SIZE` on `cmd` (ParseMemorySize's sizes, > 0) into `bytes`: the one spelling of
+/// every command's memory limit.
+void AddMaxMemoryOption(CLI::App* cmd, int64_t* bytes, const std::string& help);
 /// `--kv_dtype bf16|fp32`, `--ctx_size N`, `--max_memory SIZE`, `--weight_cache DIR|off` on
 /// `cmd`; `ctx_help` says what --ctx_size defaults to for this command.
 void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help);

@@ -87,6 +87,17 @@ void AddActivationsOption(CLI::App* cmd, nibble::ActivationType* type) {
       ->default_str("auto");
 }
 
+void AddMaxMemoryOption(CLI::App* cmd, int64_t* bytes, const std::string& help) {
+  cmd->add_option_function<std::string>(
+      "--max_memory",
+      [bytes](const std::string& v) {
+        auto r = nibble::ParseMemorySize(v);
+        if (!r.ok() || *r <= 0) throw CLI::ValidationError("--max_memory", r.ok() ? "must be > 0, got \"" + v + "\"" : r.error().message);
+        *bytes = *r;
+      },
+      help);
+}
+
 void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help) {
   cmd->add_option_function<std::string>(
          "--kv_dtype",
@@ -98,14 +109,7 @@ void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help) {
       ->default_str("bf16");
   cmd->add_option("--ctx_size,-c", a->ctx_size, "Context size in positions (the KV cache's); " + ctx_help)
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  cmd->add_option_function<std::string>(
-         "--max_memory",
-         [a](const std::string& v) {
-           auto r = nibble::ParseMemorySize(v);
-           if (!r.ok() || *r <= 0) throw CLI::ValidationError("--max_memory", r.ok() ? "must be > 0, got \"" + v + "\"" : r.error().message);
-           a->max_memory = *r;
-         },
-         "Refuse a KV cache larger than this (e.g. 16GB, 512MiB); default 90 % of MemAvailable");
+  AddMaxMemoryOption(cmd, &a->max_memory, "Refuse a KV cache larger than this (e.g. 16GB, 512MiB); default 90 % of MemAvailable");
   cmd->add_option("--weight_cache", a->weight_cache,
                   "Directory of packed int4 weights reused by later loads of the same checkpoint, or off "
                   "(default $NIBBLE_CACHE_DIR/weights, else ~/.cache/nibble/weights)");

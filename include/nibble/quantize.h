@@ -34,6 +34,15 @@ struct SizeSummary {
 /// included); tensors 3,104,768 bytes (3.10 MB), 3.76x smaller than with 16-bit float linears".
 std::string FormatSize(const SizeSummary& size);
 
+/// Where a quantize run is (QuantizeRequest::on_stage): decoder layer `layer` (1-based) of
+/// `layers` starts `stage`, `layers_done` finished. Calibrated chains: load, calibrate (AWQ's
+/// search and the fp pass), quantize (GPTQ, the codes, the error report), write; RTN: quantize.
+struct QuantizeStage {
+  int64_t layer = 0, layers = 0, layers_done = 0;
+  std::string stage;
+  int64_t rss_anon_bytes = -1;  // the process's RssAnon now, -1 unknown
+};
+
 /// `nibble quantize` request, in AMD Quark's vocabulary (quantize_quark.py flags).
 struct QuantizeRequest {
   std::string model_dir;
@@ -64,6 +73,16 @@ struct QuantizeRequest {
   std::function<void(int64_t done, int64_t total)> progress;
   /// Calibrated algorithms: called as each decoder layer is done (1-based), for logs.
   std::function<void(int64_t layer, int64_t layers)> on_layer;
+  /// As each stage of a decoder layer starts (QuantizeStage), for progress displays.
+  std::function<void(const QuantizeStage& stage)> on_stage;
+  /// The memory and disk plan as one line ("plan: expected peak ..."), once, before the first
+  /// layer is read (QuantizeSummary::plan_line).
+  std::function<void(const std::string& line)> on_plan;
+  /// Refuse, before any layer is read, a run whose planned peak of anonymous memory exceeds this
+  /// many bytes (kResourceExhausted, with the numbers and the largest terms); 0 = 90 % of
+  /// MemAvailable (DefaultMaxMemory), < 0 = no limit. A run whose output and spool do not fit the
+  /// free disk at the output's parent is refused too.
+  int64_t max_memory = 0;
 
   // AWQ (quant_algo "awq", SPEC §2.1). Calibration: `dataset` is a plain-text file (one text) or
   // JSONL with a "text" field; texts are encoded (BOS per text), concatenated and cut into
@@ -171,6 +190,10 @@ struct QuantizeSummary {
   /// RssFile (pages of mapped files, chiefly the input: the kernel can drop them) and VmHWM.
   int64_t start_anon_bytes = -1, peak_anon_bytes = -1, peak_file_bytes = -1, vm_hwm_bytes = -1;
   std::vector<std::string> messages;
+  /// The memory and disk plan made before the first layer: its line and its JSON object
+  /// (peak_anon_bytes, peak_phase, terms, output_bytes, disk_bytes, free_disk_bytes, disk_dir).
+  std::string plan_line, plan_json;
+  int64_t plan_peak_anon_bytes = 0;
   /// The machine-readable report (`nibble quantize --report`): settings, calibration, per layer
   /// mappings and per-linear errors, per-linear export summary. JSON text.
   std::string report_json;

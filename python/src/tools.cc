@@ -115,6 +115,7 @@ py::object Quantize(const std::string& model_dir, const std::string& output_dir,
     else if (k == "misaligned") r.misaligned = value.cast<std::string>();
     else if (k == "tp") r.tp = value.cast<int>();
     else if (k == "max_shard_size") r.max_shard_size = TakeOrThrow(nibble::ParseMemorySize(py::str(value).cast<std::string>()));
+    else if (k == "max_memory") r.max_memory = TakeOrThrow(nibble::ParseMemorySize(py::str(value).cast<std::string>()));
     else ThrowError(nibble::MakeError("quantize: unknown keyword argument \"", k, "\""));
   }
   ProgressRelay relay(progress);
@@ -186,8 +187,10 @@ quant_algo: "rtn" | "awq" | "gptq" | "awq,gptq" (dataset: a text or JSONL file);
 JSON file path, applied as written; model_export: "hf_format" | "compressed-tensors" | "awq" | "gptq";
 options: the finer CLI flags by name (seed, awq_clip, propagate, duo_scaling, n_grid, dampening_frac,
 block_size, gptq_scale_timing, actorder, true_sequential, gptq_format, pack_method, misaligned, tp,
-max_shard_size); progress(done, total) is called from this thread. Returns the report
-(`nibble quantize --report`) as a dict. Ctrl-C cancels: no output directory is left.)");
+max_shard_size, max_memory: "20GB" refuses a run whose planned peak memory is above it, default 90 % of
+MemAvailable); progress(done, total) is called from this thread. Returns the report
+(`nibble quantize --report`, with the memory and disk "plan") as a dict. Ctrl-C cancels: no output
+directory is left.)");
   m.def("convert", &Convert, py::arg("input_dir"), py::arg("output_dir"), py::arg("to"), py::arg("pack_method") = "",
         py::arg("gptq_format") = "", py::arg("overwrite") = false,
         "Re-writes a quantized checkpoint in another format, codes untouched (`nibble convert`).");

@@ -122,3 +122,13 @@ def test_export_onnx_runs_the_export_program(model_dir, tmp_path):
         nibble.export_onnx(model_dir, str(tmp_path / "dense-onnx"))
     assert model_dir in str(e.value) and not str(e.value).startswith("nibble:")
     assert not (tmp_path / "dense-onnx").exists()
+
+
+def test_max_memory_below_the_plan_refuses_before_writing(model_dir, tmp_path):
+    report = nibble.quantize(model_dir, str(tmp_path / "ok"), threads=1)
+    plan = report["plan"]
+    assert plan["peak_anon_bytes"] >= report["memory"]["peak_anon_bytes"] > 0
+    assert plan["output_bytes"] > 0 and plan["terms"]
+    with pytest.raises(nibble.ResourceExhausted, match="expected peak .* > --max_memory"):
+        nibble.quantize(model_dir, str(tmp_path / "refused"), options={"max_memory": "1MB"})
+    assert not (tmp_path / "refused").exists()

@@ -22,10 +22,7 @@ int64_t KvCacheBytes(const Model& model, int64_t context) {
   return KvBytes(ModelAccess::llama(model).config(), context, model.info().kv_dtype == KvDtype::kBf16);
 }
 
-int64_t DefaultMaxMemory() {
-  const int64_t available = AvailableMemoryBytes();  // MemAvailable, lowered to RLIMIT_AS's room
-  return available < 0 ? -1 : available / 10 * 9;
-}
+int64_t DefaultMaxMemory() { return DefaultMemoryLimit(); }  // MemAvailable, lowered to RLIMIT_AS's room
 
 Result<int64_t> ParseMemorySize(const std::string& text) {
   size_t digits = 0;

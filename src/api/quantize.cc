@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/model_loader.h"
+#include "base/memory.h"
 #include "quantize/quantize.h"
 
 namespace nibble {
@@ -207,6 +208,7 @@ static std::string QuantizeReportJson(const QuantizeRequest& r, const QuantizeSu
   j["messages"] = s.messages;
   j["memory"] = {{"start_anon_bytes", s.start_anon_bytes}, {"peak_anon_bytes", s.peak_anon_bytes},
                  {"peak_file_bytes", s.peak_file_bytes}, {"vm_hwm_bytes", s.vm_hwm_bytes}};
+  j["plan"] = nlohmann::ordered_json::parse(s.plan_json);
   return j.dump(2) + "\n";
 }
 
@@ -285,6 +287,12 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   o.tp = r.tp;
   o.progress = r.progress;
   o.on_layer = r.on_layer;
+  if (r.on_stage)
+    o.on_stage = [&r](int64_t layer, int64_t layers, int64_t done, const std::string& stage) {
+      r.on_stage(QuantizeStage{layer, layers, done, stage, ReadProcessMemory().anon});
+    };
+  if (r.on_plan) o.on_plan = [&r](const ResourcePlan& p) { r.on_plan(ResourcePlanLine(p)); };
+  o.max_memory = r.max_memory;
   o.message = r.on_message;
   o.cancel = r.cancel;
   o.dataset = r.dataset;
@@ -323,6 +331,9 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   s.peak_file_bytes = rep.memory.peak_file;
   s.vm_hwm_bytes = rep.memory.hwm;
   s.quantization_config_json = rep.quantization_config.dump(2);
+  s.plan_line = ResourcePlanLine(rep.plan);
+  s.plan_json = ResourcePlanJson(rep.plan).dump();
+  s.plan_peak_anon_bytes = rep.plan.peak_bytes;
   s.report_json = QuantizeReportJson(r, s, rep.calib ? rep.algorithms.ReportJson(*rep.calib) : nlohmann::ordered_json());
   return s;
 }

@@ -45,6 +45,11 @@ int64_t AvailableMemoryBytes() {
   return as < 0 ? mem : std::min(mem, as);
 }
 
+int64_t DefaultMemoryLimit() {
+  const int64_t available = AvailableMemoryBytes();
+  return available < 0 ? -1 : available / 10 * 9;
+}
+
 std::string FormatBytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;

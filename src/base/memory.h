@@ -18,6 +18,9 @@ namespace nibble {
 /// neither is known.
 int64_t AvailableMemoryBytes();
 
+/// The default memory limit of every --max_memory: 90 % of AvailableMemoryBytes(), -1 unknown.
+int64_t DefaultMemoryLimit();
+
 /// Ok when `bytes` fits AvailableMemoryBytes() (or it is unknown). Else an error naming `what`,
 /// the bytes needed and those available, e.g. "the KV cache of 131072 positions needs 16.0 GiB,
 /// more than the 3.2 GiB of memory available (MemAvailable)".

@@ -21,6 +21,7 @@
 #include "quantize/awq/settings.h"
 #include "quantize/calib_result.h"
 #include "quantize/gptq/settings.h"
+#include "quantize/memory_model.h"
 #include "quantize/pipeline.h"
 
 namespace nibble {
@@ -58,6 +59,9 @@ class AlgorithmSettings {
   virtual Status CheckExport(const FormatEntry& format, const std::string& model_export) const { return Status::Ok(); }
   /// The per-run algorithm (cannot fail: the settings are valid).
   virtual std::unique_ptr<ChainAlgorithm> MakeAlgorithm() const = 0;
+  /// The phases of a layer in which it holds buffers of its own (Hessians, candidate weights),
+  /// each with those buffers only: the memory plan (quantize/resource_plan.h) adds `layer.base`.
+  virtual std::vector<MemoryPhase> MemoryPhases(const LayerMemoryShape& layer) const { return {}; }
   /// Its algo_config entries written to config.json after `run`.
   virtual std::vector<nlohmann::ordered_json> AlgoConfig(const CalibResult& run, const ModelConfig& mc) const = 0;
   /// Its section of the --report JSON (under its name), after `run`.

@@ -8,7 +8,8 @@ Result<CalibResult> RunCalibrated(const ModelConfig& mc, const TensorStore& stor
                                   const AlgorithmPlan& algorithms, const std::vector<int32_t>& tokens, int64_t batch,
                                   int64_t seq_len, const LayerTensorSink& sink,
                                   const std::function<void(int64_t, int64_t)>& progress,
-                                  const CancellationToken* cancel) {
+                                  const CancellationToken* cancel,
+                                  const std::function<void(int64_t layer, const char* stage)>& on_stage) {
   // The chain owns the algorithms; these pointers read their reports afterwards.
   std::vector<std::unique_ptr<LayerAlgorithm>> owned;
   std::vector<const ChainAlgorithm*> algos;
@@ -22,6 +23,7 @@ Result<CalibResult> RunCalibrated(const ModelConfig& mc, const TensorStore& stor
   po.reuse_attention = algorithms.ReuseAttention();
   po.progress = progress;
   po.cancel = cancel;
+  po.on_stage = on_stage;
   NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, plan, tokens, batch, seq_len, chain, po, sink));
   CalibResult res;
   res.seconds = pr.seconds;

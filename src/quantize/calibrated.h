@@ -20,11 +20,13 @@ namespace nibble {
 
 /// Runs the algorithms of `algorithms` in chain order on every decoder layer through
 /// RunLayerPipeline (see there for the inputs and the sink) with the chain's propagation, and
-/// assembles the report from each algorithm's. Errors: every pipeline error.
+/// assembles the report from each algorithm's; `on_stage` as PipelineOptions::on_stage.
+/// Errors: every pipeline error.
 Result<CalibResult> RunCalibrated(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan,
                                   const AlgorithmPlan& algorithms, const std::vector<int32_t>& tokens, int64_t batch,
                                   int64_t seq_len, const LayerTensorSink& sink,
                                   const std::function<void(int64_t, int64_t)>& progress,
-                                  const CancellationToken* cancel);
+                                  const CancellationToken* cancel,
+                                  const std::function<void(int64_t layer, const char* stage)>& on_stage = {});
 
 }  // namespace nibble

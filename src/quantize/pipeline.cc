@@ -367,14 +367,20 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     const auto tl = std::chrono::steady_clock::now();
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, QuantizeAt("layer " + std::to_string(l + 1) + " of " +
                                                                 std::to_string(mc.num_hidden_layers))));
+    auto stage = [&](const char* what) {
+      if (o.on_stage) o.on_stage(l, what);
+    };
+    stage("load");
     NIBBLE_ASSIGN_OR_RETURN(CalibLayer L, LoadLayer(mc, store, plan, l));
     const CalibLayer orig = L.Clone();
     runner.SetInput(x.data());
+    stage("calibrate");
     NIBBLE_RETURN_IF_ERROR(algo.Transform(runner, L, tick));
     const LayerActs& fp = runner.Run(L, LayerStop::kFull);
     std::vector<float> x_next;
     if (o.propagation == Propagation::kFp) x_next = fp.out;
     LayerCodes codes;
+    stage("quantize");
     NIBBLE_RETURN_IF_ERROR(algo.Finish(runner, L, codes, tick));
     CalibLayer deq;
     NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq, o.cancel));
@@ -387,6 +393,7 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     rep.layer = l;
     NIBBLE_ASSIGN_OR_RETURN(rep.linears, ErrorReport(runner, orig, L, deq, runner.acts(), o.cancel));
     x = std::move(x_next);
+    stage("write");
     NIBBLE_RETURN_IF_ERROR(SinkLayer(L, codes, sink, o.cancel));
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     res.layers.push_back(std::move(rep));

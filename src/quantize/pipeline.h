@@ -88,6 +88,11 @@ CalibLinears MakeLinears(const CalibLayer& L);
 /// The view of `lin` with L's norms (the attention and MLP blocks alone do not read the norms).
 DecoderLayerView ViewOf(const CalibLayer& L, const CalibLinears& lin);
 
+/// Bytes per element of the calibration activations the pipeline carries: LayerActs' buffers and
+/// the layer input / output between layers. The memory plan (quantize/resource_plan.h) sizes them
+/// from this alone, so a change of their type changes it too.
+inline constexpr int64_t kCalibActBytes = sizeof(float);
+
 /// A layer's activations on the calibration rows (model/decoder_layer.h capture points).
 struct LayerActs {
   std::vector<float> attn_in, attn_concat, attn_residual, mlp_in, mlp_act, out;
@@ -204,6 +209,9 @@ struct PipelineOptions {
   Propagation propagation = Propagation::kFp;
   bool reuse_attention = true;  // LayerRunner's reuse (false recomputes, for tests)
   std::function<void(int64_t done, int64_t total)> progress;  // (layer, step) units
+  /// As each stage of a layer starts: the layer (0-based) and "load", "calibrate" (the algorithms'
+  /// Transform and the fp pass), "quantize" (Finish, the codes, the error report) or "write".
+  std::function<void(int64_t layer, const char* stage)> on_stage;
   /// Checked before each layer, at each algorithm step (AWQ mapping, GPTQ Hessian), before each
   /// linear's RTN and error report and each tensor handed to the sink: cancelled, the pipeline
   /// returns kCancelled ("cancelled: quantize at model.layers.3.mlp.up_proj").

@@ -8,6 +8,8 @@
 #include <optional>
 #include <set>
 
+#include <omp.h>
+
 #include "base/version.h"
 #include "formats/checkpoint_format.h"
 #include "formats/float_dtype.h"
@@ -155,8 +157,8 @@ Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& r, cons
 class OrderedExport {
  public:
   OrderedExport(const QuantizeOptions& o, const TensorStore& store, const ExportContext& ex, size_t n_modules,
-                CheckpointWriter& out, QuantizeReport& report)
-      : o_(o), store_(store), ex_(ex), n_modules_(n_modules), out_(out), report_(report) {
+                int64_t layers, CheckpointWriter& out, QuantizeReport& report)
+      : o_(o), store_(store), ex_(ex), n_modules_(n_modules), layers_(layers), out_(out), report_(report) {
     for (const std::string& name : store.Names())
       if (ex.head_source.empty() || !name.starts_with("lm_head.")) order_.push_back(name);  // see head_source
   }
@@ -181,6 +183,8 @@ class OrderedExport {
   const TensorStore& store_;
   const ExportContext& ex_;
   size_t n_modules_;
+  int64_t layers_;
+  std::set<std::string> layers_seen_;  // decoder layers with a linear produced (RTN's stages)
   CheckpointWriter& out_;
   QuantizeReport& report_;
   std::vector<std::string> order_;
@@ -195,6 +199,12 @@ Status OrderedExport::Append(std::vector<T>& tensors, std::optional<QuantizedLay
   for (auto& t : tensors) NIBBLE_RETURN_IF_ERROR(out_.Add(std::move(t)));
   tensors.clear();
   if (!layer) return Status::Ok();
+  // RTN: a decoder layer's stage starts with its first linear (in the output's order).
+  if (o_.on_stage && !ex_.plan->algorithms.Calibrated() && layer->name.starts_with("model.layers.") &&
+      layers_seen_.insert(layer->name.substr(0, layer->name.find('.', 13))).second) {
+    const int64_t started = static_cast<int64_t>(layers_seen_.size());
+    o_.on_stage(started, layers_, started - 1, "quantize");
+  }
   report_.layers.push_back(std::move(*layer));
   if (o_.progress && !ex_.plan->algorithms.Calibrated()) o_.progress(++done_, static_cast<int64_t>(n_modules_));
   return Status::Ok();
@@ -285,8 +295,11 @@ Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, cons
   NIBBLE_ASSIGN_OR_RETURN(cfg.calibration,
                           CalibrationRecord(o.dataset, *calib, o.seed, prop == Propagation::kFp ? "fp" : "quantized"));
   report.propagation = prop;
+  auto stage = [&o, layers = mc.num_hidden_layers](int64_t l, const char* what) {
+    if (o.on_stage) o.on_stage(l + 1, layers, l, what);
+  };
   auto r = RunCalibrated(mc, store, *ex.plan, algos, calib->tokens, calib->num_chunks, calib->seq_len, sink, progress,
-                         o.cancel);
+                         o.cancel, stage);
   if (!r.ok()) return r.error().code == ErrorCode::kCancelled ? r.error() : r.error().WithContext(algos.Label());
   for (const auto& m : r->messages) note(m);
   cfg.algo_config = algos.AlgoConfig(*r, mc);
@@ -347,6 +360,30 @@ Result<AlgorithmPlan> CheckRequest(const QuantizeOptions& o) {
   if (fs::exists(o.output_dir) && fs::equivalent(o.output_dir, o.model_dir))
     return MakeError("output directory ", o.output_dir, " is the input model directory");
   return algos;
+}
+
+// What the resource plan needs besides the plan and the model: the calibration asked, the
+// format, the side files and what the process holds now.
+ResourceInputs PlanInputs(const QuantizeOptions& o, const FormatEntry& format) {
+  ResourceInputs in;
+  std::error_code ec;
+  if (!o.dataset.empty()) {
+    const auto size = fs::file_size(o.dataset, ec);
+    in.dataset_bytes = ec ? 0 : static_cast<int64_t>(size);
+  }
+  in.calib_batch = o.num_calib_data;
+  in.calib_seq_len = o.calib_seq_len;
+  in.threads = omp_get_max_threads();
+  in.output_dir = o.output_dir;
+  in.max_shard_size = o.max_shard_size;
+  const std::string name = format.export_name;
+  in.stores_symmetric_zeros = name == "gptq" || name == "awq";
+  for (const std::string& f : CheckpointSideFiles(o.model_dir)) {
+    const auto size = fs::file_size(fs::path(o.model_dir) / f, ec);
+    if (!ec) in.side_file_bytes += static_cast<int64_t>(size);
+  }
+  in.baseline_anon = std::max<int64_t>(0, ReadProcessMemory().anon);
+  return in;
 }
 
 // The plan's spec of a module, for the tensor-parallel check.
@@ -442,10 +479,13 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   if (o.model_export != "gptq" && o.gptq_format != "v1")
     note("warning: --gptq_format " + o.gptq_format + " is used only by --model_export gptq");
   if (o.output_dir.empty()) return MakeError("--output_dir is empty");
+  report.plan = PlanResources(plan, mc, store, PlanInputs(o, *format));
+  if (o.on_plan) o.on_plan(report.plan);
+  NIBBLE_RETURN_IF_ERROR(CheckResources(report.plan, o.max_memory));
   NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, CheckpointWriter::Create(o.output_dir, o.max_shard_size));
   // Input tensors written unchanged are read once: their pages go once their shard is written.
   out.SetAfterBorrowedWritten([&store](const uint8_t* p, size_t n) { store.Evict(p, n); });
-  OrderedExport exp(o, store, ex, request.modules.size(), out, report);
+  OrderedExport exp(o, store, ex, request.modules.size(), mc.num_hidden_layers, out, report);
   if (plan.algorithms.Calibrated()) NIBBLE_RETURN_IF_ERROR(RunCalibratedExport(o, mc, store, ex, exp, request.config, report, note));
   NIBBLE_RETURN_IF_ERROR(exp.Finish());
   NIBBLE_RETURN_IF_ERROR(out.Finish());

@@ -20,6 +20,7 @@
 #include "quantize/algorithm.h"
 #include "quantize/calib_result.h"
 #include "quantize/plan.h"
+#include "quantize/resource_plan.h"
 
 namespace nibble {
 
@@ -52,6 +53,14 @@ struct QuantizeOptions {
   bool overwrite = false;
   std::function<void(int64_t done, int64_t total)> progress;
   std::function<void(int64_t layer, int64_t layers)> on_layer;  // calibrated algorithms, per layer done
+  /// Each decoder layer's stages as they start: `layer` (1-based) of `layers`, `done` layers
+  /// finished, `stage` load | calibrate | quantize | write (calibrated chains; RTN: quantize).
+  std::function<void(int64_t layer, int64_t layers, int64_t done, const std::string& stage)> on_stage;
+  /// The memory and disk plan, once, before the first layer is read (and before it is checked).
+  std::function<void(const ResourcePlan&)> on_plan;
+  /// Refuse a run whose plan's peak exceeds this many bytes (0 = 90 % of MemAvailable, < 0 = no
+  /// limit); a run whose output does not fit the free disk is refused too.
+  int64_t max_memory = 0;
   /// Checked by the calibrated pipeline (PipelineOptions::cancel), before each tensor is exported
   /// and before the commit: cancelled, the staging directory is removed and kCancelled returned.
   const CancellationToken* cancel = nullptr;
@@ -87,6 +96,7 @@ struct QuantizeReport {
   /// its peak (what quantize itself holds), RssFile's peak (pages of the mmap'd input and of the
   /// spool being copied into a shard, which the kernel can drop) and VmHWM (peak of the total).
   ProcessMemoryPeaks memory;
+  ResourcePlan plan;  // as planned before the first layer
 };
 
 /// Runs the whole export. Errors: input errors (config, tensors), a misaligned layer under

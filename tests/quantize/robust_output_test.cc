@@ -139,7 +139,9 @@ TEST(QuantizeOutput, UnwritableOutputIsANamedError) {
 
 TEST(QuantizeOutput, DiskFullLeavesNothingAtTarget) {
   const std::string tmp = MakeTempDir();
-  // A 2 MB tmpfs cannot hold the ~6.7 MB checkpoint. Needs mount privileges; skipped without.
+  // A 2 MB tmpfs cannot hold the ~6.7 MB checkpoint: the disk plan refuses the run before it
+  // writes anything (quantize/resource_plan.h), naming the bytes needed and free. Needs mount
+  // privileges; skipped without.
   if (mount("tmpfs", tmp.c_str(), "tmpfs", 0, "size=2m") != 0) {
     fs::remove_all(tmp);
     GTEST_SKIP() << "cannot mount a small tmpfs here (" << std::strerror(errno) << ")";
@@ -149,7 +151,9 @@ TEST(QuantizeOutput, DiskFullLeavesNothingAtTarget) {
   r.output_dir = tmp + "/out";
   auto s = nibble::Quantize(r);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.error().message.find("No space left"), std::string::npos) << s.error().message;
+  EXPECT_EQ(s.error().code, nibble::ErrorCode::kResourceExhausted) << s.error().message;
+  EXPECT_NE(s.error().message.find("of disk while it is written"), std::string::npos) << s.error().message;
+  EXPECT_NE(s.error().message.find("free at " + tmp), std::string::npos) << s.error().message;
   EXPECT_FALSE(fs::exists(r.output_dir));
   size_t leftovers = 0;
   for (const auto& e : fs::directory_iterator(tmp)) { (void)e; ++leftovers; }

@@ -104,6 +104,53 @@ class ProgressBar {
   std::chrono::steady_clock::time_point start_, last_;
 };
 
+/// Per-stage progress of a job done layer by layer (QuantizeRequest::on_stage): "LABEL layer 3/80
+/// quantize, 12.1 s elapsed, ETA 24.2 s, RSS 3.10 GB" as each stage of a layer starts, the ETA by
+/// the EtaEstimator rule over finished layers. On a terminal one line redrawn in place (\r),
+/// elsewhere one plain line per stage.
+class StageProgress {
+ public:
+  explicit StageProgress(std::string label)
+      : label_(std::move(label)), tty_(::isatty(2) != 0), start_(std::chrono::steady_clock::now()) {}
+  ~StageProgress() { Finish(); }
+  void Update(int64_t layer, int64_t layers, int64_t done, const std::string& stage, int64_t rss_anon_bytes) {
+    if (layers <= 0) return;
+    if (!started_) eta_ = EtaEstimator(EtaWindow(layers));
+    started_ = true;
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    eta_.Update(static_cast<double>(done), el);
+    char rss[32] = "?";
+    if (rss_anon_bytes >= 1000000000) std::snprintf(rss, sizeof rss, "%.2f GB", static_cast<double>(rss_anon_bytes) / 1e9);
+    else if (rss_anon_bytes >= 0) std::snprintf(rss, sizeof rss, "%.0f MB", static_cast<double>(rss_anon_bytes) / 1e6);
+    char line[256];
+    std::snprintf(line, sizeof line, "%s layer %lld/%lld %s, %.1f s elapsed, %s, RSS %s", label_.c_str(),
+                  static_cast<long long>(layer), static_cast<long long>(layers), stage.c_str(), el,
+                  EtaText(eta_, layers).c_str(), rss);
+    const std::string text = line;
+    if (!tty_) {
+      std::fprintf(stderr, "%s\n", text.c_str());
+      return;
+    }
+    const size_t pad = width_ > text.size() ? width_ - text.size() : 0;
+    std::fprintf(stderr, "\r%s%s", text.c_str(), std::string(pad, ' ').c_str());
+    std::fflush(stderr);
+    width_ = text.size();
+  }
+  /// Ends the terminal line (before other output, and at the end).
+  void Finish() {
+    if (tty_ && width_ > 0) std::fputc('\n', stderr);
+    width_ = 0;
+  }
+
+ private:
+  std::string label_;
+  bool tty_;
+  size_t width_ = 0;  // of the line drawn last on the terminal
+  EtaEstimator eta_{1.0};
+  bool started_ = false;
+  std::chrono::steady_clock::time_point start_;
+};
+
 /// Per-layer log lines of the calibrated algorithms (QuantizeRequest::on_layer) when stderr is
 /// not a terminal, where their ProgressBar draws nothing: "LABEL 3/6, 12.1 s elapsed, ETA 24.2 s",
 /// the ETA by the same EtaEstimator rule. A no-op on a terminal.

@@ -3,6 +3,7 @@
 
 #include "model/llama.h"
 #include "quantize/awq/clip.h"
+#include "quantize/awq/search.h"
 
 namespace nibble {
 
@@ -68,6 +69,7 @@ class AwqRunSettings final : public AlgorithmSettings {
   Propagation propagation() const override { return st_.propagation; }
   bool reuse_attention() const override { return st_.reuse_attention; }
   std::unique_ptr<ChainAlgorithm> MakeAlgorithm() const override { return std::make_unique<AwqAlgorithm>(st_, maps_); }
+  std::vector<MemoryPhase> MemoryPhases(const LayerMemoryShape& layer) const override;
   std::vector<nlohmann::ordered_json> AlgoConfig(const CalibResult& run, const ModelConfig& mc) const override {
     nlohmann::ordered_json list = AwqAlgoConfigJson(st_, run.awq_used, mc);
     return {list.begin(), list.end()};
@@ -80,6 +82,46 @@ class AwqRunSettings final : public AlgorithmSettings {
   AwqSettings st_;
   std::vector<ResolvedMapping> maps_;
 };
+
+// Per mapping's search (SearchAndApply): each candidate's balance weights W·s quantized and
+// dequantized (kept for the candidate's linears) with one linear's transient copies (W·s, the
+// dequantized values and codes); a single inspected linear's Gram matrix of its inputs, or the
+// inspected module's fp output over every row with each thread's chunk output and forward
+// scratch. The clip search (--awq_clip) holds two more copies of one linear.
+std::vector<MemoryPhase> AwqRunSettings::MemoryPhases(const LayerMemoryShape& s) const {
+  std::vector<MemoryPhase> out;
+  const int64_t chunk_rows = std::min(s.rows, std::max<int64_t>(1, kAwqInspectChunkRows / s.seq_len) * s.seq_len);
+  for (const ResolvedMapping& r : maps_) {
+    const int64_t kin = s.k[r.balance[0]];
+    if (r.prev_op == AwqPrevOp::kLinear && s.n[r.prev_linear] < kin) continue;  // skipped (GQA)
+    MemoryPhase p;
+    p.name = "AWQ " + Describe(r.mapping) + " (" + s.name + ")";
+    int64_t kept = 0, transient = 0;
+    for (int i : r.balance) {
+      if (!s.quantized[i]) continue;
+      kept += s.WeightBytes(i);
+      transient = std::max(transient, 2 * s.WeightBytes(i) + s.CodesBytes(i));
+    }
+    if (kept == 0) continue;
+    p.terms.push_back({"AWQ candidate weights of " + Describe(r.mapping), kept + transient});
+    if (r.inspect == AwqInspect::kLinear && st_.gram_linear_loss) {
+      p.terms.push_back({"AWQ Gram matrix of " + s.linear[r.inspect_linear] + " inputs " + Dims(kin, kin) + " fp32",
+                         kin * kin * 4 + s.threads * kin * 64 * 12});
+    } else {
+      const int64_t od = r.inspect == AwqInspect::kLinear ? s.n[r.inspect_linear] : s.hidden;
+      p.terms.push_back({"AWQ inspected output " + Dims(s.rows, od) + " fp32 and per-thread chunks",
+                         s.rows * od * 4 + s.threads * chunk_rows * (od * 4 + s.ScratchRowBytes(false))});
+    }
+    out.push_back(std::move(p));
+  }
+  if (st_.clip) {
+    int64_t w = 0;
+    for (int i = 0; i < kNumLinears; ++i)
+      if (s.quantized[i] && i != kQ && i != kK) w = std::max(w, s.WeightBytes(i));
+    if (w > 0) out.push_back({"AWQ clip (" + s.name + ")", {{"AWQ clip: two copies of the largest linear", 2 * w}}});
+  }
+  return out;
+}
 
 }  // namespace
 

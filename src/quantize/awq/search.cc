@@ -19,7 +19,7 @@ namespace nibble {
 namespace {
 
 constexpr int64_t kRowBlock = 1024;   // fixed reduction blocks (thread-count independent sums)
-constexpr int64_t kChunkRows = 2048;  // rows per inspect chunk (keeps temporaries in cache)
+constexpr int64_t kChunkRows = kAwqInspectChunkRows;
 
 // Per-channel mean |x| of x [rows, cols], fp32 result of double sums in fixed row blocks.
 std::vector<float> ChannelAbsMean(const float* x, int64_t rows, int64_t cols) {

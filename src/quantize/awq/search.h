@@ -22,6 +22,9 @@
 
 namespace nibble {
 
+/// Rows per chunk of an inspected module's runs (keeps temporaries in cache).
+inline constexpr int64_t kAwqInspectChunkRows = 2048;
+
 /// Per-mapping outcome for the report.
 struct AwqMappingReport {
   AwqMapping mapping;

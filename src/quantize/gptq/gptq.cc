@@ -100,6 +100,7 @@ class GptqRunSettings final : public AlgorithmSettings {
                          "compressed-tensors, or --actorder static (groups on the natural columns) or none");
   }
   std::unique_ptr<ChainAlgorithm> MakeAlgorithm() const override { return std::make_unique<GptqAlgorithm>(st_); }
+  std::vector<MemoryPhase> MemoryPhases(const LayerMemoryShape& layer) const override;
   std::vector<nlohmann::ordered_json> AlgoConfig(const CalibResult&, const ModelConfig&) const override {
     return {GptqAlgoConfigEntry(st_)};
   }
@@ -113,6 +114,50 @@ class GptqRunSettings final : public AlgorithmSettings {
   GptqSettings st_;
   GptqSettingNames names_;
 };
+
+// Per distinct input (QuantizeInput), while its Hessian is factorised: the codes of the linears
+// before it, H and its damped copy (and the permuted H under act-order), GramMatrix's per-thread
+// blocks (K x 64, fp32 and double); then the column loop: the factor U, Wᵀ in fp32, the codes and
+// the block's errors. true_sequential adds the dequantized layer and the re-run activations.
+std::vector<MemoryPhase> GptqRunSettings::MemoryPhases(const LayerMemoryShape& s) const {
+  std::vector<MemoryPhase> out;
+  int64_t codes_before = 0;
+  for (LayerInput in : {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn, LayerInput::kMlpAct}) {
+    const std::vector<int> lins = LinearsOf(in);
+    int64_t n_max = 0, codes = 0;
+    int widest = lins[0];
+    for (int i : lins) {
+      if (!s.quantized[i]) continue;
+      if (s.n[i] > n_max) widest = i;
+      n_max = std::max(n_max, s.n[i]);
+      codes += s.CodesBytes(i);
+    }
+    if (n_max == 0) continue;
+    const int64_t k = s.k[lins[0]];
+    const int64_t copies = st_.actorder == GptqActOrder::kNone ? 2 : 3;
+    const int64_t factor = copies * k * k * 4;
+    const int64_t loop = k * k * 4 + n_max * k * 5 + st_.block_size * n_max * 4;
+    MemoryPhase p;
+    p.name = "GPTQ of " + s.linear[lins[0]];
+    if (factor >= loop)
+      p.terms.push_back({"GPTQ Hessian of " + s.linear[lins[0]] + " " + Dims(k, k) + " fp32 and its damped copy" +
+                             (copies == 3 ? " and the act-order permutation" : ""),
+                         factor});
+    else
+      p.terms.push_back({"GPTQ column loop of " + s.linear[widest] + ": factor " + Dims(k, k) + " fp32, W^T and codes",
+                         loop});
+    p.terms.push_back({"Gram matrix blocks per thread", s.threads * k * 64 * 12});
+    if (codes_before > 0) p.terms.push_back({"codes of the linears quantized before it", codes_before});
+    if (st_.true_sequential) {
+      int64_t w = 0;
+      for (int i = 0; i < kNumLinears; ++i) w += s.WeightBytes(i);
+      p.terms.push_back({"true_sequential: the dequantized layer and its activations", w + s.rows * s.ActsRowBytes()});
+    }
+    out.push_back(std::move(p));
+    codes_before += codes;
+  }
+  return out;
+}
 
 }  // namespace
 

@@ -1,0 +1,241 @@
+// The memory and disk plan of a quantize run (see resource_plan.h).
+#include "quantize/resource_plan.h"
+
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+
+#include "base/memory.h"
+#include "model/llama.h"
+#include "quantize/pipeline.h"
+
+namespace nibble {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// "23.1 GB" (decimal, as the summary's sizes).
+std::string Gb(int64_t bytes) {
+  char buf[32];
+  if (bytes >= 1000000000) std::snprintf(buf, sizeof buf, "%.1f GB", static_cast<double>(bytes) / 1e9);
+  else std::snprintf(buf, sizeof buf, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+
+// Scale groups per row of a quantized linear (0 when kept in float).
+int64_t GroupsOf(const PlannedLinear& l) {
+  return l.spec ? l.k / l.spec->EffectiveGroupSize(l.k) : 0;
+}
+
+// Stored bytes of a quantized linear: packed codes, scales in their dtype, packed zero points
+// (asymmetric schemes, or every scheme of formats with qzeros) and a g_idx under act-order.
+int64_t PackedBytes(const PlannedLinear& l, DType weight_dtype, bool sym_zeros) {
+  const int64_t groups = GroupsOf(l);
+  const int64_t scale = static_cast<int64_t>(DTypeSize(l.spec->scale_dtype.value_or(weight_dtype)));
+  int64_t b = l.n * l.k / 2 + l.n * groups * scale;
+  if (!l.spec->symmetric || sym_zeros) b += (l.n * groups + 1) / 2;
+  if (l.spec->act_order) b += l.k * 4;
+  return b;
+}
+
+// RTN of one linear as the export runs it (ProduceLinear): its fp32 weights, the codes, the
+// dequantized copy of the weight error, the packed tensors.
+MemoryPhase RtnPhase(const PlannedLinear& l) {
+  const int64_t nk = l.n * l.k, groups = GroupsOf(l);
+  return {"RTN of " + l.module,
+          {{"fp32 weights of " + l.module + " " + Dims(l.n, l.k), nk * 4},
+           {"its dequantized copy (weight error)", nk * 4},
+           {"its codes and packed tensors", nk + nk / 2 + l.n * groups * 10}}};
+}
+
+// Decoder layer `layer` as the calibrated pipeline holds it.
+LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int64_t layer, const ResourceInputs& in) {
+  LayerMemoryShape s;
+  s.name = "model.layers." + std::to_string(layer);
+  s.batch = in.calib_batch;
+  s.seq_len = in.calib_seq_len;
+  s.rows = s.batch * s.seq_len;
+  s.hidden = mc.hidden_size;
+  s.q_dim = mc.num_attention_heads * mc.head_dim;
+  s.kv_dim = mc.num_key_value_heads * mc.head_dim;
+  s.intermediate = mc.intermediate_size;
+  s.act_bytes = kCalibActBytes;
+  s.threads = std::max(1, in.threads);
+  int64_t w = 0;
+  for (int i = 0; i < kNumLinears; ++i) {
+    s.linear[i] = s.name + "." + DecoderLinearNames()[i];
+    const PlannedLinear* l = plan.Find(s.linear[i]);
+    if (l == nullptr) continue;
+    s.n[i] = l->n;
+    s.k[i] = l->k;
+    s.quantized[i] = l->spec.has_value();
+    s.groups[i] = GroupsOf(*l);
+    w += s.WeightBytes(i);
+  }
+  s.base = {{"fp32 weights of " + s.name, w},
+            {"their original copy (error report)", w},
+            {"calibration activations " + std::to_string(s.rows) + " rows x (4 x " + std::to_string(s.hidden) + " + " +
+                 std::to_string(s.q_dim) + " + " + std::to_string(s.intermediate) + ") x " + std::to_string(s.act_bytes) +
+                 " B",
+             s.rows * s.ActsRowBytes()},
+            {"layer input and output", 2 * s.rows * s.hidden * s.act_bytes},
+            {"forward scratch", s.rows * s.ScratchRowBytes()},
+            {"calibration text", in.dataset_bytes}};
+  return s;
+}
+
+// The pipeline's own phase after the algorithms' Finish: the dequantized copy and every code of
+// the layer, then either the quantized propagation's full run or (later, not at once) the error
+// report: the original layer's activations on its rows and one linear's RTN and GEMM outputs.
+MemoryPhase FinishPhase(const LayerMemoryShape& s, bool quantized_propagation) {
+  // ErrorReport's rows (pipeline.cc ReportRows): an eighth of the rows within [2048, 8192].
+  const int64_t report_rows = std::min(s.rows, std::min<int64_t>(8192, std::max<int64_t>(2048, s.rows / 8)));
+  int64_t w = 0, codes = 0, widest = 0;
+  for (int i = 0; i < kNumLinears; ++i) {
+    w += s.WeightBytes(i);
+    codes += s.CodesBytes(i);
+    widest = std::max(widest, s.WeightBytes(i) + s.CodesBytes(i) + report_rows * s.n[i] * 12);
+  }
+  MemoryPhase p{"quantize and report (" + s.name + ")",
+                {{"dequantized copy of " + s.name, w}, {"codes of " + s.name, codes}}};
+  const int64_t report = report_rows * s.ActsRowBytes() + widest;
+  const int64_t propagate = quantized_propagation ? s.rows * s.ActsRowBytes() : 0;
+  if (propagate > report) p.terms.push_back({"quantized layer's activations", propagate});
+  else p.terms.push_back({"error report: original layer's activations and one linear's outputs", report});
+  return p;
+}
+
+// Every decoder layer's phases (the base terms added to each), the largest kept.
+MemoryPhase LargestLayerPhase(const QuantizePlan& plan, const ModelConfig& mc, const ResourceInputs& in) {
+  MemoryPhase best;
+  int64_t best_total = -1;
+  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
+    const LayerMemoryShape s = LayerShape(plan, mc, l, in);
+    std::vector<MemoryPhase> phases;
+    for (const PlannedAlgorithm& a : plan.algorithms.chain) {
+      if (!a.settings) continue;
+      std::vector<MemoryPhase> own = a.settings->MemoryPhases(s);
+      phases.insert(phases.end(), own.begin(), own.end());
+    }
+    phases.push_back(FinishPhase(s, plan.algorithms.propagation() == Propagation::kQuantized));
+    for (MemoryPhase& p : phases) {
+      p.terms.insert(p.terms.begin(), s.base.begin(), s.base.end());
+      if (p.Total() > best_total) {
+        best_total = p.Total();
+        best = std::move(p);
+      }
+    }
+  }
+  return best;
+}
+
+// Free bytes at the nearest existing ancestor of `dir` (statvfs), -1 unknown; *where gets it.
+int64_t FreeDiskAt(const std::string& dir, std::string* where) {
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec).parent_path();
+  while (!p.empty() && !fs::exists(p, ec) && p != p.root_path()) p = p.parent_path();
+  *where = p.string();
+  struct statvfs st {};
+  if (p.empty() || statvfs(p.c_str(), &st) != 0) return -1;
+  return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
+}
+
+}  // namespace
+
+ResourcePlan PlanResources(const QuantizePlan& plan, const ModelConfig& mc, const TensorStore& store,
+                           const ResourceInputs& in) {
+  std::vector<MemoryPhase> phases;
+  // The output: every input tensor as written (a quantized linear packed), the side files.
+  int64_t out = in.side_file_bytes, largest_layer_out = 0;
+  std::map<std::string, int64_t> layer_out;
+  for (const std::string& name : store.Names()) {
+    const TensorView* t = store.Find(name);
+    const std::string module = name.size() > 7 && name.ends_with(".weight") ? name.substr(0, name.size() - 7) : "";
+    const PlannedLinear* l = module.empty() ? nullptr : plan.Find(module);
+    int64_t b = static_cast<int64_t>(t->nbytes);
+    if (plan.head_from_embedding && name.starts_with("lm_head.")) b = 0;  // replaced by the quantized head
+    if (l != nullptr && l->written && l->spec) b = PackedBytes(*l, t->dtype, in.stores_symmetric_zeros);
+    out += b;
+    if (name.starts_with("model.layers.")) layer_out[name.substr(0, name.find('.', 13))] += b;
+  }
+  for (const auto& [layer, b] : layer_out) largest_layer_out = std::max(largest_layer_out, b);
+  for (const PlannedLinear& l : plan.linears) {
+    if (!l.written || !l.spec) continue;
+    if (l.module == "lm_head" && plan.head_from_embedding)
+      out += PackedBytes(l, store.Find(l.weight)->dtype, in.stores_symmetric_zeros);
+    // RTN runs every quantized linear outside the pipeline; a calibrated chain only the head.
+    if (!plan.algorithms.Calibrated() || l.module == "lm_head") phases.push_back(RtnPhase(l));
+  }
+  if (plan.algorithms.Calibrated()) {
+    phases.push_back({"tokenizing the calibration text",
+                      {{"calibration text and its tokenization", in.dataset_bytes * (1 + kTokenizeBytesPerTextByte)}}});
+    phases.push_back(LargestLayerPhase(plan, mc, in));
+  }
+  ResourcePlan p;
+  const MemoryPhase* peak = nullptr;
+  for (const MemoryPhase& ph : phases)
+    if (peak == nullptr || ph.Total() > peak->Total()) peak = &ph;
+  if (peak != nullptr) {
+    p.peak_phase = peak->name;
+    p.terms = peak->terms;
+  }
+  p.terms.push_back({"process before the run", in.baseline_anon});
+  const bool calibrated = plan.algorithms.Calibrated();
+  p.terms.push_back({calibrated ? "runtime (GEMM buffers, tokenizer heap)" : "runtime (threads, allocator)",
+                     calibrated ? kCalibratedRuntimeBytes : kRtnRuntimeBytes});
+  if (peak != nullptr)
+    p.terms.push_back({"allocator slack", static_cast<int64_t>(kAllocatorSlack * static_cast<double>(peak->Total()))});
+  p.terms.erase(std::remove_if(p.terms.begin(), p.terms.end(), [](const MemoryTerm& t) { return t.bytes <= 0; }),
+                p.terms.end());
+  std::stable_sort(p.terms.begin(), p.terms.end(), [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes > b.bytes; });
+  for (const MemoryTerm& t : p.terms) p.peak_bytes += t.bytes;
+  p.output_bytes = out;
+  // The spool holds the shard being filled (its owned tensors) and the tensors of a layer that
+  // finished before their turn in the output order.
+  p.disk_bytes = out + std::min(out, in.max_shard_size) + largest_layer_out;
+  p.free_disk_bytes = FreeDiskAt(in.output_dir, &p.disk_dir);
+  return p;
+}
+
+std::string ResourcePlanLine(const ResourcePlan& p) {
+  std::string terms;
+  for (size_t i = 0; i < p.terms.size() && i < 3; ++i) terms += (i ? ", " : "") + p.terms[i].what + " " + Gb(p.terms[i].bytes);
+  std::string line = "plan: expected peak " + Gb(p.peak_bytes) + " anonymous memory at " + p.peak_phase + " (" + terms +
+                     "); output " + Gb(p.output_bytes) + ", disk up to " + Gb(p.disk_bytes);
+  if (p.free_disk_bytes >= 0) line += " of " + Gb(p.free_disk_bytes) + " free at " + p.disk_dir;
+  return line;
+}
+
+nlohmann::ordered_json ResourcePlanJson(const ResourcePlan& p) {
+  nlohmann::ordered_json terms = nlohmann::ordered_json::array();
+  for (const MemoryTerm& t : p.terms) terms.push_back({{"what", t.what}, {"bytes", t.bytes}});
+  return {{"peak_anon_bytes", p.peak_bytes}, {"peak_phase", p.peak_phase}, {"terms", terms},
+          {"output_bytes", p.output_bytes}, {"disk_bytes", p.disk_bytes}, {"free_disk_bytes", p.free_disk_bytes},
+          {"disk_dir", p.disk_dir}};
+}
+
+Status CheckResources(const ResourcePlan& p, int64_t max_memory) {
+  const bool fallback = max_memory == 0;
+  const int64_t limit = fallback ? DefaultMemoryLimit() : max_memory;
+  if (limit > 0 && p.peak_bytes > limit) {
+    std::string terms;
+    for (size_t i = 0; i < p.terms.size() && i < 3; ++i)
+      terms += (i ? "; " : "") + p.terms[i].what + " " + Gb(p.terms[i].bytes);
+    return MakeErrorCode(ErrorCode::kResourceExhausted, "expected peak ", Gb(p.peak_bytes), " > ",
+                         fallback ? "the default --max_memory (90 % of MemAvailable) " : "--max_memory ", Gb(limit),
+                         " at ", p.peak_phase, ": largest terms: ", terms,
+                         "; raise --max_memory, use fewer calibration tokens (--num_calib_data, --seq_len) or another "
+                         "--quant_algo");
+  }
+  if (p.free_disk_bytes >= 0 && p.disk_bytes > p.free_disk_bytes)
+    return MakeErrorCode(ErrorCode::kResourceExhausted, "the output needs up to ", Gb(p.disk_bytes), " of disk while it is ",
+                         "written (", Gb(p.output_bytes), " of files and the spool of unwritten tensors), more than the ",
+                         Gb(p.free_disk_bytes), " free at ", p.disk_dir);
+  return Status::Ok();
+}
+
+}  // namespace nibble

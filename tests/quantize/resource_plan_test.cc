@@ -1,0 +1,135 @@
+// The memory and disk plan of `nibble quantize` (quantize/resource_plan.h) against what a run
+// measures: the planned peak of anonymous memory bounds the measured one (the run's own sampler,
+// RssAnon every 20 ms, in a process of its own) and is not far above it, for RTN, AWQ and GPTQ;
+// --max_memory below the plan refuses before any layer with the numbers; the per-stage progress
+// lines appear in a log; a disk too small for the output is refused with the numbers.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "quantize/resource_plan.h"
+#include "test_paths.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using nibble_test::TempDir;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out, err;  // stdout, stderr
+};
+
+// The CLI's `quantize` with `flags` (stdout and stderr apart; stderr is a file, not a terminal).
+CliRun Quantize(const TempDir& tmp, const std::string& flags) {
+  const fs::path err = fs::path(tmp.path()) / "stderr.txt";
+  const std::string cmd = nibble_test::NibbleBinary() + " quantize --model_dir " + nibble_test::EmbeddedModel() +
+                          " --threads 2 " + flags + " 2>" + err.string();
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream in(err);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+// Plan >= measured peak and below twice it, for one run given by its flags.
+void ExpectPlanBoundsPeak(const std::string& what, const std::string& flags) {
+  TempDir tmp;
+  const CliRun r = Quantize(tmp, "--output_dir " + (fs::path(tmp.path()) / "q").string() + " --json " + flags);
+  ASSERT_EQ(r.exit_code, 0) << what << "\n" << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const double measured = j["peak_anon_bytes"].get<double>(), planned = j["plan"]["peak_anon_bytes"].get<double>();
+  ASSERT_GT(measured, 0) << what;
+  EXPECT_GE(planned, measured) << what << ": the plan is below the measured peak\n" << j["plan"].dump(2);
+  EXPECT_LT(planned, 2 * measured) << what << ": the plan is more than twice the measured peak\n" << j["plan"].dump(2);
+  EXPECT_NE(r.err.find("plan: expected peak "), std::string::npos) << r.err;
+}
+
+std::string Calib(int64_t chunks, int64_t seq_len) {
+  return "--dataset " + nibble_test::SharedData("prose-calib.txt") + " --num_calib_data " + std::to_string(chunks) +
+         " --seq_len " + std::to_string(seq_len);
+}
+
+TEST(ResourcePlan, PeakBoundsTheMeasuredPeakForRtnAwqGptq) {
+  if (const std::string m = nibble_test::MissingShared({"data/prose-calib.txt"}); !m.empty()) GTEST_SKIP() << m;
+  ExpectPlanBoundsPeak("rtn", "");
+  // Enough rows that a decoder layer, not the calibration text's tokenization, sets the peak.
+  ExpectPlanBoundsPeak("gptq", "--quant_algo gptq " + Calib(8, 512));
+  ExpectPlanBoundsPeak("awq", "--quant_algo awq --n_grid 2 --duo_scaling false " + Calib(8, 512));
+}
+
+TEST(ResourcePlan, MaxMemoryBelowThePlanRefusesBeforeAnyLayer) {
+  if (const std::string m = nibble_test::MissingShared({"data/prose-calib.txt"}); !m.empty()) GTEST_SKIP() << m;
+  TempDir tmp;
+  const fs::path out = fs::path(tmp.path()) / "q";
+  const CliRun r = Quantize(tmp, "--output_dir " + out.string() + " --quant_algo gptq --max_memory 20MB " + Calib(8, 512));
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("expected peak "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(" > --max_memory 20.0 MB at quantize and report (model.layers."), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("largest terms: "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("layer 1/"), std::string::npos) << "a layer started:\n" << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& e : fs::directory_iterator(tmp.path()))  // no staging directory either
+    EXPECT_FALSE(e.path().filename().string().starts_with(".q.")) << e.path();
+  // A bad size is named as serve and generate name it.
+  const CliRun bad = Quantize(tmp, "--output_dir " + out.string() + " --max_memory 12XB");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--max_memory"), std::string::npos) << bad.err;
+}
+
+TEST(ResourcePlan, ProgressLinesPerLayerAndStageInALog) {
+  if (const std::string m = nibble_test::MissingShared({"data/prose-calib.txt"}); !m.empty()) GTEST_SKIP() << m;
+  TempDir tmp;
+  const CliRun rtn = Quantize(tmp, "--output_dir " + (fs::path(tmp.path()) / "r").string());
+  ASSERT_EQ(rtn.exit_code, 0) << rtn.err;
+  EXPECT_NE(rtn.err.find("rtn layer 6/6 quantize, "), std::string::npos) << rtn.err;
+  const CliRun g = Quantize(tmp, "--output_dir " + (fs::path(tmp.path()) / "g").string() + " --quant_algo gptq " + Calib(2, 64));
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  for (const char* stage : {"load", "calibrate", "quantize", "write"})
+    EXPECT_NE(g.err.find(std::string("gptq layer 3/6 ") + stage + ", "), std::string::npos) << stage << "\n" << g.err;
+  EXPECT_NE(g.err.find("gptq layers 1/6"), std::string::npos) << g.err;  // the per-layer log stays
+  const size_t at = g.err.find("gptq layer 6/6 write, ");
+  ASSERT_NE(at, std::string::npos) << g.err;
+  const std::string line = g.err.substr(at, g.err.find('\n', at) - at);
+  EXPECT_NE(line.find(" s elapsed, ETA "), std::string::npos) << line;
+  EXPECT_NE(line.find(", RSS "), std::string::npos) << line;
+  EXPECT_EQ(line.find('\r'), std::string::npos) << line;
+  EXPECT_LT(g.err.find("plan: "), g.err.find("gptq layer 1/6 load")) << "the plan comes before the first layer";
+}
+
+TEST(ResourcePlan, OutputAboveTheFreeDiskIsRefusedWithTheNumbers) {
+  nibble::ResourcePlan p;
+  p.peak_bytes = 1000;
+  p.output_bytes = 3000000000;
+  p.disk_bytes = 5000000000;
+  p.free_disk_bytes = 2000000000;
+  p.disk_dir = "/data";
+  const nibble::Status st = nibble::CheckResources(p, -1);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, nibble::ErrorCode::kResourceExhausted);
+  EXPECT_NE(st.error().message.find("5.0 GB of disk"), std::string::npos) << st.error().message;
+  EXPECT_NE(st.error().message.find("2.0 GB free at /data"), std::string::npos) << st.error().message;
+  p.free_disk_bytes = 6000000000;
+  EXPECT_TRUE(nibble::CheckResources(p, -1).ok());
+  EXPECT_FALSE(nibble::CheckResources(p, 999).ok());  // the peak above an explicit limit
+  EXPECT_TRUE(nibble::CheckResources(p, 1000).ok());
+}
+
+}  // namespace
