@@ -61,17 +61,19 @@ std::vector<uint8_t> PackTransposedCodes(const uint8_t* codes, int64_t n, int64_
   for (int i = 0; i < 8; ++i) shift[map[i]] = 4 * i;
   const uint32_t flip = int4 ? 8u : 0u;
   uint32_t tile[kTileK][kTileWords];
+  uint32_t acc[kTileK];  // one word column of the tile, built along K (a vectorisable loop)
   for (int64_t c0 = 0; c0 < words; c0 += kTileWords) {
     const int64_t cw = std::min(kTileWords, words - c0);
     for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
       const int64_t kw = std::min(kTileK, k - k0);
-      std::memset(tile, 0, sizeof(tile));
       for (int64_t c = 0; c < cw; ++c) {
+        std::memset(acc, 0, sizeof(acc));
         for (int j = 0; j < 8 && 8 * (c0 + c) + j < n; ++j) {
           const uint8_t* src = codes + (8 * (c0 + c) + j) * k + k0;
           const int sh = shift[j];
-          for (int64_t kk = 0; kk < kw; ++kk) tile[kk][c] |= (static_cast<uint32_t>(src[kk]) ^ flip) << sh;
+          for (int64_t kk = 0; kk < kw; ++kk) acc[kk] |= (static_cast<uint32_t>(src[kk]) ^ flip) << sh;
         }
+        for (int64_t kk = 0; kk < kw; ++kk) tile[kk][c] = acc[kk];
       }
       for (int64_t kk = 0; kk < kw; ++kk)
         std::memcpy(bytes.data() + ((k0 + kk) * words + c0) * 4, tile[kk], static_cast<size_t>(cw) * 4);
