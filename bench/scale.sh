@@ -1,19 +1,76 @@
 #!/usr/bin/env bash
-# Scale checks of `nibble quantize` on real-width random-weight checkpoints (`nibble synth
-# --format dense`). One function per section; the section's name is the first argument:
-#
-#   bash bench/scale.sh depth    # peak memory of 2 against 4 layers at 70B width, against the plan
-#
-# Environment: NIBBLE (the binary, default build/release/nibble), SCALE_DIR (where checkpoints are
-# made, default build/scale; each is deleted after its section unless SCALE_KEEP=1), and per
-# section the variables it names. Results go to docs/PERFORMANCE.md with the command, the commit
-# and the host CPU.
+# Real-size checks of `nibble quantize` on random-weight checkpoints (`nibble synth --format
+# dense`), one function per section; the section's name is the first argument:
+#   bash bench/scale.sh rtn [DIR]   RTN (the default flags) of the checkpoint DIR against `cat` of its
+#        shards: both read the input cold-ish (its pages dropped from the page cache first with
+#        posix_fadvise DONTNEED), GB/s of input for both and their ratio, user / system time,
+#        minor faults and peak RSS (/usr/bin/time -v), the run's `memory:` line. DIR defaults
+#        to $SCALE_DIR/llama2-7b, made when missing by `nibble synth --config
+#        bench/configs/llama2-7b.json --format dense` (13.5 GB, kept for the next run)
+#   bash bench/scale.sh depth       peak memory of 2 against 4 layers at 70B width, against the plan
+# Environment: NIBBLE (the binary, default build/release/nibble), OUT (rtn's scratch output),
+# SCALE_DIR (where depth makes checkpoints, default build/scale; each is deleted after its section
+# unless SCALE_KEEP=1), and per section the variables it names. Prints the CPU model and the load
+# average (the figures mean little on a busy host); results go to docs/PERFORMANCE.md with the
+# command, the commit and the host CPU.
 set -euo pipefail
-
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 NIBBLE=${NIBBLE:-$ROOT/build/release/nibble}
 SCALE_DIR=${SCALE_DIR:-$ROOT/build/scale}
 SCALE_KEEP=${SCALE_KEEP:-0}
+
+shards() { ls "$1"/*.safetensors; }
+input_bytes() { shards "$1" | xargs stat -c %s | awk '{s += $1} END {printf "%.0f\n", s}'; }
+# Drops the files' pages from the page cache (what is not dirty or mapped), so a read goes to disk.
+drop_cache() {
+  python3 - "$@" <<'PY'
+import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+PY
+}
+host() {
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cores"
+  echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+}
+# `label`, bytes read, the /usr/bin/time -v file: one line of figures.
+figures() {
+  awk -v label="$1" -v bytes="$2" -F': ' '
+    /Elapsed \(wall clock\)/ { n = split($2, t, ":"); wall = 0; for (i = 1; i <= n; ++i) wall = wall * 60 + t[i] }
+    /User time/ { user = $2 } /System time/ { sys = $2 }
+    /Minor \(reclaiming/ { minor = $2 } /Major \(requiring/ { major = $2 }
+    /Maximum resident/ { rss = $2 }
+    END { printf "%-9s %6.1f s  %5.2f GB/s of input  user %.1f s  sys %.1f s  faults %d minor %d major  peak RSS %.0f MB\n",
+                 label, wall, bytes / wall / 1e9, user, sys, minor, major, rss / 1024; print wall > "/dev/stderr" }' "$3"
+}
+
+section_rtn() {
+  local dir=${1:-$SCALE_DIR/llama2-7b} out=${OUT:-$SCALE_DIR/rtn.out}
+  mkdir -p "$SCALE_DIR"
+  if [ ! -f "$dir/config.json" ]; then
+    echo "making $dir (13.5 GB)" >&2
+    "$NIBBLE" synth --config "$ROOT/bench/configs/llama2-7b.json" --format dense --out "$dir" \
+      --tokenizer_dir "$ROOT/models/prose-llama-7m" >/dev/null
+  fi
+  local bytes; bytes=$(input_bytes "$dir")
+  local tmp; tmp=$(mktemp -d)
+  host
+  echo "input: $dir, $(shards "$dir" | wc -l) shards, $((bytes / 1000000)) MB; $($NIBBLE --version | head -1)"
+  drop_cache $(shards "$dir")
+  /usr/bin/time -v -o "$tmp/cat.time" cat $(shards "$dir") > /dev/null
+  local cat_s; cat_s=$(figures cat "$bytes" "$tmp/cat.time" 2> "$tmp/cat.wall")
+  echo "$cat_s"
+  drop_cache $(shards "$dir")
+  /usr/bin/time -v -o "$tmp/rtn.time" "$NIBBLE" quantize --model_dir "$dir" --output_dir "$out" --overwrite > "$tmp/rtn.log" 2>&1 ||
+    { cat "$tmp/rtn.log" >&2; exit 1; }
+  figures quantize "$bytes" "$tmp/rtn.time" 2> "$tmp/rtn.wall"
+  echo "quantize/cat time: $(awk -v a="$(cat "$tmp/rtn.wall")" -v b="$(cat "$tmp/cat.wall")" 'BEGIN {printf "%.2f", a / b}')"
+  grep '^memory:' "$tmp/rtn.log"
+  echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  rm -rf "$out" "$tmp"
+}
 
 # A config from bench/configs/$1 with the JSON keys of $2 (a Python dict literal) replaced, as $3.
 edited_config() {
@@ -43,7 +100,7 @@ peaks() {
 # flags in DEPTH_FLAGS (e.g. --max_memory 12GB: a 70B-wide GPTQ layer plans about 16 GB).
 # Prints both peaks, the plans and the ratio; exits 1 when the 4-layer peak is more than 10 %
 # above or below the 2-layer one, or a peak is above its plan.
-depth() {
+section_depth() {
   local algo=${DEPTH_ALGO:-rtn} calib=${DEPTH_CALIB:---num_calib_data 2 --seq_len 64}
   local flags=(--quant_algo "$algo")
   [ "$algo" != rtn ] && flags+=(--dataset "$ROOT/../shared/data/prose-calib.txt" $calib)
@@ -76,9 +133,7 @@ EOF
 }
 
 case "${1:-}" in
-  depth) depth ;;
-  *)
-    echo "usage: bash bench/scale.sh depth" >&2
-    exit 2
-    ;;
+  rtn) shift; section_rtn "$@" ;;
+  depth) section_depth ;;
+  *) echo "usage: bash bench/scale.sh rtn [DIR] | depth" >&2; exit 2 ;;
 esac

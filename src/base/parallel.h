@@ -5,8 +5,11 @@
 
 #include <omp.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "base/claim_pool.h"
 
@@ -43,6 +46,69 @@ void ParallelFor(int64_t n, bool worth, F&& f) {
   ParallelRanges(n, worth, [&f](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) f(i);
   });
+}
+
+/// produce(i, worker) for i in [0, n) on up to `threads` threads (the calling thread and an
+/// OpenMP team; worker in [0, threads) names the thread, for per-thread scratch), claimed in
+/// order and at most `window` items ahead of consume; consume(i) on the calling thread only, in
+/// the order 0, 1, ..., each as soon as its produce is done. So what consume does (writing a
+/// file, progress callbacks) keeps its order and thread whatever the thread count. consume
+/// returning false stops the loop: nothing more is claimed, items already claimed finish, and
+/// OrderedParallelFor returns false. produce runs with nested regions held to one thread
+/// (omp_in_parallel); neither may throw.
+template <class P, class C>
+bool OrderedParallelFor(int64_t n, int threads, int64_t window, P&& produce, C&& consume) {
+  if (threads <= 1 || n <= 1 || omp_in_parallel() || InClaimedChunk()) {
+    for (int64_t i = 0; i < n; ++i) {
+      produce(i, 0);
+      if (!consume(i)) return false;
+    }
+    return true;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  int64_t next_claim = 0, next_consume = 0;
+  std::vector<char> done(static_cast<size_t>(n), 0);
+  bool stop = false, ok = true;
+#pragma omp parallel num_threads(threads)
+  {
+    const int worker = omp_get_thread_num();
+    const bool consumer = worker == 0;  // the calling thread
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      if (consumer) {
+        while (!stop && next_consume < n && done[static_cast<size_t>(next_consume)]) {
+          const int64_t i = next_consume;
+          lock.unlock();
+          const bool more = consume(i);
+          lock.lock();
+          ++next_consume;
+          if (!more) {
+            ok = false;
+            stop = true;
+          }
+          cv.notify_all();
+        }
+        if (stop || next_consume == n) {
+          stop = true;
+          cv.notify_all();
+          break;
+        }
+      }
+      if (!stop && next_claim < n && next_claim < next_consume + window) {
+        const int64_t i = next_claim++;
+        lock.unlock();
+        produce(i, worker);
+        lock.lock();
+        done[static_cast<size_t>(i)] = 1;
+        cv.notify_all();
+        continue;
+      }
+      if (!consumer && (stop || next_claim >= n)) break;
+      cv.wait(lock);
+    }
+  }
+  return ok;
 }
 
 /// Holds the calling thread's OpenMP thread count at 1 for its scope, so that oneDNN runs its

@@ -51,9 +51,17 @@ Status ValidateInt4Matrix(const Int4Matrix& m, const std::string& what) {
   if (m.scales.size() != ng) return MakeError(what, ": scales has ", m.scales.size(), " elements, expected N*G = ", ng);
   if (m.zero_points.size() != ng)
     return MakeError(what, ": zero_points has ", m.zero_points.size(), " elements, expected N*G = ", ng);
-  for (size_t i = 0; i < nk; ++i) {
-    if (m.codes[i] > 15)
-      return MakeError(what, ": codes[", i / m.k, "][", i % m.k, "] = ", int{m.codes[i]}, " out of range 0..15");
+  // Blocks OR-ed in one vectorisable pass; only a block with a code above 15 is scanned again.
+  constexpr size_t kBlock = 4096;
+  for (size_t b = 0; b < nk; b += kBlock) {
+    const size_t e = std::min(nk, b + kBlock);
+    uint8_t any = 0;
+    for (size_t i = b; i < e; ++i) any |= m.codes[i];
+    if ((any & 0xF0) == 0) continue;
+    for (size_t i = b; i < e; ++i) {
+      if (m.codes[i] > 15)
+        return MakeError(what, ": codes[", i / m.k, "][", i % m.k, "] = ", int{m.codes[i]}, " out of range 0..15");
+    }
   }
   if (!m.g_idx.empty()) NIBBLE_RETURN_IF_ERROR(ValidateGIdx(m, what));
   for (size_t i = 0; i < ng; ++i) {

@@ -48,6 +48,40 @@ std::vector<uint8_t> PackGrid(int64_t rows, int64_t cols, PackMethod pack, Get g
   return bytes;
 }
 
+// Per-group weights: codes [N, K] (native, one per byte) → [K, ceil(N/8)] words packed along N.
+// Through tiles of 128 outputs × 64 inputs, so that each code row is read in runs and each word
+// row written whole (a nibble-by-nibble gather K bytes apart was most of RTN's packing time);
+// the same words as PackGrid.
+std::vector<uint8_t> PackTransposedCodes(const uint8_t* codes, int64_t n, int64_t k, PackMethod pack, bool int4) {
+  constexpr int64_t kTileWords = 16, kTileK = 64;
+  const int64_t words = CeilDiv8(n);
+  std::vector<uint8_t> bytes(static_cast<size_t>(k * words * 4));
+  const int* map = OrderMap(pack);
+  int shift[8];
+  for (int i = 0; i < 8; ++i) shift[map[i]] = 4 * i;
+  const uint32_t flip = int4 ? 8u : 0u;
+  uint32_t tile[kTileK][kTileWords];
+  uint32_t acc[kTileK];  // one word column of the tile, built along K (a vectorisable loop)
+  for (int64_t c0 = 0; c0 < words; c0 += kTileWords) {
+    const int64_t cw = std::min(kTileWords, words - c0);
+    for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
+      const int64_t kw = std::min(kTileK, k - k0);
+      for (int64_t c = 0; c < cw; ++c) {
+        std::memset(acc, 0, sizeof(acc));
+        for (int j = 0; j < 8 && 8 * (c0 + c) + j < n; ++j) {
+          const uint8_t* src = codes + (8 * (c0 + c) + j) * k + k0;
+          const int sh = shift[j];
+          for (int64_t kk = 0; kk < kw; ++kk) acc[kk] |= (static_cast<uint32_t>(src[kk]) ^ flip) << sh;
+        }
+        for (int64_t kk = 0; kk < kw; ++kk) tile[kk][c] = acc[kk];
+      }
+      for (int64_t kk = 0; kk < kw; ++kk)
+        std::memcpy(bytes.data() + ((k0 + kk) * words + c0) * 4, tile[kk], static_cast<size_t>(cw) * 4);
+    }
+  }
+  return bytes;
+}
+
 // Unpacks [rows, ceil(cols/8)] words; calls put(r, c, nibble) for c < cols (padding skipped).
 template <typename Put>
 void UnpackGrid(const uint8_t* data, int64_t rows, int64_t cols, PackMethod pack, Put put) {
@@ -177,7 +211,7 @@ Result<QuarkLinearTensors> ExportQuarkLinear(const std::string& prefix, const In
   auto zero = [&](int64_t r, int64_t gi) { return ToStored(m.zero_points[static_cast<size_t>(r * G + gi)], int4); };
   if (spec.qscheme == QScheme::kPerGroup) {
     // Transposed: row = input k (or group), packed along outputs.
-    t.weight.bytes = PackGrid(k, n, pack, [&](int64_t kk, int64_t nn) { return code(nn, kk); });
+    t.weight.bytes = PackTransposedCodes(m.codes.data(), n, k, pack, int4);
     t.weight_zero_point.bytes = PackGrid(G, n, pack, [&](int64_t gi, int64_t nn) { return zero(nn, gi); });
   } else {
     t.weight.bytes = PackGrid(n, k, pack, code);

@@ -9,23 +9,14 @@
 #include "formats/float_dtype.h"
 
 namespace nibble {
-namespace {
 
-constexpr float kEps = 1.1920928955078125e-07f;  // torch.finfo(torch.float32).eps = 2^-23
-
-// Round half to even under the default rounding mode (SPEC §4.6).
-inline float RoundHalfEven(float v) { return std::nearbyint(v); }
-
-}  // namespace
-
-Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const QuantSpec& spec, DType scale_dtype) {
+Status CheckRtnArgs(int64_t n, int64_t k, const QuantSpec& spec, DType scale_dtype) {
   if (n < 1 || k < 1) return MakeError("QuantizeRtnRef: weight shape [", n, ", ", k, "] must have N >= 1 and K >= 1");
   if (!IsFloatScaleDType(scale_dtype))
     return MakeErrorCode(ErrorCode::kUnsupported, "QuantizeRtnRef: scale dtype ", DTypeName(scale_dtype), " is not supported (expected F32, F16 or BF16)");
   if (spec.rounding != Rounding::kHalfEven)
     return MakeErrorCode(ErrorCode::kUnsupported, "QuantizeRtnRef: round_method \"", RoundingName(spec.rounding), "\" is not implemented (expected \"half_even\")");
   if (spec.bits != 4) return MakeErrorCode(ErrorCode::kUnsupported, "QuantizeRtnRef: ", spec.bits, "-bit weights are not supported (expected 4)");
-  const bool sym = spec.symmetric;
   if (spec.granularity == Granularity::kPerChannel && spec.group_size != -1)
     return MakeError("QuantizeRtnRef: per_channel spec has group_size ", spec.group_size, ", expected -1");
   if (spec.group_size == 0 || spec.group_size < -1)
@@ -35,7 +26,13 @@ Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const Qu
     return MakeError("QuantizeRtnRef: input size K = ", k, " is not aligned with group_size ", g, " (N = ", n, ", K = ", k,
                      ", g = ", g, "); K must be a multiple of the group size");
   if (n > INT64_MAX / k) return MakeError("QuantizeRtnRef: N * K overflows (N = ", n, ", K = ", k, ")");
+  return Status::Ok();
+}
 
+Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const QuantSpec& spec, DType scale_dtype) {
+  NIBBLE_RETURN_IF_ERROR(CheckRtnArgs(n, k, spec, scale_dtype));
+  const bool sym = spec.symmetric;
+  const int64_t g = spec.EffectiveGroupSize(k);
   const int64_t groups = k / g;
   Int4Matrix m;
   m.n = n;
@@ -45,7 +42,6 @@ Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const Qu
   m.codes.resize(static_cast<size_t>(n * k));
   m.scales.resize(static_cast<size_t>(n * groups));
   m.zero_points.resize(static_cast<size_t>(n * groups));
-  auto D = [scale_dtype](float v) { return RoundToDType(v, scale_dtype); };
 
   // nearbyint honours the current rounding mode; the spec needs round-to-nearest-even.
   const int saved_mode = std::fegetround();
@@ -66,16 +62,14 @@ Result<Int4Matrix> QuantizeRtnRef(const float* w, int64_t n, int64_t k, const Qu
         mx = std::max(mx, x[i]);
       }
       if (failed) break;
-      float s = sym ? D(std::max(-mn, mx) / 7.5f) : D(D(mx - mn) / 15.f);
-      s = std::max(s, kEps);
-      if (!std::isfinite(s)) {
+      RtnGroupParams p;
+      if (!RtnGroupOf(mn, mx, sym, scale_dtype, &p)) {
         error = MakeError("QuantizeRtnRef: scale of row ", r, " group ", gi, " overflows ", DTypeName(scale_dtype),
                           " (range [", mn, ", ", mx, "])");
         failed = true;
         break;
       }
-      const float z = sym ? 0.f : std::clamp(-RoundHalfEven(D(mn / s)), 0.f, 15.f);
-      const float inv = 1.f / s;
+      const float s = p.s, z = p.z, inv = p.inv;
       for (int64_t i = 0; i < g; ++i) m.codes[static_cast<size_t>(r * k + gi * g + i)] = QuarkCode(x[i], inv, z, sym);
       m.scales[static_cast<size_t>(r * groups + gi)] = s;
       m.zero_points[static_cast<size_t>(r * groups + gi)] = static_cast<uint8_t>(sym ? 8 : static_cast<int>(z));

@@ -29,9 +29,36 @@
 #include "base/result.h"
 #include "formats/int4_matrix.h"
 #include "formats/quant_spec.h"
+#include "formats/float_dtype.h"
 #include "io/safetensors.h"
 
 namespace nibble {
+
+/// torch.finfo(torch.float32).eps = 2^-23: the smallest scale RTN writes.
+inline constexpr float kRtnMinScale = 1.1920928955078125e-07f;
+
+/// One group's parameters as QuantizeRtnRef computes them from the group's mn = min(min(x), 0)
+/// and mx = max(max(x), 0): the scale s (rounded to scale_dtype), the zero point z (uint4; 0 for
+/// int4) and the reciprocal inv = fp32(1 / s) the codes are computed with. False when s is not
+/// finite (overflows scale_dtype). Shared by the reference and the fast path
+/// (quantize/rtn_fast.h), so the two compute the same bits. Needs the default rounding mode.
+struct RtnGroupParams {
+  float s = 0, z = 0, inv = 0;
+};
+inline bool RtnGroupOf(float mn, float mx, bool symmetric, DType scale_dtype, RtnGroupParams* p) {
+  auto D = [scale_dtype](float v) { return RoundToDType(v, scale_dtype); };
+  float s = symmetric ? D(std::max(-mn, mx) / 7.5f) : D(D(mx - mn) / 15.f);
+  s = std::max(s, kRtnMinScale);
+  if (!std::isfinite(s)) return false;
+  p->s = s;
+  p->z = symmetric ? 0.f : std::clamp(-std::nearbyint(D(mn / s)), 0.f, 15.f);
+  p->inv = 1.f / s;
+  return true;
+}
+
+/// The argument checks of QuantizeRtnRef (its errors but the per-value ones), so a faster
+/// implementation refuses exactly what the reference refuses.
+Status CheckRtnArgs(int64_t n, int64_t k, const QuantSpec& spec, DType scale_dtype);
 
 /// Quantizes a dense weight w [N = out_features, K = in_features] (row-major fp32 holding values
 /// of the model dtype) with Quark RTN as described above. Returns an Int4Matrix in the native

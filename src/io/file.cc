@@ -108,6 +108,14 @@ void MappedFile::Evict(const uint8_t* p, size_t n) const {
   ::close(fd);
 }
 
+void MappedFile::WillNeed(const uint8_t* p, size_t n) const {
+  if (n == 0 || !Contains(p, n)) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_WILLNEED);
+}
+
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

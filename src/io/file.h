@@ -48,6 +48,10 @@ class MappedFile {
   /// (posix_fadvise DONTNEED): for input read once (quantize), whose cached pages would otherwise
   /// count against a memory-limited cgroup. Best effort: errors are ignored.
   void Evict(const uint8_t* p, size_t n) const;
+  /// Asks the kernel to read [p, p + n) (a range inside this map) into the page cache ahead of
+  /// its use, without waiting (madvise(MADV_WILLNEED)): input about to be read once, whose
+  /// page-by-page read faults would otherwise each wait for the disk. Best effort.
+  void WillNeed(const uint8_t* p, size_t n) const;
   /// Whether [p, p + n) lies inside the map.
   bool Contains(const uint8_t* p, size_t n) const { return p >= data_ && n <= size_ && p - data_ <= static_cast<ptrdiff_t>(size_ - n); }
 

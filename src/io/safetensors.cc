@@ -186,6 +186,10 @@ void TensorStore::Evict(const uint8_t* p, size_t n) const {
     if (f->map().Contains(p, n)) return f->map().Evict(p, n);
 }
 
+void TensorStore::WillNeed(const TensorView& t) const {
+  if (const std::shared_ptr<SafetensorsFile>* f = FileOf(t)) (*f)->map().WillNeed(t.data, t.nbytes);
+}
+
 std::vector<std::string> TensorStore::Names() const {
   std::vector<std::string> names;
   for (const auto& kv : by_name_) names.push_back(kv.first);

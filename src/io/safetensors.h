@@ -105,6 +105,8 @@ class TensorStore {
   /// nothing): the process's pages and the page cache of input read once.
   void Evict(const uint8_t* p, size_t n) const;
   void Evict(const TensorView& t) const { Evict(t.data, t.nbytes); }
+  /// MappedFile::WillNeed of `t`'s bytes: read ahead of its use (nothing when `t` is not here).
+  void WillNeed(const TensorView& t) const;
 
  private:
   // The file holding `t`'s bytes; nullptr when `t` is not a tensor of this store.

@@ -19,4 +19,13 @@ double SquaredErrorSum(const float* a, const float* b, int64_t n) {
   return ActiveW4Dispatch().kernels.vec.squared_error_sum(a, b, n);
 }
 
+bool RtnRowRange(const uint8_t* src, RowDType dtype, int64_t k, int64_t g, float* x, float* mn, float* mx) {
+  return ActiveW4Dispatch().kernels.vec.rtn_row_range(src, dtype, k, g, x, mn, mx);
+}
+
+void RtnRowCodes(const float* x, int64_t k, int64_t g, const float* s, const float* inv, const float* z, bool symmetric,
+                 uint8_t* codes, double* num, double* den) {
+  ActiveW4Dispatch().kernels.vec.rtn_row_codes(x, k, g, s, inv, z, symmetric, codes, num, den);
+}
+
 }  // namespace nibble

@@ -26,12 +26,32 @@ void ScaledSoftmaxRow(float* row, int64_t valid, int64_t len, float scale);
 /// tail in order.
 double SquaredErrorSum(const float* a, const float* b, int64_t n);
 
-/// One ISA's implementations of the three (W4Kernels::vec holds the chosen one).
+/// The stored dtype of a weight row read by RtnRowRange.
+enum class RowDType : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+/// The first pass of RTN over one row of a weight (quantize/rtn_fast.h): x[i] = the fp32 value of
+/// element i < k of `src` (little-endian `dtype`) and, for each group j of g consecutive columns
+/// (k % g == 0), mn[j] = min(0, its values), mx[j] = max(0, its values). False when any value is
+/// inf or nan (x, mn and mx are then unspecified).
+bool RtnRowRange(const uint8_t* src, RowDType dtype, int64_t k, int64_t g, float* x, float* mn, float* mx);
+
+/// The second pass: codes[i] = QuarkCode(x[i], inv[j], z[j], symmetric) (formats/rtn.h) for
+/// column i of group j, and in column order *num += (x[i] - deq)² and *den += x[i]² in double, deq
+/// = float(code - zero point) * s[j] as DequantizeRef computes it (zero point: z[j], 8 for int4).
+/// The two sums run element by element, in order, as the scalar relative error does. Needs the
+/// default rounding mode.
+void RtnRowCodes(const float* x, int64_t k, int64_t g, const float* s, const float* inv, const float* z, bool symmetric,
+                 uint8_t* codes, double* num, double* den);
+
+/// One ISA's implementations (W4Kernels::vec holds the chosen one).
 struct VecKernels {
   const char* name = "scalar";  // "scalar" | "avx2" | "avx512": the translation unit's ISA
   void (*exp_shifted)(float* row, int64_t n, float shift) = nullptr;
   void (*scaled_softmax_row)(float* row, int64_t valid, int64_t len, float scale) = nullptr;
   double (*squared_error_sum)(const float* a, const float* b, int64_t n) = nullptr;
+  bool (*rtn_row_range)(const uint8_t* src, RowDType dtype, int64_t k, int64_t g, float* x, float* mn, float* mx) = nullptr;
+  void (*rtn_row_codes)(const float* x, int64_t k, int64_t g, const float* s, const float* inv, const float* z,
+                        bool symmetric, uint8_t* codes, double* num, double* den) = nullptr;
 };
 
 /// The baseline build's implementations (SSE2 on x86-64): the fallback and the tests' oracle.

@@ -7,8 +7,15 @@
 // linkage, so each unit keeps its own copy built with its own flags.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "base/half.h"
 #include "kernels/exp_f.h"
 #include "kernels/vec_ops.h"
 
@@ -70,6 +77,146 @@ double SquaredErrorSumImpl(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// RTN's row passes (kernels/vec_ops.h). Every lane operation is the IEEE operation the scalar
+// reference performs (min/max, a product and a sum each rounded to fp32, round half to even,
+// the int difference times the scale), so any vector width gives the reference's bits; the two
+// error sums stay sequential scalar chains in column order.
+typedef float RtnF __attribute__((vector_size(64)));
+typedef int32_t RtnI __attribute__((vector_size(64)));
+typedef uint32_t RtnU __attribute__((vector_size(64)));
+typedef uint16_t RtnH __attribute__((vector_size(32)));
+typedef uint8_t RtnB __attribute__((vector_size(16)));
+typedef float RtnF8 __attribute__((vector_size(32)));
+typedef double RtnD8 __attribute__((vector_size(64)));
+constexpr int kRtnLanes = 16;
+
+// Round half to even of each lane (the default rounding mode's nearbyint), in place (a 64-byte
+// vector passed by value would change the ABI between the units' flags).
+inline void RtnRoundEven(RtnF* v) {
+#if defined(__AVX512F__)
+  *v = reinterpret_cast<RtnF>(_mm512_roundscale_ps(reinterpret_cast<__m512>(*v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__AVX__)
+  __m256 h[2];
+  std::memcpy(h, v, sizeof(*v));
+  h[0] = _mm256_round_ps(h[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  h[1] = _mm256_round_ps(h[1], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  std::memcpy(v, h, sizeof(*v));
+#else
+  for (int l = 0; l < kRtnLanes; ++l) (*v)[l] = std::nearbyint((*v)[l]);
+#endif
+}
+
+bool RtnRowRangeImpl(const uint8_t* src, RowDType dtype, int64_t k, int64_t g, float* x, float* mn, float* mx) {
+  int64_t i = 0;
+  if (dtype == RowDType::kF32) {
+    std::memcpy(x, src, static_cast<size_t>(k) * 4);
+  } else if (dtype == RowDType::kBF16) {
+    for (; i + kRtnLanes <= k; i += kRtnLanes) {
+      RtnH h;
+      std::memcpy(&h, src + 2 * i, sizeof(h));
+      const RtnU u = __builtin_convertvector(h, RtnU) << 16;
+      std::memcpy(x + i, &u, sizeof(u));
+    }
+    for (; i < k; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      x[i] = Bf16ToF32(h);
+    }
+  } else {
+    for (; i < k; ++i) {
+      uint16_t h;
+      std::memcpy(&h, src + 2 * i, 2);
+      x[i] = F16ToF32(h);
+    }
+  }
+  // inf / nan: exponent bits all set.
+  RtnU bad = RtnU{};
+  const RtnU exp_mask = RtnU{} + 0x7f800000u;
+  for (int64_t j = 0; j < k / g; ++j) {
+    const float* xg = x + j * g;
+    RtnF lmn = RtnF{}, lmx = RtnF{};
+    int64_t c = 0;
+    for (; c + kRtnLanes <= g; c += kRtnLanes) {
+      RtnF v;
+      std::memcpy(&v, xg + c, sizeof(v));
+      RtnU u;
+      std::memcpy(&u, &v, sizeof(u));
+      bad |= reinterpret_cast<RtnU>((u & exp_mask) == exp_mask);
+      lmn = v < lmn ? v : lmn;
+      lmx = lmx < v ? v : lmx;
+    }
+    float gmn = 0.f, gmx = 0.f;
+    for (int l = 0; l < kRtnLanes; ++l) {
+      gmn = lmn[l] < gmn ? lmn[l] : gmn;
+      gmx = gmx < lmx[l] ? lmx[l] : gmx;
+    }
+    for (; c < g; ++c) {
+      const float v = xg[c];
+      if (!std::isfinite(v)) return false;
+      gmn = v < gmn ? v : gmn;
+      gmx = gmx < v ? v : gmx;
+    }
+    mn[j] = gmn;
+    mx[j] = gmx;
+  }
+  for (int l = 0; l < kRtnLanes; ++l)
+    if (bad[l] != 0) return false;
+  return true;
+}
+
+void RtnRowCodesImpl(const float* x, int64_t k, int64_t g, const float* s, const float* inv, const float* z, bool symmetric,
+                     uint8_t* codes, double* num_out, double* den_out) {
+  const float lo = symmetric ? -8.f : 0.f, hi = symmetric ? 7.f : 15.f;
+  const int32_t code_bias = symmetric ? 8 : 0;
+  double num = *num_out, den = *den_out;
+  for (int64_t j = 0; j < k / g; ++j) {
+    const float* xg = x + j * g;
+    uint8_t* cg = codes + j * g;
+    const float gs = s[j], ginv = inv[j], gz = z[j];
+    const int32_t zp = symmetric ? 0 : static_cast<int32_t>(gz);  // code - zero point = q - zp
+    int64_t c = 0;
+    for (; c + kRtnLanes <= g; c += kRtnLanes) {
+      RtnF v;
+      std::memcpy(&v, xg + c, sizeof(v));
+      const RtnF p = v * ginv;  // rounded to fp32 on its own: no contraction in these units
+      RtnF q = p + gz;
+      RtnRoundEven(&q);
+      q = q < lo ? RtnF{} + lo : q;
+      q = hi < q ? RtnF{} + hi : q;
+      const RtnI qi = __builtin_convertvector(q, RtnI);
+      const RtnB code = __builtin_convertvector(qi + code_bias, RtnB);
+      std::memcpy(cg + c, &code, sizeof(code));
+      const RtnF deq = __builtin_convertvector(qi - zp, RtnF) * gs;
+      for (int h = 0; h < 2; ++h) {
+        RtnF8 xv, dv;
+        std::memcpy(&xv, reinterpret_cast<const float*>(&v) + 8 * h, sizeof(xv));
+        std::memcpy(&dv, reinterpret_cast<const float*>(&deq) + 8 * h, sizeof(dv));
+        const RtnD8 xd = __builtin_convertvector(xv, RtnD8);
+        const RtnD8 d = xd - __builtin_convertvector(dv, RtnD8);
+        const RtnD8 dd = d * d, ww = xd * xd;
+        for (int l = 0; l < 8; ++l) {
+          num += dd[l];
+          den += ww[l];
+        }
+      }
+    }
+    for (; c < g; ++c) {
+      const float p = xg[c] * ginv;
+      float q = std::nearbyint(p + gz);
+      q = q < lo ? lo : q;
+      q = hi < q ? hi : q;
+      const int32_t qi = static_cast<int32_t>(q);
+      cg[c] = static_cast<uint8_t>(qi + code_bias);
+      const float deq = static_cast<float>(qi - zp) * gs;
+      const double d = static_cast<double>(xg[c]) - deq;
+      num += d * d;
+      den += static_cast<double>(xg[c]) * xg[c];
+    }
+  }
+  *num_out = num;
+  *den_out = den;
+}
+
 // This unit's table; `name` is its ISA.
 VecKernels VecKernelsOfThisUnit(const char* name) {
   VecKernels k;
@@ -77,6 +224,8 @@ VecKernels VecKernelsOfThisUnit(const char* name) {
   k.exp_shifted = ExpShiftedImpl;
   k.scaled_softmax_row = ScaledSoftmaxRowImpl;
   k.squared_error_sum = SquaredErrorSumImpl;
+  k.rtn_row_range = RtnRowRangeImpl;
+  k.rtn_row_codes = RtnRowCodesImpl;
   return k;
 }
 

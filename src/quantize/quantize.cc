@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include "base/parallel.h"
 #include "base/version.h"
 #include "formats/checkpoint_format.h"
 #include "formats/float_dtype.h"
@@ -28,6 +29,7 @@
 #include "model/weights.h"
 #include "quantize/calibrated.h"
 #include "quantize/calibration.h"
+#include "quantize/rtn_fast.h"
 #include "tokenizer/tokenizer.h"
 
 namespace nibble {
@@ -76,30 +78,18 @@ struct ExportContext {
   std::string head_source;
 };
 
-// ||W - dequant||_F / ||W||_F.
-double RelWeightError(const std::vector<float>& w, const Int4Matrix& q) {
-  std::vector<float> deq(w.size());
-  DequantizeRef(q, deq.data());
-  double num = 0, den = 0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    const double d = static_cast<double>(w[i]) - deq[i];
-    num += d * d;
-    den += static_cast<double>(w[i]) * w[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : 0.0;
-}
-
 // One input tensor → what is written for it. `new_values` (an algorithm's fp32 result, same
 // shape) replace the stored values when given, and `codes` (computed from them) the RTN of a
 // quantized weight. A linear's weight is quantized per the request and written by the format, or
-// kept in float when its module is excluded; anything else is kept in float.
+// kept in float when its module is excluded; anything else is kept in float. `scratch`, when
+// given, holds the RTN codes (its buffers reused from one tensor to the next).
 Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& plan, const std::vector<float>* new_values,
-                               const Int4Matrix* codes, const ExportContext& ex);
+                               const Int4Matrix* codes, const ExportContext& ex, Int4Matrix* scratch = nullptr);
 
 Result<Produced> ProduceTensor(const TensorView& t, const std::vector<float>* new_values, const Int4Matrix* codes,
-                               const ExportContext& ex) {
+                               const ExportContext& ex, Int4Matrix* scratch = nullptr) {
   auto lin = ex.linear_of_weight.find(t.name);
-  if (lin != ex.linear_of_weight.end()) return ProduceLinear(t, *lin->second, new_values, codes, ex);
+  if (lin != ex.linear_of_weight.end()) return ProduceLinear(t, *lin->second, new_values, codes, ex, scratch);
   Produced res;
   NIBBLE_ASSIGN_OR_RETURN(TensorToWrite w, FloatTensor(t, new_values));
   res.tensors.push_back(std::move(w));
@@ -109,7 +99,7 @@ Result<Produced> ProduceTensor(const TensorView& t, const std::vector<float>* ne
 // The weight `t` of a linear module: its tensors as the plan decides the module, and the report
 // line.
 Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& r, const std::vector<float>* new_values,
-                               const Int4Matrix* codes, const ExportContext& ex) {
+                               const Int4Matrix* codes, const ExportContext& ex, Int4Matrix* scratch) {
   Produced res;
   const std::string& name = r.module;
   QuantizedLayerReport lr;
@@ -125,19 +115,28 @@ Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& r, cons
     res.layer = std::move(lr);
     return res;
   }
+  const DType scale_dtype = r.spec->scale_dtype.value_or(t.dtype);
+  Int4Matrix local;
+  Int4Matrix& rtn = scratch != nullptr ? *scratch : local;
+  // RTN of the stored weight: the fast path (quantize/rtn_fast.h), else (algorithms' values, or
+  // what the fast path leaves to the reference to refuse) the reference on an fp32 copy.
+  const bool fast = codes == nullptr && new_values == nullptr && QuantizeRtnFast(t, *r.spec, scale_dtype, &rtn, &lr.rel_error);
   std::vector<float> owned;
   const std::vector<float>* w = new_values;
-  if (w == nullptr) {
+  if (!fast && w == nullptr) {
     NIBBLE_ASSIGN_OR_RETURN(owned, TensorToF32(t));
     w = &owned;
   }
-  const DType scale_dtype = r.spec->scale_dtype.value_or(t.dtype);
-  Result<Int4Matrix> q = codes != nullptr ? Result<Int4Matrix>(*codes) : QuantizeRtnRef(w->data(), lr.n, lr.k, *r.spec, scale_dtype);
-  if (!q.ok()) return q.error().WithContext("layer " + name);
-  auto packed = ex.writer->WriteLinear(name, *q, *r.spec, scale_dtype);
+  if (!fast && codes == nullptr) {
+    Result<Int4Matrix> q = QuantizeRtnRef(w->data(), lr.n, lr.k, *r.spec, scale_dtype);
+    if (!q.ok()) return q.error().WithContext("layer " + name);
+    rtn = std::move(q).value();
+  }
+  const Int4Matrix& q = codes != nullptr ? *codes : rtn;
+  auto packed = ex.writer->WriteLinear(name, q, *r.spec, scale_dtype);
   if (!packed.ok()) return packed.error().WithContext("layer " + name);
-  lr.rel_error = RelWeightError(*w, *q);
-  if (w == &owned) ex.store->Evict(t);  // read once (a pending borrowed copy of it re-reads the file)
+  if (!fast) lr.rel_error = RelWeightError(*w, q);
+  if (fast || w == &owned) ex.store->Evict(t);  // read once (a pending borrowed copy of it re-reads the file)
   lr.quantized = true;
   lr.scheme = DescribeSpec(*r.spec);
   for (auto& pt : *packed) {
@@ -210,25 +209,66 @@ Status OrderedExport::Append(std::vector<T>& tensors, std::optional<QuantizedLay
   return Status::Ok();
 }
 
+// The run of tensors up to the first awaited one is produced on --threads threads, claimed in
+// order a few tensors ahead, and appended here in order (OrderedParallelFor): the output, its
+// report and the progress callbacks are those of one thread. The weight a claim will read next
+// is asked of the page cache ahead of its turn (TensorStore::WillNeed).
 Status OrderedExport::Drain() {
-  for (; next_ < order_.size(); ++next_) {
-    const std::string& tname = order_[next_];
-    NIBBLE_RETURN_IF_ERROR(CheckCancelled(o_.cancel, "quantize at " + tname));
-    if (auto it = early_.find(tname); it != early_.end()) {
-      NIBBLE_RETURN_IF_ERROR(Append(it->second.tensors, it->second.layer));
-      early_.erase(it);
-    } else if (awaited_.contains(tname)) {
-      return Status::Ok();
-    } else {
-      NIBBLE_ASSIGN_OR_RETURN(Produced p, ProduceTensor(*store_.Find(tname), nullptr, nullptr, ex_));
-      NIBBLE_RETURN_IF_ERROR(Append(p.tensors, p.layer));
+  size_t end = next_;
+  while (end < order_.size() && !awaited_.contains(order_[end])) ++end;
+  struct Slot {
+    Status status = Status::Ok();
+    std::optional<Produced> tensor, head;
+  };
+  const int threads = std::max(1, omp_get_max_threads());
+  std::vector<Slot> slots(end - next_);
+  std::vector<char> early(slots.size());  // read here: consume erases from early_ meanwhile
+  for (size_t i = 0; i < slots.size(); ++i) early[i] = early_.contains(order_[next_ + i]) ? 1 : 0;
+  std::vector<Int4Matrix> scratch(static_cast<size_t>(threads));
+  auto quantized_input = [&](size_t j) { return j < end && ex_.linear_of_weight.contains(order_[j]); };
+  auto produce = [&](int64_t i, int worker) {
+    const size_t j = next_ + static_cast<size_t>(i);
+    if (quantized_input(j + threads)) store_.WillNeed(*store_.Find(order_[j + threads]));
+    const std::string& tname = order_[j];
+    Slot& slot = slots[static_cast<size_t>(i)];
+    if (early[static_cast<size_t>(i)]) return;
+    Result<Produced> p = ProduceTensor(*store_.Find(tname), nullptr, nullptr, ex_, &scratch[static_cast<size_t>(worker)]);
+    if (!p.ok()) {
+      slot.status = p.error();
+      return;
     }
-    if (tname == ex_.head_source) {
-      NIBBLE_ASSIGN_OR_RETURN(Produced head,
-                              ProduceLinear(*store_.Find(tname), *ex_.plan->Find("lm_head"), nullptr, nullptr, ex_));
-      NIBBLE_RETURN_IF_ERROR(Append(head.tensors, head.layer));
+    slot.tensor = std::move(p).value();
+    if (tname != ex_.head_source) return;
+    Result<Produced> head = ProduceLinear(*store_.Find(tname), *ex_.plan->Find("lm_head"), nullptr, nullptr, ex_,
+                                          &scratch[static_cast<size_t>(worker)]);
+    if (!head.ok()) slot.status = head.error();
+    else slot.head = std::move(head).value();
+  };
+  Status status = Status::Ok();
+  auto consume = [&](int64_t i) {
+    const std::string& tname = order_[next_ + static_cast<size_t>(i)];
+    Slot& slot = slots[static_cast<size_t>(i)];
+    status = CheckCancelled(o_.cancel, "quantize at " + tname);
+    if (status.ok()) {
+      if (auto it = early_.find(tname); it != early_.end()) {
+        status = Append(it->second.tensors, it->second.layer);
+        early_.erase(it);
+      } else {
+        status = slot.status;
+        if (status.ok()) status = Append(slot.tensor->tensors, slot.tensor->layer);
+        if (status.ok() && slot.head) status = Append(slot.head->tensors, slot.head->layer);
+      }
     }
-  }
+    slot = Slot{};
+    return status.ok();
+  };
+  if (quantized_input(next_)) store_.WillNeed(*store_.Find(order_[next_]));
+  for (size_t j = next_ + 1; j < next_ + static_cast<size_t>(threads); ++j)
+    if (quantized_input(j)) store_.WillNeed(*store_.Find(order_[j]));
+  const bool ok = OrderedParallelFor(static_cast<int64_t>(slots.size()), threads, 2 * threads, produce, consume);
+  if (!ok) return status;
+  next_ = end;
+  if (next_ < order_.size()) NIBBLE_RETURN_IF_ERROR(CheckCancelled(o_.cancel, "quantize at " + order_[next_]));
   return Status::Ok();
 }
 
