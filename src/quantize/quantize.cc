@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 
+#include "base/sha256.h"
 #include "base/version.h"
 #include "formats/checkpoint_format.h"
 #include "formats/float_dtype.h"
@@ -18,6 +19,7 @@
 #include "formats/rtn.h"
 #include "io/checkpoint_writer.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "io/model_card.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -26,6 +28,7 @@
 #include "model/weights.h"
 #include "quantize/calibrated.h"
 #include "quantize/calibration.h"
+#include "quantize/resume.h"
 #include "tokenizer/tokenizer.h"
 
 namespace nibble {
@@ -168,6 +171,12 @@ class OrderedExport {
   Status Deliver(const std::string& name, Produced p);
   /// After the pipeline: the rest. Errors: an awaited tensor never handed over (kInternal).
   Status Finish();
+  /// An RTN run's layer boundaries (quantize/resume.h): `f` is called with the count of decoder
+  /// layers written each time the output order leaves a layer's tensors.
+  void OnLayerWritten(std::function<Status(int64_t)> f) { layer_written_ = std::move(f); }
+  /// Its position, the tensors spooled before their turn and the report lines so far; and back.
+  nlohmann::ordered_json SaveState() const;
+  Status LoadState(const nlohmann::ordered_json& j);
 
  private:
   struct Early {  // a tensor finished before its turn: its bytes in the spool
@@ -188,11 +197,83 @@ class OrderedExport {
   int64_t done_ = 0;
   std::set<std::string> awaited_;
   std::map<std::string, Early> early_;
+  std::function<Status(int64_t)> layer_written_;
+  int64_t layers_written_ = 0;
+  size_t boundary_at_ = 0;  // next_ of the last boundary (a resumed run starts there)
 };
+
+// "model.layers.12." of a decoder layer's tensor, else "".
+std::string LayerPrefix(const std::string& name) {
+  if (!name.starts_with("model.layers.")) return "";
+  const size_t dot = name.find('.', 13);
+  return dot == std::string::npos ? "" : name.substr(0, dot + 1);
+}
+
+nlohmann::ordered_json LayerReportJson(const QuantizedLayerReport& l) {
+  return {{"name", l.name},   {"rule", l.rule},         {"quantized", l.quantized},  {"scheme", l.scheme},
+          {"n", l.n},         {"k", l.k},               {"bytes_in", l.bytes_in},    {"bytes_out", l.bytes_out},
+          {"rel_error", DoubleJson(l.rel_error)}};
+}
+
+QuantizedLayerReport LayerReportFromJson(const nlohmann::ordered_json& j) {
+  QuantizedLayerReport l;
+  l.name = j.at("name").get<std::string>();
+  l.rule = j.at("rule").get<std::string>();
+  l.quantized = j.at("quantized").get<bool>();
+  l.scheme = j.at("scheme").get<std::string>();
+  l.n = j.at("n").get<int64_t>();
+  l.k = j.at("k").get<int64_t>();
+  l.bytes_in = j.at("bytes_in").get<int64_t>();
+  l.bytes_out = j.at("bytes_out").get<int64_t>();
+  l.rel_error = DoubleFromJson(j.at("rel_error"));
+  return l;
+}
+
+nlohmann::ordered_json OrderedExport::SaveState() const {
+  nlohmann::ordered_json early = nlohmann::ordered_json::array();
+  for (const auto& [name, e] : early_) {
+    nlohmann::ordered_json t = nlohmann::ordered_json::array();
+    for (const CheckpointWriter::Spooled& sp : e.tensors) t.push_back(CheckpointWriter::SpooledJson(sp));
+    early.push_back({{"name", name}, {"tensors", t}, {"layer", e.layer ? LayerReportJson(*e.layer) : nlohmann::ordered_json()}});
+  }
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (const QuantizedLayerReport& l : report_.layers) layers.push_back(LayerReportJson(l));
+  return {{"next", next_}, {"next_name", next_ < order_.size() ? order_[next_] : ""}, {"done", done_},
+          {"layers_written", layers_written_}, {"early", early}, {"layers", layers}};
+}
+
+Status OrderedExport::LoadState(const nlohmann::ordered_json& j) {
+  try {
+    next_ = j.at("next").get<size_t>();
+    if (next_ > order_.size() || (next_ < order_.size() && order_[next_] != j.at("next_name").get<std::string>()))
+      return MakeErrorCode(ErrorCode::kCorruptInput, "the manifest's export position ", next_, " does not match the input's tensors");
+    boundary_at_ = next_;
+    done_ = j.at("done").get<int64_t>();
+    layers_written_ = j.at("layers_written").get<int64_t>();
+    for (const auto& e : j.at("early")) {
+      Early x;
+      for (const auto& t : e.at("tensors")) {
+        NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter::Spooled sp, CheckpointWriter::SpooledFromJson(t));
+        NIBBLE_RETURN_IF_ERROR(out_.VerifySpooled(sp));
+        x.tensors.push_back(std::move(sp));
+      }
+      if (!e.at("layer").is_null()) x.layer = LayerReportFromJson(e.at("layer"));
+      early_[e.at("name").get<std::string>()] = std::move(x);
+    }
+    report_.layers.clear();
+    for (const auto& l : j.at("layers")) report_.layers.push_back(LayerReportFromJson(l));
+  } catch (const std::exception& e) {
+    return MakeErrorCode(ErrorCode::kCorruptInput, "the manifest's export state: ", e.what());
+  }
+  return Status::Ok();
+}
 
 template <typename T>
 Status OrderedExport::Append(std::vector<T>& tensors, std::optional<QuantizedLayerReport>& layer) {
-  for (auto& t : tensors) NIBBLE_RETURN_IF_ERROR(out_.Add(std::move(t)));
+  for (auto& t : tensors) {
+    ExportForTest();
+    NIBBLE_RETURN_IF_ERROR(out_.Add(std::move(t)));
+  }
   tensors.clear();
   if (!layer) return Status::Ok();
   report_.layers.push_back(std::move(*layer));
@@ -203,6 +284,13 @@ Status OrderedExport::Append(std::vector<T>& tensors, std::optional<QuantizedLay
 Status OrderedExport::Drain() {
   for (; next_ < order_.size(); ++next_) {
     const std::string& tname = order_[next_];
+    if (layer_written_ && next_ > boundary_at_) {
+      const std::string prev = LayerPrefix(order_[next_ - 1]);
+      if (!prev.empty() && prev != LayerPrefix(tname)) {
+        boundary_at_ = next_;
+        NIBBLE_RETURN_IF_ERROR(layer_written_(++layers_written_));
+      }
+    }
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(o_.cancel, "quantize at " + tname));
     if (auto it = early_.find(tname); it != early_.end()) {
       NIBBLE_RETURN_IF_ERROR(Append(it->second.tensors, it->second.layer));
@@ -257,7 +345,7 @@ Status OrderedExport::Finish() {
 // algo_config in `cfg`.
 Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, const TensorStore& store,
                            const ExportContext& ex, OrderedExport& exp, QuarkQuantConfig& cfg, QuantizeReport& report,
-                           const std::function<void(const std::string&)>& note) {
+                           const std::function<void(const std::string&)>& note, CalibCheckpoint* checkpoint) {
   const AlgorithmPlan& algos = ex.plan->algorithms;
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadCalibrationTexts(o.dataset));
@@ -273,7 +361,7 @@ Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, cons
     if (o.progress) o.progress(done, total);
     if (o.on_layer && total % layers == 0 && done % (total / layers) == 0) o.on_layer(done / (total / layers), layers);
   };
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) exp.Await(LayerTensorNames(mc, l));
+  for (int64_t l = checkpoint ? checkpoint->start_layer : 0; l < mc.num_hidden_layers; ++l) exp.Await(LayerTensorNames(mc, l));
   auto sink = [&](LayerTensor lt) -> Status {
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, "quantize at " + lt.name));
     NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(lt.name));
@@ -286,7 +374,7 @@ Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, cons
                           CalibrationRecord(o.dataset, *calib, o.seed, prop == Propagation::kFp ? "fp" : "quantized"));
   report.propagation = prop;
   auto r = RunCalibrated(mc, store, *ex.plan, algos, calib->tokens, calib->num_chunks, calib->seq_len, sink, progress,
-                         o.cancel);
+                         o.cancel, checkpoint);
   if (!r.ok()) return r.error().code == ErrorCode::kCancelled ? r.error() : r.error().WithContext(algos.Label());
   for (const auto& m : r->messages) note(m);
   cfg.algo_config = algos.AlgoConfig(*r, mc);
@@ -394,9 +482,125 @@ Result<std::vector<std::string>> OutputWarnings(const QuantizeOptions& o, const 
   return lines;
 }
 
+// A resumable run's side of QuantizeCheckpoint (quantize/resume.h).
+struct Resumable {
+  nlohmann::ordered_json identity;  // nibble_version, settings, input, dataset_sha256
+  nlohmann::ordered_json manifest;  // the boundary a resumed run starts from
+  int64_t layers_done = -1;         // the last boundary written or resumed from; -1: none
+  int64_t num_layers = 0;
+  std::string staging;              // the staging directory kept for --resume
+};
+
+Result<nlohmann::ordered_json> RunIdentity(const QuantizeOptions& o, bool calibrated) {
+  nlohmann::ordered_json j;
+  j["nibble_version"] = NibbleVersion();
+  j["settings"] = o.resume_settings;
+  NIBBLE_ASSIGN_OR_RETURN(j["input"], InputFingerprint(o.model_dir));
+  if (calibrated) {
+    NIBBLE_ASSIGN_OR_RETURN(std::string data, ReadFileToString(o.dataset));
+    j["dataset_sha256"] = Sha256Hex(data);
+  }
+  return j;
+}
+
+// One boundary: `layers_done` decoder layers are in the writer; `calibrated` and the activations
+// `x` (the next layer's input) for a calibrated run. Files first, the manifest last.
+Status WriteBoundary(Resumable& rs, CheckpointWriter& out, const OrderedExport& exp, int64_t layers_done,
+                     const nlohmann::ordered_json& calibrated, std::span<const uint8_t> x, const std::string& dtype,
+                     int64_t hidden) {
+  nlohmann::ordered_json m = rs.identity;
+  m["layers_done"] = layers_done;
+  m["num_layers"] = rs.num_layers;
+  NIBBLE_ASSIGN_OR_RETURN(m["writer"], out.SaveState());
+  m["export"] = exp.SaveState();
+  m["calibrated"] = calibrated;
+  m["activations"] = nullptr;
+  if (!dtype.empty()) {
+    NIBBLE_ASSIGN_OR_RETURN(DType dt, ParseDType(dtype));
+    const int64_t rows = static_cast<int64_t>(x.size() / (DTypeSize(dt) * static_cast<size_t>(hidden)));
+    NIBBLE_ASSIGN_OR_RETURN(m["activations"], SaveActivations(out.path(), layers_done, x, dtype, {rows, hidden}));
+  }
+  NIBBLE_RETURN_IF_ERROR(WriteManifest(out.path(), m));
+  out.AfterBoundary();
+  RemoveOlderActivations(out.path(), m["activations"]);
+  rs.layers_done = layers_done;
+  rs.staging = out.path();
+  out.KeepStaging();
+  BoundaryForTest(layers_done);
+  return Status::Ok();
+}
+
+// A fresh run's writer; a resumable one says when it replaces an interrupted run's staging.
+Result<CheckpointWriter> NewWriter(const QuantizeOptions& o, bool resumable, const std::function<void(const std::string&)>& note) {
+  if (resumable) {
+    const std::string old = StagingDir::FindInterrupted(o.output_dir, "tmp", kResumeManifest);
+    if (!old.empty()) {
+      auto m = ReadManifest(old);
+      const std::string done = m.ok() ? " (" + std::to_string(m->value("layers_done", int64_t{0})) + " of " +
+                                            std::to_string(m->value("num_layers", int64_t{0})) + " layers done)"
+                                      : "";
+      note("note: starting over: removing " + old + ", the staging directory of an interrupted run" + done +
+           "; --resume continues such a run instead");
+    }
+  }
+  NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, CheckpointWriter::Create(o.output_dir, o.max_shard_size));
+  if (resumable) out.SetResumable();
+  return out;
+}
+
+// A resumed run's writer: the interrupted run's staging directory, checked against this run.
+Result<CheckpointWriter> ResumeWriter(const QuantizeOptions& o, const TensorStore& store, Resumable& rs,
+                                      const std::function<void(const std::string&)>& note) {
+  const std::string dir = StagingDir::FindInterrupted(o.output_dir, "tmp", kResumeManifest);
+  if (dir.empty())
+    return MakeErrorCode(ErrorCode::kNotFound, "--resume: no interrupted run of ", o.output_dir,
+                         " to continue (no staging directory .", fs::path(o.output_dir).filename().string(),
+                         ".nibble-tmp-<pid> holding ", kResumeManifest,
+                         " beside it); run the same command without --resume to start one");
+  NIBBLE_ASSIGN_OR_RETURN(rs.manifest, ReadManifest(dir));
+  std::vector<std::string> diffs = IdentityDifferences(rs.manifest, rs.identity);
+  if (rs.manifest.value("num_layers", int64_t{-1}) != rs.num_layers)
+    diffs.push_back("decoder layers: run had " + std::to_string(rs.manifest.value("num_layers", int64_t{-1})) + ", now " +
+                    std::to_string(rs.num_layers));
+  if (!diffs.empty()) {
+    std::string list;
+    for (const std::string& d : diffs) list += "\n  " + d;
+    return MakeError("--resume: the run staged in ", dir, " differs from this one:", list,
+                     "\nrun the command it was started with, or start over without --resume (which removes it)");
+  }
+  NIBBLE_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Adopt(o.output_dir, "tmp", dir));
+  staging.Keep();  // a check below that fails leaves it as it was found
+  auto borrow = [&store](const std::string& name) -> Result<TensorToWrite> {
+    NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(name));
+    return BorrowTensor(*t);
+  };
+  const std::string path = staging.path();
+  auto out = CheckpointWriter::Resume(std::move(staging), o.max_shard_size, rs.manifest.at("writer"), borrow);
+  if (!out.ok()) return out.error().WithContext("--resume: " + path);
+  rs.layers_done = rs.manifest.at("layers_done").get<int64_t>();
+  rs.staging = path;
+  note("note: resuming the run staged in " + path + " after layer " + std::to_string(rs.layers_done) + " of " +
+       std::to_string(rs.num_layers));
+  return out;
+}
+
+Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs);
+
 }  // namespace
 
 Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
+  Resumable rs;
+  Result<QuantizeReport> r = RunQuantize(o, rs);
+  if (r.ok() || rs.layers_done < 0 || !PathExists(JoinPath(rs.staging, kResumeManifest))) return r;
+  Error e = r.error();
+  e.message += "; the run's progress (" + std::to_string(rs.layers_done) + " of " + std::to_string(rs.num_layers) +
+               " layers) is kept in " + rs.staging + ": run the same command with --resume to continue";
+  return e;
+}
+
+namespace {
+
+Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs) {
   const auto t0 = std::chrono::steady_clock::now();
   PeakMemorySampler memory;
   QuantizeReport report;
@@ -442,12 +646,46 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   if (o.model_export != "gptq" && o.gptq_format != "v1")
     note("warning: --gptq_format " + o.gptq_format + " is used only by --model_export gptq");
   if (o.output_dir.empty()) return MakeError("--output_dir is empty");
-  NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, CheckpointWriter::Create(o.output_dir, o.max_shard_size));
+  const bool resumable = o.resumable || o.resume;
+  if (resumable) {
+    NIBBLE_ASSIGN_OR_RETURN(rs.identity, RunIdentity(o, plan.algorithms.Calibrated()));
+    rs.num_layers = mc.num_hidden_layers;
+  }
+  NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, o.resume ? ResumeWriter(o, store, rs, note) : NewWriter(o, resumable, note));
   // Input tensors written unchanged are read once: their pages go once their shard is written.
   out.SetAfterBorrowedWritten([&store](const uint8_t* p, size_t n) { store.Evict(p, n); });
   OrderedExport exp(o, store, ex, request.modules.size(), out, report);
-  if (plan.algorithms.Calibrated()) NIBBLE_RETURN_IF_ERROR(RunCalibratedExport(o, mc, store, ex, exp, request.config, report, note));
+  if (o.resume) {
+    const Status st = exp.LoadState(rs.manifest.at("export"));
+    if (!st.ok()) return st.error().WithContext("--resume: " + rs.staging);
+  }
+  CalibCheckpoint ck;
+  if (resumable) {
+    const int64_t hidden = mc.hidden_size;
+    exp.OnLayerWritten([&](int64_t n) { return WriteBoundary(rs, out, exp, n, nullptr, {}, "", hidden); });
+    ck.on_boundary = [&rs, &out, &exp, hidden](int64_t layer, const nlohmann::ordered_json& st, std::span<const uint8_t> x,
+                                               const std::string& dtype) {
+      return WriteBoundary(rs, out, exp, layer + 1, st, x, dtype, hidden);
+    };
+    if (o.resume && plan.algorithms.Calibrated()) {
+      ck.start_layer = rs.layers_done;
+      ck.state = rs.manifest.at("calibrated");
+      const nlohmann::ordered_json& acts = rs.manifest.at("activations");
+      auto x = LoadActivations(rs.staging, acts);
+      if (!x.ok()) return x.error().WithContext("--resume: " + rs.staging);
+      ck.input = std::move(x).value();
+      ck.input_dtype = acts.value("dtype", "");
+    }
+  }
+  if (plan.algorithms.Calibrated())
+    NIBBLE_RETURN_IF_ERROR(
+        RunCalibratedExport(o, mc, store, ex, exp, request.config, report, note, resumable ? &ck : nullptr));
   NIBBLE_RETURN_IF_ERROR(exp.Finish());
+  if (resumable) {  // past the last boundary: the rest is written whole or not at all
+    RemoveResumeFiles(out.path());
+    rs.layers_done = -1;
+    out.KeepStaging(false);
+  }
   NIBBLE_RETURN_IF_ERROR(out.Finish());
   report.shards = out.shards();
   report.total_bytes = out.total_bytes();
@@ -471,5 +709,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }
+
+}  // namespace
 
 }  // namespace nibble
