@@ -63,8 +63,10 @@ class CheckpointWriter::SpoolFile {
   }
   ~SpoolFile() {
     ::close(fd_);
-    ::unlink(path_.c_str());
+    if (!keep_) ::unlink(path_.c_str());
   }
+  // Left in place when the writer goes without finishing (a resumable run stopped).
+  void Keep(bool keep) { keep_ = keep; }
   SpoolFile(const SpoolFile&) = delete;
   SpoolFile& operator=(const SpoolFile&) = delete;
   const std::string& path() const { return path_; }
@@ -97,6 +99,7 @@ class CheckpointWriter::SpoolFile {
   std::string path_;
   int fd_;
   uint64_t end_ = 0;
+  bool keep_ = false;
 };
 
 Result<CheckpointWriter> CheckpointWriter::Create(const std::string& out_dir, int64_t max_shard_size,
@@ -159,6 +162,7 @@ Status CheckpointWriter::FlushShard() {
 Result<CheckpointWriter::Spooled> CheckpointWriter::Spool(const TensorToWrite& tensor) {
   if (spool_ == nullptr) {
     NIBBLE_ASSIGN_OR_RETURN(spool_, SpoolFile::Create(JoinPath(staging_.path(), "tensors.spool")));
+    spool_->Keep(keep_);
   }
   Spooled s{tensor.name, tensor.dtype, tensor.shape, 0, tensor.data().size(), ""};
   if (resumable_)
@@ -226,6 +230,7 @@ Status CheckpointWriter::WriteModelCard(const std::string& from_dir, const Model
 
 Status CheckpointWriter::Finish() {
   if (shard_tensors_.empty() || !pending_.empty()) NIBBLE_RETURN_IF_ERROR(FlushShard());
+  if (spool_ != nullptr) spool_->Keep(false);
   spool_.reset();
   const size_t n = shard_tensors_.size();
   if (n == 0) return MakeErrorCode(ErrorCode::kInternal, "checkpoint ", staging_.target(), " has no tensors");
@@ -349,6 +354,12 @@ Result<nlohmann::ordered_json> CheckpointWriter::SaveState() {
   return j;
 }
 
+void CheckpointWriter::KeepStaging(bool keep) {
+  keep_ = keep;
+  staging_.Keep(keep);
+  if (spool_ != nullptr) spool_->Keep(keep);
+}
+
 void CheckpointWriter::AfterBoundary() {
   for (const auto& [offset, size] : discard_later_) spool_->Discard(offset, size);
   discard_later_.clear();
@@ -373,6 +384,10 @@ Result<CheckpointWriter> CheckpointWriter::Resume(StagingDir staging, int64_t ma
       w.shard_info_.push_back({m->size(), sh.at("sha256").get<std::string>()});
       w.shard_tensors_.push_back(sh.at("tensors").get<std::vector<std::string>>());
     }
+    // Temporary files of writes a killed run did not finish (AtomicFileWriter's "<name>.tmp-<pid>").
+    std::error_code lec;
+    for (const auto& e : fs::directory_iterator(w.staging_.path(), lec))
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(e.path(), lec);
     // Shards a killed run wrote after its last boundary.
     for (size_t i = w.shard_tensors_.size();; ++i) {
       const std::string extra = JoinPath(w.staging_.path(), PendingName(i));
@@ -384,7 +399,9 @@ Result<CheckpointWriter> CheckpointWriter::Resume(StagingDir staging, int64_t ma
     const std::string spool_path = JoinPath(w.staging_.path(), "tensors.spool");
     if (spool_bytes > 0 || PathExists(spool_path)) {
       NIBBLE_ASSIGN_OR_RETURN(w.spool_, SpoolFile::Reopen(spool_path, spool_bytes));
+      w.spool_->Keep(true);
     }
+    w.keep_ = true;
     for (const auto& p : state.at("open_shard")) {
       if (p.contains("borrowed")) {
         NIBBLE_ASSIGN_OR_RETURN(TensorToWrite t, borrow(p.at("name").get<std::string>()));

@@ -101,7 +101,7 @@ class CheckpointWriter {
   static Result<Spooled> SpooledFromJson(const nlohmann::ordered_json& j);
   Status VerifySpooled(const Spooled& s) const;
   /// Keep the staging directory if this writer is destroyed without Commit.
-  void KeepStaging(bool keep = true) { staging_.Keep(keep); }
+  void KeepStaging(bool keep = true);
 
   /// The staging directory (where the files are until Commit).
   std::string path() const { return staging_.path(); }
@@ -134,6 +134,7 @@ class CheckpointWriter {
   std::vector<ShardInfo> shard_info_;                    // per written shard
   int64_t total_bytes_ = 0;
   bool resumable_ = false;
+  bool keep_ = false;  // KeepStaging: the staging directory and the spool outlive the writer
   std::vector<std::pair<uint64_t, uint64_t>> discard_later_;  // spool ranges to free after the next boundary
 };
 

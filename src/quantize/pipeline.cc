@@ -362,6 +362,8 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     return MakeError("calibration tokens (", tokens.size(), ") do not form ", batch, " x ", seq_len);
   if (seq_len > mc.max_position_embeddings)
     return MakeError("calibration seq_len ", seq_len, " exceeds max_position_embeddings ", mc.max_position_embeddings);
+  if (o.start_layer < 0 || o.start_layer > mc.num_hidden_layers)
+    return MakeErrorCode(ErrorCode::kCorruptInput, "resuming at layer ", o.start_layer, " of ", mc.num_hidden_layers);
   std::vector<float> x;
   if (o.start_layer == 0) {
     NIBBLE_ASSIGN_OR_RETURN(x, EmbedTokens(mc, store, tokens));

@@ -486,7 +486,7 @@ Result<std::vector<std::string>> OutputWarnings(const QuantizeOptions& o, const 
 struct Resumable {
   nlohmann::ordered_json identity;  // nibble_version, settings, input, dataset_sha256
   nlohmann::ordered_json manifest;  // the boundary a resumed run starts from
-  int64_t layers_done = -1;         // the last boundary written or resumed from; -1: none
+  int64_t layers_done = -1;         // the last boundary written or resumed from (checked); -1: none
   int64_t num_layers = 0;
   std::string staging;              // the staging directory kept for --resume
 };
@@ -577,9 +577,9 @@ Result<CheckpointWriter> ResumeWriter(const QuantizeOptions& o, const TensorStor
   const std::string path = staging.path();
   auto out = CheckpointWriter::Resume(std::move(staging), o.max_shard_size, rs.manifest.at("writer"), borrow);
   if (!out.ok()) return out.error().WithContext("--resume: " + path);
-  rs.layers_done = rs.manifest.at("layers_done").get<int64_t>();
   rs.staging = path;
-  note("note: resuming the run staged in " + path + " after layer " + std::to_string(rs.layers_done) + " of " +
+  note("note: resuming the run staged in " + path + " after layer " +
+       std::to_string(rs.manifest.value("layers_done", int64_t{0})) + " of " +
        std::to_string(rs.num_layers));
   return out;
 }
@@ -668,7 +668,7 @@ Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs) {
       return WriteBoundary(rs, out, exp, layer + 1, st, x, dtype, hidden);
     };
     if (o.resume && plan.algorithms.Calibrated()) {
-      ck.start_layer = rs.layers_done;
+      ck.start_layer = rs.manifest.at("layers_done").get<int64_t>();
       ck.state = rs.manifest.at("calibrated");
       const nlohmann::ordered_json& acts = rs.manifest.at("activations");
       auto x = LoadActivations(rs.staging, acts);
@@ -676,6 +676,8 @@ Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs) {
       ck.input = std::move(x).value();
       ck.input_dtype = acts.value("dtype", "");
     }
+    // Every staged byte it reuses checked: from here a stop keeps it resumable as found.
+    if (o.resume) rs.layers_done = rs.manifest.at("layers_done").get<int64_t>();
   }
   if (plan.algorithms.Calibrated())
     NIBBLE_RETURN_IF_ERROR(
