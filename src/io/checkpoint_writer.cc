@@ -147,10 +147,9 @@ Status CheckpointWriter::FlushShard() {
   NIBBLE_RETURN_IF_ERROR(WriteSafetensors(file, ptrs, {{"format", "pt"}}, written));
   ShardInfo info;
   if (resumable_) {
-    NIBBLE_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> m, MappedFile::Open(file));
-    info.size = m->size();
-    info.sha256 = Sha256Hex(std::string_view(reinterpret_cast<const char*>(m->data()), m->size()));
-    m->Evict(m->data(), m->size());
+    std::error_code ec;
+    info.size = static_cast<uint64_t>(fs::file_size(file, ec));
+    NIBBLE_ASSIGN_OR_RETURN(info.sha256, FileSha256(file));
   }
   shard_info_.push_back(std::move(info));
   shard_tensors_.push_back(std::move(names));
@@ -283,10 +282,6 @@ namespace nibble {
 
 namespace {
 
-std::string RangeSha256(const MappedFile& m, uint64_t offset, uint64_t size) {
-  return Sha256Hex(std::string_view(reinterpret_cast<const char*>(m.data() + offset), size));
-}
-
 Status FsyncPath(const std::string& path, int flags) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
   if (fd < 0) return MakeErrorCode(ErrorCode::kIo, "cannot open ", path, ": ", std::strerror(errno));
@@ -324,8 +319,8 @@ Status CheckpointWriter::VerifySpooled(const Spooled& s) const {
   if (spool_ == nullptr || s.offset + s.size > spool_->size())
     return MakeErrorCode(ErrorCode::kCorruptInput, "the spool ", JoinPath(staging_.path(), "tensors.spool"),
                          " does not hold tensor ", s.name);
-  NIBBLE_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> m, MappedFile::Open(spool_->path()));
-  if (RangeSha256(*m, s.offset, s.size) != s.sha256)
+  NIBBLE_ASSIGN_OR_RETURN(std::string sha, FileSha256(spool_->path(), s.offset, static_cast<int64_t>(s.size)));
+  if (sha != s.sha256)
     return MakeErrorCode(ErrorCode::kCorruptInput, spool_->path(), ": the bytes of tensor ", s.name, " (", s.size,
                          " at offset ", s.offset, ") have a different SHA-256 than the manifest records");
   return Status::Ok();
@@ -375,13 +370,15 @@ Result<CheckpointWriter> CheckpointWriter::Resume(StagingDir staging, int64_t ma
     for (const auto& sh : state.at("shards")) {
       const std::string file = JoinPath(w.staging_.path(), sh.at("file").get<std::string>());
       if (!PathExists(file)) return MakeErrorCode(ErrorCode::kCorruptInput, "staged shard ", file, " is missing");
-      NIBBLE_ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> m, MappedFile::Open(file));
-      if (m->size() != sh.at("size").get<uint64_t>())
-        return MakeErrorCode(ErrorCode::kCorruptInput, "staged shard ", file, ": size ", m->size(), ", the manifest records ",
+      std::error_code ec;
+      const uint64_t size = static_cast<uint64_t>(fs::file_size(file, ec));
+      if (size != sh.at("size").get<uint64_t>())
+        return MakeErrorCode(ErrorCode::kCorruptInput, "staged shard ", file, ": size ", size, ", the manifest records ",
                              sh.at("size").get<uint64_t>());
-      if (RangeSha256(*m, 0, m->size()) != sh.at("sha256").get<std::string>())
+      NIBBLE_ASSIGN_OR_RETURN(std::string sha, FileSha256(file));
+      if (sha != sh.at("sha256").get<std::string>())
         return MakeErrorCode(ErrorCode::kCorruptInput, "staged shard ", file, ": SHA-256 differs from the manifest's");
-      w.shard_info_.push_back({m->size(), sh.at("sha256").get<std::string>()});
+      w.shard_info_.push_back({size, sha});
       w.shard_tensors_.push_back(sh.at("tensors").get<std::vector<std::string>>());
     }
     // Temporary files of writes a killed run did not finish (AtomicFileWriter's "<name>.tmp-<pid>").
