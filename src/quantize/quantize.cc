@@ -600,6 +600,30 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
 
 namespace {
 
+// A resumable run's boundaries: written by the RTN export or the calibrated pipeline; a resumed
+// calibrated run starts from the saved layer with its activations (checked against the manifest).
+Status SetUpBoundaries(const QuantizeOptions& o, bool calibrated, int64_t hidden, Resumable& rs, CheckpointWriter& out,
+                       OrderedExport& exp, CalibCheckpoint& ck) {
+  exp.OnLayerWritten(
+      [&rs, &out, &exp, hidden](int64_t n) { return WriteBoundary(rs, out, exp, n, nullptr, {}, "", hidden); });
+  ck.on_boundary = [&rs, &out, &exp, hidden](int64_t layer, const nlohmann::ordered_json& st, std::span<const uint8_t> x,
+                                             const std::string& dtype) {
+    return WriteBoundary(rs, out, exp, layer + 1, st, x, dtype, hidden);
+  };
+  if (o.resume && calibrated) {
+    ck.start_layer = rs.manifest.at("layers_done").get<int64_t>();
+    ck.state = rs.manifest.at("calibrated");
+    const nlohmann::ordered_json& acts = rs.manifest.at("activations");
+    auto x = LoadActivations(rs.staging, acts);
+    if (!x.ok()) return x.error().WithContext("--resume: " + rs.staging);
+    ck.input = std::move(x).value();
+    ck.input_dtype = acts.value("dtype", "");
+  }
+  // Every staged byte it reuses checked: from here a stop keeps it resumable as found.
+  if (o.resume) rs.layers_done = rs.manifest.at("layers_done").get<int64_t>();
+  return Status::Ok();
+}
+
 Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs) {
   const auto t0 = std::chrono::steady_clock::now();
   PeakMemorySampler memory;
@@ -660,25 +684,7 @@ Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs) {
     if (!st.ok()) return st.error().WithContext("--resume: " + rs.staging);
   }
   CalibCheckpoint ck;
-  if (resumable) {
-    const int64_t hidden = mc.hidden_size;
-    exp.OnLayerWritten([&](int64_t n) { return WriteBoundary(rs, out, exp, n, nullptr, {}, "", hidden); });
-    ck.on_boundary = [&rs, &out, &exp, hidden](int64_t layer, const nlohmann::ordered_json& st, std::span<const uint8_t> x,
-                                               const std::string& dtype) {
-      return WriteBoundary(rs, out, exp, layer + 1, st, x, dtype, hidden);
-    };
-    if (o.resume && plan.algorithms.Calibrated()) {
-      ck.start_layer = rs.manifest.at("layers_done").get<int64_t>();
-      ck.state = rs.manifest.at("calibrated");
-      const nlohmann::ordered_json& acts = rs.manifest.at("activations");
-      auto x = LoadActivations(rs.staging, acts);
-      if (!x.ok()) return x.error().WithContext("--resume: " + rs.staging);
-      ck.input = std::move(x).value();
-      ck.input_dtype = acts.value("dtype", "");
-    }
-    // Every staged byte it reuses checked: from here a stop keeps it resumable as found.
-    if (o.resume) rs.layers_done = rs.manifest.at("layers_done").get<int64_t>();
-  }
+  if (resumable) NIBBLE_RETURN_IF_ERROR(SetUpBoundaries(o, plan.algorithms.Calibrated(), mc.hidden_size, rs, out, exp, ck));
   if (plan.algorithms.Calibrated())
     NIBBLE_RETURN_IF_ERROR(
         RunCalibratedExport(o, mc, store, ex, exp, request.config, report, note, resumable ? &ck : nullptr));
