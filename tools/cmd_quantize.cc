@@ -206,6 +206,9 @@ Runner RegisterQuantize(CLI::App& app) {
                      "(e.g. 20GB, 500MiB); default 90 % of MemAvailable");
   cmd->add_option("--max_shard_size", a->max_shard_size, "Largest safetensors shard, e.g. 5GB, 500MB, 200MiB")->capture_default_str();
   cmd->add_flag("--overwrite", r.overwrite, "Replace an existing output directory");
+  cmd->add_flag("--resume", r.resume,
+                "Continue a run of this --output_dir that was stopped (Ctrl-C, kill, power loss) after its last finished "
+                "layer; the same flags are required, the output is the same");
   cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
   return [a, cmd, scheme, gs, pm, ex, lqc]() {
     auto& r = a->req;
@@ -241,7 +244,8 @@ Runner RegisterQuantize(CLI::App& app) {
       stages.Finish();
       std::fprintf(stderr, "%s\n", m.c_str());
     };
-    const CancelOnSignal interrupt;  // Ctrl-C: the staging directory is removed, exit 130
+    r.resumable = true;  // a stopped run keeps its finished layers for --resume
+    const CancelOnSignal interrupt;  // Ctrl-C: stops at the next check, exit 130
     r.cancel = interrupt.token();
     auto s = nibble::Quantize(r);
     stages.Finish();

@@ -109,9 +109,17 @@ struct QuantizeRequest {
   std::function<void(const std::string&)> on_message;
   /// When set and cancelled (from any thread): Quantize stops at its next check (every decoder
   /// layer, AWQ mapping, GPTQ Hessian and linear of the calibrated pipeline; every tensor of the
-  /// export) with ErrorCode::kCancelled. The staging directory is removed and output_dir is left
-  /// as it was (absent, or the old checkpoint under overwrite).
+  /// export) with ErrorCode::kCancelled. The staging directory is removed (kept for `resume` when
+  /// `resumable` and a layer boundary was written) and output_dir is left as it was (absent, or
+  /// the old checkpoint under overwrite).
   const CancellationToken* cancel = nullptr;
+  /// Resumable: the staging directory gets a manifest at every decoder-layer boundary and is kept
+  /// when the run stops after one (cancelled, failed, killed); the error then says so. `resume`
+  /// continues such a run of output_dir with the same request (--resume): the output is byte for
+  /// byte what one uninterrupted run writes; a request or input that differs is refused naming
+  /// each difference. docs/ARCHITECTURE.md "Resuming a run".
+  bool resumable = false;
+  bool resume = false;
 };
 
 /// A --quant_algo value as the algorithm registry reads it: a chain of algorithm names run in

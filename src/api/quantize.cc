@@ -7,6 +7,7 @@
 
 #include "api/model_impl.h"
 #include "api/size.h"
+#include "base/sha256.h"
 #include "formats/checkpoint_format.h"
 #include "formats/quark_config.h"
 #include "io/file.h"
@@ -262,6 +263,42 @@ Result<QuantAlgoInfo> DescribeQuantAlgo(const std::string& quant_algo) {
   return QuantAlgoInfo{plan.Name(), plan.Label(), plan.Calibrated()};
 }
 
+// The flags that decide the output's bytes, by flag name, for a resumed run to match (the thread
+// count and the report's flags do not change them).
+Result<nlohmann::ordered_json> ResumeSettings(const QuantizeRequest& r) {
+  nlohmann::ordered_json j;
+  j["--quant_scheme"] = r.quant_scheme;
+  j["--group_size"] = r.group_size;
+  j["--quant_algo"] = r.quant_algo;
+  j["--model_export"] = r.model_export;
+  j["--gptq_format"] = r.gptq_format;
+  j["--pack_method"] = r.pack_method;
+  j["--exclude_layers"] = r.exclude_layers;
+  j["--exclude_layers given"] = r.exclude_layers_given;
+  j["--layer_quant_config"] = r.layer_quant_config;
+  j["--quant_config"] = r.quant_config_file;
+  if (!r.quant_config_file.empty()) {
+    NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(r.quant_config_file));
+    j["--quant_config (SHA-256 of its contents)"] = Sha256Hex(text);
+  }
+  j["--misaligned"] = r.misaligned;
+  j["--max_shard_size"] = r.max_shard_size;
+  j["--dataset"] = r.dataset;
+  j["--num_calib_data"] = r.num_calib_data;
+  j["--seq_len"] = r.seq_len;
+  j["--seed"] = r.seed;
+  j["--awq_clip"] = r.awq_clip;
+  j["--propagate"] = r.propagate;
+  j["--duo_scaling"] = r.duo_scaling;
+  j["--n_grid"] = r.n_grid;
+  j["--dampening_frac"] = r.dampening_frac;
+  j["--block_size"] = r.block_size;
+  j["--gptq_scale_timing"] = r.gptq_scale_timing;
+  j["--actorder"] = r.actorder;
+  j["--true_sequential"] = r.true_sequential;
+  return j;
+}
+
 Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   ScopedThreads threads(r.threads);
   QuantizeOptions o;
@@ -300,6 +337,11 @@ Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
   o.calib_seq_len = r.seq_len;
   o.seed = r.seed;
   NIBBLE_RETURN_IF_ERROR(AlgorithmOptions(r, o));
+  o.resumable = r.resumable || r.resume;
+  o.resume = r.resume;
+  if (o.resumable) {
+    NIBBLE_ASSIGN_OR_RETURN(o.resume_settings, ResumeSettings(r));
+  }
   Result<QuantizeReport> run = QuantizeCheckpoint(o);
   if (!run.ok()) return NoteOutputUntouched(run.error(), r.output_dir);
   QuantizeReport& rep = *run;

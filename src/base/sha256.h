@@ -10,4 +10,18 @@ namespace nibble {
 /// (Sha256Hex("abc") = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad").
 std::string Sha256Hex(std::string_view data);
 
+/// The same digest fed in pieces (a file read in chunks): Update, then HexDigest once.
+class Sha256 {
+ public:
+  Sha256();
+  ~Sha256();
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void Update(std::string_view data);
+  std::string HexDigest();
+
+ private:
+  void* ctx_;  // EVP_MD_CTX
+};
+
 }  // namespace nibble

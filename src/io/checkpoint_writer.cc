@@ -1,6 +1,7 @@
 #include "io/checkpoint_writer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/sha256.h"
 #include "io/file.h"
 
 namespace nibble {
@@ -40,10 +42,31 @@ class CheckpointWriter::SpoolFile {
     if (fd < 0) return MakeErrorCode(ErrorCode::kIo, "cannot create ", path, ": ", std::strerror(errno));
     return std::shared_ptr<SpoolFile>(new SpoolFile(path, fd));
   }
+  // The spool of a resumed run: its first `size` bytes kept, anything a killed run appended after
+  // its last boundary cut off.
+  static Result<std::shared_ptr<SpoolFile>> Reopen(const std::string& path, uint64_t size) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return MakeErrorCode(ErrorCode::kCorruptInput, "cannot open ", path, ": ", std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < size || ::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      ::close(fd);
+      return MakeErrorCode(ErrorCode::kCorruptInput, path, " is shorter than the ", size, " bytes the manifest records");
+    }
+    auto f = std::shared_ptr<SpoolFile>(new SpoolFile(path, fd));
+    f->end_ = size;
+    return f;
+  }
+  uint64_t size() const { return end_; }
+  Status Sync() {
+    if (::fsync(fd_) != 0) return MakeErrorCode(ErrorCode::kIo, "cannot fsync ", path_, ": ", std::strerror(errno));
+    return Status::Ok();
+  }
   ~SpoolFile() {
     ::close(fd_);
-    ::unlink(path_.c_str());
+    if (!keep_) ::unlink(path_.c_str());
   }
+  // Left in place when the writer goes without finishing (a resumable run stopped).
+  void Keep(bool keep) { keep_ = keep; }
   SpoolFile(const SpoolFile&) = delete;
   SpoolFile& operator=(const SpoolFile&) = delete;
   const std::string& path() const { return path_; }
@@ -76,6 +99,7 @@ class CheckpointWriter::SpoolFile {
   std::string path_;
   int fd_;
   uint64_t end_ = 0;
+  bool keep_ = false;
 };
 
 Result<CheckpointWriter> CheckpointWriter::Create(const std::string& out_dir, int64_t max_shard_size,
@@ -114,12 +138,20 @@ Status CheckpointWriter::FlushShard() {
     const Pending& p = pending_[i];
     if (p.spooled && p.tensor.borrowed_size > 0) {
       spooled->Release(p.tensor.borrowed, p.tensor.borrowed_size);
-      spool_->Discard(p.offset, p.tensor.borrowed_size);
+      if (resumable_) discard_later_.emplace_back(p.offset, p.tensor.borrowed_size);
+      else spool_->Discard(p.offset, p.tensor.borrowed_size);
     } else if (!p.spooled && after_borrowed_ && p.tensor.borrowed != nullptr) {
       after_borrowed_(p.tensor.borrowed, p.tensor.borrowed_size);
     }
   };
   NIBBLE_RETURN_IF_ERROR(WriteSafetensors(file, ptrs, {{"format", "pt"}}, written));
+  ShardInfo info;
+  if (resumable_) {
+    std::error_code ec;
+    info.size = static_cast<uint64_t>(fs::file_size(file, ec));
+    NIBBLE_ASSIGN_OR_RETURN(info.sha256, FileSha256(file));
+  }
+  shard_info_.push_back(std::move(info));
   shard_tensors_.push_back(std::move(names));
   pending_.clear();
   pending_bytes_ = 0;
@@ -129,8 +161,11 @@ Status CheckpointWriter::FlushShard() {
 Result<CheckpointWriter::Spooled> CheckpointWriter::Spool(const TensorToWrite& tensor) {
   if (spool_ == nullptr) {
     NIBBLE_ASSIGN_OR_RETURN(spool_, SpoolFile::Create(JoinPath(staging_.path(), "tensors.spool")));
+    spool_->Keep(keep_);
   }
-  Spooled s{tensor.name, tensor.dtype, tensor.shape, 0, tensor.data().size()};
+  Spooled s{tensor.name, tensor.dtype, tensor.shape, 0, tensor.data().size(), ""};
+  if (resumable_)
+    s.sha256 = Sha256Hex(std::string_view(reinterpret_cast<const char*>(tensor.data().data()), tensor.data().size()));
   NIBBLE_ASSIGN_OR_RETURN(s.offset, spool_->Append(tensor.data()));
   return s;
 }
@@ -143,7 +178,7 @@ Status CheckpointWriter::Add(TensorToWrite tensor) {
   }
   const int64_t b = static_cast<int64_t>(tensor.data().size());
   if (!pending_.empty() && pending_bytes_ + b > max_shard_size_) NIBBLE_RETURN_IF_ERROR(FlushShard());
-  pending_.push_back({std::move(tensor), false, 0});
+  pending_.push_back({std::move(tensor), false, 0, ""});
   pending_bytes_ += b;
   total_bytes_ += b;
   return Status::Ok();
@@ -159,6 +194,7 @@ Status CheckpointWriter::Add(Spooled s) {
   p.tensor.borrowed_size = s.size;  // the pointer is set when the spool is mapped (FlushShard)
   p.spooled = true;
   p.offset = s.offset;
+  p.sha256 = std::move(s.sha256);
   pending_.push_back(std::move(p));
   pending_bytes_ += b;
   total_bytes_ += b;
@@ -193,6 +229,7 @@ Status CheckpointWriter::WriteModelCard(const std::string& from_dir, const Model
 
 Status CheckpointWriter::Finish() {
   if (shard_tensors_.empty() || !pending_.empty()) NIBBLE_RETURN_IF_ERROR(FlushShard());
+  if (spool_ != nullptr) spool_->Keep(false);
   spool_.reset();
   const size_t n = shard_tensors_.size();
   if (n == 0) return MakeErrorCode(ErrorCode::kInternal, "checkpoint ", staging_.target(), " has no tensors");
@@ -237,6 +274,155 @@ Result<nlohmann::ordered_json> ReadConfigJsonOrdered(const std::string& model_di
   } catch (const std::exception& e) {
     return MakeError(config_path, ": not valid JSON (", e.what(), ")");
   }
+}
+
+}  // namespace nibble
+
+namespace nibble {
+
+namespace {
+
+Status FsyncPath(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return MakeErrorCode(ErrorCode::kIo, "cannot open ", path, ": ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return MakeErrorCode(ErrorCode::kIo, "cannot fsync ", path, ": ", std::strerror(err));
+  return Status::Ok();
+}
+
+}  // namespace
+
+nlohmann::ordered_json CheckpointWriter::SpooledJson(const Spooled& s) {
+  return {{"name", s.name}, {"dtype", DTypeName(s.dtype)}, {"shape", s.shape},
+          {"offset", s.offset}, {"size", s.size},     {"sha256", s.sha256}};
+}
+
+Result<CheckpointWriter::Spooled> CheckpointWriter::SpooledFromJson(const nlohmann::ordered_json& j) {
+  try {
+    Spooled s;
+    s.name = j.at("name").get<std::string>();
+    NIBBLE_ASSIGN_OR_RETURN(s.dtype, ParseDType(j.at("dtype").get<std::string>()));
+    s.shape = j.at("shape").get<std::vector<int64_t>>();
+    s.offset = j.at("offset").get<uint64_t>();
+    s.size = j.at("size").get<uint64_t>();
+    s.sha256 = j.at("sha256").get<std::string>();
+    return s;
+  } catch (const std::exception& e) {
+    return MakeErrorCode(ErrorCode::kCorruptInput, "spooled tensor entry ", j.dump(), ": ", e.what());
+  }
+}
+
+Status CheckpointWriter::VerifySpooled(const Spooled& s) const {
+  if (s.size == 0) return Status::Ok();
+  if (spool_ == nullptr || s.offset + s.size > spool_->size())
+    return MakeErrorCode(ErrorCode::kCorruptInput, "the spool ", JoinPath(staging_.path(), "tensors.spool"),
+                         " does not hold tensor ", s.name);
+  NIBBLE_ASSIGN_OR_RETURN(std::string sha, FileSha256(spool_->path(), s.offset, static_cast<int64_t>(s.size)));
+  if (sha != s.sha256)
+    return MakeErrorCode(ErrorCode::kCorruptInput, spool_->path(), ": the bytes of tensor ", s.name, " (", s.size,
+                         " at offset ", s.offset, ") have a different SHA-256 than the manifest records");
+  return Status::Ok();
+}
+
+Result<nlohmann::ordered_json> CheckpointWriter::SaveState() {
+  if (spool_ != nullptr) NIBBLE_RETURN_IF_ERROR(spool_->Sync());
+  NIBBLE_RETURN_IF_ERROR(FsyncPath(staging_.path(), O_RDONLY | O_DIRECTORY));
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < shard_tensors_.size(); ++i)
+    shards.push_back({{"file", PendingName(i)}, {"size", shard_info_[i].size}, {"sha256", shard_info_[i].sha256},
+                      {"tensors", shard_tensors_[i]}});
+  nlohmann::ordered_json pending = nlohmann::ordered_json::array();
+  for (const Pending& p : pending_) {
+    if (p.spooled)
+      pending.push_back(SpooledJson({p.tensor.name, p.tensor.dtype, p.tensor.shape, p.offset, p.tensor.borrowed_size, p.sha256}));
+    else
+      pending.push_back({{"name", p.tensor.name}, {"borrowed", true}});
+  }
+  nlohmann::ordered_json j;
+  j["shards"] = shards;
+  j["open_shard"] = pending;
+  j["open_shard_bytes"] = pending_bytes_;
+  j["total_bytes"] = total_bytes_;
+  j["spool_bytes"] = spool_ != nullptr ? spool_->size() : 0;
+  return j;
+}
+
+void CheckpointWriter::KeepStaging(bool keep) {
+  keep_ = keep;
+  staging_.Keep(keep);
+  if (spool_ != nullptr) spool_->Keep(keep);
+}
+
+void CheckpointWriter::AfterBoundary() {
+  for (const auto& [offset, size] : discard_later_) spool_->Discard(offset, size);
+  discard_later_.clear();
+}
+
+Result<CheckpointWriter> CheckpointWriter::Resume(StagingDir staging, int64_t max_shard_size, const nlohmann::ordered_json& state,
+                                                  const std::function<Result<TensorToWrite>(const std::string&)>& borrow) {
+  CheckpointWriter w;
+  w.staging_ = std::move(staging);
+  w.max_shard_size_ = max_shard_size;
+  w.resumable_ = true;
+  try {
+    for (const auto& sh : state.at("shards")) {
+      const std::string file = JoinPath(w.staging_.path(), sh.at("file").get<std::string>());
+      if (!PathExists(file)) return MakeErrorCode(ErrorCode::kCorruptInput, "staged shard ", file, " is missing");
+      std::error_code ec;
+      const uint64_t size = static_cast<uint64_t>(fs::file_size(file, ec));
+      if (size != sh.at("size").get<uint64_t>())
+        return MakeErrorCode(ErrorCode::kCorruptInput, "staged shard ", file, ": size ", size, ", the manifest records ",
+                             sh.at("size").get<uint64_t>());
+      NIBBLE_ASSIGN_OR_RETURN(std::string sha, FileSha256(file));
+      if (sha != sh.at("sha256").get<std::string>())
+        return MakeErrorCode(ErrorCode::kCorruptInput, "staged shard ", file, ": SHA-256 differs from the manifest's");
+      w.shard_info_.push_back({size, sha});
+      w.shard_tensors_.push_back(sh.at("tensors").get<std::vector<std::string>>());
+    }
+    // Temporary files of writes a killed run did not finish (AtomicFileWriter's "<name>.tmp-<pid>").
+    std::error_code lec;
+    for (const auto& e : fs::directory_iterator(w.staging_.path(), lec))
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(e.path(), lec);
+    // Shards a killed run wrote after its last boundary.
+    for (size_t i = w.shard_tensors_.size();; ++i) {
+      const std::string extra = JoinPath(w.staging_.path(), PendingName(i));
+      if (!PathExists(extra)) break;
+      std::error_code ec;
+      fs::remove(extra, ec);
+    }
+    const uint64_t spool_bytes = state.at("spool_bytes").get<uint64_t>();
+    const std::string spool_path = JoinPath(w.staging_.path(), "tensors.spool");
+    if (spool_bytes > 0 || PathExists(spool_path)) {
+      NIBBLE_ASSIGN_OR_RETURN(w.spool_, SpoolFile::Reopen(spool_path, spool_bytes));
+      w.spool_->Keep(true);
+    }
+    w.keep_ = true;
+    for (const auto& p : state.at("open_shard")) {
+      if (p.contains("borrowed")) {
+        NIBBLE_ASSIGN_OR_RETURN(TensorToWrite t, borrow(p.at("name").get<std::string>()));
+        w.pending_.push_back({std::move(t), false, 0, ""});
+        continue;
+      }
+      NIBBLE_ASSIGN_OR_RETURN(Spooled s, SpooledFromJson(p));
+      NIBBLE_RETURN_IF_ERROR(w.VerifySpooled(s));
+      Pending q;
+      q.tensor.name = s.name;
+      q.tensor.dtype = s.dtype;
+      q.tensor.shape = s.shape;
+      q.tensor.borrowed_size = s.size;
+      q.spooled = true;
+      q.offset = s.offset;
+      q.sha256 = s.sha256;
+      w.pending_.push_back(std::move(q));
+    }
+    w.pending_bytes_ = state.at("open_shard_bytes").get<int64_t>();
+    w.total_bytes_ = state.at("total_bytes").get<int64_t>();
+  } catch (const std::exception& e) {
+    return MakeErrorCode(ErrorCode::kCorruptInput, "the manifest's writer state: ", e.what());
+  }
+  return w;
 }
 
 }  // namespace nibble

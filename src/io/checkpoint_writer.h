@@ -51,6 +51,7 @@ class CheckpointWriter {
     DType dtype = DType::kF32;
     std::vector<int64_t> shape;
     uint64_t offset = 0, size = 0;  // the byte range in the spool file
+    std::string sha256;             // of the range, in a resumable writer (else empty)
   };
 
   /// Adds a tensor. Owned bytes are spooled at once (and freed with `tensor`); borrowed data must
@@ -77,6 +78,31 @@ class CheckpointWriter {
   /// Renames the staging directory onto the output (StagingDir::Commit). Call after Finish.
   Status Commit(bool overwrite);
 
+  // A resumable writer (quantize --resume): its state at a boundary is saved to a manifest and a
+  // later process continues from it. Spooled ranges carry their SHA-256, and the spool's ranges
+  // already copied into a shard are punched out only after the next boundary (a resumed run may
+  // still need those the last boundary left pending).
+  void SetResumable() { resumable_ = true; }
+  /// The writer's state now: finished shards (file, size, SHA-256, tensors), the open shard's
+  /// entries (borrowed: by name; spooled: range and SHA-256), the spool's length. The spool and
+  /// the staging directory are fsync'd first. Errors: fsync / read errors naming the file.
+  Result<nlohmann::ordered_json> SaveState();
+  /// After the manifest holding SaveState's state is durable: frees the spool ranges copied into
+  /// shards since.
+  void AfterBoundary();
+  /// A writer continuing `staging` (an adopted staging directory) from `state` (SaveState's):
+  /// verifies every finished shard (size, SHA-256) and pending spooled range, removes shards
+  /// written after the boundary, truncates the spool to its saved length; borrowed entries are
+  /// re-borrowed through `borrow`. Errors (corrupt input, naming the file and what differs).
+  static Result<CheckpointWriter> Resume(StagingDir staging, int64_t max_shard_size, const nlohmann::ordered_json& state,
+                                         const std::function<Result<TensorToWrite>(const std::string&)>& borrow);
+  /// A Spooled handle as JSON and back; Verify checks its range against its SHA-256.
+  static nlohmann::ordered_json SpooledJson(const Spooled& s);
+  static Result<Spooled> SpooledFromJson(const nlohmann::ordered_json& j);
+  Status VerifySpooled(const Spooled& s) const;
+  /// Keep the staging directory if this writer is destroyed without Commit.
+  void KeepStaging(bool keep = true);
+
   /// The staging directory (where the files are until Commit).
   std::string path() const { return staging_.path(); }
   int64_t shards() const { return static_cast<int64_t>(shard_tensors_.size()); }
@@ -89,6 +115,11 @@ class CheckpointWriter {
     TensorToWrite tensor;  // no owned bytes
     bool spooled = false;
     uint64_t offset = 0;
+    std::string sha256;  // spooled, resumable
+  };
+  struct ShardInfo {
+    uint64_t size = 0;
+    std::string sha256;  // resumable only
   };
   CheckpointWriter() = default;
   Status FlushShard();
@@ -100,7 +131,11 @@ class CheckpointWriter {
   std::vector<Pending> pending_;  // the shard being filled
   int64_t pending_bytes_ = 0;
   std::vector<std::vector<std::string>> shard_tensors_;  // names per written shard
+  std::vector<ShardInfo> shard_info_;                    // per written shard
   int64_t total_bytes_ = 0;
+  bool resumable_ = false;
+  bool keep_ = false;  // KeepStaging: the staging directory and the spool outlive the writer
+  std::vector<std::pair<uint64_t, uint64_t>> discard_later_;  // spool ranges to free after the next boundary
 };
 
 }  // namespace nibble

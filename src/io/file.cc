@@ -1,5 +1,6 @@
 #include "io/file.h"
 
+#include "base/sha256.h"
 #include "base/strings.h"
 
 #include <fcntl.h>
@@ -194,6 +195,35 @@ Status CheckModelDir(const std::string& dir) {
   if (!PathExists(JoinPath(dir, "config.json")))
     return MakeErrorCode(ErrorCode::kNotFound, dir, ": no config.json (expected a Hugging Face model directory)");
   return Status::Ok();
+}
+
+Result<std::string> FileSha256(const std::string& path, uint64_t offset, int64_t size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return MakeErrorCode(ErrorCode::kIo, "cannot open ", path, ": ", ErrnoText());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || (size >= 0 && offset + static_cast<uint64_t>(size) > static_cast<uint64_t>(st.st_size))) {
+    ::close(fd);
+    return MakeErrorCode(ErrorCode::kCorruptInput, path, " is shorter than ", offset, " + ", size, " bytes");
+  }
+  uint64_t left = size >= 0 ? static_cast<uint64_t>(size) : static_cast<uint64_t>(st.st_size) - std::min<uint64_t>(offset, st.st_size);
+  Sha256 h;
+  std::vector<char> buf(1 << 20);
+  uint64_t at = offset;
+  while (left > 0) {
+    const ssize_t n = ::pread(fd, buf.data(), std::min<uint64_t>(left, buf.size()), static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = n < 0 ? ErrnoText() : "unexpected end of file";
+      ::close(fd);
+      return MakeErrorCode(ErrorCode::kIo, "cannot read ", path, ": ", why);
+    }
+    h.Update(std::string_view(buf.data(), static_cast<size_t>(n)));
+    (void)::posix_fadvise(fd, static_cast<off_t>(at), n, POSIX_FADV_DONTNEED);
+    at += static_cast<uint64_t>(n);
+    left -= static_cast<uint64_t>(n);
+  }
+  ::close(fd);
+  return h.HexDigest();
 }
 
 }  // namespace nibble

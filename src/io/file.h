@@ -91,6 +91,11 @@ class AtomicFileWriter {
   int fd_ = -1;
 };
 
+/// The SHA-256 of bytes [offset, offset + size) of `path` (size -1: to the end), read in 1 MiB
+/// chunks whose page cache is dropped after (files larger than memory; no mapped pages stay).
+/// Errors: cannot open, a read error, the file shorter than the range (naming the path).
+Result<std::string> FileSha256(const std::string& path, uint64_t offset = 0, int64_t size = -1);
+
 /// Checks that `dir` is a model directory holding a config.json. Errors name the path: "does not
 /// exist", "is not a directory", "no config.json (expected a Hugging Face model directory)".
 Status CheckModelDir(const std::string& dir);

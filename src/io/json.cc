@@ -1,5 +1,7 @@
 #include "io/json.h"
 
+#include <cmath>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -47,6 +49,22 @@ Result<json> ParseJsonText(const std::string& text, const std::string& what) {
 Result<json> ReadJsonFile(const std::string& path) {
   NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
   return ParseJsonText(text, path);
+}
+
+nlohmann::ordered_json DoubleJson(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+double DoubleFromJson(const nlohmann::ordered_json& j) {
+  if (j.is_string()) {
+    const std::string s = j.get<std::string>();
+    if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+    if (s == "inf") return std::numeric_limits<double>::infinity();
+    if (s == "-inf") return -std::numeric_limits<double>::infinity();
+  }
+  return j.get<double>();
 }
 
 }  // namespace nibble

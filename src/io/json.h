@@ -20,4 +20,10 @@ Result<nlohmann::json> ParseJsonText(const std::string& text, const std::string&
 /// Reads and parses the file at `path`. Errors: unreadable file, plus ParseJsonText's.
 Result<nlohmann::json> ReadJsonFile(const std::string& path);
 
+/// A double as JSON, exactly: finite values as numbers (written with round-trip precision),
+/// NaN and infinities as "nan" / "inf" / "-inf"; and back (throws nlohmann's type_error on
+/// anything else). For state a later process must restore bit for bit (quantize --resume).
+nlohmann::ordered_json DoubleJson(double v);
+double DoubleFromJson(const nlohmann::ordered_json& j);
+
 }  // namespace nibble

@@ -22,7 +22,54 @@ void FsyncDir(const fs::path& p) {
   }
 }
 
+// The absolute, normalised target and the prefix of its staging directories' names.
+Result<std::pair<fs::path, std::string>> TargetAndPrefix(const std::string& target, const std::string& kind) {
+  if (target.empty()) return MakeErrorCode(ErrorCode::kIo, "output directory is empty");
+  std::error_code ec;
+  fs::path t = fs::absolute(fs::path(target), ec).lexically_normal();
+  if (ec) return MakeErrorCode(ErrorCode::kIo, "output directory \"", target, "\": ", ec.message());
+  if (t.filename().empty()) t = t.parent_path();
+  return std::make_pair(t, "." + t.filename().string() + ".nibble-" + kind + "-");
+}
+
+bool PidRunning(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
 }  // namespace
+
+std::string StagingDir::FindInterrupted(const std::string& target, const std::string& kind, const std::string& marker) {
+  auto tp = TargetAndPrefix(target, kind);
+  if (!tp.ok()) return "";
+  const auto& [t, prefix] = *tp;
+  std::error_code ec;
+  std::string best;
+  fs::file_time_type best_time{};
+  for (const auto& e : fs::directory_iterator(t.parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0 || PidRunning(static_cast<pid_t>(std::atol(name.c_str() + prefix.size())))) continue;
+    std::error_code mec;
+    const auto when = fs::last_write_time(e.path() / marker, mec);
+    if (mec) continue;
+    if (best.empty() || when > best_time) best = e.path().string(), best_time = when;
+  }
+  return best;
+}
+
+Result<StagingDir> StagingDir::Adopt(const std::string& target, const std::string& kind, const std::string& path) {
+  NIBBLE_ASSIGN_OR_RETURN(auto tp, TargetAndPrefix(target, kind));
+  StagingDir s;
+  s.target_ = tp.first;
+  s.path_ = tp.first.parent_path() / (tp.second + std::to_string(::getpid()));
+  std::error_code ec;
+  if (fs::path(path) != s.path_) {
+    fs::remove_all(s.path_, ec);
+    fs::rename(path, s.path_, ec);
+    if (ec) {
+      s.path_.clear();
+      return MakeErrorCode(ErrorCode::kIo, "cannot take over staging directory ", path, " as ", (tp.first.parent_path() / (tp.second + std::to_string(::getpid()))).string(), ": ", ec.message());
+    }
+  }
+  return s;
+}
 
 Result<StagingDir> StagingDir::Create(const std::string& target, const std::string& kind) {
   if (target.empty()) return MakeErrorCode(ErrorCode::kIo, "output directory is empty");
@@ -50,16 +97,18 @@ Result<StagingDir> StagingDir::Create(const std::string& target, const std::stri
   return s;
 }
 
-StagingDir::StagingDir(StagingDir&& o) noexcept : target_(std::move(o.target_)), path_(std::move(o.path_)) {
+StagingDir::StagingDir(StagingDir&& o) noexcept
+    : target_(std::move(o.target_)), path_(std::move(o.path_)), keep_(o.keep_) {
   o.path_.clear();
 }
 
 StagingDir& StagingDir::operator=(StagingDir&& o) noexcept {
   if (this != &o) {
     std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
+    if (!path_.empty() && !keep_) fs::remove_all(path_, ec);
     target_ = std::move(o.target_);
     path_ = std::move(o.path_);
+    keep_ = o.keep_;
     o.path_.clear();
   }
   return *this;
@@ -67,7 +116,7 @@ StagingDir& StagingDir::operator=(StagingDir&& o) noexcept {
 
 StagingDir::~StagingDir() {
   std::error_code ec;
-  if (!path_.empty()) fs::remove_all(path_, ec);
+  if (!path_.empty() && !keep_) fs::remove_all(path_, ec);
 }
 
 Status StagingDir::Commit(bool overwrite) {

@@ -28,6 +28,16 @@ class StagingDir {
   StagingDir& operator=(const StagingDir&) = delete;
   ~StagingDir();
 
+  /// A staging directory left by a run of `target` / `kind` that is no longer running and holds
+  /// the file `marker` (a resumable run's manifest); "" when there is none (the newest when
+  /// several).
+  static std::string FindInterrupted(const std::string& target, const std::string& kind, const std::string& marker);
+  /// Takes over `path` (FindInterrupted's) as this process's staging directory for `target`: it is
+  /// renamed to this process's name, so later runs see it as live. Errors name both paths.
+  static Result<StagingDir> Adopt(const std::string& target, const std::string& kind, const std::string& path);
+  /// Keep the directory when this object is destroyed without Commit (a resumable run stopped).
+  void Keep(bool keep = true) { keep_ = keep; }
+
   /// The staging directory's path (empty after Commit()).
   std::string path() const { return path_.string(); }
   /// The absolute, normalised target path.
@@ -42,6 +52,7 @@ class StagingDir {
 
  private:
   std::filesystem::path target_, path_;
+  bool keep_ = false;
 };
 
 /// A cancelled (kCancelled) write's error with "; nothing was written to <target>" appended (the

@@ -43,6 +43,11 @@ class ChainAlgorithm : public LayerAlgorithm {
   virtual void ReportLayer(size_t i, CalibLayerResult& out) const = 0;
   /// Its outcome over the run (mappings used, peak memory).
   virtual void ReportRun(CalibResult& out) const {}
+  /// What it accumulated over the layers done (reports, messages), saved at each layer boundary
+  /// of a resumable run (quantize/resume.h), and restored by a resumed run: ReportLayer, ReportRun
+  /// and Messages then give what one uninterrupted run gives. Errors: a malformed state.
+  virtual nlohmann::ordered_json SaveState() const { return nullptr; }
+  virtual Status LoadState(const nlohmann::ordered_json& state) { return Status::Ok(); }
 };
 
 /// One algorithm's settings for a run, resolved and validated once: what the rest of the run

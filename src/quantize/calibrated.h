@@ -5,9 +5,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <span>
+#include <string>
 #include <vector>
 
 #include <nibble/cancel.h>
+#include <nlohmann/json.hpp>
 
 #include "base/result.h"
 #include "io/safetensors.h"
@@ -18,6 +21,19 @@
 
 namespace nibble {
 
+/// A resumable run's layer boundaries (quantize/resume.h). Resuming: `start_layer` > 0, `state`
+/// (a boundary's: the pipeline's layer reports and each algorithm's SaveState) and the saved
+/// activations `input` of dtype `input_dtype`. `on_boundary` receives each new boundary.
+struct CalibCheckpoint {
+  int64_t start_layer = 0;
+  nlohmann::ordered_json state;
+  std::vector<uint8_t> input;
+  std::string input_dtype;
+  std::function<Status(int64_t layer, const nlohmann::ordered_json& state, std::span<const uint8_t> input,
+                       const std::string& dtype)>
+      on_boundary;
+};
+
 /// Runs the algorithms of `algorithms` in chain order on every decoder layer through
 /// RunLayerPipeline (see there for the inputs and the sink) with the chain's propagation, and
 /// assembles the report from each algorithm's; `on_stage` as PipelineOptions::on_stage.
@@ -27,6 +43,7 @@ Result<CalibResult> RunCalibrated(const ModelConfig& mc, const TensorStore& stor
                                   int64_t seq_len, const LayerTensorSink& sink,
                                   const std::function<void(int64_t, int64_t)>& progress,
                                   const CancellationToken* cancel,
-                                  const std::function<void(int64_t layer, const char* stage)>& on_stage = {});
+                                  const std::function<void(int64_t layer, const char* stage)>& on_stage = {},
+                                  CalibCheckpoint* checkpoint = nullptr);
 
 }  // namespace nibble

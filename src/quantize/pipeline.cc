@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "formats/float_dtype.h"
 #include "formats/quark_format.h"
@@ -269,6 +270,17 @@ Result<std::vector<float>> EmbedTokens(const ModelConfig& mc, const TensorStore&
   return x;
 }
 
+// A resumed run's first input: the saved activations, [rows, H] of fp32.
+Result<std::vector<float>> ResumedInput(const ModelConfig& mc, const PipelineOptions& o, int64_t rows) {
+  const size_t n = static_cast<size_t>(rows * mc.hidden_size);
+  if (o.start_input_dtype != "F32" || o.start_input.size() != n * sizeof(float))
+    return MakeErrorCode(ErrorCode::kCorruptInput, "the saved calibration activations are ", o.start_input.size(), " bytes of ",
+                         o.start_input_dtype, ", expected ", rows, " x ", mc.hidden_size, " F32");
+  std::vector<float> x(n);
+  std::memcpy(x.data(), o.start_input.data(), o.start_input.size());
+  return x;
+}
+
 // "quantize at model.layers.3.mlp.up_proj": where a cancelled pipeline stopped.
 std::string QuantizeAt(const std::string& what) { return "quantize at " + what; }
 
@@ -350,9 +362,16 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     return MakeError("calibration tokens (", tokens.size(), ") do not form ", batch, " x ", seq_len);
   if (seq_len > mc.max_position_embeddings)
     return MakeError("calibration seq_len ", seq_len, " exceeds max_position_embeddings ", mc.max_position_embeddings);
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<float> x, EmbedTokens(mc, store, tokens));
+  if (o.start_layer < 0 || o.start_layer > mc.num_hidden_layers)
+    return MakeErrorCode(ErrorCode::kCorruptInput, "resuming at layer ", o.start_layer, " of ", mc.num_hidden_layers);
+  std::vector<float> x;
+  if (o.start_layer == 0) {
+    NIBBLE_ASSIGN_OR_RETURN(x, EmbedTokens(mc, store, tokens));
+  } else {
+    NIBBLE_ASSIGN_OR_RETURN(x, ResumedInput(mc, o, batch * seq_len));
+  }
   const int64_t total_steps = mc.num_hidden_layers * (algo.StepsPerLayer() + 1);
-  int64_t step = 0;
+  int64_t step = o.start_layer * (algo.StepsPerLayer() + 1);
   int64_t layer = 0;
   auto tick = [&]() -> Status {
     if (o.progress) o.progress(++step, total_steps);
@@ -362,7 +381,8 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
   };
   LayerRunner runner(mc, batch, seq_len, o.reuse_attention);
   PipelineResult res;
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
+  res.layers = o.start_reports;
+  for (int64_t l = o.start_layer; l < mc.num_hidden_layers; ++l) {
     layer = l;
     const auto tl = std::chrono::steady_clock::now();
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, QuantizeAt("layer " + std::to_string(l + 1) + " of " +
@@ -397,6 +417,8 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     NIBBLE_RETURN_IF_ERROR(SinkLayer(L, codes, sink, o.cancel));
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     res.layers.push_back(std::move(rep));
+    if (o.on_boundary)
+      NIBBLE_RETURN_IF_ERROR(o.on_boundary(l, res.layers, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(x.data()), x.size() * sizeof(float)), "F32"));
     NIBBLE_RETURN_IF_ERROR(tick());
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -216,6 +217,18 @@ struct PipelineOptions {
   /// linear's RTN and error report and each tensor handed to the sink: cancelled, the pipeline
   /// returns kCancelled ("cancelled: quantize at model.layers.3.mlp.up_proj").
   const CancellationToken* cancel = nullptr;
+  /// Resuming a run (quantize --resume, quantize/resume.h): the first layer to run, its input
+  /// (the previous layer's output as saved at that boundary: bytes of dtype `start_input_dtype`,
+  /// [batch · seq_len, H]) and the reports of the layers before it.
+  int64_t start_layer = 0;
+  std::vector<uint8_t> start_input;
+  std::string start_input_dtype;
+  std::vector<LayerReport> start_reports;
+  /// Called once each layer's tensors went to the sink, before its progress step: the layer, the
+  /// reports so far and the next layer's input (bytes and dtype). Non-OK stops the pipeline.
+  std::function<Status(int64_t layer, const std::vector<LayerReport>& reports, std::span<const uint8_t> next_input,
+                       const std::string& dtype)>
+      on_boundary;
 };
 
 struct PipelineResult {

@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "base/parallel.h"
+#include "base/sha256.h"
 #include "base/version.h"
 #include "formats/checkpoint_format.h"
 #include "formats/float_dtype.h"
@@ -21,6 +22,7 @@
 #include "formats/rtn.h"
 #include "io/checkpoint_writer.h"
 #include "io/file.h"
+#include "io/json.h"
 #include "io/model_card.h"
 #include "io/safetensors.h"
 #include "model/config.h"
@@ -29,6 +31,7 @@
 #include "model/weights.h"
 #include "quantize/calibrated.h"
 #include "quantize/calibration.h"
+#include "quantize/resume.h"
 #include "quantize/rtn_fast.h"
 #include "tokenizer/tokenizer.h"
 
@@ -169,6 +172,12 @@ class OrderedExport {
   Status Deliver(const std::string& name, Produced p);
   /// After the pipeline: the rest. Errors: an awaited tensor never handed over (kInternal).
   Status Finish();
+  /// An RTN run's layer boundaries (quantize/resume.h): `f` is called with the count of decoder
+  /// layers written each time the output order leaves a layer's tensors.
+  void OnLayerWritten(std::function<Status(int64_t)> f) { layer_written_ = std::move(f); }
+  /// Its position, the tensors spooled before their turn and the report lines so far; and back.
+  nlohmann::ordered_json SaveState() const;
+  Status LoadState(const nlohmann::ordered_json& j);
 
  private:
   struct Early {  // a tensor finished before its turn: its bytes in the spool
@@ -177,6 +186,8 @@ class OrderedExport {
   };
   template <typename T>
   Status Append(std::vector<T>& tensors, std::optional<QuantizedLayerReport>& layer);
+  /// Calls layer_written_ when the output order at next_ leaves a decoder layer's tensors.
+  Status AtLayerBoundary();
 
   const QuantizeOptions& o_;
   const TensorStore& store_;
@@ -191,11 +202,83 @@ class OrderedExport {
   int64_t done_ = 0;
   std::set<std::string> awaited_;
   std::map<std::string, Early> early_;
+  std::function<Status(int64_t)> layer_written_;
+  int64_t layers_written_ = 0;
+  size_t boundary_at_ = 0;  // next_ of the last boundary (a resumed run starts there)
 };
+
+// "model.layers.12." of a decoder layer's tensor, else "".
+std::string LayerPrefix(const std::string& name) {
+  if (!name.starts_with("model.layers.")) return "";
+  const size_t dot = name.find('.', 13);
+  return dot == std::string::npos ? "" : name.substr(0, dot + 1);
+}
+
+nlohmann::ordered_json LayerReportJson(const QuantizedLayerReport& l) {
+  return {{"name", l.name},   {"rule", l.rule},         {"quantized", l.quantized},  {"scheme", l.scheme},
+          {"n", l.n},         {"k", l.k},               {"bytes_in", l.bytes_in},    {"bytes_out", l.bytes_out},
+          {"rel_error", DoubleJson(l.rel_error)}};
+}
+
+QuantizedLayerReport LayerReportFromJson(const nlohmann::ordered_json& j) {
+  QuantizedLayerReport l;
+  l.name = j.at("name").get<std::string>();
+  l.rule = j.at("rule").get<std::string>();
+  l.quantized = j.at("quantized").get<bool>();
+  l.scheme = j.at("scheme").get<std::string>();
+  l.n = j.at("n").get<int64_t>();
+  l.k = j.at("k").get<int64_t>();
+  l.bytes_in = j.at("bytes_in").get<int64_t>();
+  l.bytes_out = j.at("bytes_out").get<int64_t>();
+  l.rel_error = DoubleFromJson(j.at("rel_error"));
+  return l;
+}
+
+nlohmann::ordered_json OrderedExport::SaveState() const {
+  nlohmann::ordered_json early = nlohmann::ordered_json::array();
+  for (const auto& [name, e] : early_) {
+    nlohmann::ordered_json t = nlohmann::ordered_json::array();
+    for (const CheckpointWriter::Spooled& sp : e.tensors) t.push_back(CheckpointWriter::SpooledJson(sp));
+    early.push_back({{"name", name}, {"tensors", t}, {"layer", e.layer ? LayerReportJson(*e.layer) : nlohmann::ordered_json()}});
+  }
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (const QuantizedLayerReport& l : report_.layers) layers.push_back(LayerReportJson(l));
+  return {{"next", next_}, {"next_name", next_ < order_.size() ? order_[next_] : ""}, {"done", done_},
+          {"layers_written", layers_written_}, {"early", early}, {"layers", layers}};
+}
+
+Status OrderedExport::LoadState(const nlohmann::ordered_json& j) {
+  try {
+    next_ = j.at("next").get<size_t>();
+    if (next_ > order_.size() || (next_ < order_.size() && order_[next_] != j.at("next_name").get<std::string>()))
+      return MakeErrorCode(ErrorCode::kCorruptInput, "the manifest's export position ", next_, " does not match the input's tensors");
+    boundary_at_ = next_;
+    done_ = j.at("done").get<int64_t>();
+    layers_written_ = j.at("layers_written").get<int64_t>();
+    for (const auto& e : j.at("early")) {
+      Early x;
+      for (const auto& t : e.at("tensors")) {
+        NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter::Spooled sp, CheckpointWriter::SpooledFromJson(t));
+        NIBBLE_RETURN_IF_ERROR(out_.VerifySpooled(sp));
+        x.tensors.push_back(std::move(sp));
+      }
+      if (!e.at("layer").is_null()) x.layer = LayerReportFromJson(e.at("layer"));
+      early_[e.at("name").get<std::string>()] = std::move(x);
+    }
+    report_.layers.clear();
+    for (const auto& l : j.at("layers")) report_.layers.push_back(LayerReportFromJson(l));
+  } catch (const std::exception& e) {
+    return MakeErrorCode(ErrorCode::kCorruptInput, "the manifest's export state: ", e.what());
+  }
+  return Status::Ok();
+}
 
 template <typename T>
 Status OrderedExport::Append(std::vector<T>& tensors, std::optional<QuantizedLayerReport>& layer) {
-  for (auto& t : tensors) NIBBLE_RETURN_IF_ERROR(out_.Add(std::move(t)));
+  for (auto& t : tensors) {
+    ExportForTest();
+    NIBBLE_RETURN_IF_ERROR(out_.Add(std::move(t)));
+  }
   tensors.clear();
   if (!layer) return Status::Ok();
   // RTN: a decoder layer's stage starts with its first linear (in the output's order).
@@ -213,21 +296,31 @@ Status OrderedExport::Append(std::vector<T>& tensors, std::optional<QuantizedLay
 // order a few tensors ahead, and appended here in order (OrderedParallelFor): the output, its
 // report and the progress callbacks are those of one thread. The weight a claim will read next
 // is asked of the page cache ahead of its turn (TensorStore::WillNeed).
+// A resumable run's boundary: the output order at next_ leaves a decoder layer's tensors.
+Status OrderedExport::AtLayerBoundary() {
+  if (!layer_written_ || next_ <= boundary_at_ || next_ >= order_.size()) return Status::Ok();
+  const std::string prev = LayerPrefix(order_[next_ - 1]);
+  if (prev.empty() || prev == LayerPrefix(order_[next_])) return Status::Ok();
+  boundary_at_ = next_;
+  return layer_written_(++layers_written_);
+}
+
 Status OrderedExport::Drain() {
-  size_t end = next_;
+  const size_t base = next_;
+  size_t end = base;
   while (end < order_.size() && !awaited_.contains(order_[end])) ++end;
   struct Slot {
     Status status = Status::Ok();
     std::optional<Produced> tensor, head;
   };
   const int threads = std::max(1, omp_get_max_threads());
-  std::vector<Slot> slots(end - next_);
+  std::vector<Slot> slots(end - base);
   std::vector<char> early(slots.size());  // read here: consume erases from early_ meanwhile
-  for (size_t i = 0; i < slots.size(); ++i) early[i] = early_.contains(order_[next_ + i]) ? 1 : 0;
+  for (size_t i = 0; i < slots.size(); ++i) early[i] = early_.contains(order_[base + i]) ? 1 : 0;
   std::vector<Int4Matrix> scratch(static_cast<size_t>(threads));
   auto quantized_input = [&](size_t j) { return j < end && ex_.linear_of_weight.contains(order_[j]); };
   auto produce = [&](int64_t i, int worker) {
-    const size_t j = next_ + static_cast<size_t>(i);
+    const size_t j = base + static_cast<size_t>(i);
     if (quantized_input(j + threads)) store_.WillNeed(*store_.Find(order_[j + threads]));
     const std::string& tname = order_[j];
     Slot& slot = slots[static_cast<size_t>(i)];
@@ -246,9 +339,11 @@ Status OrderedExport::Drain() {
   };
   Status status = Status::Ok();
   auto consume = [&](int64_t i) {
-    const std::string& tname = order_[next_ + static_cast<size_t>(i)];
+    next_ = base + static_cast<size_t>(i);  // the position a boundary saves
+    const std::string& tname = order_[next_];
     Slot& slot = slots[static_cast<size_t>(i)];
-    status = CheckCancelled(o_.cancel, "quantize at " + tname);
+    status = AtLayerBoundary();
+    if (status.ok()) status = CheckCancelled(o_.cancel, "quantize at " + tname);
     if (status.ok()) {
       if (auto it = early_.find(tname); it != early_.end()) {
         status = Append(it->second.tensors, it->second.layer);
@@ -262,13 +357,16 @@ Status OrderedExport::Drain() {
     slot = Slot{};
     return status.ok();
   };
-  if (quantized_input(next_)) store_.WillNeed(*store_.Find(order_[next_]));
-  for (size_t j = next_ + 1; j < next_ + static_cast<size_t>(threads); ++j)
+  if (quantized_input(base)) store_.WillNeed(*store_.Find(order_[base]));
+  for (size_t j = base + 1; j < base + static_cast<size_t>(threads); ++j)
     if (quantized_input(j)) store_.WillNeed(*store_.Find(order_[j]));
   const bool ok = OrderedParallelFor(static_cast<int64_t>(slots.size()), threads, 2 * threads, produce, consume);
   if (!ok) return status;
   next_ = end;
-  if (next_ < order_.size()) NIBBLE_RETURN_IF_ERROR(CheckCancelled(o_.cancel, "quantize at " + order_[next_]));
+  if (next_ < order_.size()) {
+    NIBBLE_RETURN_IF_ERROR(AtLayerBoundary());
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(o_.cancel, "quantize at " + order_[next_]));
+  }
   return Status::Ok();
 }
 
@@ -307,7 +405,7 @@ Status OrderedExport::Finish() {
 // algo_config in `cfg`.
 Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, const TensorStore& store,
                            const ExportContext& ex, OrderedExport& exp, QuarkQuantConfig& cfg, QuantizeReport& report,
-                           const std::function<void(const std::string&)>& note) {
+                           const std::function<void(const std::string&)>& note, CalibCheckpoint* checkpoint) {
   const AlgorithmPlan& algos = ex.plan->algorithms;
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadCalibrationTexts(o.dataset));
@@ -323,7 +421,7 @@ Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, cons
     if (o.progress) o.progress(done, total);
     if (o.on_layer && total % layers == 0 && done % (total / layers) == 0) o.on_layer(done / (total / layers), layers);
   };
-  for (int64_t l = 0; l < mc.num_hidden_layers; ++l) exp.Await(LayerTensorNames(mc, l));
+  for (int64_t l = checkpoint ? checkpoint->start_layer : 0; l < mc.num_hidden_layers; ++l) exp.Await(LayerTensorNames(mc, l));
   auto sink = [&](LayerTensor lt) -> Status {
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, "quantize at " + lt.name));
     NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(lt.name));
@@ -339,7 +437,7 @@ Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, cons
     if (o.on_stage) o.on_stage(l + 1, layers, l, what);
   };
   auto r = RunCalibrated(mc, store, *ex.plan, algos, calib->tokens, calib->num_chunks, calib->seq_len, sink, progress,
-                         o.cancel, stage);
+                         o.cancel, stage, checkpoint);
   if (!r.ok()) return r.error().code == ErrorCode::kCancelled ? r.error() : r.error().WithContext(algos.Label());
   for (const auto& m : r->messages) note(m);
   cfg.algo_config = algos.AlgoConfig(*r, mc);
@@ -471,9 +569,149 @@ Result<std::vector<std::string>> OutputWarnings(const QuantizeOptions& o, const 
   return lines;
 }
 
+// A resumable run's side of QuantizeCheckpoint (quantize/resume.h).
+struct Resumable {
+  nlohmann::ordered_json identity;  // nibble_version, settings, input, dataset_sha256
+  nlohmann::ordered_json manifest;  // the boundary a resumed run starts from
+  int64_t layers_done = -1;         // the last boundary written or resumed from (checked); -1: none
+  int64_t num_layers = 0;
+  std::string staging;              // the staging directory kept for --resume
+};
+
+Result<nlohmann::ordered_json> RunIdentity(const QuantizeOptions& o, bool calibrated) {
+  nlohmann::ordered_json j;
+  j["nibble_version"] = NibbleVersion();
+  j["settings"] = o.resume_settings;
+  NIBBLE_ASSIGN_OR_RETURN(j["input"], InputFingerprint(o.model_dir));
+  if (calibrated) {
+    NIBBLE_ASSIGN_OR_RETURN(std::string data, ReadFileToString(o.dataset));
+    j["dataset_sha256"] = Sha256Hex(data);
+  }
+  return j;
+}
+
+// One boundary: `layers_done` decoder layers are in the writer; `calibrated` and the activations
+// `x` (the next layer's input) for a calibrated run. Files first, the manifest last.
+Status WriteBoundary(Resumable& rs, CheckpointWriter& out, const OrderedExport& exp, int64_t layers_done,
+                     const nlohmann::ordered_json& calibrated, std::span<const uint8_t> x, const std::string& dtype,
+                     int64_t hidden) {
+  nlohmann::ordered_json m = rs.identity;
+  m["layers_done"] = layers_done;
+  m["num_layers"] = rs.num_layers;
+  NIBBLE_ASSIGN_OR_RETURN(m["writer"], out.SaveState());
+  m["export"] = exp.SaveState();
+  m["calibrated"] = calibrated;
+  m["activations"] = nullptr;
+  if (!dtype.empty()) {
+    NIBBLE_ASSIGN_OR_RETURN(DType dt, ParseDType(dtype));
+    const int64_t rows = static_cast<int64_t>(x.size() / (DTypeSize(dt) * static_cast<size_t>(hidden)));
+    NIBBLE_ASSIGN_OR_RETURN(m["activations"], SaveActivations(out.path(), layers_done, x, dtype, {rows, hidden}));
+  }
+  NIBBLE_RETURN_IF_ERROR(WriteManifest(out.path(), m));
+  out.AfterBoundary();
+  RemoveOlderActivations(out.path(), m["activations"]);
+  rs.layers_done = layers_done;
+  rs.staging = out.path();
+  out.KeepStaging();
+  BoundaryForTest(layers_done);
+  return Status::Ok();
+}
+
+// A fresh run's writer; a resumable one says when it replaces an interrupted run's staging.
+Result<CheckpointWriter> NewWriter(const QuantizeOptions& o, bool resumable, const std::function<void(const std::string&)>& note) {
+  if (resumable) {
+    const std::string old = StagingDir::FindInterrupted(o.output_dir, "tmp", kResumeManifest);
+    if (!old.empty()) {
+      auto m = ReadManifest(old);
+      const std::string done = m.ok() ? " (" + std::to_string(m->value("layers_done", int64_t{0})) + " of " +
+                                            std::to_string(m->value("num_layers", int64_t{0})) + " layers done)"
+                                      : "";
+      note("note: starting over: removing " + old + ", the staging directory of an interrupted run" + done +
+           "; --resume continues such a run instead");
+    }
+  }
+  NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, CheckpointWriter::Create(o.output_dir, o.max_shard_size));
+  if (resumable) out.SetResumable();
+  return out;
+}
+
+// A resumed run's writer: the interrupted run's staging directory, checked against this run.
+Result<CheckpointWriter> ResumeWriter(const QuantizeOptions& o, const TensorStore& store, Resumable& rs,
+                                      const std::function<void(const std::string&)>& note) {
+  const std::string dir = StagingDir::FindInterrupted(o.output_dir, "tmp", kResumeManifest);
+  if (dir.empty())
+    return MakeErrorCode(ErrorCode::kNotFound, "--resume: no interrupted run of ", o.output_dir,
+                         " to continue (no staging directory .", fs::path(o.output_dir).filename().string(),
+                         ".nibble-tmp-<pid> holding ", kResumeManifest,
+                         " beside it); run the same command without --resume to start one");
+  NIBBLE_ASSIGN_OR_RETURN(rs.manifest, ReadManifest(dir));
+  std::vector<std::string> diffs = IdentityDifferences(rs.manifest, rs.identity);
+  if (rs.manifest.value("num_layers", int64_t{-1}) != rs.num_layers)
+    diffs.push_back("decoder layers: run had " + std::to_string(rs.manifest.value("num_layers", int64_t{-1})) + ", now " +
+                    std::to_string(rs.num_layers));
+  if (!diffs.empty()) {
+    std::string list;
+    for (const std::string& d : diffs) list += "\n  " + d;
+    return MakeError("--resume: the run staged in ", dir, " differs from this one:", list,
+                     "\nrun the command it was started with, or start over without --resume (which removes it)");
+  }
+  NIBBLE_ASSIGN_OR_RETURN(StagingDir staging, StagingDir::Adopt(o.output_dir, "tmp", dir));
+  staging.Keep();  // a check below that fails leaves it as it was found
+  auto borrow = [&store](const std::string& name) -> Result<TensorToWrite> {
+    NIBBLE_ASSIGN_OR_RETURN(const TensorView* t, store.Get(name));
+    return BorrowTensor(*t);
+  };
+  const std::string path = staging.path();
+  auto out = CheckpointWriter::Resume(std::move(staging), o.max_shard_size, rs.manifest.at("writer"), borrow);
+  if (!out.ok()) return out.error().WithContext("--resume: " + path);
+  rs.staging = path;
+  note("note: resuming the run staged in " + path + " after layer " +
+       std::to_string(rs.manifest.value("layers_done", int64_t{0})) + " of " +
+       std::to_string(rs.num_layers));
+  return out;
+}
+
+Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs);
+
 }  // namespace
 
 Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
+  Resumable rs;
+  Result<QuantizeReport> r = RunQuantize(o, rs);
+  if (r.ok() || rs.layers_done < 0 || !PathExists(JoinPath(rs.staging, kResumeManifest))) return r;
+  Error e = r.error();
+  e.message += "; the run's progress (" + std::to_string(rs.layers_done) + " of " + std::to_string(rs.num_layers) +
+               " layers) is kept in " + rs.staging + ": run the same command with --resume to continue";
+  return e;
+}
+
+namespace {
+
+// A resumable run's boundaries: written by the RTN export or the calibrated pipeline; a resumed
+// calibrated run starts from the saved layer with its activations (checked against the manifest).
+Status SetUpBoundaries(const QuantizeOptions& o, bool calibrated, int64_t hidden, Resumable& rs, CheckpointWriter& out,
+                       OrderedExport& exp, CalibCheckpoint& ck) {
+  exp.OnLayerWritten(
+      [&rs, &out, &exp, hidden](int64_t n) { return WriteBoundary(rs, out, exp, n, nullptr, {}, "", hidden); });
+  ck.on_boundary = [&rs, &out, &exp, hidden](int64_t layer, const nlohmann::ordered_json& st, std::span<const uint8_t> x,
+                                             const std::string& dtype) {
+    return WriteBoundary(rs, out, exp, layer + 1, st, x, dtype, hidden);
+  };
+  if (o.resume && calibrated) {
+    ck.start_layer = rs.manifest.at("layers_done").get<int64_t>();
+    ck.state = rs.manifest.at("calibrated");
+    const nlohmann::ordered_json& acts = rs.manifest.at("activations");
+    auto x = LoadActivations(rs.staging, acts);
+    if (!x.ok()) return x.error().WithContext("--resume: " + rs.staging);
+    ck.input = std::move(x).value();
+    ck.input_dtype = acts.value("dtype", "");
+  }
+  // Every staged byte it reuses checked: from here a stop keeps it resumable as found.
+  if (o.resume) rs.layers_done = rs.manifest.at("layers_done").get<int64_t>();
+  return Status::Ok();
+}
+
+Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs) {
   const auto t0 = std::chrono::steady_clock::now();
   PeakMemorySampler memory;
   QuantizeReport report;
@@ -522,12 +760,30 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   report.plan = PlanResources(plan, mc, store, PlanInputs(o, *format));
   if (o.on_plan) o.on_plan(report.plan);
   NIBBLE_RETURN_IF_ERROR(CheckResources(report.plan, o.max_memory));
-  NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, CheckpointWriter::Create(o.output_dir, o.max_shard_size));
+  const bool resumable = o.resumable || o.resume;
+  if (resumable) {
+    NIBBLE_ASSIGN_OR_RETURN(rs.identity, RunIdentity(o, plan.algorithms.Calibrated()));
+    rs.num_layers = mc.num_hidden_layers;
+  }
+  NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, o.resume ? ResumeWriter(o, store, rs, note) : NewWriter(o, resumable, note));
   // Input tensors written unchanged are read once: their pages go once their shard is written.
   out.SetAfterBorrowedWritten([&store](const uint8_t* p, size_t n) { store.Evict(p, n); });
   OrderedExport exp(o, store, ex, request.modules.size(), mc.num_hidden_layers, out, report);
-  if (plan.algorithms.Calibrated()) NIBBLE_RETURN_IF_ERROR(RunCalibratedExport(o, mc, store, ex, exp, request.config, report, note));
+  if (o.resume) {
+    const Status st = exp.LoadState(rs.manifest.at("export"));
+    if (!st.ok()) return st.error().WithContext("--resume: " + rs.staging);
+  }
+  CalibCheckpoint ck;
+  if (resumable) NIBBLE_RETURN_IF_ERROR(SetUpBoundaries(o, plan.algorithms.Calibrated(), mc.hidden_size, rs, out, exp, ck));
+  if (plan.algorithms.Calibrated())
+    NIBBLE_RETURN_IF_ERROR(
+        RunCalibratedExport(o, mc, store, ex, exp, request.config, report, note, resumable ? &ck : nullptr));
   NIBBLE_RETURN_IF_ERROR(exp.Finish());
+  if (resumable) {  // past the last boundary: the rest is written whole or not at all
+    RemoveResumeFiles(out.path());
+    rs.layers_done = -1;
+    out.KeepStaging(false);
+  }
   NIBBLE_RETURN_IF_ERROR(out.Finish());
   report.shards = out.shards();
   report.total_bytes = out.total_bytes();
@@ -551,5 +807,7 @@ Result<QuantizeReport> QuantizeCheckpoint(const QuantizeOptions& o) {
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }
+
+}  // namespace
 
 }  // namespace nibble

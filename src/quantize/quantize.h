@@ -64,6 +64,13 @@ struct QuantizeOptions {
   /// Checked by the calibrated pipeline (PipelineOptions::cancel), before each tensor is exported
   /// and before the commit: cancelled, the staging directory is removed and kCancelled returned.
   const CancellationToken* cancel = nullptr;
+  /// A resumable run (quantize/resume.h): a manifest at every layer boundary, and the staging
+  /// directory kept when the run stops after one (cancelled, failed, killed).
+  bool resumable = false;
+  /// Continue the interrupted resumable run of output_dir (implies resumable).
+  bool resume = false;
+  /// The flags that decide the output's bytes, by flag name: a resumed run must match them.
+  nlohmann::ordered_json resume_settings = nlohmann::ordered_json::object();
 };
 
 /// One linear module as exported.

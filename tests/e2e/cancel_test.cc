@@ -1,7 +1,7 @@
 // Ctrl-C (SIGINT) and SIGTERM during a long command: the command stops at the library's next
 // cancellation check, prints "nibble: cancelled: ... (SIGINT)", exits 128 + the signal (130,
-// 143: the shell's convention) and leaves no output and no staging directory; `generate` keeps
-// the text it printed and reports "stop: cancelled". (The handler's
+// 143: the shell's convention) and leaves no output (quantize keeps its staging directory for
+// --resume); `generate` keeps the text it printed and reports "stop: cancelled". (The handler's
 // reset to the default action, which lets a second Ctrl-C kill, is tests/tools/cancel_signal_test.cc.)
 #include <gtest/gtest.h>
 #include <fcntl.h>
@@ -83,6 +83,8 @@ std::vector<std::string> GptqArgs(const std::string& out, const std::string& cal
           "--dataset", calib, "--num_calib_data", "16", "--seq_len", "128", "--threads", "1"};
 }
 
+// The output is untouched; the layers finished before the signal stay staged for --resume
+// (tests/e2e/resume_test.cc).
 TEST(CancelCli, CtrlCDuringQuantizeExits130WithNoOutput) {
   NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
   nibble_test::TempDir tmp;
@@ -95,9 +97,13 @@ TEST(CancelCli, CtrlCDuringQuantizeExits130WithNoOutput) {
   const std::string text = ReadFile(log);
   EXPECT_NE(text.find("nibble: cancelled: quantize at "), std::string::npos) << text;
   EXPECT_NE(text.find("nothing was written to " + out + " (SIGINT)"), std::string::npos) << text;
+  EXPECT_NE(text.find("run the same command with --resume to continue"), std::string::npos) << text;
   EXPECT_EQ(text.find("gptq layers 6/6"), std::string::npos) << "not stopped before the last layer:\n" << text;
   EXPECT_FALSE(fs::exists(out));
-  EXPECT_EQ(Listing(tmp.sub("work")), std::vector<std::string>{}) << "a staging directory was left";
+  const std::vector<std::string> left = Listing(tmp.sub("work"));
+  ASSERT_EQ(left.size(), 1u) << "the staging directory kept for --resume";
+  EXPECT_TRUE(left[0].starts_with(".out.nibble-tmp-")) << left[0];
+  EXPECT_TRUE(fs::exists(tmp.sub("work/" + left[0] + "/resume.json")));
 }
 
 TEST(CancelCli, SigtermDuringPerplexityExits143) {

@@ -1,6 +1,7 @@
 // AWQ as a pipeline algorithm (see awq.h).
 #include "quantize/awq/awq.h"
 
+#include "io/json.h"
 #include "model/llama.h"
 #include "quantize/awq/clip.h"
 #include "quantize/awq/search.h"
@@ -142,5 +143,51 @@ Result<std::shared_ptr<const AlgorithmSettings>> ResolveAwq(const AlgorithmFlags
 }
 
 Status CheckAwqFlagsUnused(const AlgorithmFlags& flags, const std::string&) { return ValidateAwqSettings(flags.awq); }
+
+nlohmann::ordered_json AwqAlgorithm::SaveState() const {
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (const auto& reps : reports_) {
+    nlohmann::ordered_json l = nlohmann::ordered_json::array();
+    for (const AwqMappingReport& r : reps)
+      l.push_back({{"prev_op", r.mapping.prev_op}, {"layers", r.mapping.layers}, {"inp", r.mapping.inp},
+                   {"module2inspect", r.mapping.module2inspect}, {"skipped", r.skipped}, {"skip_reason", r.skip_reason},
+                   {"ratio", DoubleJson(r.ratio)}, {"duo", r.duo}, {"loss_rtn", DoubleJson(r.loss_rtn)},
+                   {"loss_best", DoubleJson(r.loss_best)}, {"rejected", r.rejected}, {"stopped_early", r.stopped_early},
+                   {"scale_min", DoubleJson(r.scale_min)}, {"scale_max", DoubleJson(r.scale_max)}});
+    layers.push_back(std::move(l));
+  }
+  return {{"reports", layers}, {"used", used_}, {"messages", messages_}};
+}
+
+Status AwqAlgorithm::LoadState(const nlohmann::ordered_json& j) {
+  try {
+    reports_.clear();
+    for (const auto& l : j.at("reports")) {
+      std::vector<AwqMappingReport> reps;
+      for (const auto& e : l) {
+        AwqMappingReport r;
+        r.mapping = {e.at("prev_op").get<std::string>(), e.at("layers").get<std::vector<std::string>>(),
+                     e.at("inp").get<std::string>(), e.at("module2inspect").get<std::string>()};
+        r.skipped = e.at("skipped").get<bool>();
+        r.skip_reason = e.at("skip_reason").get<std::string>();
+        r.ratio = DoubleFromJson(e.at("ratio"));
+        r.duo = e.at("duo").get<bool>();
+        r.loss_rtn = DoubleFromJson(e.at("loss_rtn"));
+        r.loss_best = DoubleFromJson(e.at("loss_best"));
+        r.rejected = e.at("rejected").get<int64_t>();
+        r.stopped_early = e.at("stopped_early").get<int64_t>();
+        r.scale_min = DoubleFromJson(e.at("scale_min"));
+        r.scale_max = DoubleFromJson(e.at("scale_max"));
+        reps.push_back(std::move(r));
+      }
+      reports_.push_back(std::move(reps));
+    }
+    used_ = j.at("used").get<std::set<std::string>>();
+    messages_ = j.at("messages").get<std::set<std::string>>();
+  } catch (const std::exception& e) {
+    return MakeErrorCode(ErrorCode::kCorruptInput, "AWQ state: ", e.what());
+  }
+  return Status::Ok();
+}
 
 }  // namespace nibble

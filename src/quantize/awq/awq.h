@@ -44,6 +44,8 @@ class AwqAlgorithm final : public ChainAlgorithm {
   /// CalibResult::awq_used.
   void ReportLayer(size_t i, CalibLayerResult& out) const override { out.mappings = reports_[i]; }
   void ReportRun(CalibResult& out) const override { out.awq_used = Used(); }
+  nlohmann::ordered_json SaveState() const override;
+  Status LoadState(const nlohmann::ordered_json& state) override;
 
   /// The mappings applied in at least one layer, in settings order.
   std::vector<AwqMapping> Used() const;

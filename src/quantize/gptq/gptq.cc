@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "io/json.h"
 #include "model/llama.h"
 #include "quantize/gram.h"
 
@@ -176,6 +177,39 @@ Status CheckGptqFlagsUnused(const AlgorithmFlags& flags, const std::string& chai
     return MakeError("--actorder ", GptqActOrderName(flags.gptq.actorder), " is a GPTQ setting; --quant_algo ", chain,
                      " does not use it (use a chain with gptq, or drop --actorder)");
   return ValidateGptqSettings(flags.gptq);
+}
+
+nlohmann::ordered_json GptqAlgorithm::SaveState() const {
+  nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+  for (const auto& infos : infos_) {
+    nlohmann::ordered_json l = nlohmann::ordered_json::array();
+    for (const GptqLinearInfo& g : infos)
+      l.push_back({{"ran", g.ran}, {"dampening_frac", DoubleJson(g.dampening_frac)}, {"retries", g.retries},
+                   {"dead_columns", g.dead_columns}, {"fallback_rtn", g.fallback_rtn}});
+    layers.push_back(std::move(l));
+  }
+  return {{"infos", layers}, {"messages", messages_}, {"peak_bytes", peak_bytes_}};
+}
+
+Status GptqAlgorithm::LoadState(const nlohmann::ordered_json& j) {
+  try {
+    infos_.clear();
+    for (const auto& l : j.at("infos")) {
+      if (l.size() != kNumLinears) return MakeErrorCode(ErrorCode::kCorruptInput, "GPTQ state: a layer of ", l.size(), " linears");
+      std::array<GptqLinearInfo, kNumLinears> infos{};
+      for (size_t i = 0; i < infos.size(); ++i) {
+        const auto& e = l[i];
+        infos[i] = {e.at("ran").get<bool>(), DoubleFromJson(e.at("dampening_frac")), e.at("retries").get<int>(),
+                    e.at("dead_columns").get<int64_t>(), e.at("fallback_rtn").get<bool>()};
+      }
+      infos_.push_back(infos);
+    }
+    messages_ = j.at("messages").get<std::set<std::string>>();
+    peak_bytes_ = j.at("peak_bytes").get<int64_t>();
+  } catch (const std::exception& e) {
+    return MakeErrorCode(ErrorCode::kCorruptInput, "GPTQ state: ", e.what());
+  }
+  return Status::Ok();
 }
 
 }  // namespace nibble

@@ -44,6 +44,8 @@ class GptqAlgorithm final : public ChainAlgorithm {
   /// CalibLayerResult::gptq, and the largest Hessian as CalibResult::hessian_peak_bytes.
   void ReportLayer(size_t i, CalibLayerResult& out) const override { out.gptq = infos_[i]; }
   void ReportRun(CalibResult& out) const override { out.hessian_peak_bytes = peak_bytes_; }
+  nlohmann::ordered_json SaveState() const override;
+  Status LoadState(const nlohmann::ordered_json& state) override;
 
  private:
   // Quantizes the linears fed by `in` (their inputs x: `rows` rows) into codes.

@@ -1,0 +1,290 @@
+// quantize --resume: a run stopped after a finished decoder layer (SIGKILL at a random layer,
+// SIGTERM, a write that fails) continues from its last boundary and writes, file for file, the
+// bytes of an uninterrupted run (RTN, AWQ, GPTQ, AWQ+GPTQ; resumed at another thread count); a
+// resume whose flags, input or staged files differ is refused naming what differs.
+// The kill point comes from NIBBLE_QUANTIZE_KILL_AFTER_LAYER (quantize/resume.h): the process
+// SIGKILLs itself at its first export after that boundary, so the staged files already run past
+// it. The layers are drawn from a printed seed (NIBBLE_TEST_SEED replays one).
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/sha256.h"
+#include "e2e/run_nibble.h"
+#include "test_paths.h"
+#include "test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nibble_test::ReadFile;
+
+struct Launch {
+  std::string kill_after;  // NIBBLE_QUANTIZE_KILL_AFTER_LAYER, "" for none
+  rlim_t max_file_size = RLIM_INFINITY;  // RLIMIT_FSIZE: larger writes fail (EFBIG)
+};
+
+// Starts `nibble ARGS` with stdout and stderr to `log`; returns its pid.
+pid_t Start(const std::vector<std::string>& args, const std::string& log, const Launch& l = {}) {
+  std::vector<std::string> argv_s = {nibble_test::NibbleBinary()};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGXFSZ, SIG_IGN);  // an oversized write fails with EFBIG instead of killing
+    if (!l.kill_after.empty()) setenv("NIBBLE_QUANTIZE_KILL_AFTER_LAYER", l.kill_after.c_str(), 1);
+    if (l.max_file_size != RLIM_INFINITY) {
+      const rlimit r{l.max_file_size, l.max_file_size};
+      setrlimit(RLIMIT_FSIZE, &r);
+    }
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The exit code, or -signal when a signal ended it.
+int Wait(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+}
+
+int RunQ(const std::vector<std::string>& args, const std::string& log, const Launch& l = {}) {
+  return Wait(Start(args, log, l));
+}
+
+// File name -> SHA-256 of every file in `dir`.
+std::map<std::string, std::string> HashDir(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = nibble::Sha256Hex(ReadFile(e.path().string()));
+  return out;
+}
+
+// The staging directories of output `name` in `parent` (".name.nibble-tmp-<pid>").
+std::vector<std::string> Staging(const std::string& parent, const std::string& name) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(parent))
+    if (e.path().filename().string().starts_with("." + name + ".nibble-tmp-")) out.push_back(e.path().string());
+  return out;
+}
+
+// 4 x 64 calibration tokens of prose-calib.txt; 1 MB shards, so finished shards, the open one and
+// the spool all carry state across the boundary.
+std::vector<std::string> Args(const std::string& algo, const std::string& model, const std::string& out,
+                              const std::string& calib, const std::string& threads) {
+  std::vector<std::string> a = {"quantize", "--model_dir", model, "--output_dir", out, "--quant_algo", algo,
+                                "--max_shard_size", "1MB", "--threads", threads};
+  if (algo != "rtn") a.insert(a.end(), {"--dataset", calib, "--num_calib_data", "4", "--seq_len", "64"});
+  if (algo.starts_with("awq")) a.insert(a.end(), {"--n_grid", "5"});  // a shorter search: the same code path
+  return a;
+}
+
+std::string Calib(const nibble_test::TempDir& tmp) {
+  const std::string path = tmp.sub("calib.txt");
+  std::ofstream(path, std::ios::binary) << ReadFile(nibble_test::SharedData("prose-calib.txt")).substr(0, 60000);
+  return path;
+}
+
+uint32_t Seed() {
+  const char* s = std::getenv("NIBBLE_TEST_SEED");
+  return s != nullptr ? static_cast<uint32_t>(std::strtoul(s, nullptr, 10)) : std::random_device{}();
+}
+
+// A copy of the embedded model (writable, to be changed by a test).
+std::string CopyModel(const nibble_test::TempDir& tmp) {
+  const std::string dir = tmp.sub("model");
+  fs::create_directory(dir);
+  for (const auto& e : fs::directory_iterator(nibble_test::EmbeddedModel()))
+    if (e.is_regular_file()) fs::copy_file(e.path(), dir + "/" + e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir)) fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+  return dir;
+}
+
+// Replaces the first `from` in `path` by `to` (same length: sizes stay).
+void Patch(const std::string& path, const std::string& from, const std::string& to) {
+  std::string bytes = ReadFile(path);
+  const size_t at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " in " << path;
+  bytes.replace(at, from.size(), to);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST(QuantizeResume, KilledAfterARandomLayerResumesByteIdentical) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
+  nibble_test::TempDir tmp;
+  const std::string calib = Calib(tmp), model = nibble_test::EmbeddedModel();
+  const uint32_t seed = Seed();
+  std::mt19937 rng(seed);
+  std::printf("seed %u (NIBBLE_TEST_SEED=%u replays it)\n", seed, seed);
+  for (const std::string algo : {"rtn", "awq", "gptq", "awq,gptq"}) {
+    const int layer = std::uniform_int_distribution<int>(1, 5)(rng);
+    SCOPED_TRACE("--quant_algo " + algo + ", killed after layer " + std::to_string(layer) + ", seed " + std::to_string(seed));
+    std::printf("%s: SIGKILL after layer %d\n", algo.c_str(), layer);
+    ASSERT_EQ(RunQ(Args(algo, model, tmp.sub("full"), calib, "1"), tmp.sub("log")), 0) << ReadFile(tmp.sub("log"));
+    ASSERT_EQ(RunQ(Args(algo, model, tmp.sub("out"), calib, "1"), tmp.sub("log"), {std::to_string(layer)}), -SIGKILL)
+        << ReadFile(tmp.sub("log"));
+    ASSERT_FALSE(fs::exists(tmp.sub("out")));
+    const std::vector<std::string> staged = Staging(tmp.path(), "out");
+    ASSERT_EQ(staged.size(), 1u);
+    EXPECT_NE(ReadFile(staged[0] + "/resume.json").find("\"layers_done\": " + std::to_string(layer)), std::string::npos);
+    std::vector<std::string> resume = Args(algo, model, tmp.sub("out"), calib, "2");
+    resume.push_back("--resume");
+    ASSERT_EQ(RunQ(resume, tmp.sub("log")), 0) << ReadFile(tmp.sub("log"));
+    EXPECT_NE(ReadFile(tmp.sub("log")).find("resuming the run staged in"), std::string::npos);
+    const auto full = HashDir(tmp.sub("full"));
+    ASSERT_GT(full.size(), 3u);  // several shards, their index, config, card, tokenizer
+    EXPECT_EQ(HashDir(tmp.sub("out")), full);
+    EXPECT_TRUE(Staging(tmp.path(), "out").empty());
+    fs::remove_all(tmp.sub("full"));
+    fs::remove_all(tmp.sub("out"));
+  }
+}
+
+// SIGTERM during a GPTQ run (16 x 128 tokens: ~0.2 s a layer) drops the layer in progress, keeps
+// the last boundary and says how to resume; --resume then finishes with the uninterrupted bytes.
+TEST(QuantizeResume, SigtermStopsAtALayerBoundaryAndResumes) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
+  nibble_test::TempDir tmp;
+  const std::string calib = Calib(tmp), model = nibble_test::EmbeddedModel();
+  auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"quantize", "--model_dir", model, "--output_dir", out, "--quant_algo", "gptq",
+                                    "--dataset", calib, "--num_calib_data", "16", "--seq_len", "128", "--threads", "1"};
+  };
+  const std::string log = tmp.sub("log");
+  const pid_t pid = Start(args(tmp.sub("out")), log);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (ReadFile(log).find("gptq layers 1/6") == std::string::npos && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  kill(pid, SIGTERM);
+  ASSERT_EQ(Wait(pid), 143) << ReadFile(log);
+  const std::string text = ReadFile(log);
+  EXPECT_NE(text.find("nibble: cancelled: quantize at "), std::string::npos) << text;
+  EXPECT_NE(text.find("run the same command with --resume to continue"), std::string::npos) << text;
+  EXPECT_NE(text.find("(SIGTERM)"), std::string::npos) << text;
+  ASSERT_EQ(Staging(tmp.path(), "out").size(), 1u);
+  std::vector<std::string> resume = args(tmp.sub("out"));
+  resume.push_back("--resume");
+  ASSERT_EQ(RunQ(resume, log), 0) << ReadFile(log);
+  ASSERT_EQ(RunQ(args(tmp.sub("full")), log), 0) << ReadFile(log);
+  EXPECT_EQ(HashDir(tmp.sub("out")), HashDir(tmp.sub("full")));
+}
+
+// Other flags, another input header or config.json: refused with each difference named, and the
+// staged run left as it was (the original request still resumes it to the right bytes).
+TEST(QuantizeResume, RefusesChangedFlagsOrInput) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
+  nibble_test::TempDir tmp;
+  const std::string calib = Calib(tmp), model = CopyModel(tmp), log = tmp.sub("log");
+  ASSERT_EQ(RunQ(Args("gptq", model, tmp.sub("out"), calib, "1"), log, {"2"}), -SIGKILL) << ReadFile(log);
+  std::vector<std::string> resume = Args("gptq", model, tmp.sub("out"), calib, "1");
+  resume.push_back("--resume");
+  std::vector<std::string> other = resume;
+  other.insert(other.end(), {"--group_size", "64"});
+  EXPECT_NE(RunQ(other, log), 0);
+  EXPECT_NE(ReadFile(log).find("--group_size: run had 128, now 64"), std::string::npos) << ReadFile(log);
+
+  const std::string config = ReadFile(model + "/config.json"), weights = ReadFile(model + "/model.safetensors");
+  Patch(model + "/model.safetensors", "{\"format\":\"pt\"}", "{\"format\":\"pu\"}");  // a valid header, changed
+  Patch(model + "/config.json", "\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 2e-05");
+  EXPECT_NE(RunQ(resume, log), 0);
+  const std::string text = ReadFile(log);
+  EXPECT_NE(text.find("input shard model.safetensors: header SHA-256 differs"), std::string::npos) << text;
+  EXPECT_NE(text.find("input config.json: SHA-256 differs"), std::string::npos) << text;
+  EXPECT_FALSE(fs::exists(tmp.sub("out")));
+
+  std::ofstream(model + "/config.json", std::ios::binary | std::ios::trunc) << config;
+  std::ofstream(model + "/model.safetensors", std::ios::binary | std::ios::trunc) << weights;
+  ASSERT_EQ(RunQ(resume, log), 0) << ReadFile(log);
+  ASSERT_EQ(RunQ(Args("gptq", model, tmp.sub("full"), calib, "1"), log), 0) << ReadFile(log);
+  EXPECT_EQ(HashDir(tmp.sub("out")), HashDir(tmp.sub("full")));
+}
+
+// The saved activations are checked by size and SHA-256 before they are used.
+TEST(QuantizeResume, RefusesChangedOrTruncatedActivations) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
+  nibble_test::TempDir tmp;
+  const std::string calib = Calib(tmp), model = nibble_test::EmbeddedModel(), log = tmp.sub("log");
+  ASSERT_EQ(RunQ(Args("awq", model, tmp.sub("out"), calib, "1"), log, {"3"}), -SIGKILL) << ReadFile(log);
+  std::vector<std::string> resume = Args("awq", model, tmp.sub("out"), calib, "1");
+  resume.push_back("--resume");
+  const std::string acts = Staging(tmp.path(), "out").at(0) + "/activations-3.bin";
+  std::string bytes = ReadFile(acts);
+  ASSERT_EQ(bytes.size(), 4u * 64 * 256 * sizeof(float));
+  bytes[1000] ^= 1;
+  std::ofstream(acts, std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_EQ(RunQ(resume, log), 1);
+  EXPECT_NE(ReadFile(log).find("activations-3.bin: SHA-256 differs from the manifest's"), std::string::npos) << ReadFile(log);
+  EXPECT_EQ(ReadFile(log).find("to continue"), std::string::npos) << "a refused resume must not suggest resuming:\n" << ReadFile(log);
+
+  const std::string acts2 = Staging(tmp.path(), "out").at(0) + "/activations-3.bin";
+  std::ofstream(acts2, std::ios::binary | std::ios::trunc) << bytes.substr(0, 4096);
+  EXPECT_EQ(RunQ(resume, log), 1);
+  EXPECT_NE(ReadFile(log).find("activations-3.bin: 4096 bytes, the manifest records 262144"), std::string::npos)
+      << ReadFile(log);
+}
+
+// --resume with nothing staged says how to start; a run without --resume replaces a staged one
+// and says so.
+TEST(QuantizeResume, NothingToResumeAndStartingOver) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
+  nibble_test::TempDir tmp;
+  const std::string calib = Calib(tmp), model = nibble_test::EmbeddedModel(), log = tmp.sub("log");
+  std::vector<std::string> resume = Args("rtn", model, tmp.sub("out"), calib, "1");
+  resume.push_back("--resume");
+  EXPECT_EQ(RunQ(resume, log), 1);
+  EXPECT_NE(ReadFile(log).find("--resume: no interrupted run of " + tmp.sub("out") + " to continue"), std::string::npos)
+      << ReadFile(log);
+  EXPECT_NE(ReadFile(log).find("run the same command without --resume to start one"), std::string::npos);
+
+  ASSERT_EQ(RunQ(Args("rtn", model, tmp.sub("out"), calib, "1"), log, {"2"}), -SIGKILL);
+  ASSERT_EQ(Staging(tmp.path(), "out").size(), 1u);
+  ASSERT_EQ(RunQ(Args("rtn", model, tmp.sub("out"), calib, "1"), log), 0) << ReadFile(log);
+  EXPECT_NE(ReadFile(log).find("note: starting over: removing "), std::string::npos) << ReadFile(log);
+  EXPECT_NE(ReadFile(log).find("(2 of 6 layers done); --resume continues such a run instead"), std::string::npos)
+      << ReadFile(log);
+  EXPECT_TRUE(Staging(tmp.path(), "out").empty());
+}
+
+// A write that fails mid-run (here EFBIG under RLIMIT_FSIZE, as ENOSPC would) names the file and
+// leaves the last boundary resumable.
+TEST(QuantizeResume, FailedWriteLeavesTheRunResumable) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
+  nibble_test::TempDir tmp;
+  const std::string calib = Calib(tmp), model = nibble_test::EmbeddedModel(), log = tmp.sub("log");
+  Launch limited;
+  limited.max_file_size = 2200 << 10;  // above every shard (2 MiB at most); the spool outgrows it late in the run
+  ASSERT_EQ(RunQ(Args("gptq", model, tmp.sub("out"), calib, "1"), log, limited), 1) << ReadFile(log);
+  const std::string text = ReadFile(log);
+  EXPECT_NE(text.find("cannot write " + Staging(tmp.path(), "out").at(0) + "/tensors.spool: File too large"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("run the same command with --resume to continue"), std::string::npos) << text;
+  std::vector<std::string> resume = Args("gptq", model, tmp.sub("out"), calib, "2");
+  resume.push_back("--resume");
+  ASSERT_EQ(RunQ(resume, log), 0) << ReadFile(log);
+  ASSERT_EQ(RunQ(Args("gptq", model, tmp.sub("full"), calib, "1"), log), 0) << ReadFile(log);
+  EXPECT_EQ(HashDir(tmp.sub("out")), HashDir(tmp.sub("full")));
+}
+
+}  // namespace
