@@ -22,6 +22,7 @@ Result<CalibResult> RunCalibrated(const ModelConfig& mc, const TensorStore& stor
   po.reuse_attention = algorithms.ReuseAttention();
   po.progress = progress;
   po.cancel = cancel;
+  po.calib_dtype = algorithms.calib_dtype;
   NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, plan, tokens, batch, seq_len, chain, po, sink));
   CalibResult res;
   res.seconds = pr.seconds;

@@ -75,7 +75,7 @@ CalibLayer CalibLayer::Clone() const {
 
 CalibLinears MakeLinears(const CalibLayer& L) {
   CalibLinears out;
-  for (int i = 0; i < kNumLinears; ++i) out[i] = std::make_unique<DenseLinear>(L.n[i], L.k[i], L.w[i], L.bias[i]);
+  for (int i = 0; i < kNumLinears; ++i) out[i] = MakeCalibLinear(L.n[i], L.k[i], L.w[i], L.bias[i], L.calib);
   return out;
 }
 
@@ -141,6 +141,13 @@ void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer&
   }
   const CalibLinears lin = MakeLinears(L);
   DecoderLayerForward(c, ViewOf(L, lin), rope, x, run, stop == LayerStop::kFull ? a->out.data() : nullptr);
+  if (L.calib == CalibDType::kFp32) return;
+  // The captured linear inputs as the linears saw them (rounded to the calibration dtype).
+  if (start == LayerStart::kInput) RoundActivations(a->attn_in.data(), rows * h, L.calib);
+  if (start == LayerStart::kInput && stop >= LayerStop::kAttnResidual)
+    RoundActivations(a->attn_concat.data(), static_cast<int64_t>(a->attn_concat.size()), L.calib);
+  if (stop >= LayerStop::kMlpIn) RoundActivations(a->mlp_in.data(), rows * h, L.calib);
+  if (stop == LayerStop::kFull) RoundActivations(a->mlp_act.data(), static_cast<int64_t>(a->mlp_act.size()), L.calib);
 }
 
 }  // namespace
@@ -210,13 +217,15 @@ double RelOutputError(const float* x, int64_t rows, const std::vector<float>& w,
 }
 
 // The fp32 weights, dtypes and resolved specs of decoder layer l.
-Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan, int64_t l) {
+Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan, int64_t l,
+                             CalibDType calib) {
   const int64_t h = mc.hidden_size, q_dim = mc.num_attention_heads * mc.head_dim;
   const int64_t kv_dim = mc.num_key_value_heads * mc.head_dim, inter = mc.intermediate_size;
   const std::array<std::pair<int64_t, int64_t>, kNumLinears> shapes = {
       std::pair{q_dim, h}, {kv_dim, h}, {kv_dim, h}, {h, q_dim}, {inter, h}, {inter, h}, {h, inter}};
   const std::array<bool, kNumLinears> has_bias = HasBias(mc);
   CalibLayer L;
+  L.calib = calib;
   L.index = l;
   L.name = "model.layers." + std::to_string(l);
   const std::string p = L.name + ".";
@@ -350,7 +359,15 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     return MakeError("calibration tokens (", tokens.size(), ") do not form ", batch, " x ", seq_len);
   if (seq_len > mc.max_position_embeddings)
     return MakeError("calibration seq_len ", seq_len, " exceeds max_position_embeddings ", mc.max_position_embeddings);
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<float> x, EmbedTokens(mc, store, tokens));
+  const CalibDType calib = ResolveCalibDType(o.calib_dtype, mc);
+  // The layer input between layers, stored in the calibration dtype; `x` holds it as fp32 while
+  // its layer runs.
+  CarriedActivations carried(calib);
+  {
+    NIBBLE_ASSIGN_OR_RETURN(std::vector<float> emb, EmbedTokens(mc, store, tokens));
+    carried.Store(std::move(emb));
+  }
+  std::vector<float> x_wide;
   const int64_t total_steps = mc.num_hidden_layers * (algo.StepsPerLayer() + 1);
   int64_t step = 0;
   int64_t layer = 0;
@@ -367,9 +384,9 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     const auto tl = std::chrono::steady_clock::now();
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, QuantizeAt("layer " + std::to_string(l + 1) + " of " +
                                                                 std::to_string(mc.num_hidden_layers))));
-    NIBBLE_ASSIGN_OR_RETURN(CalibLayer L, LoadLayer(mc, store, plan, l));
+    NIBBLE_ASSIGN_OR_RETURN(CalibLayer L, LoadLayer(mc, store, plan, l, calib));
     const CalibLayer orig = L.Clone();
-    runner.SetInput(x.data());
+    runner.SetInput(carried.Take(&x_wide));
     NIBBLE_RETURN_IF_ERROR(algo.Transform(runner, L, tick));
     const LayerActs& fp = runner.Run(L, LayerStop::kFull);
     std::vector<float> x_next;
@@ -386,7 +403,7 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     LayerReport rep;
     rep.layer = l;
     NIBBLE_ASSIGN_OR_RETURN(rep.linears, ErrorReport(runner, orig, L, deq, runner.acts(), o.cancel));
-    x = std::move(x_next);
+    carried.Store(std::move(x_next));
     NIBBLE_RETURN_IF_ERROR(SinkLayer(L, codes, sink, o.cancel));
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     res.layers.push_back(std::move(rep));

@@ -31,6 +31,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/decoder_layer.h"
+#include "quantize/calib_dtype.h"
 
 namespace nibble {
 
@@ -77,18 +78,23 @@ struct CalibLayer {
   std::array<int64_t, kNumLinears> n{}, k{};
   std::array<std::optional<QuantSpec>, kNumLinears> spec;          // nullopt: kept in float
   std::array<DType, kNumLinears> dtype{};                          // stored dtype of each weight
+  CalibDType calib = CalibDType::kFp32;  // the dtype its forwards run in (resolved)
 
   /// A deep copy (the weight vectors are copied, not shared).
   CalibLayer Clone() const;
 };
 
-/// Dense fp32 linears over a CalibLayer's weights (shared, not copied), and the layer view of them.
+/// The calibration linears over a CalibLayer's weights in L.calib (MakeCalibLinear: fp32 shares
+/// the weights, a 16-bit dtype rounds a copy), and the layer view of them.
 using CalibLinears = std::array<std::unique_ptr<Linear>, kNumLinears>;
 CalibLinears MakeLinears(const CalibLayer& L);
 /// The view of `lin` with L's norms (the attention and MLP blocks alone do not read the norms).
 DecoderLayerView ViewOf(const CalibLayer& L, const CalibLinears& lin);
 
-/// A layer's activations on the calibration rows (model/decoder_layer.h capture points).
+/// A layer's activations on the calibration rows (model/decoder_layer.h capture points), fp32.
+/// In a 16-bit calibration dtype the linear inputs (attn_in, attn_concat, mlp_in, mlp_act) hold
+/// the values rounded to it (what the linears multiply); attn_residual and out are not rounded.
+/// Every buffer spans all rows: GPTQ's Hessians and AWQ's statistics and searches read them whole.
 struct LayerActs {
   std::vector<float> attn_in, attn_concat, attn_residual, mlp_in, mlp_act, out;
   const float* Of(LayerInput in) const;
@@ -208,6 +214,8 @@ struct PipelineOptions {
   /// linear's RTN and error report and each tensor handed to the sink: cancelled, the pipeline
   /// returns kCancelled ("cancelled: quantize at model.layers.3.mlp.up_proj").
   const CancellationToken* cancel = nullptr;
+  /// The dtype of the calibration forward (calib_dtype.h); kAuto: the model's torch_dtype.
+  CalibDType calib_dtype = CalibDType::kFp32;
 };
 
 struct PipelineResult {
