@@ -172,6 +172,19 @@ void LayerRunner::RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) c
   RunCaptured(*c_, rope_, L, x_, batch, t_, LayerStop::kFull, LayerStart::kInput, out, &Workspaces(1)[0]);
 }
 
+void LayerRunner::RunOutput(const CalibLayer& L, std::vector<float>* out) const {
+  const int64_t h = c_->hidden_size, seqs = std::max<int64_t>(1, 2048 / t_);
+  out->resize(static_cast<size_t>(rows() * h));
+  const CalibLinears lin = MakeLinears(L);
+  for (int64_t b0 = 0; b0 < batch_; b0 += seqs) {
+    LayerRun run;
+    run.workspace = &Workspaces(1)[0];
+    run.batch = std::min(seqs, batch_ - b0);
+    run.t = t_;
+    DecoderLayerForward(*c_, ViewOf(L, lin), rope_, x_ + b0 * t_ * h, run, out->data() + b0 * t_ * h);
+  }
+}
+
 std::vector<Workspace>& LayerRunner::Workspaces(size_t count) const {
   if (workspaces_.size() < count) workspaces_.resize(count);
   return workspaces_;
@@ -395,7 +408,9 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     NIBBLE_RETURN_IF_ERROR(algo.Finish(runner, L, codes, tick));
     CalibLayer deq;
     NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq, o.cancel));
-    if (o.propagation == Propagation::kQuantized) {
+    if (o.propagation == Propagation::kQuantized && calib != CalibDType::kFp32) {
+      runner.RunOutput(deq, &x_next);
+    } else if (o.propagation == Propagation::kQuantized) {  // (the fp32 path's bytes: one pass over all rows)
       LayerActs qa;
       runner.RunFresh(deq, batch, &qa);
       x_next = std::move(qa.out);

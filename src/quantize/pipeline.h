@@ -122,6 +122,9 @@ class LayerRunner {
   void InvalidateAttention() { attn_valid_ = false; }
   /// Runs `L` fully on the first `batch` sequences into `out` (reports, quantized propagation).
   void RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const;
+  /// The output of `L` on every sequence into `out` [rows, H], nothing captured, in chunks of
+  /// sequences (about 2048 rows: the MLP intermediate exists for one chunk at a time).
+  void RunOutput(const CalibLayer& L, std::vector<float>* out) const;
   /// Scratch of this run's layer forwards (model/workspace.h), at least `count`: index 0 serves
   /// Run / RunFresh, index omp_get_thread_num() a thread of a parallel region over chunks (AWQ's
   /// search). Kept across layers: a layer runs thousands of times. Resize outside a region only.
