@@ -185,9 +185,9 @@ void RegisterTools(py::module_& m) {
 quant_algo: "rtn" | "awq" | "gptq" | "awq,gptq" (dataset: a text or JSONL file); exclude_layers: None
 = the default ["lm_head"], a list replaces it; quant_config: a Quark quantization_config dict or a
 JSON file path, applied as written; model_export: "hf_format" | "compressed-tensors" | "awq" | "gptq";
-options: the finer CLI flags by name (seed, awq_clip, propagate, duo_scaling, n_grid, calib_dtype, dampening_frac,
-block_size, gptq_scale_timing, actorder, true_sequential, gptq_format, pack_method, misaligned, tp,
-max_shard_size); progress(done, total) is called from this thread. Returns the report
+options: the finer CLI flags by name (seed, awq_clip, propagate, duo_scaling, n_grid, calib_dtype,
+dampening_frac, block_size, gptq_scale_timing, actorder, true_sequential, gptq_format, pack_method,
+misaligned, tp, max_shard_size); progress(done, total) is called from this thread. Returns the report
 (`nibble quantize --report`) as a dict. Ctrl-C cancels: no output directory is left.)");
   m.def("convert", &Convert, py::arg("input_dir"), py::arg("output_dir"), py::arg("to"), py::arg("pack_method") = "",
         py::arg("gptq_format") = "", py::arg("overwrite") = false,
