@@ -8,6 +8,12 @@
 #        to $SCALE_DIR/llama2-7b, made when missing by `nibble synth --config
 #        bench/configs/llama2-7b.json --format dense` (13.5 GB, kept for the next run)
 #   bash bench/scale.sh depth       peak memory of 2 against 4 layers at 70B width, against the plan
+#   bash bench/scale.sh calib       AWQ and GPTQ with bf16 and fp32 calibration (--calib_dtype) on
+#        LAYERS (default 2) decoder layers of the Llama-2-7B shape, CHUNKS (default 32) x 512
+#        calibration tokens, and one fp forward over the same tokens (`nibble perplexity`); per-layer
+#        seconds (the --report's calib_layers) extrapolated to 32 layers. ALGOS (default "gptq
+#        awq"), DTYPES (default "bf16 fp32"), THREADS (default 2); wall and CPU (user + sys) seconds
+#        are printed: on a shared host the CPU time is the steadier figure.
 # Environment: NIBBLE (the binary, default build/release/nibble), OUT (rtn's scratch output),
 # SCALE_DIR (where depth makes checkpoints, default build/scale; each is deleted after its section
 # unless SCALE_KEEP=1), and per section the variables it names. Prints the CPU model and the load
@@ -18,6 +24,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 NIBBLE=${NIBBLE:-$ROOT/build/release/nibble}
 SCALE_DIR=${SCALE_DIR:-$ROOT/build/scale}
 SCALE_KEEP=${SCALE_KEEP:-0}
+THREADS=${THREADS:-2}
+CALIB_DATA=$ROOT/../shared/data/prose-calib.txt
 
 shards() { ls "$1"/*.safetensors; }
 input_bytes() { shards "$1" | xargs stat -c %s | awk '{s += $1} END {printf "%.0f\n", s}'; }
@@ -132,8 +140,40 @@ sys.exit(1 if bad else 0)
 EOF
 }
 
+section_calib() {
+  local layers="${LAYERS:-2}" algos="${ALGOS:-gptq awq}" dtypes="${DTYPES:-bf16 fp32}" chunks="${CHUNKS:-32}"
+  mkdir -p "$SCALE_DIR"
+  local model="$SCALE_DIR/7b-${layers}l"
+  if [ ! -f "$model/config.json" ]; then
+    sed "s/\"num_hidden_layers\": *32/\"num_hidden_layers\": $layers/" "$ROOT/bench/configs/llama2-7b.json" > "$SCALE_DIR/7b-${layers}l.json"
+    "$NIBBLE" synth --config "$SCALE_DIR/7b-${layers}l.json" --out "$model" --format dense \
+      --tokenizer_dir "$ROOT/models/prose-llama-7m" -t "$THREADS" > /dev/null
+  fi
+  printf 'calib: Llama-2-7B shape, %s decoder layer(s), %s x 512 calibration tokens, %s threads, load %s\n' \
+    "$layers" "$chunks" "$THREADS" "$(cut -d' ' -f1-3 /proc/loadavg)"
+  /usr/bin/time -f '%e %U %S' -o "$SCALE_DIR/t" "$NIBBLE" perplexity --model "$model" --text "$CALIB_DATA" --seq_len 512 \
+    --max_windows "$chunks" -t "$THREADS" > /dev/null 2>&1
+  printf 'fp forward (perplexity over the same tokens, incl. load, tokenize, lm_head): %s\n' \
+    "$(awk '{ printf "%.1f s wall, %.1f s CPU", $1, $2 + $3 }' "$SCALE_DIR/t")"
+  local algo dt per
+  for algo in $algos; do
+    for dt in $dtypes; do
+      rm -rf "$SCALE_DIR/q"
+      /usr/bin/time -f '%e %U %S' -o "$SCALE_DIR/t" "$NIBBLE" quantize --model_dir "$model" --output_dir "$SCALE_DIR/q" \
+        --quant_algo "$algo" --dataset "$CALIB_DATA" --num_calib_data "$chunks" --seq_len 512 --calib_dtype "$dt" -t "$THREADS" --report "$SCALE_DIR/r.json" > "$SCALE_DIR/q.log" 2>&1
+      per=$(python3 -c 'import json,sys; l=json.load(open(sys.argv[1]))["calib_layers"]; print("%.1f" % (sum(x["seconds"] for x in l)/len(l)))' "$SCALE_DIR/r.json")
+      printf '%-5s --calib_dtype %s: %6s s per layer (wall); x 32 layers = %5.1f min; whole run %s; %s\n' "$algo" \
+        "$dt" "$per" "$(awk -v l="$per" 'BEGIN { print l * 32 / 60 }')" \
+        "$(awk '{ printf "%.1f s wall, %.1f s CPU", $1, $2 + $3 }' "$SCALE_DIR/t")" "$(grep '^memory:' "$SCALE_DIR/q.log" || true)"
+    done
+  done
+  rm -rf "$SCALE_DIR/q" "$SCALE_DIR/r.json" "$SCALE_DIR/q.log" "$SCALE_DIR/t"
+  [ "$SCALE_KEEP" = 1 ] || rm -rf "$model" "$SCALE_DIR/7b-${layers}l.json"
+}
+
 case "${1:-}" in
   rtn) shift; section_rtn "$@" ;;
   depth) section_depth ;;
-  *) echo "usage: bash bench/scale.sh rtn [DIR] | depth" >&2; exit 2 ;;
+  calib) section_calib ;;
+  *) echo "usage: bash bench/scale.sh rtn [DIR] | depth | calib" >&2; exit 2 ;;
 esac

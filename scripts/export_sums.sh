@@ -2,6 +2,7 @@
 # Sums of every quantize output, to show that a change leaves them byte-identical:
 #   scripts/export_sums.sh NIBBLE OUTROOT SUMSFILE   (once with each build, then diff the sums)
 #   scripts/export_sums.sh --hash-only OUTROOT SUMSFILE     (sums of an existing OUTROOT)
+#   CALIB_ARGS="--calib_dtype fp32" scripts/export_sums.sh ...  (extra flags of every awq / gptq run)
 # Quantizes the shipped models with rtn, awq, gptq and awq,gptq into every export format, plus
 # flag combinations (overrides, exclusions, --misaligned, act-order, clip, --tp), with a small
 # calibration (4 x 64 tokens; about 4 minutes on 2 cores). Sums: every output file as written,
@@ -13,7 +14,7 @@ SHARED=$(cd "$(dirname "$0")/../../shared" && pwd)
 M=$SHARED/models; D=$SHARED/data/prose-calib.txt
 if [ "$NIB" != --hash-only ]; then
 rm -rf "$ROOT"; mkdir -p "$ROOT"; : > "$ROOT/failures"
-CAL="--dataset $D --num_calib_data 4 --seq_len 64"
+CAL="--dataset $D --num_calib_data 4 --seq_len 64 ${CALIB_ARGS:-}"
 run() {  # name, args...: the quantized output, its --report and its log under $ROOT
   local name=$1; shift
   "$NIB" quantize "$@" --output_dir "$ROOT/$name" --report "$ROOT/$name.report.json" > "$ROOT/$name.log" 2>&1 ||

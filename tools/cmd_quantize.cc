@@ -178,6 +178,9 @@ Runner RegisterQuantize(CLI::App& app) {
                 "GPTQ: Hessians of o_proj, gate/up, down_proj after the linears before them are quantized (GPTQModel)");
   cmd->add_option("--duo_scaling", r.duo_scaling, "AWQ grid: true | false | both (llm-compressor)")->capture_default_str();
   cmd->add_option("--n_grid", r.n_grid, "AWQ grid points")->capture_default_str();
+  cmd->add_option("--calib_dtype", r.calib_dtype,
+                  "AWQ, GPTQ: dtype of the calibration forward: auto (the model's torch_dtype) | bf16 | fp16 | fp32")
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print the summary as a JSON object on stdout (the human text goes to stderr)");
   cmd->add_option("--report", a->report, "Write a JSON report (per layer AWQ ratios, losses, per-linear errors)");
   cmd->add_option("--model_export", r.model_export,

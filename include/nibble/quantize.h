@@ -98,6 +98,9 @@ struct QuantizeRequest {
   std::string propagate;
   std::string duo_scaling = "true"; // true | false | both (llm-compressor)
   int64_t n_grid = 20;
+  /// AWQ and GPTQ: the dtype the calibration forward runs in: auto (the model's torch_dtype, as
+  /// llm-compressor and AutoAWQ run it on a GPU) | bf16 | fp16 | fp32 (docs/AWQ.md).
+  std::string calib_dtype = "auto";
   // GPTQ (quant_algo "gptq" or "awq,gptq", SPEC §3.1); a "gptq" entry of --quant_config's
   // algo_config (Quark's damp_percent, desc_act, static_groups, block_size) overrides these.
   double dampening_frac = 0.01;           // of the Hessian's mean diagonal

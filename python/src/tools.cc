@@ -105,6 +105,7 @@ py::object Quantize(const std::string& model_dir, const std::string& output_dir,
     else if (k == "duo_scaling") r.duo_scaling = py::isinstance<py::bool_>(value) ? (value.cast<bool>() ? "true" : "false")
                                                                                  : value.cast<std::string>();
     else if (k == "n_grid") r.n_grid = value.cast<int64_t>();
+    else if (k == "calib_dtype") r.calib_dtype = value.cast<std::string>();
     else if (k == "dampening_frac") r.dampening_frac = value.cast<double>();
     else if (k == "block_size") r.block_size = value.cast<int64_t>();
     else if (k == "gptq_scale_timing") r.gptq_scale_timing = value.cast<std::string>();
@@ -185,12 +186,12 @@ void RegisterTools(py::module_& m) {
 quant_algo: "rtn" | "awq" | "gptq" | "awq,gptq" (dataset: a text or JSONL file); exclude_layers: None
 = the default ["lm_head"], a list replaces it; quant_config: a Quark quantization_config dict or a
 JSON file path, applied as written; model_export: "hf_format" | "compressed-tensors" | "awq" | "gptq";
-options: the finer CLI flags by name (seed, awq_clip, propagate, duo_scaling, n_grid, dampening_frac,
-block_size, gptq_scale_timing, actorder, true_sequential, gptq_format, pack_method, misaligned, tp,
-max_shard_size, max_memory: "20GB" refuses a run whose planned peak memory is above it, default 90 % of
-MemAvailable); progress(done, total) is called from this thread. Returns the report
-(`nibble quantize --report`, with the memory and disk "plan") as a dict. Ctrl-C cancels: no output
-directory is left.)");
+options: the finer CLI flags by name (seed, awq_clip, propagate, duo_scaling, n_grid, calib_dtype,
+dampening_frac, block_size, gptq_scale_timing, actorder, true_sequential, gptq_format, pack_method,
+misaligned, tp, max_shard_size, max_memory: "20GB" refuses a run whose planned peak memory is above
+it, default 90 % of MemAvailable); progress(done, total) is called from this thread. Returns the
+report (`nibble quantize --report`, with the memory and disk "plan") as a dict. Ctrl-C cancels: no
+output directory is left.)");
   m.def("convert", &Convert, py::arg("input_dir"), py::arg("output_dir"), py::arg("to"), py::arg("pack_method") = "",
         py::arg("gptq_format") = "", py::arg("overwrite") = false,
         "Re-writes a quantized checkpoint in another format, codes untouched (`nibble convert`).");

@@ -229,6 +229,7 @@ static Status AlgorithmOptions(const QuantizeRequest& r, QuantizeOptions& o) {
   NIBBLE_ASSIGN_OR_RETURN(f.gptq.scale_timing, ParseGptqScaleTiming(r.gptq_scale_timing, "--gptq_scale_timing"));
   NIBBLE_ASSIGN_OR_RETURN(f.gptq.actorder, ParseGptqActOrder(r.actorder, "--actorder"));
   f.gptq.true_sequential = r.true_sequential;
+  NIBBLE_ASSIGN_OR_RETURN(f.calib_dtype, ParseCalibDType(r.calib_dtype, "--calib_dtype"));
   return Status::Ok();
 }
 
@@ -296,6 +297,7 @@ Result<nlohmann::ordered_json> ResumeSettings(const QuantizeRequest& r) {
   j["--gptq_scale_timing"] = r.gptq_scale_timing;
   j["--actorder"] = r.actorder;
   j["--true_sequential"] = r.true_sequential;
+  j["--calib_dtype"] = r.calib_dtype;
   return j;
 }
 

@@ -104,6 +104,7 @@ Result<AlgorithmPlan> ResolveAlgorithms(const std::vector<const QuantAlgorithm*>
       NIBBLE_RETURN_IF_ERROR(a.check_unused(flags, name));
   const Propagation prop = flags.propagation.value_or(chain.empty() ? Propagation::kFp : chain.back()->default_propagation);
   AlgorithmPlan plan;
+  plan.calib_dtype = flags.calib_dtype;
   for (const QuantAlgorithm* a : chain) {
     PlannedAlgorithm p{a, nullptr};
     if (a->resolve != nullptr) {

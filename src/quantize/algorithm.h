@@ -33,6 +33,8 @@ struct AlgorithmFlags {
   GptqSettings gptq;
   /// --propagate, for every algorithm of the chain; nullopt: the default of the chain's last one.
   std::optional<Propagation> propagation;
+  /// --calib_dtype, for every algorithm of the chain (kAuto: the model's torch_dtype).
+  CalibDType calib_dtype = CalibDType::kAuto;
 };
 
 /// One algorithm's part of a calibrated run: a LayerAlgorithm of the pipeline that reports its
@@ -122,6 +124,8 @@ struct PlannedAlgorithm {
 /// The run's chain, resolved once.
 struct AlgorithmPlan {
   std::vector<PlannedAlgorithm> chain;
+  /// The dtype the calibration forward runs in (PipelineOptions::calib_dtype).
+  CalibDType calib_dtype = CalibDType::kFp32;
 
   std::string Name() const;   // canonical: "awq,gptq"
   std::string Label() const;  // "AWQ+GPTQ"

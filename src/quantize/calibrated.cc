@@ -83,6 +83,7 @@ Result<CalibResult> RunCalibrated(const ModelConfig& mc, const TensorStore& stor
         return checkpoint->on_boundary(layer, st, x, dtype);
       };
   }
+  po.calib_dtype = algorithms.calib_dtype;
   NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, plan, tokens, batch, seq_len, chain, po, sink));
   CalibResult res;
   res.seconds = pr.seconds;

@@ -76,7 +76,7 @@ CalibLayer CalibLayer::Clone() const {
 
 CalibLinears MakeLinears(const CalibLayer& L) {
   CalibLinears out;
-  for (int i = 0; i < kNumLinears; ++i) out[i] = std::make_unique<DenseLinear>(L.n[i], L.k[i], L.w[i], L.bias[i]);
+  for (int i = 0; i < kNumLinears; ++i) out[i] = MakeCalibLinear(L.n[i], L.k[i], L.w[i], L.bias[i], L.calib);
   return out;
 }
 
@@ -142,6 +142,13 @@ void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer&
   }
   const CalibLinears lin = MakeLinears(L);
   DecoderLayerForward(c, ViewOf(L, lin), rope, x, run, stop == LayerStop::kFull ? a->out.data() : nullptr);
+  if (L.calib == CalibDType::kFp32) return;
+  // The captured linear inputs as the linears saw them (rounded to the calibration dtype).
+  if (start == LayerStart::kInput) RoundActivations(a->attn_in.data(), rows * h, L.calib);
+  if (start == LayerStart::kInput && stop >= LayerStop::kAttnResidual)
+    RoundActivations(a->attn_concat.data(), static_cast<int64_t>(a->attn_concat.size()), L.calib);
+  if (stop >= LayerStop::kMlpIn) RoundActivations(a->mlp_in.data(), rows * h, L.calib);
+  if (stop == LayerStop::kFull) RoundActivations(a->mlp_act.data(), static_cast<int64_t>(a->mlp_act.size()), L.calib);
 }
 
 }  // namespace
@@ -164,6 +171,19 @@ const LayerActs& LayerRunner::Run(const CalibLayer& L, LayerStop stop) {
 
 void LayerRunner::RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const {
   RunCaptured(*c_, rope_, L, x_, batch, t_, LayerStop::kFull, LayerStart::kInput, out, &Workspaces(1)[0]);
+}
+
+void LayerRunner::RunOutput(const CalibLayer& L, std::vector<float>* out) const {
+  const int64_t h = c_->hidden_size, seqs = std::max<int64_t>(1, 2048 / t_);
+  out->resize(static_cast<size_t>(rows() * h));
+  const CalibLinears lin = MakeLinears(L);
+  for (int64_t b0 = 0; b0 < batch_; b0 += seqs) {
+    LayerRun run;
+    run.workspace = &Workspaces(1)[0];
+    run.batch = std::min(seqs, batch_ - b0);
+    run.t = t_;
+    DecoderLayerForward(*c_, ViewOf(L, lin), rope_, x_ + b0 * t_ * h, run, out->data() + b0 * t_ * h);
+  }
 }
 
 std::vector<Workspace>& LayerRunner::Workspaces(size_t count) const {
@@ -211,13 +231,15 @@ double RelOutputError(const float* x, int64_t rows, const std::vector<float>& w,
 }
 
 // The fp32 weights, dtypes and resolved specs of decoder layer l.
-Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan, int64_t l) {
+Result<CalibLayer> LoadLayer(const ModelConfig& mc, const TensorStore& store, const LinearPlanSource& plan, int64_t l,
+                             CalibDType calib) {
   const int64_t h = mc.hidden_size, q_dim = mc.num_attention_heads * mc.head_dim;
   const int64_t kv_dim = mc.num_key_value_heads * mc.head_dim, inter = mc.intermediate_size;
   const std::array<std::pair<int64_t, int64_t>, kNumLinears> shapes = {
       std::pair{q_dim, h}, {kv_dim, h}, {kv_dim, h}, {h, q_dim}, {inter, h}, {inter, h}, {h, inter}};
   const std::array<bool, kNumLinears> has_bias = HasBias(mc);
   CalibLayer L;
+  L.calib = calib;
   L.index = l;
   L.name = "model.layers." + std::to_string(l);
   const std::string p = L.name + ".";
@@ -267,17 +289,6 @@ Result<std::vector<float>> EmbedTokens(const ModelConfig& mc, const TensorStore&
     if (id < 0 || id >= mc.vocab_size) return MakeError("calibration token id ", id, " outside the vocabulary");
     for (int64_t c = 0; c < h; ++c) x[r * h + c] = LoadFloatAs(emb->data + (static_cast<size_t>(id) * h + c) * esz, emb->dtype);
   }
-  return x;
-}
-
-// A resumed run's first input: the saved activations, [rows, H] of fp32.
-Result<std::vector<float>> ResumedInput(const ModelConfig& mc, const PipelineOptions& o, int64_t rows) {
-  const size_t n = static_cast<size_t>(rows * mc.hidden_size);
-  if (o.start_input_dtype != "F32" || o.start_input.size() != n * sizeof(float))
-    return MakeErrorCode(ErrorCode::kCorruptInput, "the saved calibration activations are ", o.start_input.size(), " bytes of ",
-                         o.start_input_dtype, ", expected ", rows, " x ", mc.hidden_size, " F32");
-  std::vector<float> x(n);
-  std::memcpy(x.data(), o.start_input.data(), o.start_input.size());
   return x;
 }
 
@@ -364,12 +375,17 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     return MakeError("calibration seq_len ", seq_len, " exceeds max_position_embeddings ", mc.max_position_embeddings);
   if (o.start_layer < 0 || o.start_layer > mc.num_hidden_layers)
     return MakeErrorCode(ErrorCode::kCorruptInput, "resuming at layer ", o.start_layer, " of ", mc.num_hidden_layers);
-  std::vector<float> x;
+  const CalibDType calib = ResolveCalibDType(o.calib_dtype, mc);
+  // The layer input between layers, stored in the calibration dtype; `x` holds it as fp32 while
+  // its layer runs.
+  CarriedActivations carried(calib);
   if (o.start_layer == 0) {
-    NIBBLE_ASSIGN_OR_RETURN(x, EmbedTokens(mc, store, tokens));
+    NIBBLE_ASSIGN_OR_RETURN(std::vector<float> emb, EmbedTokens(mc, store, tokens));
+    carried.Store(std::move(emb));
   } else {
-    NIBBLE_ASSIGN_OR_RETURN(x, ResumedInput(mc, o, batch * seq_len));
+    NIBBLE_RETURN_IF_ERROR(carried.Restore(o.start_input, o.start_input_dtype, batch * seq_len * mc.hidden_size));
   }
+  std::vector<float> x_wide;
   const int64_t total_steps = mc.num_hidden_layers * (algo.StepsPerLayer() + 1);
   int64_t step = o.start_layer * (algo.StepsPerLayer() + 1);
   int64_t layer = 0;
@@ -391,9 +407,9 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
       if (o.on_stage) o.on_stage(l, what);
     };
     stage("load");
-    NIBBLE_ASSIGN_OR_RETURN(CalibLayer L, LoadLayer(mc, store, plan, l));
+    NIBBLE_ASSIGN_OR_RETURN(CalibLayer L, LoadLayer(mc, store, plan, l, calib));
     const CalibLayer orig = L.Clone();
-    runner.SetInput(x.data());
+    runner.SetInput(carried.Take(&x_wide));
     stage("calibrate");
     NIBBLE_RETURN_IF_ERROR(algo.Transform(runner, L, tick));
     const LayerActs& fp = runner.Run(L, LayerStop::kFull);
@@ -404,7 +420,9 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     NIBBLE_RETURN_IF_ERROR(algo.Finish(runner, L, codes, tick));
     CalibLayer deq;
     NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq, o.cancel));
-    if (o.propagation == Propagation::kQuantized) {
+    if (o.propagation == Propagation::kQuantized && calib != CalibDType::kFp32) {
+      runner.RunOutput(deq, &x_next);
+    } else if (o.propagation == Propagation::kQuantized) {  // (the fp32 path's bytes: one pass over all rows)
       LayerActs qa;
       runner.RunFresh(deq, batch, &qa);
       x_next = std::move(qa.out);
@@ -412,13 +430,13 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     LayerReport rep;
     rep.layer = l;
     NIBBLE_ASSIGN_OR_RETURN(rep.linears, ErrorReport(runner, orig, L, deq, runner.acts(), o.cancel));
-    x = std::move(x_next);
+    carried.Store(std::move(x_next));
     stage("write");
     NIBBLE_RETURN_IF_ERROR(SinkLayer(L, codes, sink, o.cancel));
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     res.layers.push_back(std::move(rep));
     if (o.on_boundary)
-      NIBBLE_RETURN_IF_ERROR(o.on_boundary(l, res.layers, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(x.data()), x.size() * sizeof(float)), "F32"));
+      NIBBLE_RETURN_IF_ERROR(o.on_boundary(l, res.layers, carried.raw(), carried.raw_dtype()));
     NIBBLE_RETURN_IF_ERROR(tick());
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

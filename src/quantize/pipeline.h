@@ -32,6 +32,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/decoder_layer.h"
+#include "quantize/calib_dtype.h"
 
 namespace nibble {
 
@@ -78,23 +79,28 @@ struct CalibLayer {
   std::array<int64_t, kNumLinears> n{}, k{};
   std::array<std::optional<QuantSpec>, kNumLinears> spec;          // nullopt: kept in float
   std::array<DType, kNumLinears> dtype{};                          // stored dtype of each weight
+  CalibDType calib = CalibDType::kFp32;  // the dtype its forwards run in (resolved)
 
   /// A deep copy (the weight vectors are copied, not shared).
   CalibLayer Clone() const;
 };
 
-/// Dense fp32 linears over a CalibLayer's weights (shared, not copied), and the layer view of them.
+/// The calibration linears over a CalibLayer's weights in L.calib (MakeCalibLinear: fp32 shares
+/// the weights, a 16-bit dtype rounds a copy), and the layer view of them.
 using CalibLinears = std::array<std::unique_ptr<Linear>, kNumLinears>;
 CalibLinears MakeLinears(const CalibLayer& L);
 /// The view of `lin` with L's norms (the attention and MLP blocks alone do not read the norms).
 DecoderLayerView ViewOf(const CalibLayer& L, const CalibLinears& lin);
 
-/// Bytes per element of the calibration activations the pipeline carries: LayerActs' buffers and
-/// the layer input / output between layers. The memory plan (quantize/resource_plan.h) sizes them
-/// from this alone, so a change of their type changes it too.
+/// Bytes per element of LayerActs' buffers: fp32 in every calibration dtype (a 16-bit one holds
+/// rounded values in them). The layer input / output between layers is CarriedActivationBytes
+/// (calib_dtype.h). The memory plan (quantize/resource_plan.h) sizes the buffers from these.
 inline constexpr int64_t kCalibActBytes = sizeof(float);
 
-/// A layer's activations on the calibration rows (model/decoder_layer.h capture points).
+/// A layer's activations on the calibration rows (model/decoder_layer.h capture points), fp32.
+/// In a 16-bit calibration dtype the linear inputs (attn_in, attn_concat, mlp_in, mlp_act) hold
+/// the values rounded to it (what the linears multiply); attn_residual and out are not rounded.
+/// Every buffer spans all rows: GPTQ's Hessians and AWQ's statistics and searches read them whole.
 struct LayerActs {
   std::vector<float> attn_in, attn_concat, attn_residual, mlp_in, mlp_act, out;
   const float* Of(LayerInput in) const;
@@ -122,6 +128,9 @@ class LayerRunner {
   void InvalidateAttention() { attn_valid_ = false; }
   /// Runs `L` fully on the first `batch` sequences into `out` (reports, quantized propagation).
   void RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const;
+  /// The output of `L` on every sequence into `out` [rows, H], nothing captured, in chunks of
+  /// sequences (about 2048 rows: the MLP intermediate exists for one chunk at a time).
+  void RunOutput(const CalibLayer& L, std::vector<float>* out) const;
   /// Scratch of this run's layer forwards (model/workspace.h), at least `count`: index 0 serves
   /// Run / RunFresh, index omp_get_thread_num() a thread of a parallel region over chunks (AWQ's
   /// search). Kept across layers: a layer runs thousands of times. Resize outside a region only.
@@ -229,6 +238,8 @@ struct PipelineOptions {
   std::function<Status(int64_t layer, const std::vector<LayerReport>& reports, std::span<const uint8_t> next_input,
                        const std::string& dtype)>
       on_boundary;
+  /// The dtype of the calibration forward (calib_dtype.h); kAuto: the model's torch_dtype.
+  CalibDType calib_dtype = CalibDType::kFp32;
 };
 
 struct PipelineResult {

@@ -479,6 +479,7 @@ TEST(GptqAcceptance, OutliersAsymKldWithinFivePercentOfTheReferenceAndBelowRtn) 
   req.output_dir = tmp.sub("gptq");
   req.quant_algo = "gptq";
   req.dataset = nibble_test::SharedData("prose-calib.txt");
+  req.calib_dtype = "fp32";  // the reference ran in fp32
   auto s = nibble::Quantize(req);
   ASSERT_TRUE(s.ok()) << s.error().message;
   req.quant_algo = "rtn";

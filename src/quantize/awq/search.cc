@@ -269,7 +269,7 @@ bool CandidateLinears(const ResolvedMapping& r, const CalibLayer& L, const std::
       for (int64_t c = 0; c < k; ++c) (*dq)[row * k + c] /= s[c];
     auto wq = std::make_shared<const std::vector<float>>(std::move(dq).value());
     if (i == r.inspect_linear) *inspected_w = wq;
-    (*cand)[i] = std::make_unique<DenseLinear>(n, k, std::move(wq), L.bias[i]);
+    (*cand)[i] = MakeCalibLinear(n, k, std::move(wq), L.bias[i], L.calib);
   }
   return true;
 }

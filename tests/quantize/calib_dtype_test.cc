@@ -1,0 +1,130 @@
+// --calib_dtype: fp32 keeps the fp32 pipeline's bytes (sums of its outputs before the option
+// existed), bf16 gives the same bytes at any thread count, and the calibration linears compute
+// what their dtype says.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nibble/nibble.h>
+
+#include "base/sha256.h"
+#include "formats/float_dtype.h"
+#include "io/file.h"
+#include "quantize/calib_dtype.h"
+#include "test_paths.h"
+#include "test_util.h"
+
+namespace {
+
+using nibble_test::TempDir;
+
+// sha256 of model.safetensors of `nibble quantize` of prose-llama-7m into a fresh directory.
+std::string QuantizedSum(const std::string& algo, const std::string& calib_dtype, int threads, const TempDir& tmp) {
+  nibble::QuantizeRequest r;
+  r.model_dir = nibble_test::SharedModel("prose-llama-7m");
+  r.output_dir = tmp.sub(algo + "-" + calib_dtype + "-" + std::to_string(threads));
+  r.quant_algo = algo;
+  r.dataset = nibble_test::SharedData("prose-calib.txt");
+  r.num_calib_data = 4;
+  r.seq_len = 64;
+  r.calib_dtype = calib_dtype;
+  r.threads = threads;
+  auto s = nibble::Quantize(r);
+  if (!s.ok()) return "error: " + s.error().message;
+  auto bytes = nibble::ReadFileToString(r.output_dir + "/model.safetensors");
+  return bytes.ok() ? nibble::Sha256Hex(*bytes) : "error: " + bytes.error().message;
+}
+
+// The sums the fp32 pipeline wrote before --calib_dtype existed (scripts/export_sums.sh's
+// prose-llama-7m-{awq,gptq,awq+gptq}-hf_format runs: 4 x 64 tokens of prose-calib.txt).
+TEST(CalibDType, Fp32KeepsTheFp32PipelineBytesAtOneAndTwoThreads) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m", "data/prose-calib.txt");
+  const std::vector<std::pair<std::string, std::string>> golden = {
+      {"awq", "c723cabe8a4dee9547d70dec999cfc7e83d0b0ade0c4015bc5a5fd844f49a3d8"},
+      {"gptq", "41761ee56e5d65a425a09c8fbc3944b5b987f64f6a725d4f8fe4953732762ce9"},
+      {"awq,gptq", "45bcad20255dc6091efa3c91693dd3d599d5fcd2f234dda8de22add7d4f8319c"}};
+  TempDir tmp;
+  for (const auto& [algo, sum] : golden)
+    for (int threads : {1, 2}) EXPECT_EQ(QuantizedSum(algo, "fp32", threads, tmp), sum) << algo << ", " << threads << " thread(s)";
+}
+
+TEST(CalibDType, Bf16IsTheDefaultForABf16ModelAndThreadCountIndependent) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m", "data/prose-calib.txt");
+  TempDir tmp;
+  const std::string one = QuantizedSum("awq,gptq", "bf16", 1, tmp);
+  ASSERT_EQ(one.find("error"), std::string::npos) << one;
+  EXPECT_EQ(QuantizedSum("awq,gptq", "bf16", 2, tmp), one);
+  EXPECT_EQ(QuantizedSum("awq,gptq", "auto", 2, tmp), one);  // torch_dtype bfloat16
+  EXPECT_NE(one, "45bcad20255dc6091efa3c91693dd3d599d5fcd2f234dda8de22add7d4f8319c");  // not the fp32 bytes
+}
+
+TEST(CalibDType, ParsesResolvesAndSizes) {
+  EXPECT_EQ(*nibble::ParseCalibDType("bf16", "--calib_dtype"), nibble::CalibDType::kBf16);
+  EXPECT_EQ(*nibble::ParseCalibDType("auto", "--calib_dtype"), nibble::CalibDType::kAuto);
+  auto bad = nibble::ParseCalibDType("float16", "--calib_dtype");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("--calib_dtype \"float16\""), std::string::npos) << bad.error().message;
+  EXPECT_NE(bad.error().message.find("auto, bf16, fp16, fp32"), std::string::npos) << bad.error().message;
+  nibble::ModelConfig mc;
+  mc.torch_dtype = "bfloat16";
+  EXPECT_EQ(nibble::ResolveCalibDType(nibble::CalibDType::kAuto, mc), nibble::CalibDType::kBf16);
+  mc.torch_dtype = "float16";
+  EXPECT_EQ(nibble::ResolveCalibDType(nibble::CalibDType::kAuto, mc), nibble::CalibDType::kFp16);
+  mc.torch_dtype = "";
+  EXPECT_EQ(nibble::ResolveCalibDType(nibble::CalibDType::kAuto, mc), nibble::CalibDType::kFp32);
+  EXPECT_EQ(nibble::ResolveCalibDType(nibble::CalibDType::kFp32, mc), nibble::CalibDType::kFp32);
+  EXPECT_EQ(nibble::CarriedActivationBytes(nibble::CalibDType::kBf16), 2);
+  EXPECT_EQ(nibble::CarriedActivationBytes(nibble::CalibDType::kFp32), 4);
+}
+
+TEST(CalibDType, CarriedActivationsRoundTripInTheirDType) {
+  std::vector<float> v = {1.0f, 1.00390625f + 1e-4f, -3.14159f, 65504.0f, 1e-8f};
+  for (nibble::CalibDType t : {nibble::CalibDType::kBf16, nibble::CalibDType::kFp16, nibble::CalibDType::kFp32}) {
+    nibble::CarriedActivations c(t);
+    c.Store(std::vector<float>(v));
+    EXPECT_EQ(c.bytes(), static_cast<int64_t>(v.size()) * nibble::CarriedActivationBytes(t));
+    std::vector<float> wide;
+    const float* x = c.Take(&wide);
+    const nibble::DType dt = t == nibble::CalibDType::kBf16   ? nibble::DType::kBF16
+                             : t == nibble::CalibDType::kFp16 ? nibble::DType::kF16
+                                                              : nibble::DType::kF32;
+    for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(x[i], nibble::RoundToDType(v[i], dt)) << i;
+  }
+}
+
+// Each calibration linear against a double dot product of the values rounded to its dtype: the
+// products are exact, so only the fp32 accumulation differs (bounded by K · 2^-24 · Σ|x·w|).
+TEST(CalibDType, LinearsMultiplyTheRoundedValues) {
+  const int64_t m = 37, n = 48, k = 160;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(m * k), b(n);
+  auto w = std::make_shared<std::vector<float>>(n * k);
+  for (float& v : x) v = d(rng);
+  for (float& v : *w) v = d(rng);
+  for (float& v : b) v = d(rng);
+  for (nibble::CalibDType t : {nibble::CalibDType::kBf16, nibble::CalibDType::kFp16, nibble::CalibDType::kFp32}) {
+    const nibble::DType dt = t == nibble::CalibDType::kBf16   ? nibble::DType::kBF16
+                             : t == nibble::CalibDType::kFp16 ? nibble::DType::kF16
+                                                              : nibble::DType::kF32;
+    std::unique_ptr<nibble::Linear> lin = nibble::MakeCalibLinear(n, k, w, b, t);
+    std::vector<float> y(m * n);
+    lin->Forward(x.data(), m, y.data());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = b[j], mag = std::fabs(b[j]);
+        for (int64_t c = 0; c < k; ++c) {
+          const double p = static_cast<double>(nibble::RoundToDType(x[i * k + c], dt)) *
+                           nibble::RoundToDType((*w)[j * k + c], dt);
+          ref += p;
+          mag += std::fabs(p);
+        }
+        ASSERT_NEAR(y[i * n + j], ref, mag * k * 0x1p-24) << nibble::CalibDTypeName(t) << " (" << i << ", " << j << ")";
+      }
+  }
+}
+
+}  // namespace
