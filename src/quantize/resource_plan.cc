@@ -10,6 +10,7 @@
 
 #include "base/memory.h"
 #include "model/llama.h"
+#include "quantize/calib_dtype.h"
 #include "quantize/pipeline.h"
 
 namespace nibble {
@@ -42,14 +43,15 @@ int64_t PackedBytes(const PlannedLinear& l, DType weight_dtype, bool sym_zeros) 
   return b;
 }
 
-// RTN of one linear as the export runs it (ProduceLinear): its fp32 weights, the codes, the
-// dequantized copy of the weight error, the packed tensors.
-MemoryPhase RtnPhase(const PlannedLinear& l) {
-  const int64_t nk = l.n * l.k, groups = GroupsOf(l);
+// RTN of the largest linear as the export runs it (OrderedExport::Drain, quantize/rtn_fast.h):
+// each of `threads` workers quantizes a tensor row by row from the mapping into its codes (a byte
+// a weight, fp32 scales and zero points), and up to 2 x threads packed tensors wait for the
+// writer. A weight with inf / nan falls back to an fp32 copy that this plan does not count.
+MemoryPhase RtnPhase(const PlannedLinear& l, int threads) {
+  const int64_t nk = l.n * l.k, groups = GroupsOf(l), t = std::max(1, threads);
   return {"RTN of " + l.module,
-          {{"fp32 weights of " + l.module + " " + Dims(l.n, l.k), nk * 4},
-           {"its dequantized copy (weight error)", nk * 4},
-           {"its codes and packed tensors", nk + nk / 2 + l.n * groups * 10}}};
+          {{std::to_string(t) + " x codes of " + l.module + " " + Dims(l.n, l.k), t * (nk + l.n * groups * 5)},
+           {std::to_string(2 * t) + " x its packed tensors waiting for the writer", 2 * t * (nk / 2 + l.n * groups * 3)}}};
 }
 
 // Decoder layer `layer` as the calibrated pipeline holds it.
@@ -85,6 +87,9 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
             {"layer input and output", 2 * s.rows * s.hidden * s.act_bytes},
             {"forward scratch", s.rows * s.ScratchRowBytes()},
             {"calibration text", in.dataset_bytes}};
+  // A 16-bit calibration's linears hold the layer's weights rounded to it (MakeCalibLinear).
+  if (ResolveCalibDType(plan.algorithms.calib_dtype, mc) != CalibDType::kFp32)
+    s.base.push_back({"16-bit copy of its weights (calibration linears)", w / 2});
   return s;
 }
 
@@ -168,7 +173,7 @@ ResourcePlan PlanResources(const QuantizePlan& plan, const ModelConfig& mc, cons
     if (l.module == "lm_head" && plan.head_from_embedding)
       out += PackedBytes(l, store.Find(l.weight)->dtype, in.stores_symmetric_zeros);
     // RTN runs every quantized linear outside the pipeline; a calibrated chain only the head.
-    if (!plan.algorithms.Calibrated() || l.module == "lm_head") phases.push_back(RtnPhase(l));
+    if (!plan.algorithms.Calibrated() || l.module == "lm_head") phases.push_back(RtnPhase(l, in.threads));
   }
   if (plan.algorithms.Calibrated()) {
     phases.push_back({"tokenizing the calibration text",
