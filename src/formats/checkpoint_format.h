@@ -113,6 +113,10 @@ class FormatWriter {
   /// The dtype the format stores every scale in whatever the model's dtype (AutoAWQ and GPTQ:
   /// fp16), or nullopt for the model's. quantize computes the scales in it.
   virtual std::optional<DType> ScaleDType() const { return std::nullopt; }
+  /// What WriteLinear recorded for QuantizationConfig (act-order modules), saved at a resumable
+  /// run's layer boundary and restored on --resume (quantize/resume.h); null when nothing.
+  virtual nlohmann::ordered_json SaveState() const { return nullptr; }
+  virtual Status LoadState(const nlohmann::ordered_json& /*state*/) const { return Status::Ok(); }
 };
 
 struct FormatEntry {

@@ -466,6 +466,18 @@ class CtWriter final : public FormatWriter {
     std::lock_guard<std::mutex> lock(mu_);
     return CtQuantizationConfig(r, g_idx_modules_);
   }
+  nlohmann::ordered_json SaveState() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {{"g_idx_modules", g_idx_modules_}};
+  }
+  Status LoadState(const nlohmann::ordered_json& state) const override {
+    if (!state.is_object() || !state.contains("g_idx_modules") || !state["g_idx_modules"].is_array())
+      return MakeErrorCode(ErrorCode::kCorruptInput, "compressed-tensors writer state: expected {\"g_idx_modules\": [...]}, found ",
+                           state.dump());
+    std::lock_guard<std::mutex> lock(mu_);
+    g_idx_modules_ = state["g_idx_modules"].get<std::vector<std::string>>();
+    return Status::Ok();
+  }
 
  private:
   mutable std::mutex mu_;

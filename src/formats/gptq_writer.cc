@@ -52,6 +52,14 @@ class GptqWriter final : public FormatWriter {
     return {{"quantize_config.json", QuantizationConfig(request).dump(2) + "\n"}};
   }
   std::optional<DType> ScaleDType() const override { return DType::kF16; }
+  nlohmann::ordered_json SaveState() const override { return {{"act_order", act_order_.load()}}; }
+  Status LoadState(const nlohmann::ordered_json& state) const override {
+    if (!state.is_object() || !state.contains("act_order") || !state["act_order"].is_boolean())
+      return MakeErrorCode(ErrorCode::kCorruptInput, "GPTQ writer state: expected {\"act_order\": true|false}, found ",
+                           state.dump());
+    act_order_ = state["act_order"].get<bool>();
+    return Status::Ok();
+  }
 
  private:
   bool v2_;

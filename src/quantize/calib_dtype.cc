@@ -90,7 +90,7 @@ const char* CarriedActivations::raw_dtype() const {
   return t_ == CalibDType::kFp32 ? "F32" : t_ == CalibDType::kBf16 ? "BF16" : "F16";
 }
 
-Status CarriedActivations::Restore(std::vector<uint8_t> bytes, const std::string& dtype, int64_t n) {
+Status CarriedActivations::Restore(std::span<const uint8_t> bytes, const std::string& dtype, int64_t n) {
   const size_t elt = t_ == CalibDType::kFp32 ? sizeof(float) : sizeof(uint16_t);
   if (dtype != raw_dtype() || bytes.size() != static_cast<size_t>(n) * elt)
     return MakeErrorCode(ErrorCode::kCorruptInput, "the saved calibration activations are ", bytes.size(), " bytes of ", dtype,

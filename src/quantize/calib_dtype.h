@@ -27,7 +27,7 @@ const char* CalibDTypeName(CalibDType t);
 CalibDType ResolveCalibDType(CalibDType t, const ModelConfig& mc);
 
 /// Bytes per element of the carried activations (a layer's input and output between layers):
-/// 2 for bf16 / fp16, 4 for fp32. The one place memory estimates read it from.
+/// 2 for bf16 / fp16, 4 for fp32.
 int64_t CarriedActivationBytes(CalibDType t);
 
 /// x[n] rounded to `t` in place (nothing for fp32). Precondition: t resolved (not kAuto).
@@ -49,7 +49,7 @@ class CarriedActivations {
   const char* raw_dtype() const;
   /// Back from raw(): `dtype` must be this storage's and `bytes` hold `n` values. Errors
   /// (kCorruptInput) name both.
-  Status Restore(std::vector<uint8_t> bytes, const std::string& dtype, int64_t n);
+  Status Restore(std::span<const uint8_t> bytes, const std::string& dtype, int64_t n);
 
  private:
   CalibDType t_;

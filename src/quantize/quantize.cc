@@ -244,7 +244,8 @@ nlohmann::ordered_json OrderedExport::SaveState() const {
   nlohmann::ordered_json layers = nlohmann::ordered_json::array();
   for (const QuantizedLayerReport& l : report_.layers) layers.push_back(LayerReportJson(l));
   return {{"next", next_}, {"next_name", next_ < order_.size() ? order_[next_] : ""}, {"done", done_},
-          {"layers_written", layers_written_}, {"early", early}, {"layers", layers}};
+          {"layers_written", layers_written_}, {"early", early}, {"layers", layers},
+          {"format", ex_.writer->SaveState()}};
 }
 
 Status OrderedExport::LoadState(const nlohmann::ordered_json& j) {
@@ -253,6 +254,7 @@ Status OrderedExport::LoadState(const nlohmann::ordered_json& j) {
     if (next_ > order_.size() || (next_ < order_.size() && order_[next_] != j.at("next_name").get<std::string>()))
       return MakeErrorCode(ErrorCode::kCorruptInput, "the manifest's export position ", next_, " does not match the input's tensors");
     boundary_at_ = next_;
+    if (!j.at("format").is_null()) NIBBLE_RETURN_IF_ERROR(ex_.writer->LoadState(j.at("format")));
     done_ = j.at("done").get<int64_t>();
     layers_written_ = j.at("layers_written").get<int64_t>();
     for (const auto& e : j.at("early")) {
@@ -292,10 +294,6 @@ Status OrderedExport::Append(std::vector<T>& tensors, std::optional<QuantizedLay
   return Status::Ok();
 }
 
-// The run of tensors up to the first awaited one is produced on --threads threads, claimed in
-// order a few tensors ahead, and appended here in order (OrderedParallelFor): the output, its
-// report and the progress callbacks are those of one thread. The weight a claim will read next
-// is asked of the page cache ahead of its turn (TensorStore::WillNeed).
 // A resumable run's boundary: the output order at next_ leaves a decoder layer's tensors.
 Status OrderedExport::AtLayerBoundary() {
   if (!layer_written_ || next_ <= boundary_at_ || next_ >= order_.size()) return Status::Ok();
@@ -305,6 +303,10 @@ Status OrderedExport::AtLayerBoundary() {
   return layer_written_(++layers_written_);
 }
 
+// The run of tensors up to the first awaited one is produced on --threads threads, claimed in
+// order a few tensors ahead, and appended here in order (OrderedParallelFor): the output, its
+// report and the progress callbacks are those of one thread. The weight a claim will read next
+// is asked of the page cache ahead of its turn (TensorStore::WillNeed).
 Status OrderedExport::Drain() {
   const size_t base = next_;
   size_t end = base;
@@ -691,16 +693,22 @@ namespace {
 // calibrated run starts from the saved layer with its activations (checked against the manifest).
 Status SetUpBoundaries(const QuantizeOptions& o, bool calibrated, int64_t hidden, Resumable& rs, CheckpointWriter& out,
                        OrderedExport& exp, CalibCheckpoint& ck) {
-  exp.OnLayerWritten(
-      [&rs, &out, &exp, hidden](int64_t n) { return WriteBoundary(rs, out, exp, n, nullptr, {}, "", hidden); });
-  ck.on_boundary = [&rs, &out, &exp, hidden](int64_t layer, const nlohmann::ordered_json& st, std::span<const uint8_t> x,
-                                             const std::string& dtype) {
-    return WriteBoundary(rs, out, exp, layer + 1, st, x, dtype, hidden);
-  };
+  // An RTN run's boundary is where the output order leaves a layer's tensors; a calibrated run's
+  // where the pipeline handed a layer over (its state and activations belong to that one only).
+  if (!calibrated)
+    exp.OnLayerWritten([&rs, &out, &exp, hidden](int64_t n) { return WriteBoundary(rs, out, exp, n, nullptr, {}, "", hidden); });
+  else
+    ck.on_boundary = [&rs, &out, &exp, hidden](int64_t layer, const nlohmann::ordered_json& st, std::span<const uint8_t> x,
+                                               const std::string& dtype) {
+      return WriteBoundary(rs, out, exp, layer + 1, st, x, dtype, hidden);
+    };
   if (o.resume && calibrated) {
     ck.start_layer = rs.manifest.at("layers_done").get<int64_t>();
     ck.state = rs.manifest.at("calibrated");
     const nlohmann::ordered_json& acts = rs.manifest.at("activations");
+    if (!ck.state.is_object() || !acts.is_object())
+      return MakeErrorCode(ErrorCode::kCorruptInput, "--resume: ", rs.staging, "/", kResumeManifest,
+                           " has no calibrated state or activations for the calibrated chain");
     auto x = LoadActivations(rs.staging, acts);
     if (!x.ok()) return x.error().WithContext("--resume: " + rs.staging);
     ck.input = std::move(x).value();

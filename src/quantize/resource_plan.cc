@@ -45,13 +45,15 @@ int64_t PackedBytes(const PlannedLinear& l, DType weight_dtype, bool sym_zeros) 
 
 // RTN of the largest linear as the export runs it (OrderedExport::Drain, quantize/rtn_fast.h):
 // each of `threads` workers quantizes a tensor row by row from the mapping into its codes (a byte
-// a weight, fp32 scales and zero points), and up to 2 x threads packed tensors wait for the
-// writer. A weight with inf / nan falls back to an fp32 copy that this plan does not count.
+// a weight, fp32 scales and zero points), and the packed tensors of up to 2 x threads claims
+// ahead of the writer and the one it appends wait. A weight with inf / nan falls back to an fp32
+// copy that this plan does not count.
 MemoryPhase RtnPhase(const PlannedLinear& l, int threads) {
   const int64_t nk = l.n * l.k, groups = GroupsOf(l), t = std::max(1, threads);
   return {"RTN of " + l.module,
           {{std::to_string(t) + " x codes of " + l.module + " " + Dims(l.n, l.k), t * (nk + l.n * groups * 5)},
-           {std::to_string(2 * t) + " x its packed tensors waiting for the writer", 2 * t * (nk / 2 + l.n * groups * 3)}}};
+           {std::to_string(2 * t + 1) + " x its packed tensors waiting for the writer",
+            (2 * t + 1) * (nk / 2 + l.n * groups * 3)}}};
 }
 
 // Decoder layer `layer` as the calibrated pipeline holds it.

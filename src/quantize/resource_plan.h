@@ -23,7 +23,7 @@ namespace nibble {
 /// Anonymous memory no term counts, measured (docs/PERFORMANCE.md "Memory plan"): the runtime of
 /// an RTN export (threads, allocator), and that of a calibrated run (oneDNN's GEMM buffers, the
 /// heap the tokenizer leaves), plus a share of the largest phase for the allocator's slack.
-inline constexpr int64_t kRtnRuntimeBytes = int64_t{4} << 20;
+inline constexpr int64_t kRtnRuntimeBytes = int64_t{2} << 20;
 inline constexpr int64_t kCalibratedRuntimeBytes = int64_t{48} << 20;
 inline constexpr double kAllocatorSlack = 0.10;
 

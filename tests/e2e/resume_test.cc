@@ -161,6 +161,31 @@ TEST(QuantizeResume, KilledAfterARandomLayerResumesByteIdentical) {
   }
 }
 
+// The format writers' own state: compressed-tensors lists the modules written with an act-order
+// g_idx in config.json (a resumed run that forgot the layers before its boundary lists only the
+// last one), GPTQ's desc_act says whether any had one.
+TEST(QuantizeResume, ActOrderConfigSurvivesAResume) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
+  nibble_test::TempDir tmp;
+  const std::string calib = Calib(tmp), model = nibble_test::EmbeddedModel();
+  for (const std::string format : {"compressed-tensors", "gptq"}) {
+    SCOPED_TRACE("--model_export " + format);
+    std::vector<std::string> args = Args("gptq", model, tmp.sub("full"), calib, "1");
+    args.insert(args.end(), {"--actorder", "group", "--model_export", format});
+    ASSERT_EQ(RunQ(args, tmp.sub("log")), 0) << ReadFile(tmp.sub("log"));
+    args[4] = tmp.sub("out");
+    ASSERT_EQ(RunQ(args, tmp.sub("log"), {"5"}), -SIGKILL) << ReadFile(tmp.sub("log"));
+    args.push_back("--resume");
+    ASSERT_EQ(RunQ(args, tmp.sub("log")), 0) << ReadFile(tmp.sub("log"));
+    const std::string config = ReadFile(tmp.sub("out") + "/config.json");
+    EXPECT_NE(config.find(format == "gptq" ? "\"desc_act\": true" : "\"actorder\": \"group\""), std::string::npos)
+        << config;
+    EXPECT_EQ(HashDir(tmp.sub("out")), HashDir(tmp.sub("full")));
+    fs::remove_all(tmp.sub("full"));
+    fs::remove_all(tmp.sub("out"));
+  }
+}
+
 // SIGTERM during a GPTQ run (16 x 128 tokens: ~0.2 s a layer) drops the layer in progress, keeps
 // the last boundary and says how to resume; --resume then finishes with the uninterrupted bytes.
 TEST(QuantizeResume, SigtermStopsAtALayerBoundaryAndResumes) {
@@ -230,7 +255,7 @@ TEST(QuantizeResume, RefusesChangedOrTruncatedActivations) {
   resume.push_back("--resume");
   const std::string acts = Staging(tmp.path(), "out").at(0) + "/activations-3.bin";
   std::string bytes = ReadFile(acts);
-  ASSERT_EQ(bytes.size(), 4u * 64 * 256 * sizeof(float));
+  ASSERT_EQ(bytes.size(), 4u * 64 * 256 * 2);  // bf16: the model's dtype is the default --calib_dtype
   bytes[1000] ^= 1;
   std::ofstream(acts, std::ios::binary | std::ios::trunc) << bytes;
   EXPECT_EQ(RunQ(resume, log), 1);
@@ -240,7 +265,7 @@ TEST(QuantizeResume, RefusesChangedOrTruncatedActivations) {
   const std::string acts2 = Staging(tmp.path(), "out").at(0) + "/activations-3.bin";
   std::ofstream(acts2, std::ios::binary | std::ios::trunc) << bytes.substr(0, 4096);
   EXPECT_EQ(RunQ(resume, log), 1);
-  EXPECT_NE(ReadFile(log).find("activations-3.bin: 4096 bytes, the manifest records 262144"), std::string::npos)
+  EXPECT_NE(ReadFile(log).find("activations-3.bin: 4096 bytes, the manifest records 131072"), std::string::npos)
       << ReadFile(log);
 }
 
