@@ -327,6 +327,9 @@ py::dict Perplexity(const PyModel& pm, const std::string& text, int64_t seq_len,
         return nibble::EvaluatePerplexity(*pm.model, text, o);
       }));
   py::dict d = py::module_::import("json").attr("loads")(nibble::PerplexityJson(p));
+  // JSON has no inf / nan (the library writes null): Python gets the float.
+  for (const auto& [key, v] : {std::pair<const char*, double>{"ppl", p.ppl}, {"ppl_stderr", p.ppl_stderr}, {"mean_nll", p.mean_nll}})
+    if (!std::isfinite(v)) d[key] = v;
   d["seconds"] = p.seconds;
   d["tokens_per_second"] = p.tokens_per_second;
   return d;

@@ -117,6 +117,8 @@ py::object Quantize(const std::string& model_dir, const std::string& output_dir,
     else if (k == "tp") r.tp = value.cast<int>();
     else if (k == "max_shard_size") r.max_shard_size = TakeOrThrow(nibble::ParseMemorySize(py::str(value).cast<std::string>()));
     else if (k == "max_memory") r.max_memory = TakeOrThrow(nibble::ParseMemorySize(py::str(value).cast<std::string>()));
+    else if (k == "resumable") r.resumable = value.cast<bool>();
+    else if (k == "resume") r.resume = value.cast<bool>();
     else ThrowError(nibble::MakeError("quantize: unknown keyword argument \"", k, "\""));
   }
   ProgressRelay relay(progress);
@@ -189,9 +191,10 @@ JSON file path, applied as written; model_export: "hf_format" | "compressed-tens
 options: the finer CLI flags by name (seed, awq_clip, propagate, duo_scaling, n_grid, calib_dtype,
 dampening_frac, block_size, gptq_scale_timing, actorder, true_sequential, gptq_format, pack_method,
 misaligned, tp, max_shard_size, max_memory: "20GB" refuses a run whose planned peak memory is above
-it, default 90 % of MemAvailable); progress(done, total) is called from this thread. Returns the
-report (`nibble quantize --report`, with the memory and disk "plan") as a dict. Ctrl-C cancels: no
-output directory is left.)");
+it, default 90 % of MemAvailable; resumable: True keeps a stopped run's staging directory with a
+manifest per decoder layer, resume: True continues it, as `nibble quantize --resume`);
+progress(done, total) is called from this thread. Returns the report (`nibble quantize --report`,
+with the memory and disk "plan") as a dict. Ctrl-C cancels: no output directory is left.)");
   m.def("convert", &Convert, py::arg("input_dir"), py::arg("output_dir"), py::arg("to"), py::arg("pack_method") = "",
         py::arg("gptq_format") = "", py::arg("overwrite") = false,
         "Re-writes a quantized checkpoint in another format, codes untouched (`nibble convert`).");

@@ -132,3 +132,27 @@ def test_max_memory_below_the_plan_refuses_before_writing(model_dir, tmp_path):
     with pytest.raises(nibble.ResourceExhausted, match="expected peak .* > --max_memory"):
         nibble.quantize(model_dir, str(tmp_path / "refused"), options={"max_memory": "1MB"})
     assert not (tmp_path / "refused").exists()
+
+
+def test_a_killed_resumable_run_resumes_to_the_same_bytes(model_dir, tmp_path):
+    """options resumable / resume: a run SIGKILLed after layer 2 (the library's test hook), then
+    resumed from this process, writes what one uninterrupted run writes."""
+    import hashlib
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    def digests(d):
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.is_file()}
+
+    opts = {"resumable": True, "max_shard_size": "1MB"}
+    nibble.quantize(model_dir, str(tmp_path / "full"), options=opts)
+    code = ("import nibble, sys; nibble.quantize(sys.argv[1], sys.argv[2], "
+            "options={'resumable': True, 'max_shard_size': '1MB'})")
+    env = dict(os.environ, NIBBLE_QUANTIZE_KILL_AFTER_LAYER="2")
+    r = subprocess.run([sys.executable, "-c", code, model_dir, str(tmp_path / "out")], env=env)
+    assert r.returncode == -signal.SIGKILL
+    assert not (tmp_path / "out").exists()
+    nibble.quantize(model_dir, str(tmp_path / "out"), options=dict(opts, resume=True))
+    assert digests(tmp_path / "out") == digests(tmp_path / "full")
