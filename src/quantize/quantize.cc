@@ -523,6 +523,11 @@ ResourceInputs PlanInputs(const QuantizeOptions& o, const FormatEntry& format) {
     if (!ec) in.side_file_bytes += static_cast<int64_t>(size);
   }
   in.baseline_anon = std::max<int64_t>(0, ReadProcessMemory().anon);
+  if (o.resume) {  // what the stopped run staged is already on the disk
+    const std::string staged = StagingDir::FindInterrupted(o.output_dir, "tmp", kResumeManifest);
+    for (const auto& e : fs::directory_iterator(staged.empty() ? fs::path() : fs::path(staged), ec))
+      if (e.is_regular_file(ec)) in.staged_bytes += static_cast<int64_t>(e.file_size(ec));
+  }
   return in;
 }
 

@@ -203,7 +203,7 @@ ResourcePlan PlanResources(const QuantizePlan& plan, const ModelConfig& mc, cons
   p.output_bytes = out;
   // The spool holds the shard being filled (its owned tensors) and the tensors of a layer that
   // finished before their turn in the output order.
-  p.disk_bytes = out + std::min(out, in.max_shard_size) + largest_layer_out;
+  p.disk_bytes = std::max<int64_t>(0, out + std::min(out, in.max_shard_size) + largest_layer_out - in.staged_bytes);
   p.free_disk_bytes = FreeDiskAt(in.output_dir, &p.disk_dir);
   return p;
 }

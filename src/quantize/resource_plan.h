@@ -42,6 +42,7 @@ struct ResourceInputs {
   bool stores_symmetric_zeros = false;
   int64_t side_file_bytes = 0;  // files copied from the input (tokenizer, ...)
   int64_t baseline_anon = 0;    // RssAnon when the plan is made (what the process already holds)
+  int64_t staged_bytes = 0;     // --resume: the files the stopped run left in its staging directory
 };
 
 struct ResourcePlan {
@@ -49,7 +50,8 @@ struct ResourcePlan {
   std::string peak_phase;      // that phase: "GPTQ of model.layers.0.mlp.down_proj"
   std::vector<MemoryTerm> terms;  // its terms, largest first (baseline and runtime included)
   int64_t output_bytes = 0;    // the output's files
-  int64_t disk_bytes = 0;      // the staging directory at its largest (output and spool)
+  int64_t disk_bytes = 0;      // the staging directory at its largest (output and spool), less what
+                               // a resumed run finds staged
   int64_t free_disk_bytes = -1;  // at the output's parent (statvfs), -1 unknown
   std::string disk_dir;        // where that was measured
 };
