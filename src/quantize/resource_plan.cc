@@ -43,17 +43,28 @@ int64_t PackedBytes(const PlannedLinear& l, DType weight_dtype, bool sym_zeros) 
   return b;
 }
 
-// RTN of the largest linear as the export runs it (OrderedExport::Drain, quantize/rtn_fast.h):
-// each of `threads` workers quantizes a tensor row by row from the mapping into its codes (a byte
-// a weight, fp32 scales and zero points), and the packed tensors of up to 2 x threads claims
-// ahead of the writer and the one it appends wait. A weight with inf / nan falls back to an fp32
-// copy that this plan does not count.
-MemoryPhase RtnPhase(const PlannedLinear& l, int threads) {
-  const int64_t nk = l.n * l.k, groups = GroupsOf(l), t = std::max(1, threads);
-  return {"RTN of " + l.module,
-          {{std::to_string(t) + " x codes of " + l.module + " " + Dims(l.n, l.k), t * (nk + l.n * groups * 5)},
-           {std::to_string(2 * t + 1) + " x its packed tensors waiting for the writer",
-            (2 * t + 1) * (nk / 2 + l.n * groups * 3)}}};
+// RTN of the linears `ls` as the export runs it (OrderedExport::Drain, quantize/rtn_fast.h): each
+// of `threads` workers quantizes a tensor row by row from the mapping into its codes (a byte a
+// weight, fp32 scales and zero points), and the packed tensors of up to 2 x threads claims ahead
+// of the writer and the one it appends wait: at most the codes of the `threads` largest linears
+// and the packed tensors of the 2 x threads + 1 largest. A weight with inf / nan falls back to an
+// fp32 copy that this plan does not count.
+MemoryPhase RtnPhase(std::vector<const PlannedLinear*> ls, int threads) {
+  const size_t t = static_cast<size_t>(std::max(1, threads));
+  auto codes = [](const PlannedLinear* l) { return l->n * l->k + l->n * GroupsOf(*l) * 5; };
+  auto packed = [](const PlannedLinear* l) { return l->n * l->k / 2 + l->n * GroupsOf(*l) * 3; };
+  std::stable_sort(ls.begin(), ls.end(), [&](const PlannedLinear* a, const PlannedLinear* b) { return codes(a) > codes(b); });
+  int64_t c = 0, p = 0;
+  for (size_t i = 0; i < ls.size() && i < 2 * t + 1; ++i) {
+    if (i < t) c += codes(ls[i]);
+    p += packed(ls[i]);
+  }
+  const std::string& largest = ls.front()->module;
+  return {"RTN of " + largest,
+          {{"codes of the " + std::to_string(std::min(t, ls.size())) + " largest linears (" + largest + " " +
+                Dims(ls.front()->n, ls.front()->k) + ")",
+            c},
+           {"packed tensors of the " + std::to_string(std::min(2 * t + 1, ls.size())) + " largest waiting for the writer", p}}};
 }
 
 // Decoder layer `layer` as the calibrated pipeline holds it.
@@ -170,13 +181,15 @@ ResourcePlan PlanResources(const QuantizePlan& plan, const ModelConfig& mc, cons
     if (name.starts_with("model.layers.")) layer_out[name.substr(0, name.find('.', 13))] += b;
   }
   for (const auto& [layer, b] : layer_out) largest_layer_out = std::max(largest_layer_out, b);
+  std::vector<const PlannedLinear*> rtn;
   for (const PlannedLinear& l : plan.linears) {
     if (!l.written || !l.spec) continue;
     if (l.module == "lm_head" && plan.head_from_embedding)
       out += PackedBytes(l, store.Find(l.weight)->dtype, in.stores_symmetric_zeros);
     // RTN runs every quantized linear outside the pipeline; a calibrated chain only the head.
-    if (!plan.algorithms.Calibrated() || l.module == "lm_head") phases.push_back(RtnPhase(l, in.threads));
+    if (!plan.algorithms.Calibrated() || l.module == "lm_head") rtn.push_back(&l);
   }
+  if (!rtn.empty()) phases.push_back(RtnPhase(rtn, in.threads));
   if (plan.algorithms.Calibrated()) {
     phases.push_back({"tokenizing the calibration text",
                       {{"calibration text and its tokenization", in.dataset_bytes * (1 + kTokenizeBytesPerTextByte)}}});
