@@ -174,7 +174,7 @@ void LayerRunner::RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) c
 }
 
 void LayerRunner::RunOutput(const CalibLayer& L, std::vector<float>* out) const {
-  const int64_t h = c_->hidden_size, seqs = std::max<int64_t>(1, 2048 / t_);
+  const int64_t h = c_->hidden_size, seqs = OutputChunkRows(t_) / t_;
   out->resize(static_cast<size_t>(rows() * h));
   const CalibLinears lin = MakeLinears(L);
   for (int64_t b0 = 0; b0 < batch_; b0 += seqs) {

@@ -13,6 +13,7 @@
 // Results do not depend on the thread count: every reduction runs in fixed blocks.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -92,6 +93,10 @@ CalibLinears MakeLinears(const CalibLayer& L);
 /// The view of `lin` with L's norms (the attention and MLP blocks alone do not read the norms).
 DecoderLayerView ViewOf(const CalibLayer& L, const CalibLinears& lin);
 
+/// Rows per chunk of LayerRunner::RunOutput (whole sequences, at least one).
+inline constexpr int64_t kOutputChunkRows = 2048;
+inline int64_t OutputChunkRows(int64_t seq_len) { return std::max<int64_t>(1, kOutputChunkRows / seq_len) * seq_len; }
+
 /// Bytes per element of LayerActs' buffers: fp32 in every calibration dtype (a 16-bit one holds
 /// rounded values in them). The layer input / output between layers is CarriedActivationBytes
 /// (calib_dtype.h). The memory plan (quantize/resource_plan.h) sizes the buffers from these.
@@ -129,7 +134,7 @@ class LayerRunner {
   /// Runs `L` fully on the first `batch` sequences into `out` (reports, quantized propagation).
   void RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const;
   /// The output of `L` on every sequence into `out` [rows, H], nothing captured, in chunks of
-  /// sequences (about 2048 rows: the MLP intermediate exists for one chunk at a time).
+  /// whole sequences of about kOutputChunkRows rows (the MLP intermediate exists for one chunk).
   void RunOutput(const CalibLayer& L, std::vector<float>* out) const;
   /// Scratch of this run's layer forwards (model/workspace.h), at least `count`: index 0 serves
   /// Run / RunFresh, index omp_get_thread_num() a thread of a parallel region over chunks (AWQ's

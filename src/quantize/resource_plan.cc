@@ -109,7 +109,7 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
 // The pipeline's own phase after the algorithms' Finish: the dequantized copy and every code of
 // the layer, then either the quantized propagation's full run or (later, not at once) the error
 // report: the original layer's activations on its rows and one linear's RTN and GEMM outputs.
-MemoryPhase FinishPhase(const LayerMemoryShape& s, bool quantized_propagation) {
+MemoryPhase FinishPhase(const LayerMemoryShape& s, bool quantized_propagation, bool chunked_propagation) {
   // ErrorReport's rows (pipeline.cc ReportRows): an eighth of the rows within [2048, 8192].
   const int64_t report_rows = std::min(s.rows, std::min<int64_t>(8192, std::max<int64_t>(2048, s.rows / 8)));
   int64_t w = 0, codes = 0, widest = 0;
@@ -121,7 +121,9 @@ MemoryPhase FinishPhase(const LayerMemoryShape& s, bool quantized_propagation) {
   MemoryPhase p{"quantize and report (" + s.name + ")",
                 {{"dequantized copy of " + s.name, w}, {"codes of " + s.name, codes}}};
   const int64_t report = report_rows * s.ActsRowBytes() + widest;
-  const int64_t propagate = quantized_propagation ? s.rows * s.ActsRowBytes() : 0;
+  // A 16-bit calibration propagates in chunks of sequences (LayerRunner::RunOutput), fp32 in one pass.
+  const int64_t prop_rows = chunked_propagation ? std::min(s.rows, OutputChunkRows(s.seq_len)) : s.rows;
+  const int64_t propagate = quantized_propagation ? prop_rows * s.ActsRowBytes() : 0;
   if (propagate > report) p.terms.push_back({"quantized layer's activations", propagate});
   else p.terms.push_back({"error report: original layer's activations and one linear's outputs", report});
   return p;
@@ -139,7 +141,8 @@ MemoryPhase LargestLayerPhase(const QuantizePlan& plan, const ModelConfig& mc, c
       std::vector<MemoryPhase> own = a.settings->MemoryPhases(s);
       phases.insert(phases.end(), own.begin(), own.end());
     }
-    phases.push_back(FinishPhase(s, plan.algorithms.propagation() == Propagation::kQuantized));
+    phases.push_back(FinishPhase(s, plan.algorithms.propagation() == Propagation::kQuantized,
+                                 ResolveCalibDType(plan.algorithms.calib_dtype, mc) != CalibDType::kFp32));
     for (MemoryPhase& p : phases) {
       p.terms.insert(p.terms.begin(), s.base.begin(), s.base.end());
       if (p.Total() > best_total) {
