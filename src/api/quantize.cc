@@ -18,6 +18,7 @@
 #include "model/llama.h"
 #include "model/model_loader.h"
 #include "base/memory.h"
+#include "kernels/int4_dispatch.h"
 #include "quantize/quantize.h"
 
 namespace nibble {
@@ -298,6 +299,13 @@ Result<nlohmann::ordered_json> ResumeSettings(const QuantizeRequest& r) {
   j["--actorder"] = r.actorder;
   j["--true_sequential"] = r.true_sequential;
   j["--calib_dtype"] = r.calib_dtype;
+  // A calibrated run's GEMMs take the CPU's kernels (oneDNN's bf16 matmul where it has one, the
+  // sgemm otherwise): their summation order is part of the bytes.
+  if (r.quant_algo != "rtn") {
+    const CpuFeatures cpu = DetectCpuFeatures();
+    j["CPU (calibration GEMMs)"] = cpu.vendor + (cpu.avx512f ? " avx512" : cpu.avx2 ? " avx2" : "") +
+                                   (cpu.avx512bf16 ? " avx512_bf16" : "") + (cpu.amx_bf16 ? " amx_bf16" : "");
+  }
   return j;
 }
 
