@@ -268,7 +268,11 @@ Status OrderedExport::LoadState(const nlohmann::ordered_json& j) {
       early_[e.at("name").get<std::string>()] = std::move(x);
     }
     report_.layers.clear();
-    for (const auto& l : j.at("layers")) report_.layers.push_back(LayerReportFromJson(l));
+    for (const auto& l : j.at("layers")) {
+      report_.layers.push_back(LayerReportFromJson(l));
+      const std::string& name = report_.layers.back().name;  // RTN's stage count goes on from here
+      if (name.starts_with("model.layers.")) layers_seen_.insert(name.substr(0, name.find('.', 13)));
+    }
   } catch (const std::exception& e) {
     return MakeErrorCode(ErrorCode::kCorruptInput, "the manifest's export state: ", e.what());
   }
