@@ -352,7 +352,7 @@ void OpenTinyAwqInputs(const std::string& dir, const TinySpec& spec, TinyAwqInpu
 }
 
 // AWQ alone with settings `st` (its propagation too) on the pipeline, as quantize runs the chain
-// "awq" through the registry.
+// "awq" through the registry, with fp32 calibration.
 nibble::Result<nibble::CalibResult> RunAwq(const nibble::ModelConfig& mc, const nibble::TensorStore& store,
                                            const nibble::QuarkQuantConfig& cfg, const std::vector<int32_t>& tokens,
                                            int64_t batch, int64_t seq, const nibble::AwqSettings& st,
@@ -362,6 +362,9 @@ nibble::Result<nibble::CalibResult> RunAwq(const nibble::ModelConfig& mc, const 
   nibble::AlgorithmFlags flags;
   flags.awq = st;
   flags.propagation = st.propagation;
+  // These tests compare fp32 formulas (e.g. the Gram loss against the direct one, to 1e-5);
+  // 16-bit calibration has its own tests (calib_dtype_test.cc).
+  flags.calib_dtype = nibble::CalibDType::kFp32;
   NIBBLE_ASSIGN_OR_RETURN(nibble::AlgorithmPlan algos, nibble::ResolveAlgorithms(chain, flags, nullptr));
   return nibble::RunCalibrated(mc, store, cfg, algos, tokens, batch, seq, sink, progress, nullptr);
 }
