@@ -141,4 +141,10 @@ Result<QuantizePlan> MakeQuantizePlan(const QuarkQuantConfig& config, AlgorithmP
   return plan;
 }
 
+std::string LayerPrefix(const std::string& name) {
+  if (!name.starts_with("model.layers.")) return "";
+  const size_t dot = name.find('.', 13);
+  return dot == std::string::npos ? "" : name.substr(0, dot + 1);
+}
+
 }  // namespace nibble

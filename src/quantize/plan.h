@@ -69,4 +69,7 @@ struct QuantizePlan {
 Result<QuantizePlan> MakeQuantizePlan(const QuarkQuantConfig& config, AlgorithmPlan algorithms, MisalignedPolicy policy,
                                       const ModelConfig& mc, const TensorStore& store, const OutputProjection& proj);
 
+/// "model.layers.12." of a decoder layer's tensor or module name, else "".
+std::string LayerPrefix(const std::string& name);
+
 }  // namespace nibble

@@ -207,13 +207,6 @@ class OrderedExport {
   size_t boundary_at_ = 0;  // next_ of the last boundary (a resumed run starts there)
 };
 
-// "model.layers.12." of a decoder layer's tensor, else "".
-std::string LayerPrefix(const std::string& name) {
-  if (!name.starts_with("model.layers.")) return "";
-  const size_t dot = name.find('.', 13);
-  return dot == std::string::npos ? "" : name.substr(0, dot + 1);
-}
-
 nlohmann::ordered_json LayerReportJson(const QuantizedLayerReport& l) {
   return {{"name", l.name},   {"rule", l.rule},         {"quantized", l.quantized},  {"scheme", l.scheme},
           {"n", l.n},         {"k", l.k},               {"bytes_in", l.bytes_in},    {"bytes_out", l.bytes_out},
@@ -271,7 +264,7 @@ Status OrderedExport::LoadState(const nlohmann::ordered_json& j) {
     for (const auto& l : j.at("layers")) {
       report_.layers.push_back(LayerReportFromJson(l));
       const std::string& name = report_.layers.back().name;  // RTN's stage count goes on from here
-      if (name.starts_with("model.layers.")) layers_seen_.insert(name.substr(0, name.find('.', 13)));
+      if (const std::string prefix = LayerPrefix(name); !prefix.empty()) layers_seen_.insert(prefix);
     }
   } catch (const std::exception& e) {
     return MakeErrorCode(ErrorCode::kCorruptInput, "the manifest's export state: ", e.what());
@@ -288,8 +281,8 @@ Status OrderedExport::Append(std::vector<T>& tensors, std::optional<QuantizedLay
   tensors.clear();
   if (!layer) return Status::Ok();
   // RTN: a decoder layer's stage starts with its first linear (in the output's order).
-  if (o_.on_stage && !ex_.plan->algorithms.Calibrated() && layer->name.starts_with("model.layers.") &&
-      layers_seen_.insert(layer->name.substr(0, layer->name.find('.', 13))).second) {
+  if (o_.on_stage && !ex_.plan->algorithms.Calibrated() && !LayerPrefix(layer->name).empty() &&
+      layers_seen_.insert(LayerPrefix(layer->name)).second) {
     const int64_t started = static_cast<int64_t>(layers_seen_.size());
     o_.on_stage(started, layers_, started - 1, "quantize");
   }

@@ -181,7 +181,7 @@ ResourcePlan PlanResources(const QuantizePlan& plan, const ModelConfig& mc, cons
     if (plan.head_from_embedding && name.starts_with("lm_head.")) b = 0;  // replaced by the quantized head
     if (l != nullptr && l->written && l->spec) b = PackedBytes(*l, t->dtype, in.stores_symmetric_zeros);
     out += b;
-    if (name.starts_with("model.layers.")) layer_out[name.substr(0, name.find('.', 13))] += b;
+    if (const std::string layer = LayerPrefix(name); !layer.empty()) layer_out[layer] += b;
   }
   for (const auto& [layer, b] : layer_out) largest_layer_out = std::max(largest_layer_out, b);
   std::vector<const PlannedLinear*> rtn;
