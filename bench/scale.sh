@@ -145,7 +145,7 @@ section_calib() {
   mkdir -p "$SCALE_DIR"
   local model="$SCALE_DIR/7b-${layers}l"
   if [ ! -f "$model/config.json" ]; then
-    sed "s/\"num_hidden_layers\": *32/\"num_hidden_layers\": $layers/" "$ROOT/bench/configs/llama2-7b.json" > "$SCALE_DIR/7b-${layers}l.json"
+    edited_config llama2-7b.json "{'num_hidden_layers': $layers}" "$SCALE_DIR/7b-${layers}l.json"
     "$NIBBLE" synth --config "$SCALE_DIR/7b-${layers}l.json" --out "$model" --format dense \
       --tokenizer_dir "$ROOT/models/prose-llama-7m" -t "$THREADS" > /dev/null
   fi

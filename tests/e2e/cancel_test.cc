@@ -4,9 +4,7 @@
 // --resume); `generate` keeps the text it printed and reports "stop: cancelled". (The handler's
 // reset to the default action, which lets a second Ctrl-C kill, is tests/tools/cancel_signal_test.cc.)
 #include <gtest/gtest.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,46 +24,15 @@ namespace {
 namespace fs = std::filesystem;
 using nibble_test::ReadFile;
 
+using nibble_test::WaitExit;
+using nibble_test::WaitForOutput;
+
 // Starts `nibble ARGS` with stdout and stderr to `log` (stdin from `in` when given); returns its pid.
 pid_t StartNibble(const std::vector<std::string>& args, const std::string& log, const std::string& in = "") {
-  std::vector<std::string> argv_s = {nibble_test::NibbleBinary()};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  const pid_t pid = fork();
-  if (pid == 0) {
-    // As a shell starts a foreground job: a test runner started in the background has SIGINT
-    // ignored, and nibble leaves an ignored signal ignored.
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    if (!in.empty()) dup2(open(in.c_str(), O_RDONLY), 0);
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-// Polls `log` until it holds `text` (true) or the process ended / 120 s passed (false).
-bool WaitForOutput(pid_t pid, const std::string& log, const std::string& text) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (std::chrono::steady_clock::now() < end) {
-    if (ReadFile(log).find(text) != std::string::npos) return true;
-    int st = 0;
-    if (waitpid(pid, &st, WNOHANG) == pid) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
-}
-
-// The exit code, or -signal when a signal killed it.
-int WaitExit(pid_t pid) {
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+  nibble_test::SpawnOptions o;
+  o.log = log;
+  o.stdin_path = in;
+  return nibble_test::SpawnNibble(args, o);
 }
 
 std::vector<std::string> Listing(const std::string& dir) {

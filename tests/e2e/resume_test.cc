@@ -6,23 +6,17 @@
 // SIGKILLs itself at its first export after that boundary, so the staged files already run past
 // it. The layers are drawn from a printed seed (NIBBLE_TEST_SEED replays one).
 #include <gtest/gtest.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "base/sha256.h"
 #include "e2e/run_nibble.h"
 #include "test_paths.h"
 #include "test_util.h"
@@ -32,53 +26,21 @@ namespace {
 namespace fs = std::filesystem;
 using nibble_test::ReadFile;
 
-struct Launch {
-  std::string kill_after;  // NIBBLE_QUANTIZE_KILL_AFTER_LAYER, "" for none
-  rlim_t max_file_size = RLIM_INFINITY;  // RLIMIT_FSIZE: larger writes fail (EFBIG)
-};
+using nibble_test::HashDir;
+using nibble_test::SpawnOptions;
+using nibble_test::WaitExit;
 
-// Starts `nibble ARGS` with stdout and stderr to `log`; returns its pid.
-pid_t Start(const std::vector<std::string>& args, const std::string& log, const Launch& l = {}) {
-  std::vector<std::string> argv_s = {nibble_test::NibbleBinary()};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  const pid_t pid = fork();
-  if (pid == 0) {
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGXFSZ, SIG_IGN);  // an oversized write fails with EFBIG instead of killing
-    if (!l.kill_after.empty()) setenv("NIBBLE_QUANTIZE_KILL_AFTER_LAYER", l.kill_after.c_str(), 1);
-    if (l.max_file_size != RLIM_INFINITY) {
-      const rlimit r{l.max_file_size, l.max_file_size};
-      setrlimit(RLIMIT_FSIZE, &r);
-    }
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
+// The kill point of a run (NIBBLE_QUANTIZE_KILL_AFTER_LAYER).
+SpawnOptions KillAfter(const std::string& layer) {
+  SpawnOptions o;
+  o.env = {{"NIBBLE_QUANTIZE_KILL_AFTER_LAYER", layer}};
+  return o;
 }
 
-// The exit code, or -signal when a signal ended it.
-int Wait(pid_t pid) {
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-}
-
-int RunQ(const std::vector<std::string>& args, const std::string& log, const Launch& l = {}) {
-  return Wait(Start(args, log, l));
-}
-
-// File name -> SHA-256 of every file in `dir`.
-std::map<std::string, std::string> HashDir(const std::string& dir) {
-  std::map<std::string, std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out[e.path().filename().string()] = nibble::Sha256Hex(ReadFile(e.path().string()));
-  return out;
+// Runs `nibble ARGS` with stdout and stderr to `log`: its exit code, or -signal.
+int RunQ(const std::vector<std::string>& args, const std::string& log, SpawnOptions o = {}) {
+  o.log = log;
+  return WaitExit(nibble_test::SpawnNibble(args, o));
 }
 
 // The staging directories of output `name` in `parent` (".name.nibble-tmp-<pid>").
@@ -142,7 +104,7 @@ TEST(QuantizeResume, KilledAfterARandomLayerResumesByteIdentical) {
     SCOPED_TRACE("--quant_algo " + algo + ", killed after layer " + std::to_string(layer) + ", seed " + std::to_string(seed));
     std::printf("%s: SIGKILL after layer %d\n", algo.c_str(), layer);
     ASSERT_EQ(RunQ(Args(algo, model, tmp.sub("full"), calib, "1"), tmp.sub("log")), 0) << ReadFile(tmp.sub("log"));
-    ASSERT_EQ(RunQ(Args(algo, model, tmp.sub("out"), calib, "1"), tmp.sub("log"), {std::to_string(layer)}), -SIGKILL)
+    ASSERT_EQ(RunQ(Args(algo, model, tmp.sub("out"), calib, "1"), tmp.sub("log"), KillAfter(std::to_string(layer))), -SIGKILL)
         << ReadFile(tmp.sub("log"));
     ASSERT_FALSE(fs::exists(tmp.sub("out")));
     const std::vector<std::string> staged = Staging(tmp.path(), "out");
@@ -174,7 +136,7 @@ TEST(QuantizeResume, ActOrderConfigSurvivesAResume) {
     args.insert(args.end(), {"--actorder", "group", "--model_export", format});
     ASSERT_EQ(RunQ(args, tmp.sub("log")), 0) << ReadFile(tmp.sub("log"));
     args[4] = tmp.sub("out");
-    ASSERT_EQ(RunQ(args, tmp.sub("log"), {"5"}), -SIGKILL) << ReadFile(tmp.sub("log"));
+    ASSERT_EQ(RunQ(args, tmp.sub("log"), KillAfter("5")), -SIGKILL) << ReadFile(tmp.sub("log"));
     args.push_back("--resume");
     ASSERT_EQ(RunQ(args, tmp.sub("log")), 0) << ReadFile(tmp.sub("log"));
     const std::string config = ReadFile(tmp.sub("out") + "/config.json");
@@ -197,12 +159,12 @@ TEST(QuantizeResume, SigtermStopsAtALayerBoundaryAndResumes) {
                                     "--dataset", calib, "--num_calib_data", "16", "--seq_len", "128", "--threads", "1"};
   };
   const std::string log = tmp.sub("log");
-  const pid_t pid = Start(args(tmp.sub("out")), log);
+  const pid_t pid = nibble_test::SpawnNibble(args(tmp.sub("out")), log);
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (ReadFile(log).find("gptq layers 1/6") == std::string::npos && std::chrono::steady_clock::now() < end)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   kill(pid, SIGTERM);
-  ASSERT_EQ(Wait(pid), 143) << ReadFile(log);
+  ASSERT_EQ(WaitExit(pid), 143) << ReadFile(log);
   const std::string text = ReadFile(log);
   EXPECT_NE(text.find("nibble: cancelled: quantize at "), std::string::npos) << text;
   EXPECT_NE(text.find("run the same command with --resume to continue"), std::string::npos) << text;
@@ -221,7 +183,7 @@ TEST(QuantizeResume, RefusesChangedFlagsOrInput) {
   NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
   nibble_test::TempDir tmp;
   const std::string calib = Calib(tmp), model = CopyModel(tmp), log = tmp.sub("log");
-  ASSERT_EQ(RunQ(Args("gptq", model, tmp.sub("out"), calib, "1"), log, {"2"}), -SIGKILL) << ReadFile(log);
+  ASSERT_EQ(RunQ(Args("gptq", model, tmp.sub("out"), calib, "1"), log, KillAfter("2")), -SIGKILL) << ReadFile(log);
   std::vector<std::string> resume = Args("gptq", model, tmp.sub("out"), calib, "1");
   resume.push_back("--resume");
   std::vector<std::string> other = resume;
@@ -250,7 +212,7 @@ TEST(QuantizeResume, RefusesChangedOrTruncatedActivations) {
   NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
   nibble_test::TempDir tmp;
   const std::string calib = Calib(tmp), model = nibble_test::EmbeddedModel(), log = tmp.sub("log");
-  ASSERT_EQ(RunQ(Args("awq", model, tmp.sub("out"), calib, "1"), log, {"3"}), -SIGKILL) << ReadFile(log);
+  ASSERT_EQ(RunQ(Args("awq", model, tmp.sub("out"), calib, "1"), log, KillAfter("3")), -SIGKILL) << ReadFile(log);
   std::vector<std::string> resume = Args("awq", model, tmp.sub("out"), calib, "1");
   resume.push_back("--resume");
   const std::string acts = Staging(tmp.path(), "out").at(0) + "/activations-3.bin";
@@ -282,7 +244,7 @@ TEST(QuantizeResume, NothingToResumeAndStartingOver) {
       << ReadFile(log);
   EXPECT_NE(ReadFile(log).find("run the same command without --resume to start one"), std::string::npos);
 
-  ASSERT_EQ(RunQ(Args("rtn", model, tmp.sub("out"), calib, "1"), log, {"2"}), -SIGKILL);
+  ASSERT_EQ(RunQ(Args("rtn", model, tmp.sub("out"), calib, "1"), log, KillAfter("2")), -SIGKILL);
   ASSERT_EQ(Staging(tmp.path(), "out").size(), 1u);
   ASSERT_EQ(RunQ(Args("rtn", model, tmp.sub("out"), calib, "1"), log), 0) << ReadFile(log);
   EXPECT_NE(ReadFile(log).find("note: starting over: removing "), std::string::npos) << ReadFile(log);
@@ -297,7 +259,7 @@ TEST(QuantizeResume, FailedWriteLeavesTheRunResumable) {
   NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
   nibble_test::TempDir tmp;
   const std::string calib = Calib(tmp), model = nibble_test::EmbeddedModel(), log = tmp.sub("log");
-  Launch limited;
+  SpawnOptions limited;
   limited.max_file_size = 2200 << 10;  // above every shard (2 MiB at most); the spool outgrows it late in the run
   ASSERT_EQ(RunQ(Args("gptq", model, tmp.sub("out"), calib, "1"), log, limited), 1) << ReadFile(log);
   const std::string text = ReadFile(log);

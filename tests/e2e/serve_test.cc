@@ -6,7 +6,6 @@
 // missing, without node or the package. The KV flags shared with generate, without node.
 #include <gtest/gtest.h>
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,16 +45,9 @@ class ServeTest : public ::testing::Test {
     log_ = (fs::temp_directory_path() / ("nibble_serve_" + std::to_string(getpid()) + ".log")).string();
     const std::string model = SharedModel("prose-llama-7m");
     const std::string tmpl = SourceDir() + "/tests/e2e/data/serve_chat_template.jinja";
-    pid_ = fork();
-    if (pid_ == 0) {
-      const int fd = open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 2);
-      dup2(fd, 1);
-      const std::string bin = NibbleBinary();
-      execl(bin.c_str(), bin.c_str(), "serve", "--model", model.c_str(), "--port", "0", "--api_key", kServeKey, "--alias", "served",
-            "--chat_template", tmpl.c_str(), "--parallel", "8", "--ctx_size", "512", "--threads", "2", nullptr);
-      _exit(127);
-    }
+    pid_ = SpawnNibble({"serve", "--model", model, "--port", "0", "--api_key", kServeKey, "--alias", "served",
+                        "--chat_template", tmpl, "--parallel", "8", "--ctx_size", "512", "--threads", "2"},
+                       log_);
     const auto t0 = std::chrono::steady_clock::now();
     std::smatch m;
     while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60)) {

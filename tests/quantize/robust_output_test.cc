@@ -3,25 +3,20 @@
 // unwritable / full outputs give clear errors; outputs are byte-identical across runs and thread
 // counts (sha256 of every file).
 #include <gtest/gtest.h>
-#include <openssl/evp.h>
 #include <signal.h>
 #include <sys/mount.h>
-#include <fcntl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <random>
-#include <sstream>
 #include <thread>
 
 #include <nibble/nibble.h>
 
+#include "e2e/run_nibble.h"
 #include "test_paths.h"
 
 namespace fs = std::filesystem;
@@ -33,52 +28,14 @@ std::string MakeTempDir() {
   return mkdtemp(tmpl);
 }
 
-// Starts `nibble quantize` of the embedded model into `out`; returns the child's pid.
+using nibble_test::HashDir;
+using nibble_test::WaitExit;
+
+// Starts `nibble quantize` of the embedded model into `out`, output to /dev/null; returns its pid.
 pid_t StartQuantize(const std::string& out, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> args = {nibble_test::NibbleBinary(), "quantize", "--model_dir", nibble_test::EmbeddedModel(),
-                                   "--output_dir", out};
+  std::vector<std::string> args = {"quantize", "--model_dir", nibble_test::EmbeddedModel(), "--output_dir", out};
   args.insert(args.end(), extra.begin(), extra.end());
-  pid_t pid = fork();
-  if (pid == 0) {
-    int devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    dup2(devnull, 2);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-}
-
-std::string Sha256File(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string data = ss.str();
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
-  std::string hex;
-  char buf[3];
-  for (unsigned int i = 0; i < len; ++i) {
-    std::snprintf(buf, sizeof(buf), "%02x", md[i]);
-    hex += buf;
-  }
-  return hex;
-}
-
-std::map<std::string, std::string> HashDir(const std::string& dir) {
-  std::map<std::string, std::string> h;
-  for (const auto& e : fs::directory_iterator(dir)) h[e.path().filename().string()] = Sha256File(e.path().string());
-  return h;
+  return nibble_test::SpawnNibble(args);
 }
 
 TEST(QuantizeOutput, SigkillNeverLeavesPartialCheckpoint) {
@@ -92,7 +49,7 @@ TEST(QuantizeOutput, SigkillNeverLeavesPartialCheckpoint) {
     pid_t pid = StartQuantize(out);
     std::this_thread::sleep_for(std::chrono::microseconds(delay_us(rng)));
     kill(pid, SIGKILL);
-    Wait(pid);
+    WaitExit(pid);
     if (!fs::exists(out)) {
       ++absent;
       continue;
@@ -106,7 +63,7 @@ TEST(QuantizeOutput, SigkillNeverLeavesPartialCheckpoint) {
   std::printf("20 SIGKILLs: %d left nothing, %d left a complete checkpoint\n", absent, complete);
   // The next run cleans staging directories left by killed runs.
   fs::remove_all(out);
-  ASSERT_EQ(Wait(StartQuantize(out)), 0);
+  ASSERT_EQ(WaitExit(StartQuantize(out)), 0);
   for (const auto& e : fs::directory_iterator(tmp))
     EXPECT_EQ(e.path().filename().string().find(".nibble-tmp-"), std::string::npos) << "stale " << e.path();
   fs::remove_all(tmp);
@@ -114,9 +71,9 @@ TEST(QuantizeOutput, SigkillNeverLeavesPartialCheckpoint) {
 
 TEST(QuantizeOutput, ByteIdenticalAcrossRunsAndThreadCounts) {
   const std::string tmp = MakeTempDir();
-  ASSERT_EQ(Wait(StartQuantize(tmp + "/a", {"--threads", "1"})), 0);
-  ASSERT_EQ(Wait(StartQuantize(tmp + "/b", {"--threads", "2"})), 0);
-  ASSERT_EQ(Wait(StartQuantize(tmp + "/c", {"--threads", "2"})), 0);
+  ASSERT_EQ(WaitExit(StartQuantize(tmp + "/a", {"--threads", "1"})), 0);
+  ASSERT_EQ(WaitExit(StartQuantize(tmp + "/b", {"--threads", "2"})), 0);
+  ASSERT_EQ(WaitExit(StartQuantize(tmp + "/c", {"--threads", "2"})), 0);
   const auto a = HashDir(tmp + "/a"), b = HashDir(tmp + "/b"), c = HashDir(tmp + "/c");
   ASSERT_FALSE(a.empty());
   EXPECT_EQ(a, b);
