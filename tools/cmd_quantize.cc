@@ -39,6 +39,14 @@ bool ParseSize(const std::string& text, int64_t* out) {
   return true;
 }
 
+// "Quantization algorithm: rtn | awq | gptq, or a chain run in order on each layer (awq,gptq)",
+// the names from the library's registry.
+std::string QuantAlgoHelp() {
+  std::string names;
+  for (const std::string& n : nibble::QuantAlgoNames()) names += (names.empty() ? "" : " | ") + n;
+  return "Quantization algorithm: " + names + ", or a chain of them run in order on each layer (awq,gptq)";
+}
+
 // Per layer: the chosen ratio and loss of each AWQ mapping, GPTQ's damping where it was not the
 // asked one, and the RTN -> method output errors.
 void PrintCalibSummary(std::FILE* out, const nibble::QuantizeRequest& r, const nibble::QuantizeSummary& s) {
@@ -156,7 +164,7 @@ Runner RegisterQuantize(CLI::App& app) {
                                  "w_uint4_per_group_asym | w_int4_per_group_sym | w_uint4_per_channel_asym | w_int4_per_channel_sym")
                      ->capture_default_str();
   auto* gs = cmd->add_option("--group_size", r.group_size, "Group size along in_features (per_group schemes)")->capture_default_str();
-  cmd->add_option("--quant_algo", r.quant_algo, "Quantization algorithm: rtn | awq | gptq | awq,gptq")->capture_default_str();
+  cmd->add_option("--quant_algo", r.quant_algo, QuantAlgoHelp())->capture_default_str();
   cmd->add_option("--dataset", r.dataset, "Calibration data (awq, gptq): a text file (one text) or JSONL with a \"text\" field");
   cmd->add_option("--num_calib_data", r.num_calib_data, "Calibration chunks")->capture_default_str();
   cmd->add_option("--seq_len", r.seq_len, "Tokens per calibration chunk")->capture_default_str();

@@ -138,6 +138,9 @@ struct QuantAlgoInfo {
 /// in (smoothing after rounding, two rounding algorithms, rtn in a chain).
 Result<QuantAlgoInfo> DescribeQuantAlgo(const std::string& quant_algo);
 
+/// The registry's algorithm names, in the order errors list them ("rtn", "awq", "gptq").
+std::vector<std::string> QuantAlgoNames();
+
 /// AWQ outcome of one scaling_layers mapping in one decoder layer.
 struct AwqMappingSummary {
   std::string prev_op;

@@ -265,6 +265,12 @@ Result<QuantAlgoInfo> DescribeQuantAlgo(const std::string& quant_algo) {
   return QuantAlgoInfo{plan.Name(), plan.Label(), plan.Calibrated()};
 }
 
+std::vector<std::string> QuantAlgoNames() {
+  std::vector<std::string> names;
+  for (const QuantAlgorithm& a : QuantAlgorithms()) names.emplace_back(a.name);
+  return names;
+}
+
 // The flags that decide the output's bytes, by flag name, for a resumed run to match (the thread
 // count and the report's flags do not change them).
 Result<nlohmann::ordered_json> ResumeSettings(const QuantizeRequest& r) {
