@@ -26,4 +26,21 @@ constexpr int64_t kW4Bf16BlockMinRows = 2;
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1);
 
+/// A block of the many-row kernel (g a multiple of 128): `rows` weight rows × `acts` activation
+/// rows, each decoded run feeding `acts` dot products and each activation load `rows`.
+struct W4Bf16BlockShape {
+  int64_t rows = 2;
+  int64_t acts = 4;
+};
+constexpr int64_t kW4Bf16BlockMaxRows = 4;
+constexpr int64_t kW4Bf16BlockMaxActs = 8;
+/// The shape GemmW4Bf16Avx512 runs from kW4Bf16BlockMinRows rows on (docs/PERFORMANCE.md "Batched
+/// decode": no other shape measured faster on Zen 5).
+constexpr W4Bf16BlockShape kW4Bf16BlockShape{2, 4};
+/// The many-row kernel in blocks of `shape` (remainders of N and M in smaller blocks). The shape
+/// only orders the (activation row, weight row) pairs, whose arithmetic is fixed by K and g: every
+/// shape gives the same bits (tested against kW4Bf16BlockShape for M = 2..16).
+void GemmW4Bf16Avx512Blocks(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
+                            int64_t n0, int64_t n1, W4Bf16BlockShape shape);
+
 }  // namespace nibble
