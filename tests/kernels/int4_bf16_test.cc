@@ -463,11 +463,11 @@ TEST(W4Bf16Test, BatchesOfOneToSixteenRowsAndRowsIndependentOfTheBatch) {
 }
 
 // The many-row kernel's block shape only orders the (activation row, weight row) pairs: every
-// shape up to 4 weight rows × 8 activation rows gives each pair the bits of the default 2 × 4
-// blocks, for M = 2..16 (remainders of N and M in smaller blocks), odd N and more than 64 groups
-// (the zero-point corrections are added per 64 groups). Shapes of more than 8 pairs keep their
-// running sums on the stack, the others in registers: both are covered.
-TEST(W4Bf16Test, EveryBlockShapeGivesTheDefaultShapesBits) {
+// shape up to 4 weight rows × 8 activation rows, the default included, gives each pair the bits of
+// 2 × 4 blocks (the shape before 2 × 8), for M = 2..16 (remainders of N and M in smaller blocks),
+// odd N and more than 64 groups (the zero-point corrections are added per 64 groups). Shapes of
+// more than 8 pairs keep their running sums on the stack, the others in registers: both covered.
+TEST(W4Bf16Test, EveryBlockShapeGivesTheBitsOfTwoByFourBlocks) {
   if (FastKernel() == nullptr) GTEST_SKIP() << "no AVX-512 BF16 kernel on this CPU: " << ActiveW4Dispatch().gemm_bf16_reason;
   std::mt19937 rng(29);
   std::normal_distribution<float> xd(0.f, 1.f);
@@ -485,7 +485,9 @@ TEST(W4Bf16Test, EveryBlockShapeGivesTheDefaultShapesBits) {
       const float* b = sym ? bias.data() : nullptr;
       for (int64_t mr = 2; mr <= kRows; ++mr) {
         std::vector<float> ref(static_cast<size_t>(mr * n)), y(ref.size());
-        GemmW4Bf16Avx512Blocks(p.w, rows.acts.data(), mr, b, ref.data(), 0, n, kW4Bf16BlockShape);
+        GemmW4Bf16Avx512Blocks(p.w, rows.acts.data(), mr, b, ref.data(), 0, n, {2, 4});
+        GemmW4Bf16Avx512(p.w, rows.acts.data(), mr, b, y.data(), 0, n);
+        EXPECT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << "g=" << g << " sym=" << sym << " M=" << mr << " default";
         for (int64_t nj = 1; nj <= kW4Bf16BlockMaxRows; ++nj) {
           for (int64_t mi = 1; mi <= kW4Bf16BlockMaxActs; ++mi) {
             std::fill(y.begin(), y.end(), std::nanf(""));
