@@ -6,6 +6,7 @@
 // (fast kernel, matmul or fallback) for decode and prefill row counts.
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -455,6 +456,45 @@ TEST(W4Bf16Test, BatchesOfOneToSixteenRowsAndRowsIndependentOfTheBatch) {
           std::vector<float> y(static_cast<size_t>(8 * n));
           fast(p.w, batch.data(), 8, b, y.data(), 0, n);
           EXPECT_EQ(std::memcmp(y.data() + slot * n, yall.data(), static_cast<size_t>(n) * 4), 0) << "g=" << g << " slot " << slot;
+        }
+      }
+    }
+  }
+}
+
+// The many-row kernel's block shape only orders the (activation row, weight row) pairs: every
+// shape up to 4 weight rows × 8 activation rows, the default included, gives each pair the bits of
+// 2 × 4 blocks (the shape before 2 × 8), for M = 2..16 (remainders of N and M in smaller blocks),
+// odd N and more than 64 groups (the zero-point corrections are added per 64 groups). Shapes of
+// more than 8 pairs keep their running sums on the stack, the others in registers: both covered.
+TEST(W4Bf16Test, EveryBlockShapeGivesTheBitsOfTwoByFourBlocks) {
+  if (FastKernel() == nullptr) GTEST_SKIP() << "no AVX-512 BF16 kernel on this CPU: " << ActiveW4Dispatch().gemm_bf16_reason;
+  std::mt19937 rng(29);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  constexpr int64_t kRows = 16, n = 11;
+  for (int64_t g : {128, 256}) {
+    const int64_t k = g * 67;
+    for (bool sym : {false, true}) {
+      const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, g, sym);
+      Packed p(m);
+      std::vector<float> x(static_cast<size_t>(k * kRows));
+      for (auto& v : x) v = xd(rng);
+      PreparedRows rows(x.data(), kRows, k, g);
+      std::vector<float> bias(static_cast<size_t>(n));
+      for (auto& v : bias) v = xd(rng);
+      const float* b = sym ? bias.data() : nullptr;
+      for (int64_t mr = 2; mr <= kRows; ++mr) {
+        std::vector<float> ref(static_cast<size_t>(mr * n)), y(ref.size());
+        GemmW4Bf16Avx512Blocks(p.w, rows.acts.data(), mr, b, ref.data(), 0, n, {2, 4});
+        GemmW4Bf16Avx512(p.w, rows.acts.data(), mr, b, y.data(), 0, n);
+        EXPECT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << "g=" << g << " sym=" << sym << " M=" << mr << " default";
+        for (int64_t nj = 1; nj <= kW4Bf16BlockMaxRows; ++nj) {
+          for (int64_t mi = 1; mi <= kW4Bf16BlockMaxActs; ++mi) {
+            std::fill(y.begin(), y.end(), std::nanf(""));
+            GemmW4Bf16Avx512Blocks(p.w, rows.acts.data(), mr, b, y.data(), 0, n, {nj, mi});
+            EXPECT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0)
+                << "g=" << g << " sym=" << sym << " M=" << mr << " shape " << nj << "x" << mi;
+          }
         }
       }
     }

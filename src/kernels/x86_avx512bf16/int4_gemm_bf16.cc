@@ -13,6 +13,7 @@
 
 #include "kernels/x86_avx512/lane_tree.h"
 #include "kernels/x86_avx512bf16/run_words.h"
+#include "base/check.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -158,14 +159,37 @@ void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, fl
 // kCorrGroups groups (and at the end) the zero-point corrections of those groups, 16 per vector
 // (one per lane): sum = fma(16·s, fma(z, c1, c0), sum), i.e. s·(−(128 + z)·σ) per group; at the
 // end the lane tree + bias. With the correction out of the chains each group and pair costs one
-// FMA beside its four vdpbf16ps.
-constexpr int64_t kBlockRows = 2;     // weight rows per block (NJ)
-constexpr int64_t kBlockActs = 4;     // activation rows per block (MI)
-constexpr int64_t kCorrGroups = 64;   // groups whose scales and zero points a block holds at once
+// FMA beside its four vdpbf16ps. The block's shape only schedules that work: every shape gives
+// each pair the same bits.
+constexpr int64_t kCorrGroups = 64;  // groups whose scales and zero points a block holds at once
+
+// A block's running sums: in registers up to 8 pairs; past that the NJ·MI chains take half of the
+// 32 zmm, so the sums live on the stack and each group's scale FMA reads and writes them there.
+template <int NJ, int MI, bool kInRegs = (NJ * MI <= 8)>
+struct BlockSums {
+  __m512 v[NJ][MI];
+  BlockSums() {
+    for (int j = 0; j < NJ; ++j)
+      for (int i = 0; i < MI; ++i) v[j][i] = _mm512_setzero_ps();
+  }
+  __m512 Get(int j, int i) const { return v[j][i]; }
+  void Set(int j, int i, __m512 x) { v[j][i] = x; }
+};
 
 template <int NJ, int MI>
+struct BlockSums<NJ, MI, false> {
+  alignas(64) float v[NJ][MI][16];
+  BlockSums() {
+    for (int j = 0; j < NJ; ++j)
+      for (int i = 0; i < MI; ++i) _mm512_store_ps(v[j][i], _mm512_setzero_ps());
+  }
+  __m512 Get(int j, int i) const { return _mm512_load_ps(v[j][i]); }
+  void Set(int j, int i, __m512 x) { _mm512_store_ps(v[j][i], x); }
+};
+
+template <int NJ, int MI, typename Sums>
 inline void AddCorrection(const float (&sc)[NJ][kCorrGroups], const float (&zc)[NJ][kCorrGroups],
-                          const W4Bf16Acts* acts, int64_t g0, int64_t len, __m512 (&tot)[NJ][MI]) {
+                          const W4Bf16Acts* acts, int64_t g0, int64_t len, Sums& tot) {
   for (int64_t o = 0; o < len; o += 16) {
     const __mmask16 mk = len - o >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (len - o)) - 1);
     __m512 s16[NJ], z[NJ];
@@ -176,7 +200,7 @@ inline void AddCorrection(const float (&sc)[NJ][kCorrGroups], const float (&zc)[
     for (int i = 0; i < MI; ++i) {
       const __m512 c0 = _mm512_maskz_loadu_ps(mk, acts[i].c0 + g0 + o);
       const __m512 c1 = _mm512_maskz_loadu_ps(mk, acts[i].c1 + g0 + o);
-      for (int j = 0; j < NJ; ++j) tot[j][i] = _mm512_fmadd_ps(s16[j], _mm512_fmadd_ps(z[j], c1, c0), tot[j][i]);
+      for (int j = 0; j < NJ; ++j) tot.Set(j, i, _mm512_fmadd_ps(s16[j], _mm512_fmadd_ps(z[j], c1, c0), tot.Get(j, i)));
     }
   }
 }
@@ -187,9 +211,7 @@ void Block(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, f
   const int64_t groups = w.k / w.group_size, spg = w.group_size / 128, header = w.rec_header;
   const uint8_t* rec[NJ];
   for (int j = 0; j < NJ; ++j) rec[j] = w.data + (r0 + j) * w.row_bytes;  // one group per record
-  __m512 tot[NJ][MI];
-  for (int j = 0; j < NJ; ++j)
-    for (int i = 0; i < MI; ++i) tot[j][i] = _mm512_setzero_ps();
+  BlockSums<NJ, MI> tot;
   alignas(64) float sc[NJ][kCorrGroups], zc[NJ][kCorrGroups];  // s and z of the chunk's groups
   for (int64_t g0 = 0; g0 < groups; g0 += kCorrGroups) {
     const int64_t len = std::min(kCorrGroups, groups - g0);
@@ -221,7 +243,7 @@ void Block(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, f
         sc[j][gi - g0] = s;
         zc[j][gi - g0] = kCodeFloat[kSym ? 8 : rec[j][4]];
         const __m512 sv = _mm512_set1_ps(s);
-        for (int i = 0; i < MI; ++i) tot[j][i] = _mm512_fmadd_ps(sv, acc[j][i], tot[j][i]);
+        for (int i = 0; i < MI; ++i) tot.Set(j, i, _mm512_fmadd_ps(sv, acc[j][i], tot.Get(j, i)));
         rec[j] += w.rec_bytes;
       }
     }
@@ -229,7 +251,7 @@ void Block(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, f
   }
   for (int j = 0; j < NJ; ++j)
     for (int i = 0; i < MI; ++i) {
-      const float v = ReduceTree(tot[j][i]);
+      const float v = ReduceTree(tot.Get(j, i));
       y[i * w.n + r0 + j] = bias != nullptr ? v + bias[r0 + j] : v;
     }
 }
@@ -239,6 +261,10 @@ using BlockFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*,
 template <int NJ, bool kSym>
 BlockFn BlockFor(int64_t mi) {
   switch (mi) {
+    case 8: return Block<NJ, 8, kSym>;
+    case 7: return Block<NJ, 7, kSym>;
+    case 6: return Block<NJ, 6, kSym>;
+    case 5: return Block<NJ, 5, kSym>;
     case 4: return Block<NJ, 4, kSym>;
     case 3: return Block<NJ, 3, kSym>;
     case 2: return Block<NJ, 2, kSym>;
@@ -246,9 +272,14 @@ BlockFn BlockFor(int64_t mi) {
   }
 }
 
-BlockFn SelectBlock(bool sym, int64_t nj, int64_t mi) {
-  if (nj == 2) return sym ? BlockFor<2, true>(mi) : BlockFor<2, false>(mi);
-  return sym ? BlockFor<1, true>(mi) : BlockFor<1, false>(mi);
+template <bool kSym>
+BlockFn SelectBlock(int64_t nj, int64_t mi) {
+  switch (nj) {
+    case 4: return BlockFor<4, kSym>(mi);
+    case 3: return BlockFor<3, kSym>(mi);
+    case 2: return BlockFor<2, kSym>(mi);
+    default: return BlockFor<1, kSym>(mi);
+  }
 }
 
 using TileFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t);
@@ -273,16 +304,23 @@ TileFn SelectGops(int64_t gops, int64_t mr) {
 
 }  // namespace
 
+void GemmW4Bf16Avx512Blocks(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
+                            int64_t n0, int64_t n1, W4Bf16BlockShape shape) {
+  NIBBLE_CHECK(w.group_size % 128 == 0 && shape.rows >= 1 && shape.rows <= kW4Bf16BlockMaxRows && shape.acts >= 1 &&
+               shape.acts <= kW4Bf16BlockMaxActs);
+  for (int64_t i0 = 0; i0 < m; i0 += shape.acts) {
+    const int64_t mi = std::min(shape.acts, m - i0);
+    for (int64_t r = n0; r < n1; r += shape.rows) {
+      const int64_t nj = std::min(shape.rows, n1 - r);
+      (w.symmetric ? SelectBlock<true> : SelectBlock<false>)(nj, mi)(w, a + i0, bias, y + i0 * w.n, r);
+    }
+  }
+}
+
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1) {
   if (m >= kW4Bf16BlockMinRows && w.group_size % 128 == 0) {
-    for (int64_t i0 = 0; i0 < m; i0 += kBlockActs) {
-      const int64_t mi = std::min(kBlockActs, m - i0);
-      for (int64_t r = n0; r < n1; r += kBlockRows) {
-        const int64_t nj = std::min(kBlockRows, n1 - r);
-        SelectBlock(w.symmetric, nj, mi)(w, a + i0, bias, y + i0 * w.n, r);
-      }
-    }
+    GemmW4Bf16Avx512Blocks(w, a, m, bias, y, n0, n1, kW4Bf16BlockShape);
     return;
   }
   if (m == 1 && w.group_size == 128) {

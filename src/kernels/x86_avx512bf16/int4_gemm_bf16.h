@@ -17,7 +17,7 @@ namespace nibble {
 /// weight row at a time (a flat loop over the records at g = 128, row tiles at other g); row tiles
 /// of up to 3 activation rows for any M where g is not a multiple of 128. From
 /// kW4Bf16BlockMinRows activation rows on (batched decode and up), when g is a multiple of 128,
-/// blocks of 2 weight rows × up to 4 activation rows whose chains start at zero, with the
+/// blocks of 2 weight rows × up to 8 activation rows whose chains start at zero, with the
 /// zero-point corrections added 16 groups per vector (a different fixed order, so results for
 /// such M are deterministic and independent of the N split and of the row's slot in the block,
 /// but not bit-identical to the same row run alone). Arithmetic per (row, weight row) in
@@ -25,5 +25,22 @@ namespace nibble {
 constexpr int64_t kW4Bf16BlockMinRows = 2;
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1);
+
+/// A block of the many-row kernel (g a multiple of 128): `rows` weight rows × `acts` activation
+/// rows, each decoded run feeding `acts` dot products and each activation load `rows`.
+struct W4Bf16BlockShape {
+  int64_t rows = 2;
+  int64_t acts = 4;
+};
+constexpr int64_t kW4Bf16BlockMaxRows = 4;
+constexpr int64_t kW4Bf16BlockMaxActs = 8;
+/// The shape GemmW4Bf16Avx512 runs from kW4Bf16BlockMinRows rows on: up to 8 rows in one pass over
+/// each weight row (docs/PERFORMANCE.md "Batched decode", "Block shapes").
+constexpr W4Bf16BlockShape kW4Bf16BlockShape{2, 8};
+/// The many-row kernel in blocks of `shape` (remainders of N and M in smaller blocks). The shape
+/// only orders the (activation row, weight row) pairs, whose arithmetic is fixed by K and g: every
+/// shape gives the same bits (tested against 2 × 4 blocks for M = 2..16).
+void GemmW4Bf16Avx512Blocks(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
+                            int64_t n0, int64_t n1, W4Bf16BlockShape shape);
 
 }  // namespace nibble
