@@ -137,8 +137,9 @@ class GptqRunSettings final : public AlgorithmSettings {
 
 // Per distinct input (QuantizeInput), while its Hessian is factorised: the codes of the linears
 // before it, H and its damped copy (and the permuted H under act-order), GramMatrix's per-thread
-// blocks (K x 64, fp32 and double); then the column loop: the factor U, Wᵀ in fp32, the codes and
-// the block's errors. true_sequential adds the dequantized layer and the re-run activations.
+// blocks (K x 64, fp32 and double; a chunked layer instead: the Gram matrices still waiting and
+// the chunk's forward scratch the runner keeps); then the column loop: the factor U, Wᵀ in fp32,
+// the codes and the block's errors. true_sequential adds the dequantized layer and its activations.
 std::vector<MemoryPhase> GptqRunSettings::MemoryPhases(const LayerMemoryShape& s) const {
   std::vector<MemoryPhase> out;
   int64_t codes_before = 0;
@@ -172,8 +173,10 @@ std::vector<MemoryPhase> GptqRunSettings::MemoryPhases(const LayerMemoryShape& s
     else
       p.terms.push_back({"GPTQ column loop of " + s.linear[widest] + ": factor " + Dims(k, k) + " fp32, W^T and codes",
                          loop});
-    if (s.chunked) p.terms.push_back({"Gram matrices of the inputs after it", later});
-    else p.terms.push_back({"Gram matrix blocks per thread", s.threads * k * 64 * 12});
+    if (s.chunked) {
+      p.terms.push_back({"Gram matrices of the inputs after it", later});
+      p.terms.push_back({"the fp pass's forward scratch of one chunk (kept)", s.chunk_rows * s.ScratchRowBytes()});
+    } else p.terms.push_back({"Gram matrix blocks per thread", s.threads * k * 64 * 12});
     if (codes_before > 0) p.terms.push_back({"codes of the linears quantized before it", codes_before});
     if (st_.true_sequential) {
       int64_t w = 0;
