@@ -105,7 +105,8 @@ peaks() {
 # hidden_size 8192, intermediate_size 28672, 64 / 8 heads) with vocab_size 32000 (width is what is
 # tested; the embedding stays small), 2 and 4 decoder layers, quantized with DEPTH_ALGO (rtn;
 # gptq or awq with DEPTH_CALIB calibration, default "--num_calib_data 2 --seq_len 64"), extra
-# flags in DEPTH_FLAGS (e.g. --max_memory 12GB: a 70B-wide GPTQ layer plans about 16 GB).
+# flags in DEPTH_FLAGS (e.g. --max_memory 12GB: a 70B-wide GPTQ layer plans about 11.9 GB at the
+# default calibration in bf16, 15.7 GB with --calib_dtype fp32).
 # Prints both peaks, the plans and the ratio; exits 1 when the 4-layer peak is more than 10 %
 # above or below the 2-layer one, or a peak is above its plan.
 section_depth() {

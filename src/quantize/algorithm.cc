@@ -147,6 +147,11 @@ bool AlgorithmPlan::ReuseAttention() const {
   return true;
 }
 
+bool AlgorithmPlan::ChunkedLayers(const ModelConfig& mc) const {
+  return ResolveCalibDType(calib_dtype, mc) != CalibDType::kFp32 && chain.size() == 1 && chain[0].settings &&
+         chain[0].settings->GramsOnly();
+}
+
 std::string AlgorithmPlan::CardLine() const {
   if (chain.size() == 1) return chain[0].algo->card;
   std::string out;

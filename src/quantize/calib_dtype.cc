@@ -77,6 +77,34 @@ const float* CarriedActivations::Take(std::vector<float>* wide) {
   return wide->data();
 }
 
+void CarriedActivations::Widen(int64_t offset, int64_t n, float* out) const {
+  if (t_ == CalibDType::kFp32) {
+    std::memcpy(out, f32_.data() + offset, static_cast<size_t>(n) * sizeof(float));
+  } else if (t_ == CalibDType::kBf16) {
+    Bf16ToF32Rows(h16_.data() + offset, 1, n, out);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) out[i] = F16ToF32(h16_[offset + i]);
+  }
+}
+
+void CarriedActivations::Resize(int64_t n) {
+  NIBBLE_CHECK(t_ != CalibDType::kAuto);
+  if (t_ == CalibDType::kFp32) f32_.assign(static_cast<size_t>(n), 0.0f);
+  else h16_.assign(static_cast<size_t>(n), 0);
+}
+
+void CarriedActivations::Put(int64_t offset, const float* v, int64_t n) {
+  if (t_ == CalibDType::kFp32) {
+    std::memcpy(f32_.data() + offset, v, static_cast<size_t>(n) * sizeof(float));
+  } else if (t_ == CalibDType::kBf16) {
+    ToBf16Bits(v, n, h16_.data() + offset);
+  } else {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) h16_[offset + i] = F32ToF16(v[i]);
+  }
+}
+
 int64_t CarriedActivations::bytes() const {
   return static_cast<int64_t>(f32_.size() * sizeof(float) + h16_.size() * sizeof(uint16_t));
 }

@@ -42,6 +42,12 @@ class CarriedActivations {
   /// The values as fp32: fp32 storage itself, else widened (exactly) into `*wide`, and the 16-bit
   /// copy released (the caller's buffer holds the layer input from then on).
   const float* Take(std::vector<float>* wide);
+  /// Values [offset, offset + n) as fp32 into out (exact), the storage kept.
+  void Widen(int64_t offset, int64_t n, float* out) const;
+  /// Storage for n values (zero), then Put fills [offset, offset + n) from fp32 (rounded for a
+  /// 16-bit dtype): a layer output written chunk by chunk.
+  void Resize(int64_t n);
+  void Put(int64_t offset, const float* v, int64_t n);
   int64_t bytes() const;
   /// The stored values as raw bytes and their safetensors dtype ("F32", "BF16", "F16"): what a
   /// resumable run saves at a layer boundary (quantize/resume.h).

@@ -29,12 +29,24 @@ std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k, GramFill 
         for (int64_t j = 0; j < w; ++j) g[(i0 + i) * k + c0 + j] = static_cast<float>(acc[i * w + j]);
     }
   }
-  if (fill == GramFill::kLowerMirrored) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < k; ++i)
-      for (int64_t j = i + 1; j < k; ++j) g[i * k + j] = g[j * k + i];
-  }
+  if (fill == GramFill::kLowerMirrored) MirrorLower(g.data(), k);
   return g;
+}
+
+void AccumulateGramLower(const float* x, int64_t rows, int64_t k, float* g) {
+  constexpr int64_t kCols = 64;
+  const int64_t blocks = (k + kCols - 1) / kCols;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t c0 = b * kCols, w = std::min(kCols, k - c0);
+    SgemmAtB(k - c0, w, rows, x + c0, k, x + c0, k, 1.0f, g + c0 * k + c0, k);
+  }
+}
+
+void MirrorLower(float* g, int64_t k) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = i + 1; j < k; ++j) g[i * k + j] = g[j * k + i];
 }
 
 }  // namespace nibble

@@ -36,6 +36,10 @@ struct LayerMemoryShape {
   int64_t hidden = 0, q_dim = 0, kv_dim = 0, intermediate = 0;
   int64_t act_bytes = 0;  // kCalibActBytes
   int threads = 1;
+  /// The layer runs in chunks of chunk_rows rows (AlgorithmPlan::ChunkedLayers): Gram matrices
+  /// instead of activations over all rows.
+  bool chunked = false;
+  int64_t chunk_rows = 0;
   std::array<int64_t, 7> n{}, k{}, groups{};  // groups: scale groups per row (0 when kept in float)
   std::array<bool, 7> quantized{};
   std::array<std::string, 7> linear;  // module names

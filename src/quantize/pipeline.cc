@@ -13,6 +13,7 @@
 #include "model/linear.h"
 #include "model/llama.h"
 #include "model/weights.h"
+#include "quantize/gram.h"
 #include "quantize/plan.h"
 
 namespace nibble {
@@ -112,10 +113,11 @@ std::array<bool, kNumLinears> HasBias(const ModelConfig& mc) {
   return {mc.qkv_bias, mc.qkv_bias, mc.qkv_bias, mc.o_bias, mc.mlp_bias, mc.mlp_bias, mc.mlp_bias};
 }
 
-// Runs L on x (`batch` sequences) up to `stop`, capturing into `a` (sized here); start = kMlp
-// resumes from a's attention stages.
-void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer& L, const float* x, int64_t batch,
-                 int64_t t, LayerStop stop, LayerStart start, LayerActs* a, Workspace* ws) {
+// Runs L (its calibration linears `lin`) on x (`batch` sequences) up to `stop`, capturing into
+// `a` (sized here); start = kMlp resumes from a's attention stages.
+void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer& L, const CalibLinears& lin,
+                 const float* x, int64_t batch, int64_t t, LayerStop stop, LayerStart start, LayerActs* a,
+                 Workspace* ws) {
   const int64_t rows = batch * t, h = c.hidden_size;
   LayerRun run;
   run.workspace = ws;
@@ -140,7 +142,6 @@ void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer&
     a->out.resize(rows * h);
     run.capture.mlp_act = a->mlp_act.data();
   }
-  const CalibLinears lin = MakeLinears(L);
   DecoderLayerForward(c, ViewOf(L, lin), rope, x, run, stop == LayerStop::kFull ? a->out.data() : nullptr);
   if (L.calib == CalibDType::kFp32) return;
   // The captured linear inputs as the linears saw them (rounded to the calibration dtype).
@@ -149,6 +150,11 @@ void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer&
     RoundActivations(a->attn_concat.data(), static_cast<int64_t>(a->attn_concat.size()), L.calib);
   if (stop >= LayerStop::kMlpIn) RoundActivations(a->mlp_in.data(), rows * h, L.calib);
   if (stop == LayerStop::kFull) RoundActivations(a->mlp_act.data(), static_cast<int64_t>(a->mlp_act.size()), L.calib);
+}
+
+void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer& L, const float* x, int64_t batch,
+                 int64_t t, LayerStop stop, LayerStart start, LayerActs* a, Workspace* ws) {
+  RunCaptured(c, rope, L, MakeLinears(L), x, batch, t, stop, start, a, ws);
 }
 
 }  // namespace
@@ -338,6 +344,170 @@ Result<std::vector<LinearErrorReport>> ErrorReport(const LayerRunner& runner, co
   return out;
 }
 
+// Sequences per chunk of the chunked passes, and the calibration rows' chunks [b0, b0 + nb).
+template <typename F>
+Status ForEachChunk(const LayerRunner& runner, int64_t batch, const F& f) {
+  const int64_t seqs = OutputChunkRows(runner.t()) / runner.t();
+  for (int64_t b0 = 0; b0 < batch; b0 += seqs) NIBBLE_RETURN_IF_ERROR(f(b0, std::min(seqs, batch - b0)));
+  return Status::Ok();
+}
+
+constexpr std::array<LayerInput, 4> kLayerInputs = {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn,
+                                                     LayerInput::kMlpAct};
+
+// The first quantized linear of L that reads `in`, -1 when none does.
+int QuantizedReaderOf(const CalibLayer& L, LayerInput in) {
+  for (int i = 0; i < kNumLinears; ++i)
+    if (InputOf(i) == in && L.spec[i]) return i;
+  return -1;
+}
+
+// The fp pass of a GramsOnly algorithm: per chunk of sequences of the carried input `in`, the
+// captured linear inputs are added into `grams` (those a quantized linear reads) in chunk order,
+// and (fp propagation, `next` not null) the layer output goes to `next`.
+Status ChunkedFpPass(const LayerRunner& runner, const CalibLayer& L, const CarriedActivations& in,
+                     CarriedActivations* next, LayerGrams* grams, const CancellationToken* cancel) {
+  const int64_t h = runner.config().hidden_size, t = runner.t();
+  grams->rows = runner.rows();
+  for (LayerInput li : kLayerInputs)
+    if (const int i = QuantizedReaderOf(L, li); i >= 0) grams->Of(li).assign(static_cast<size_t>(L.k[i] * L.k[i]), 0.0f);
+  const CalibLinears lin = MakeLinears(L);
+  LayerActs a;
+  std::vector<float> x;
+  NIBBLE_RETURN_IF_ERROR(ForEachChunk(runner, runner.batch(), [&](int64_t b0, int64_t nb) -> Status {
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + " (calibration rows " + std::to_string(b0 * t) + ")")));
+    x.resize(static_cast<size_t>(nb * t * h));
+    in.Widen(b0 * t * h, nb * t * h, x.data());
+    RunCaptured(runner.config(), runner.rope(), L, lin, x.data(), nb, t, LayerStop::kFull, LayerStart::kInput, &a,
+                &runner.Workspaces(1)[0]);
+    for (LayerInput li : kLayerInputs)
+      if (const int i = QuantizedReaderOf(L, li); i >= 0) AccumulateGramLower(a.Of(li), nb * t, L.k[i], grams->Of(li).data());
+    if (next != nullptr) next->Put(b0 * t * h, a.out.data(), nb * t * h);
+    return Status::Ok();
+  }));
+  for (LayerInput li : kLayerInputs)
+    if (const int i = QuantizedReaderOf(L, li); i >= 0) MirrorLower(grams->Of(li).data(), L.k[i]);
+  return Status::Ok();
+}
+
+// The output of `L` on every sequence of `in` into `next`, chunk by chunk (quantized propagation).
+Status ChunkedOutput(const LayerRunner& runner, const CalibLayer& L, const CarriedActivations& in,
+                     CarriedActivations* next, const CancellationToken* cancel) {
+  const int64_t h = runner.config().hidden_size, t = runner.t();
+  const CalibLinears lin = MakeLinears(L);
+  std::vector<float> x;
+  return ForEachChunk(runner, runner.batch(), [&](int64_t b0, int64_t nb) -> Status {
+    NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + " (propagation)")));
+    x.resize(static_cast<size_t>(nb * t * h));
+    in.Widen(b0 * t * h, nb * t * h, x.data());
+    LayerRun run;
+    run.workspace = &runner.Workspaces(1)[0];
+    run.batch = nb;
+    run.t = t;
+    DecoderLayerForward(runner.config(), ViewOf(L, lin), runner.rope(), x.data(), run, x.data());
+    next->Put(b0 * t * h, x.data(), nb * t * h);
+    return Status::Ok();
+  });
+}
+
+// Σ (a − b)² (b null: Σ a²) over fixed blocks of 4096 (double partials summed in block order).
+double SquaredErrorBlocks(const float* a, const float* b, int64_t n) {
+  static const std::vector<float> zero(4096, 0.0f);
+  const int64_t blocks = (n + 4095) / 4096;
+  std::vector<double> part(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static)
+  for (int64_t bl = 0; bl < blocks; ++bl) {
+    const int64_t e = std::min(n, (bl + 1) * 4096);
+    part[bl] = SquaredErrorSum(a + bl * 4096, b != nullptr ? b + bl * 4096 : zero.data(), e - bl * 4096);
+  }
+  double s = 0;
+  for (double p : part) s += p;
+  return s;
+}
+
+// ErrorReport for a GramsOnly algorithm (no weight edited: the original layer is L) from the
+// carried input, chunk by chunk over the report rows: per linear, Σ y², Σ (y − y_rtn)² and
+// Σ (y − y_final)² summed in chunk order (RTN of each linear redone per chunk, not held).
+Result<std::vector<LinearErrorReport>> ChunkedErrorReport(const LayerRunner& runner, const CalibLayer& L,
+                                                          const CalibLayer& deq, const CarriedActivations& in,
+                                                          const CancellationToken* cancel) {
+  const int64_t h = runner.config().hidden_size, t = runner.t();
+  const int64_t report_batch = std::min<int64_t>(runner.batch(), std::max<int64_t>(1, ReportRows(runner.rows()) / t));
+  std::array<double, kNumLinears> den{}, rtn{}, method{};
+  std::array<bool, kNumLinears> rtn_ok{};
+  rtn_ok.fill(true);
+  const CalibLinears lin = MakeLinears(L);
+  LayerActs a;
+  std::vector<float> x, y, yq;
+  NIBBLE_RETURN_IF_ERROR(ForEachChunk(runner, report_batch, [&](int64_t b0, int64_t nb) -> Status {
+    const int64_t rows = nb * t;
+    x.resize(static_cast<size_t>(rows * h));
+    in.Widen(b0 * t * h, rows * h, x.data());
+    RunCaptured(runner.config(), runner.rope(), L, lin, x.data(), nb, t, LayerStop::kFull, LayerStart::kInput, &a,
+                &runner.Workspaces(1)[0]);
+    for (int i = 0; i < kNumLinears; ++i) {
+      if (!L.spec[i]) continue;
+      NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + "." + DecoderLinearNames()[i] + " (error report)")));
+      const int64_t n = L.n[i], k = L.k[i];
+      const float* xi = a.Of(InputOf(i));
+      y.resize(static_cast<size_t>(rows * n));
+      yq.resize(y.size());
+      SgemmXWt(rows, n, k, xi, k, L.w[i]->data(), k, 0.0f, y.data(), n);
+      den[i] += SquaredErrorBlocks(y.data(), nullptr, rows * n);
+      if (auto rq = RtnDequant(*L.w[i], n, k, *L.spec[i], L.dtype[i]); rq.ok() && rtn_ok[i]) {
+        SgemmXWt(rows, n, k, xi, k, rq->data(), k, 0.0f, yq.data(), n);
+        rtn[i] += SquaredErrorBlocks(y.data(), yq.data(), rows * n);
+      } else {
+        rtn_ok[i] = false;
+      }
+      SgemmXWt(rows, n, k, xi, k, deq.w[i]->data(), k, 0.0f, yq.data(), n);
+      method[i] += SquaredErrorBlocks(y.data(), yq.data(), rows * n);
+    }
+    return Status::Ok();
+  }));
+  std::vector<LinearErrorReport> out;
+  for (int i = 0; i < kNumLinears; ++i) {
+    LinearErrorReport lr;
+    lr.name = L.name + "." + DecoderLinearNames()[i];
+    lr.quantized = L.spec[i].has_value();
+    if (lr.quantized && den[i] > 0) {
+      lr.rtn_error = rtn_ok[i] ? rtn[i] / den[i] : 0.0;
+      lr.method_error = method[i] / den[i];
+    }
+    out.push_back(lr);
+  }
+  return out;
+}
+
+// A GramsOnly algorithm's layer in a 16-bit calibration (pipeline.h): the fp pass in chunks into
+// Gram matrices, the codes from them, then the next layer's input (quantized propagation) and the
+// error report, each in chunks from `carried`, which becomes the next layer's input. No capture
+// point exists for all rows; the forward scratch is one chunk's.
+Status ChunkedLayer(const LayerRunner& runner, const CalibLayer& L, LayerAlgorithm& algo, Propagation prop,
+                    CarriedActivations& carried, LayerCodes& codes, std::vector<LinearErrorReport>* report,
+                    const std::function<Status()>& tick, const std::function<void(const char*)>& stage,
+                    const CancellationToken* cancel) {
+  CarriedActivations next(L.calib);
+  const int64_t n = runner.rows() * runner.config().hidden_size;
+  stage("calibrate");
+  {
+    LayerGrams grams;
+    if (prop == Propagation::kFp) next.Resize(n);
+    NIBBLE_RETURN_IF_ERROR(ChunkedFpPass(runner, L, carried, prop == Propagation::kFp ? &next : nullptr, &grams, cancel));
+    stage("quantize");
+    NIBBLE_RETURN_IF_ERROR(algo.FinishGrams(grams, L, codes, tick));
+  }
+  CalibLayer deq;
+  NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq, cancel));
+  if (prop == Propagation::kQuantized) {
+    next.Resize(n);
+    NIBBLE_RETURN_IF_ERROR(ChunkedOutput(runner, deq, carried, &next, cancel));
+  }
+  NIBBLE_ASSIGN_OR_RETURN(*report, ChunkedErrorReport(runner, L, deq, carried, cancel));
+  carried = std::move(next);
+  return Status::Ok();
+}
+
 // Hands the layer's tensors to the sink in LayerTensorNames order.
 Status SinkLayer(CalibLayer& L, LayerCodes& codes, const LayerTensorSink& sink, const CancellationToken* cancel) {
   NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + " (export)")));
@@ -396,6 +566,9 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
                                                " of " + std::to_string(total_steps)));
   };
   LayerRunner runner(mc, batch, seq_len, o.reuse_attention);
+  // A 16-bit calibration of an algorithm that needs only Gram matrices runs each layer in chunks
+  // (ChunkedLayer); fp32 keeps the whole-rows path and its bytes.
+  const bool chunked = calib != CalibDType::kFp32 && algo.GramsOnly();
   PipelineResult res;
   res.layers = o.start_reports;
   for (int64_t l = o.start_layer; l < mc.num_hidden_layers; ++l) {
@@ -403,34 +576,38 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     const auto tl = std::chrono::steady_clock::now();
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(o.cancel, QuantizeAt("layer " + std::to_string(l + 1) + " of " +
                                                                 std::to_string(mc.num_hidden_layers))));
-    auto stage = [&](const char* what) {
+    const std::function<void(const char*)> stage = [&](const char* what) {
       if (o.on_stage) o.on_stage(l, what);
     };
     stage("load");
     NIBBLE_ASSIGN_OR_RETURN(CalibLayer L, LoadLayer(mc, store, plan, l, calib));
-    const CalibLayer orig = L.Clone();
-    runner.SetInput(carried.Take(&x_wide));
-    stage("calibrate");
-    NIBBLE_RETURN_IF_ERROR(algo.Transform(runner, L, tick));
-    const LayerActs& fp = runner.Run(L, LayerStop::kFull);
-    std::vector<float> x_next;
-    if (o.propagation == Propagation::kFp) x_next = fp.out;
-    LayerCodes codes;
-    stage("quantize");
-    NIBBLE_RETURN_IF_ERROR(algo.Finish(runner, L, codes, tick));
-    CalibLayer deq;
-    NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq, o.cancel));
-    if (o.propagation == Propagation::kQuantized && calib != CalibDType::kFp32) {
-      runner.RunOutput(deq, &x_next);
-    } else if (o.propagation == Propagation::kQuantized) {  // (the fp32 path's bytes: one pass over all rows)
-      LayerActs qa;
-      runner.RunFresh(deq, batch, &qa);
-      x_next = std::move(qa.out);
-    }
     LayerReport rep;
     rep.layer = l;
-    NIBBLE_ASSIGN_OR_RETURN(rep.linears, ErrorReport(runner, orig, L, deq, runner.acts(), o.cancel));
-    carried.Store(std::move(x_next));
+    LayerCodes codes;
+    if (chunked) {
+      NIBBLE_RETURN_IF_ERROR(ChunkedLayer(runner, L, algo, o.propagation, carried, codes, &rep.linears, tick, stage, o.cancel));
+    } else {
+      const CalibLayer orig = L.Clone();
+      runner.SetInput(carried.Take(&x_wide));
+      stage("calibrate");
+      NIBBLE_RETURN_IF_ERROR(algo.Transform(runner, L, tick));
+      const LayerActs& fp = runner.Run(L, LayerStop::kFull);
+      std::vector<float> x_next;
+      if (o.propagation == Propagation::kFp) x_next = fp.out;
+      stage("quantize");
+      NIBBLE_RETURN_IF_ERROR(algo.Finish(runner, L, codes, tick));
+      CalibLayer deq;
+      NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq, o.cancel));
+      if (o.propagation == Propagation::kQuantized && calib != CalibDType::kFp32) {
+        runner.RunOutput(deq, &x_next);
+      } else if (o.propagation == Propagation::kQuantized) {  // (the fp32 path's bytes: one pass over all rows)
+        LayerActs qa;
+        runner.RunFresh(deq, batch, &qa);
+        x_next = std::move(qa.out);
+      }
+      NIBBLE_ASSIGN_OR_RETURN(rep.linears, ErrorReport(runner, orig, L, deq, runner.acts(), o.cancel));
+      carried.Store(std::move(x_next));
+    }
     stage("write");
     NIBBLE_RETURN_IF_ERROR(SinkLayer(L, codes, sink, o.cancel));
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();

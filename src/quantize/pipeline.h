@@ -10,6 +10,10 @@
 //   5. per-linear output errors for the report (RTN of the original weights against the result);
 //   6. the layer's tensors go to the sink (the exporter) and are freed; the next layer's input is
 //      the fp pass's output, or (quantized propagation) the output of the dequantized layer.
+// A 16-bit calibration of an algorithm that needs only Gram matrices (LayerAlgorithm::GramsOnly:
+// GPTQ alone) runs steps 3 to 6 in chunks of whole sequences from the 16-bit layer input: the fp
+// pass adds each chunk's linear inputs into one XᵀX per input, and no capture point ever holds
+// every row (the memory of a layer no longer grows with the calibration rows but for its input).
 // Results do not depend on the thread count: every reduction runs in fixed blocks.
 #pragma once
 
@@ -105,10 +109,20 @@ inline constexpr int64_t kCalibActBytes = sizeof(float);
 /// A layer's activations on the calibration rows (model/decoder_layer.h capture points), fp32.
 /// In a 16-bit calibration dtype the linear inputs (attn_in, attn_concat, mlp_in, mlp_act) hold
 /// the values rounded to it (what the linears multiply); attn_residual and out are not rounded.
-/// Every buffer spans all rows: GPTQ's Hessians and AWQ's statistics and searches read them whole.
+/// On the whole-rows path every buffer spans all rows (AWQ's statistics and searches, GPTQ in
+/// fp32 or true_sequential read them whole); a chunked layer's span one chunk.
 struct LayerActs {
   std::vector<float> attn_in, attn_concat, attn_residual, mlp_in, mlp_act, out;
   const float* Of(LayerInput in) const;
+};
+
+/// Each quantized linear input's Gram matrix XᵀX [K, K] fp32 over every calibration row (by
+/// LayerInput; empty where no quantized linear reads it), as a 16-bit calibration's chunked fp pass
+/// accumulates it (LayerAlgorithm::GramsOnly): no capture point exists for all rows at once.
+struct LayerGrams {
+  int64_t rows = 0;
+  std::array<std::vector<float>, 4> g;
+  std::vector<float>& Of(LayerInput in) { return g[static_cast<size_t>(in)]; }
 };
 
 /// Runs layers over the current layer's calibration input x [batch · t, H]. One LayerActs is
@@ -188,6 +202,16 @@ class LayerAlgorithm {
   }
   /// Notes collected over the run (each once), e.g. skipped mappings.
   virtual std::vector<std::string> Messages() const { return {}; }
+  /// True when it needs from the calibration only the Gram matrices of the quantized linears'
+  /// inputs, has no Transform and edits no weight (GPTQ without true_sequential): in a 16-bit
+  /// calibration the pipeline then runs the fp pass in chunks of sequences and calls FinishGrams
+  /// instead of Finish.
+  virtual bool GramsOnly() const { return false; }
+  /// Finish from the layer's Gram matrices (it may free each one once used).
+  virtual Status FinishGrams(LayerGrams& grams, const CalibLayer& layer, LayerCodes& codes,
+                             const std::function<Status()>& step) {
+    return MakeError("this algorithm needs the calibration activations, not only their Gram matrices");
+  }
 };
 
 /// Algorithms run one after the other on each layer (AWQ then GPTQ): every Transform in order
@@ -201,6 +225,12 @@ class AlgorithmChain final : public LayerAlgorithm {
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
                 const std::function<Status()>& step) override;
   std::vector<std::string> Messages() const override;
+  /// A chain of one algorithm that is GramsOnly.
+  bool GramsOnly() const override { return algos_.size() == 1 && algos_[0]->GramsOnly(); }
+  Status FinishGrams(LayerGrams& grams, const CalibLayer& layer, LayerCodes& codes,
+                     const std::function<Status()>& step) override {
+    return algos_[0]->FinishGrams(grams, layer, codes, step);
+  }
 
  private:
   std::vector<std::unique_ptr<LayerAlgorithm>> algos_;

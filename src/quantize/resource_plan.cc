@@ -80,6 +80,8 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
   s.intermediate = mc.intermediate_size;
   s.act_bytes = kCalibActBytes;
   s.threads = std::max(1, in.threads);
+  s.chunked = plan.algorithms.ChunkedLayers(mc);
+  s.chunk_rows = std::min(s.rows, OutputChunkRows(s.seq_len));
   int64_t w = 0;
   for (int i = 0; i < kNumLinears; ++i) {
     s.linear[i] = s.name + "." + DecoderLinearNames()[i];
@@ -90,6 +92,13 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
     s.quantized[i] = l->spec.has_value();
     s.groups[i] = GroupsOf(*l);
     w += s.WeightBytes(i);
+  }
+  if (s.chunked) {  // pipeline.cc ChunkedLayer: no original copy (no weight is edited), no full-rows activations
+    const int64_t carried = s.rows * s.hidden * CarriedActivationBytes(ResolveCalibDType(plan.algorithms.calib_dtype, mc));
+    s.base = {{"fp32 weights of " + s.name, w},
+              {"layer input and the next layer's input (16-bit)", 2 * carried},
+              {"calibration text", in.dataset_bytes}};
+    return s;
   }
   s.base = {{"fp32 weights of " + s.name, w},
             {"their original copy (error report)", w},
@@ -106,6 +115,24 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
   return s;
 }
 
+// A chunked layer's fp pass (pipeline.cc ChunkedFpPass): the 16-bit calibration linears, the Gram
+// matrix of each input a quantized linear reads, and one chunk's input, captures and scratch.
+MemoryPhase ChunkedFpPhase(const LayerMemoryShape& s) {
+  int64_t w = 0;
+  std::array<int64_t, 4> gram{};
+  for (int i = 0; i < kNumLinears; ++i) {
+    w += s.WeightBytes(i);
+    if (s.quantized[i]) gram[static_cast<size_t>(InputOf(i))] = s.k[i] * s.k[i] * 4;
+  }
+  int64_t grams = 0;
+  for (int64_t g : gram) grams += g;
+  const int64_t chunk = s.chunk_rows * (s.ActsRowBytes() + s.ScratchRowBytes() + s.hidden * 4);
+  return {"fp pass in chunks (" + s.name + ")",
+          {{"16-bit copy of its weights (calibration linears)", w / 2},
+           {"Gram matrices of the quantized linears' inputs", grams},
+           {"one chunk of " + std::to_string(s.chunk_rows) + " rows: input, captures, forward scratch", chunk}}};
+}
+
 // The pipeline's own phase after the algorithms' Finish: the dequantized copy and every code of
 // the layer, then either the quantized propagation's full run or (later, not at once) the error
 // report: the original layer's activations on its rows and one linear's RTN and GEMM outputs.
@@ -120,6 +147,18 @@ MemoryPhase FinishPhase(const LayerMemoryShape& s, bool quantized_propagation, b
   }
   MemoryPhase p{"quantize and report (" + s.name + ")",
                 {{"dequantized copy of " + s.name, w}, {"codes of " + s.name, codes}}};
+  if (s.chunked) {  // ChunkedOutput / ChunkedErrorReport: 16-bit linears and one chunk at a time
+    const int64_t rows = std::min(report_rows, s.chunk_rows);
+    int64_t widest_chunk = 0;
+    for (int i = 0; i < kNumLinears; ++i)
+      if (s.quantized[i]) widest_chunk = std::max(widest_chunk, s.WeightBytes(i) + s.CodesBytes(i) + rows * s.n[i] * 8);
+    const int64_t report = rows * (s.ActsRowBytes() + s.ScratchRowBytes() + s.hidden * 4) + widest_chunk;
+    const int64_t propagate = quantized_propagation ? s.chunk_rows * (s.ScratchRowBytes() + s.hidden * 4) : 0;
+    p.terms.push_back({"16-bit copy of its weights (calibration linears)", w / 2});
+    if (propagate > report) p.terms.push_back({"quantized layer's output, one chunk", propagate});
+    else p.terms.push_back({"error report: one chunk's activations, one linear's RTN and outputs", report});
+    return p;
+  }
   const int64_t report = report_rows * s.ActsRowBytes() + widest;
   // A 16-bit calibration propagates in chunks of sequences (LayerRunner::RunOutput), fp32 in one pass.
   const int64_t prop_rows = chunked_propagation ? std::min(s.rows, OutputChunkRows(s.seq_len)) : s.rows;
@@ -141,6 +180,7 @@ MemoryPhase LargestLayerPhase(const QuantizePlan& plan, const ModelConfig& mc, c
       std::vector<MemoryPhase> own = a.settings->MemoryPhases(s);
       phases.insert(phases.end(), own.begin(), own.end());
     }
+    if (s.chunked) phases.push_back(ChunkedFpPhase(s));
     phases.push_back(FinishPhase(s, plan.algorithms.propagation() == Propagation::kQuantized,
                                  ResolveCalibDType(plan.algorithms.calib_dtype, mc) != CalibDType::kFp32));
     for (MemoryPhase& p : phases) {

@@ -22,14 +22,15 @@ namespace {
 using nibble_test::TempDir;
 
 // sha256 of model.safetensors of `nibble quantize` of prose-llama-7m into a fresh directory.
-std::string QuantizedSum(const std::string& algo, const std::string& calib_dtype, int threads, const TempDir& tmp) {
+std::string QuantizedSum(const std::string& algo, const std::string& calib_dtype, int threads, const TempDir& tmp,
+                         int64_t chunks = 4, int64_t seq_len = 64) {
   nibble::QuantizeRequest r;
   r.model_dir = nibble_test::SharedModel("prose-llama-7m");
-  r.output_dir = tmp.sub(algo + "-" + calib_dtype + "-" + std::to_string(threads));
+  r.output_dir = tmp.sub(algo + "-" + calib_dtype + "-" + std::to_string(threads) + "-" + std::to_string(chunks));
   r.quant_algo = algo;
   r.dataset = nibble_test::SharedData("prose-calib.txt");
-  r.num_calib_data = 4;
-  r.seq_len = 64;
+  r.num_calib_data = chunks;
+  r.seq_len = seq_len;
   r.calib_dtype = calib_dtype;
   r.threads = threads;
   auto s = nibble::Quantize(r);
@@ -59,6 +60,17 @@ TEST(CalibDType, Bf16IsTheDefaultForABf16ModelAndThreadCountIndependent) {
   EXPECT_EQ(QuantizedSum("awq,gptq", "bf16", 2, tmp), one);
   EXPECT_EQ(QuantizedSum("awq,gptq", "auto", 2, tmp), one);  // torch_dtype bfloat16
   EXPECT_NE(one, "45bcad20255dc6091efa3c91693dd3d599d5fcd2f234dda8de22add7d4f8319c");  // not the fp32 bytes
+}
+
+// GPTQ alone in bf16 runs each layer in chunks of sequences (pipeline.h ChunkedLayer): 5 x 512
+// tokens are two chunks (4 sequences, then 1), whose Gram matrices are summed in chunk order.
+TEST(CalibDType, Bf16GptqInChunksIsThreadCountIndependent) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m", "data/prose-calib.txt");
+  TempDir tmp;
+  const std::string one = QuantizedSum("gptq", "bf16", 1, tmp, 5, 512);
+  ASSERT_EQ(one.find("error"), std::string::npos) << one;
+  EXPECT_EQ(QuantizedSum("gptq", "bf16", 2, tmp, 5, 512), one);
+  EXPECT_NE(QuantizedSum("gptq", "fp32", 2, tmp, 5, 512), one);
 }
 
 TEST(CalibDType, ParsesResolvesAndSizes) {

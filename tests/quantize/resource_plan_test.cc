@@ -74,8 +74,10 @@ TEST(ResourcePlan, PeakBoundsTheMeasuredPeakForRtnAwqGptq) {
 #endif
   if (const std::string m = nibble_test::MissingShared({"data/prose-calib.txt"}); !m.empty()) GTEST_SKIP() << m;
   ExpectPlanBoundsPeak("rtn", "");
-  // Enough rows that a decoder layer, not the calibration text's tokenization, sets the peak.
+  // bf16 (the model's dtype): the chunked layer, below the tokenization's peak at 8 x 512; fp32:
+  // every row's activations at once, enough rows that a decoder layer sets the peak.
   ExpectPlanBoundsPeak("gptq", "--quant_algo gptq " + Calib(8, 512));
+  ExpectPlanBoundsPeak("gptq fp32", "--quant_algo gptq --calib_dtype fp32 " + Calib(8, 512));
   ExpectPlanBoundsPeak("awq", "--quant_algo awq --n_grid 2 --duo_scaling false " + Calib(8, 512));
 }
 
@@ -83,7 +85,9 @@ TEST(ResourcePlan, MaxMemoryBelowThePlanRefusesBeforeAnyLayer) {
   if (const std::string m = nibble_test::MissingShared({"data/prose-calib.txt"}); !m.empty()) GTEST_SKIP() << m;
   TempDir tmp;
   const fs::path out = fs::path(tmp.path()) / "q";
-  const CliRun r = Quantize(tmp, "--output_dir " + out.string() + " --quant_algo gptq --max_memory 20MB " + Calib(8, 512));
+  // fp32: every row's activations, so a layer (not the tokenization) is the peak at 8 x 512.
+  const CliRun r = Quantize(tmp, "--output_dir " + out.string() + " --quant_algo gptq --calib_dtype fp32 --max_memory 20MB " +
+                                     Calib(8, 512));
   EXPECT_NE(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("expected peak "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(" > --max_memory 20.0 MB at quantize and report (model.layers."), std::string::npos) << r.err;

@@ -27,13 +27,18 @@ Status GptqAlgorithm::QuantizeInput(LayerInput in, const float* x, int64_t rows,
   bool any = false;
   for (int i : lins) any = any || L.spec[i].has_value();
   if (!any) return Status::Ok();
+  return QuantizeGram(in, GramMatrix(x, rows, L.k[lins[0]], GramFill::kLowerMirrored), rows, L, codes, info);
+}
+
+Status GptqAlgorithm::QuantizeGram(LayerInput in, std::vector<float> h, int64_t rows, const CalibLayer& L,
+                                   LayerCodes& codes, std::array<GptqLinearInfo, kNumLinears>& info) {
+  const std::vector<int> lins = LinearsOf(in);
   const int64_t k = L.k[lins[0]];
   const std::string name = L.name + "." + DecoderLinearNames()[lins[0]];
   if (rows < k)
     messages_.insert("warning: GPTQ: " + name + " (and the linears sharing its input) sees " + std::to_string(rows) +
                      " calibration tokens for in_features " + std::to_string(k) +
                      ": the Hessian is singular and only the damping makes it invertible; use more calibration data");
-  std::vector<float> h = GramMatrix(x, rows, k, GramFill::kLowerMirrored);
   const float scale = 2.0f / static_cast<float>(rows);
   for (float& v : h) v *= scale;
   const int64_t copies = st_.actorder == GptqActOrder::kNone ? 2 : 3;  // H, the damped copy, the permuted H
@@ -85,6 +90,19 @@ Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCode
   return Status::Ok();
 }
 
+Status GptqAlgorithm::FinishGrams(LayerGrams& grams, const CalibLayer& L, LayerCodes& codes,
+                                  const std::function<Status()>& step) {
+  std::array<GptqLinearInfo, kNumLinears> info{};
+  for (LayerInput in : {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn, LayerInput::kMlpAct}) {
+    std::vector<float> g = std::move(grams.Of(in));
+    grams.Of(in) = {};
+    if (!g.empty()) NIBBLE_RETURN_IF_ERROR(QuantizeGram(in, std::move(g), grams.rows, L, codes, info));
+    NIBBLE_RETURN_IF_ERROR(step());
+  }
+  infos_.push_back(info);
+  return Status::Ok();
+}
+
 std::vector<std::string> GptqAlgorithm::Messages() const { return {messages_.begin(), messages_.end()}; }
 
 namespace {
@@ -94,6 +112,7 @@ class GptqRunSettings final : public AlgorithmSettings {
  public:
   GptqRunSettings(const GptqSettings& s, const GptqSettingNames& names) : st_(s), names_(names) {}
   Propagation propagation() const override { return st_.propagation; }
+  bool GramsOnly() const override { return !st_.true_sequential; }
   Status CheckExport(const FormatEntry& format, const std::string& model_export) const override {
     if (st_.actorder != GptqActOrder::kGroup || format.holds_g_idx) return Status::Ok();
     return MakeErrorCode(ErrorCode::kUnsupported, names_.actorder, " group needs a g_idx in the checkpoint; --model_export ",
@@ -118,13 +137,20 @@ class GptqRunSettings final : public AlgorithmSettings {
 
 // Per distinct input (QuantizeInput), while its Hessian is factorised: the codes of the linears
 // before it, H and its damped copy (and the permuted H under act-order), GramMatrix's per-thread
-// blocks (K x 64, fp32 and double); then the column loop: the factor U, Wᵀ in fp32, the codes and
-// the block's errors. true_sequential adds the dequantized layer and the re-run activations.
+// blocks (K x 64, fp32 and double; a chunked layer instead: the Gram matrices still waiting and
+// the chunk's forward scratch the runner keeps); then the column loop: the factor U, Wᵀ in fp32,
+// the codes and the block's errors. true_sequential adds the dequantized layer and its activations.
 std::vector<MemoryPhase> GptqRunSettings::MemoryPhases(const LayerMemoryShape& s) const {
   std::vector<MemoryPhase> out;
   int64_t codes_before = 0;
+  // Chunked layers: the Gram matrices of the inputs not yet quantized wait beside the current one.
+  std::array<int64_t, 4> gram{};
+  for (int i = 0; i < kNumLinears; ++i)
+    if (s.quantized[i]) gram[static_cast<size_t>(InputOf(i))] = s.k[i] * s.k[i] * 4;
   for (LayerInput in : {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn, LayerInput::kMlpAct}) {
     const std::vector<int> lins = LinearsOf(in);
+    int64_t later = 0;
+    for (size_t j = static_cast<size_t>(in) + 1; j < gram.size(); ++j) later += gram[j];
     int64_t n_max = 0, codes = 0;
     int widest = lins[0];
     for (int i : lins) {
@@ -147,7 +173,10 @@ std::vector<MemoryPhase> GptqRunSettings::MemoryPhases(const LayerMemoryShape& s
     else
       p.terms.push_back({"GPTQ column loop of " + s.linear[widest] + ": factor " + Dims(k, k) + " fp32, W^T and codes",
                          loop});
-    p.terms.push_back({"Gram matrix blocks per thread", s.threads * k * 64 * 12});
+    if (s.chunked) {
+      p.terms.push_back({"Gram matrices of the inputs after it", later});
+      p.terms.push_back({"the fp pass's forward scratch of one chunk (kept)", s.chunk_rows * s.ScratchRowBytes()});
+    } else p.terms.push_back({"Gram matrix blocks per thread", s.threads * k * 64 * 12});
     if (codes_before > 0) p.terms.push_back({"codes of the linears quantized before it", codes_before});
     if (st_.true_sequential) {
       int64_t w = 0;

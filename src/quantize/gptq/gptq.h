@@ -41,6 +41,10 @@ class GptqAlgorithm final : public ChainAlgorithm {
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
                 const std::function<Status()>& step) override;
   std::vector<std::string> Messages() const override;
+  /// Without true_sequential GPTQ needs only each input's XᵀX.
+  bool GramsOnly() const override { return !st_.true_sequential; }
+  Status FinishGrams(LayerGrams& grams, const CalibLayer& layer, LayerCodes& codes,
+                     const std::function<Status()>& step) override;
   /// CalibLayerResult::gptq, and the largest Hessian as CalibResult::hessian_peak_bytes.
   void ReportLayer(size_t i, CalibLayerResult& out) const override { out.gptq = infos_[i]; }
   void ReportRun(CalibResult& out) const override { out.hessian_peak_bytes = peak_bytes_; }
@@ -51,6 +55,9 @@ class GptqAlgorithm final : public ChainAlgorithm {
   // Quantizes the linears fed by `in` (their inputs x: `rows` rows) into codes.
   Status QuantizeInput(LayerInput in, const float* x, int64_t rows, const CalibLayer& L, LayerCodes& codes,
                        std::array<GptqLinearInfo, kNumLinears>& info);
+  // The same from g = XᵀX (consumed; becomes the Hessian and its factor).
+  Status QuantizeGram(LayerInput in, std::vector<float> g, int64_t rows, const CalibLayer& L, LayerCodes& codes,
+                      std::array<GptqLinearInfo, kNumLinears>& info);
 
   GptqSettings st_;
   std::vector<std::array<GptqLinearInfo, kNumLinears>> infos_;
