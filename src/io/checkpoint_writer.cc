@@ -120,7 +120,9 @@ struct CheckpointWriter::LaidOut {
 };
 
 Status CheckpointWriter::LayOut(std::vector<TensorSlot> tensors) {
-  const bool resumed = laid_ != nullptr;
+  if (laid_ != nullptr && !laid_->tensors.empty())
+    return MakeErrorCode(ErrorCode::kInternal, "the output ", staging_.target(), " is laid out twice");
+  const bool resumed = laid_ != nullptr;  // Resume read a laid-out state
   if (!resumed && !(shard_tensors_.empty() && pending_.empty() && spool_ == nullptr)) {
     if (resumed_) return Status::Ok();  // resumed from a streamed state: it stays streamed
     return MakeErrorCode(ErrorCode::kInternal, "the output ", staging_.target(), " cannot be laid out after its first tensor");

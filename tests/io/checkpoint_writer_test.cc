@@ -201,6 +201,7 @@ TEST(CheckpointWriter, LaidOutRefusesATensorOutOfItsLayout) {
   auto w = nibble::CheckpointWriter::Create((fs::path(tmp.path()) / "out").string(), 1400);
   ASSERT_TRUE(w.ok());
   ASSERT_TRUE(w->LayOut(Slots(ref)).ok());
+  EXPECT_FALSE(w->LayOut(Slots(ref)).ok());
   ASSERT_TRUE(w->Add(Copy(ref[0], false)).ok());
   auto wrong_name = w->Add(Copy(ref[2], false));
   ASSERT_FALSE(wrong_name.ok());
