@@ -43,4 +43,14 @@ std::string Sha256::HexDigest() {
   return Hex(digest, len);
 }
 
+std::string Sha256::HexDigestSoFar() const {
+  EVP_MD_CTX* copy = EVP_MD_CTX_new();
+  NIBBLE_CHECK(copy != nullptr && EVP_MD_CTX_copy_ex(copy, static_cast<const EVP_MD_CTX*>(ctx_)) == 1);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  NIBBLE_CHECK(EVP_DigestFinal_ex(copy, digest, &len) == 1 && len == 32);
+  EVP_MD_CTX_free(copy);
+  return Hex(digest, len);
+}
+
 }  // namespace nibble

@@ -19,6 +19,8 @@ class Sha256 {
   Sha256& operator=(const Sha256&) = delete;
   void Update(std::string_view data);
   std::string HexDigest();
+  /// The digest of what was fed so far, leaving the state as it is (more Update calls may follow).
+  std::string HexDigestSoFar() const;
 
  private:
   void* ctx_;  // EVP_MD_CTX

@@ -289,6 +289,14 @@ class AutoAwqWriter final : public FormatWriter {
     return j;
   }
   std::optional<DType> ScaleDType() const override { return DType::kF16; }
+  std::optional<std::vector<TensorSlot>> LinearLayout(const std::string& module, int64_t n, int64_t k, const QuantSpec& spec,
+                                                      DType) const override {
+    const int64_t g = spec.EffectiveGroupSize(k);
+    if (spec.act_order || spec.symmetric || n < 1 || k < 1 || n % 8 != 0 || g < 1 || k % g != 0) return std::nullopt;
+    return std::vector<TensorSlot>{{module + ".qweight", DType::kI32, {k, n / 8}},
+                                   {module + ".qzeros", DType::kI32, {k / g, n / 8}},
+                                   {module + ".scales", DType::kF16, {k / g, n}}};
+  }
 
  private:
   int64_t group_size_;

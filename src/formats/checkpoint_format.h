@@ -103,6 +103,14 @@ class FormatWriter {
   /// the spec says otherwise). Errors name the module and what the format cannot hold.
   virtual Result<std::vector<TensorToWrite>> WriteLinear(const std::string& module, const Int4Matrix& m,
                                                          const QuantSpec& spec, DType scale_dtype) const = 0;
+  /// The tensors WriteLinear gives a module of [n, k] under `spec` (names, dtypes, shapes, in its
+  /// order) without computing them, so an output can be laid out before its first tensor is
+  /// quantized (CheckpointWriter::LayOut); nullopt when they depend on the values (an act-order
+  /// g_idx) or the format would refuse the module (WriteLinear then names why).
+  virtual std::optional<std::vector<TensorSlot>> LinearLayout(const std::string& /*module*/, int64_t /*n*/, int64_t /*k*/,
+                                                              const QuantSpec& /*spec*/, DType /*scale_dtype*/) const {
+    return std::nullopt;
+  }
   /// The `quantization_config` object written into config.json for the final request (an
   /// algorithm may have added its algo_config since the writer was made). Called after every
   /// WriteLinear (GPTQ's desc_act says whether any of them had an act-order g_idx).

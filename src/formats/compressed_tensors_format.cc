@@ -462,6 +462,16 @@ class CtWriter final : public FormatWriter {
     }
     return t;
   }
+  std::optional<std::vector<TensorSlot>> LinearLayout(const std::string& module, int64_t n, int64_t k, const QuantSpec& spec,
+                                                      DType scale_dtype) const override {
+    auto l = LayoutFor(module, spec, n, k);
+    if (spec.act_order || !l.ok() || !IsFloatScaleDType(scale_dtype)) return std::nullopt;
+    std::vector<TensorSlot> out{{module + ".weight_packed", DType::kI32, {n, CeilDiv8(k)}},
+                                {module + ".weight_scale", scale_dtype, {n, l->groups}}};
+    if (!spec.symmetric) out.push_back({module + ".weight_zero_point", DType::kI32, {CeilDiv8(n), l->groups}});
+    out.push_back({module + ".weight_shape", DType::kI64, {2}});
+    return out;
+  }
   nlohmann::ordered_json QuantizationConfig(const ExportRequest& r) const override {
     std::lock_guard<std::mutex> lock(mu_);
     return CtQuantizationConfig(r, g_idx_modules_);

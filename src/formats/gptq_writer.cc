@@ -46,6 +46,15 @@ class GptqWriter final : public FormatWriter {
       : v2_(v2), base_(base), lm_head_(lm_head), dynamic_(std::move(dynamic)) {}
   Result<std::vector<TensorToWrite>> WriteLinear(const std::string& module, const Int4Matrix& m, const QuantSpec& spec,
                                                  DType scale_dtype) const override;
+  std::optional<std::vector<TensorSlot>> LinearLayout(const std::string& module, int64_t n, int64_t k, const QuantSpec& spec,
+                                                      DType) const override {
+    const int64_t g = spec.EffectiveGroupSize(k);
+    if (spec.act_order || n < 1 || k < 1 || n % 8 != 0 || k % 8 != 0 || g < 1 || k % g != 0) return std::nullopt;
+    return std::vector<TensorSlot>{{module + ".qweight", DType::kI32, {k / 8, n}},
+                                   {module + ".qzeros", DType::kI32, {k / g, n / 8}},
+                                   {module + ".scales", DType::kF16, {k / g, n}},
+                                   {module + ".g_idx", DType::kI32, {k}}};
+  }
   nlohmann::ordered_json QuantizationConfig(const ExportRequest& request) const override;
   std::vector<std::pair<std::string, std::string>> ExtraFiles(const ExportRequest& request) const override {
     // AutoGPTQ and older GPTQModel releases read only this file; the same object as config.json's.

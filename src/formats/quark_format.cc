@@ -159,6 +159,15 @@ class QuarkWriter final : public FormatWriter {
     out.push_back(std::move(t.weight_zero_point));
     return out;
   }
+  std::optional<std::vector<TensorSlot>> LinearLayout(const std::string& module, int64_t n, int64_t k, const QuantSpec& spec,
+                                                      DType scale_dtype) const override {
+    if (spec.act_order || !IsFloatScaleDType(scale_dtype)) return std::nullopt;
+    auto shapes = QuarkLinearShapes(QuarkSpecFor(spec), n, k);
+    if (!shapes.ok()) return std::nullopt;
+    return std::vector<TensorSlot>{{module + ".weight", DType::kI32, shapes->weight},
+                                   {module + ".weight_scale", scale_dtype, shapes->weight_scale},
+                                   {module + ".weight_zero_point", DType::kI32, shapes->weight_zero_point}};
+  }
   // The canonical form when the modules are known; its only error (an invalid `re:` entry) was
   // refused when the request was parsed.
   nlohmann::ordered_json QuantizationConfig(const ExportRequest& r) const override {

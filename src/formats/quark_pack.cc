@@ -53,7 +53,7 @@ std::vector<uint8_t> PackGrid(int64_t rows, int64_t cols, PackMethod pack, Get g
 // row written whole (a nibble-by-nibble gather K bytes apart was most of RTN's packing time);
 // the same words as PackGrid.
 std::vector<uint8_t> PackTransposedCodes(const uint8_t* codes, int64_t n, int64_t k, PackMethod pack, bool int4) {
-  constexpr int64_t kTileWords = 16, kTileK = 64;
+  constexpr int64_t kTileWords = 16, kTileK = 64, kPrefetchTiles = 4;
   const int64_t words = CeilDiv8(n);
   std::vector<uint8_t> bytes(static_cast<size_t>(k * words * 4));
   const int* map = OrderMap(pack);
@@ -70,6 +70,7 @@ std::vector<uint8_t> PackTransposedCodes(const uint8_t* codes, int64_t n, int64_
         std::memset(acc, 0, sizeof(acc));
         for (int j = 0; j < 8 && 8 * (c0 + c) + j < n; ++j) {
           const uint8_t* src = codes + (8 * (c0 + c) + j) * k + k0;
+          __builtin_prefetch(src + kPrefetchTiles * kTileK);  // 128 rows at once: past what the prefetchers follow
           const int sh = shift[j];
           for (int64_t kk = 0; kk < kw; ++kk) acc[kk] |= (static_cast<uint32_t>(src[kk]) ^ flip) << sh;
         }

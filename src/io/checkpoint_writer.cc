@@ -33,18 +33,19 @@ std::string PendingName(size_t i) { return "shard-" + std::to_string(i) + ".safe
 
 }  // namespace
 
-// The spool: an append-only file in the staging directory holding the bytes of tensors added but
-// not yet written into a shard. Removed when the writer is done with it.
-class CheckpointWriter::SpoolFile {
+// An append-only file in the staging directory: the spool (the bytes of tensors added but not yet
+// written into a shard; removed when the writer is done with it) or a laid-out shard being
+// written (kept).
+class CheckpointWriter::AppendFile {
  public:
-  static Result<std::shared_ptr<SpoolFile>> Create(const std::string& path) {
+  static Result<std::shared_ptr<AppendFile>> Create(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return MakeErrorCode(ErrorCode::kIo, "cannot create ", path, ": ", std::strerror(errno));
-    return std::shared_ptr<SpoolFile>(new SpoolFile(path, fd));
+    return std::shared_ptr<AppendFile>(new AppendFile(path, fd));
   }
   // The spool of a resumed run: its first `size` bytes kept, anything a killed run appended after
   // its last boundary cut off.
-  static Result<std::shared_ptr<SpoolFile>> Reopen(const std::string& path, uint64_t size) {
+  static Result<std::shared_ptr<AppendFile>> Reopen(const std::string& path, uint64_t size) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) return MakeErrorCode(ErrorCode::kCorruptInput, "cannot open ", path, ": ", std::strerror(errno));
     struct stat st {};
@@ -52,7 +53,7 @@ class CheckpointWriter::SpoolFile {
       ::close(fd);
       return MakeErrorCode(ErrorCode::kCorruptInput, path, " is shorter than the ", size, " bytes the manifest records");
     }
-    auto f = std::shared_ptr<SpoolFile>(new SpoolFile(path, fd));
+    auto f = std::shared_ptr<AppendFile>(new AppendFile(path, fd));
     f->end_ = size;
     return f;
   }
@@ -61,14 +62,14 @@ class CheckpointWriter::SpoolFile {
     if (::fsync(fd_) != 0) return MakeErrorCode(ErrorCode::kIo, "cannot fsync ", path_, ": ", std::strerror(errno));
     return Status::Ok();
   }
-  ~SpoolFile() {
+  ~AppendFile() {
     ::close(fd_);
     if (!keep_) ::unlink(path_.c_str());
   }
   // Left in place when the writer goes without finishing (a resumable run stopped).
   void Keep(bool keep) { keep_ = keep; }
-  SpoolFile(const SpoolFile&) = delete;
-  SpoolFile& operator=(const SpoolFile&) = delete;
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
   const std::string& path() const { return path_; }
 
   // Appends `data`; returns its offset.
@@ -95,12 +96,108 @@ class CheckpointWriter::SpoolFile {
   }
 
  private:
-  SpoolFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  AppendFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
   std::string path_;
   int fd_;
   uint64_t end_ = 0;
   bool keep_ = false;
 };
+
+// A laid-out output: every tensor's shard fixed, the shard being written and, in a resumable
+// writer, the SHA-256 of its bytes so far.
+struct CheckpointWriter::LaidOut {
+  std::vector<TensorSlot> tensors;     // in output order
+  std::vector<size_t> shard_end;       // per shard: one past its last tensor
+  std::vector<std::string> preamble;   // per shard: length prefix and header
+  size_t next = 0;                     // tensors written
+  std::shared_ptr<AppendFile> open;    // the shard being written; null between shards
+  std::unique_ptr<Sha256> sha;         // of `open`'s bytes (resumable)
+  // A resumed run's position at its boundary (Resume), checked when laid out again.
+  size_t resume_next = 0;
+  uint64_t resume_bytes = 0;
+  std::string resume_sha256;
+  size_t ShardStart(size_t shard) const { return shard == 0 ? 0 : shard_end[shard - 1]; }
+};
+
+Status CheckpointWriter::LayOut(std::vector<TensorSlot> tensors) {
+  if (laid_ != nullptr && !laid_->tensors.empty())
+    return MakeErrorCode(ErrorCode::kInternal, "the output ", staging_.target(), " is laid out twice");
+  const bool resumed = laid_ != nullptr;  // Resume read a laid-out state
+  if (!resumed && !(shard_tensors_.empty() && pending_.empty() && spool_ == nullptr)) {
+    if (resumed_) return Status::Ok();  // resumed from a streamed state: it stays streamed
+    return MakeErrorCode(ErrorCode::kInternal, "the output ", staging_.target(), " cannot be laid out after its first tensor");
+  }
+  auto l = resumed ? laid_ : std::make_shared<LaidOut>();
+  int64_t bytes = 0, total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t b = static_cast<int64_t>(SlotBytes(tensors[i]));
+    if (i > l->ShardStart(l->shard_end.size()) && bytes + b > max_shard_size_) {  // as Add fills shards
+      l->shard_end.push_back(i);
+      bytes = 0;
+    }
+    bytes += b;
+    total += b;
+  }
+  if (!tensors.empty()) l->shard_end.push_back(tensors.size());
+  for (size_t sh = 0; sh < l->shard_end.size(); ++sh) {
+    std::vector<TensorSlot> in(tensors.begin() + static_cast<std::ptrdiff_t>(l->ShardStart(sh)),
+                               tensors.begin() + static_cast<std::ptrdiff_t>(l->shard_end[sh]));
+    NIBBLE_ASSIGN_OR_RETURN(std::string p, SafetensorsPreamble(in, {{"format", "pt"}}));
+    l->preamble.push_back(std::move(p));
+  }
+  l->tensors = std::move(tensors);
+  laid_ = l;
+  total_bytes_ = total;
+  return resumed ? ResumeLaidOut() : Status::Ok();
+}
+
+Status CheckpointWriter::OpenLaidOutShard() {
+  LaidOut& l = *laid_;
+  const std::string file = JoinPath(staging_.path(), PendingName(shard_tensors_.size()));
+  NIBBLE_ASSIGN_OR_RETURN(l.open, AppendFile::Create(file));
+  l.open->Keep(true);
+  const std::string& p = l.preamble[shard_tensors_.size()];
+  if (resumable_) {
+    l.sha = std::make_unique<Sha256>();
+    l.sha->Update(p);
+  }
+  NIBBLE_RETURN_IF_ERROR(l.open->Append({reinterpret_cast<const uint8_t*>(p.data()), p.size()}));
+  return Status::Ok();
+}
+
+// The shard's last tensor is written: fsync'd, its size, SHA-256 and tensor names recorded.
+Status CheckpointWriter::CloseLaidOutShard() {
+  LaidOut& l = *laid_;
+  NIBBLE_RETURN_IF_ERROR(l.open->Sync());
+  const size_t shard = shard_tensors_.size();
+  std::vector<std::string> names;
+  for (size_t i = l.ShardStart(shard); i < l.shard_end[shard]; ++i) names.push_back(l.tensors[i].name);
+  shard_info_.push_back({l.open->size(), l.sha != nullptr ? l.sha->HexDigest() : ""});
+  shard_tensors_.push_back(std::move(names));
+  l.open.reset();
+  l.sha.reset();
+  return Status::Ok();
+}
+
+Status CheckpointWriter::AddLaidOut(const TensorToWrite& t) {
+  LaidOut& l = *laid_;
+  const std::span<const uint8_t> d = t.data();
+  if (l.next >= l.tensors.size() || !(l.tensors[l.next] == TensorSlot{t.name, t.dtype, t.shape}) ||
+      d.size() != SlotBytes(l.tensors[l.next])) {
+    const std::string want = l.next < l.tensors.size() ? l.tensors[l.next].name + " " + DTypeName(l.tensors[l.next].dtype) + " " +
+                                                             ShapeToString(l.tensors[l.next].shape)
+                                                       : "none (all are written)";
+    return MakeErrorCode(ErrorCode::kInternal, "the laid-out output ", staging_.target(), " was given tensor ", t.name, " ",
+                         DTypeName(t.dtype), " ", ShapeToString(t.shape), " (", d.size(), " bytes) at position ", l.next,
+                         "; the layout has ", want);
+  }
+  if (l.open == nullptr) NIBBLE_RETURN_IF_ERROR(OpenLaidOutShard());
+  NIBBLE_RETURN_IF_ERROR(l.open->Append(d));
+  if (l.sha != nullptr) l.sha->Update(std::string_view(reinterpret_cast<const char*>(d.data()), d.size()));
+  if (t.borrowed != nullptr && after_borrowed_) after_borrowed_(t.borrowed, t.borrowed_size);
+  if (++l.next == l.shard_end[shard_tensors_.size()]) NIBBLE_RETURN_IF_ERROR(CloseLaidOutShard());
+  return Status::Ok();
+}
 
 Result<CheckpointWriter> CheckpointWriter::Create(const std::string& out_dir, int64_t max_shard_size,
                                                   const std::string& staging_kind) {
@@ -159,8 +256,10 @@ Status CheckpointWriter::FlushShard() {
 }
 
 Result<CheckpointWriter::Spooled> CheckpointWriter::Spool(const TensorToWrite& tensor) {
+  if (laid_ != nullptr)
+    return MakeErrorCode(ErrorCode::kInternal, "the laid-out output ", staging_.target(), " cannot spool tensor ", tensor.name);
   if (spool_ == nullptr) {
-    NIBBLE_ASSIGN_OR_RETURN(spool_, SpoolFile::Create(JoinPath(staging_.path(), "tensors.spool")));
+    NIBBLE_ASSIGN_OR_RETURN(spool_, AppendFile::Create(JoinPath(staging_.path(), "tensors.spool")));
     spool_->Keep(keep_);
   }
   Spooled s{tensor.name, tensor.dtype, tensor.shape, 0, tensor.data().size(), ""};
@@ -171,6 +270,7 @@ Result<CheckpointWriter::Spooled> CheckpointWriter::Spool(const TensorToWrite& t
 }
 
 Status CheckpointWriter::Add(TensorToWrite tensor) {
+  if (laid_ != nullptr) return AddLaidOut(tensor);
   if (tensor.borrowed == nullptr) {
     NIBBLE_ASSIGN_OR_RETURN(Spooled s, Spool(tensor));
     tensor = TensorToWrite{};  // the bytes are on disk now
@@ -185,6 +285,8 @@ Status CheckpointWriter::Add(TensorToWrite tensor) {
 }
 
 Status CheckpointWriter::Add(Spooled s) {
+  if (laid_ != nullptr)
+    return MakeErrorCode(ErrorCode::kInternal, "the laid-out output ", staging_.target(), " was given spooled tensor ", s.name);
   const int64_t b = static_cast<int64_t>(s.size);
   if (!pending_.empty() && pending_bytes_ + b > max_shard_size_) NIBBLE_RETURN_IF_ERROR(FlushShard());
   Pending p;
@@ -228,7 +330,10 @@ Status CheckpointWriter::WriteModelCard(const std::string& from_dir, const Model
 }
 
 Status CheckpointWriter::Finish() {
-  if (shard_tensors_.empty() || !pending_.empty()) NIBBLE_RETURN_IF_ERROR(FlushShard());
+  if (laid_ != nullptr && laid_->next != laid_->tensors.size())
+    return MakeErrorCode(ErrorCode::kInternal, "the laid-out output ", staging_.target(), " was given ", laid_->next,
+                         " of its ", laid_->tensors.size(), " tensors");
+  if (laid_ == nullptr && (shard_tensors_.empty() || !pending_.empty())) NIBBLE_RETURN_IF_ERROR(FlushShard());
   if (spool_ != nullptr) spool_->Keep(false);
   spool_.reset();
   const size_t n = shard_tensors_.size();
@@ -341,6 +446,12 @@ Result<nlohmann::ordered_json> CheckpointWriter::SaveState() {
       pending.push_back({{"name", p.tensor.name}, {"borrowed", true}});
   }
   nlohmann::ordered_json j;
+  if (laid_ != nullptr) {
+    if (laid_->open != nullptr) NIBBLE_RETURN_IF_ERROR(laid_->open->Sync());
+    j["laid_out"] = {{"tensors_written", laid_->next},
+                     {"open_bytes", laid_->open != nullptr ? laid_->open->size() : 0},
+                     {"open_sha256", laid_->sha != nullptr ? laid_->sha->HexDigestSoFar() : ""}};
+  }
   j["shards"] = shards;
   j["open_shard"] = pending;
   j["open_shard_bytes"] = pending_bytes_;
@@ -366,7 +477,15 @@ Result<CheckpointWriter> CheckpointWriter::Resume(StagingDir staging, int64_t ma
   w.staging_ = std::move(staging);
   w.max_shard_size_ = max_shard_size;
   w.resumable_ = true;
+  w.resumed_ = true;
   try {
+    if (state.contains("laid_out")) {
+      const auto& lo = state.at("laid_out");
+      w.laid_ = std::make_shared<LaidOut>();
+      w.laid_->resume_next = lo.at("tensors_written").get<size_t>();
+      w.laid_->resume_bytes = lo.at("open_bytes").get<uint64_t>();
+      w.laid_->resume_sha256 = lo.at("open_sha256").get<std::string>();
+    }
     for (const auto& sh : state.at("shards")) {
       const std::string file = JoinPath(w.staging_.path(), sh.at("file").get<std::string>());
       if (!PathExists(file)) return MakeErrorCode(ErrorCode::kCorruptInput, "staged shard ", file, " is missing");
@@ -385,8 +504,10 @@ Result<CheckpointWriter> CheckpointWriter::Resume(StagingDir staging, int64_t ma
     std::error_code lec;
     for (const auto& e : fs::directory_iterator(w.staging_.path(), lec))
       if (e.path().filename().string().find(".tmp-") != std::string::npos) fs::remove(e.path(), lec);
-    // Shards a killed run wrote after its last boundary.
-    for (size_t i = w.shard_tensors_.size();; ++i) {
+    // Shards a killed run wrote after its last boundary (a laid-out shard open at the boundary is
+    // kept: ResumeLaidOut cuts it back).
+    const bool open_kept = w.laid_ != nullptr && w.laid_->resume_bytes > 0;
+    for (size_t i = w.shard_tensors_.size() + (open_kept ? 1 : 0);; ++i) {
       const std::string extra = JoinPath(w.staging_.path(), PendingName(i));
       if (!PathExists(extra)) break;
       std::error_code ec;
@@ -395,7 +516,7 @@ Result<CheckpointWriter> CheckpointWriter::Resume(StagingDir staging, int64_t ma
     const uint64_t spool_bytes = state.at("spool_bytes").get<uint64_t>();
     const std::string spool_path = JoinPath(w.staging_.path(), "tensors.spool");
     if (spool_bytes > 0 || PathExists(spool_path)) {
-      NIBBLE_ASSIGN_OR_RETURN(w.spool_, SpoolFile::Reopen(spool_path, spool_bytes));
+      NIBBLE_ASSIGN_OR_RETURN(w.spool_, AppendFile::Reopen(spool_path, spool_bytes));
       w.spool_->Keep(true);
     }
     w.keep_ = true;
@@ -423,6 +544,40 @@ Result<CheckpointWriter> CheckpointWriter::Resume(StagingDir staging, int64_t ma
     return MakeErrorCode(ErrorCode::kCorruptInput, "the manifest's writer state: ", e.what());
   }
   return w;
+}
+
+// A resumed laid-out run, laid out again: its finished shards hold the layout's first shards, and
+// the shard open at the boundary is cut back to the bytes the manifest records and checked
+// against their SHA-256; writing goes on after them.
+Status CheckpointWriter::ResumeLaidOut() {
+  LaidOut& l = *laid_;
+  const size_t done = shard_tensors_.size();
+  for (size_t sh = 0; sh < done; ++sh) {
+    const bool same = sh < l.shard_end.size() && shard_tensors_[sh].size() == l.shard_end[sh] - l.ShardStart(sh) &&
+                      std::equal(shard_tensors_[sh].begin(), shard_tensors_[sh].end(), l.tensors.begin() + static_cast<std::ptrdiff_t>(l.ShardStart(sh)),
+                                 [](const std::string& a, const TensorSlot& b) { return a == b.name; });
+    if (!same)
+      return MakeErrorCode(ErrorCode::kCorruptInput, "staged shard ", JoinPath(staging_.path(), PendingName(sh)),
+                           " holds other tensors than this run lays out");
+  }
+  const size_t start = done < l.shard_end.size() ? l.ShardStart(done) : l.tensors.size();
+  const size_t end = done < l.shard_end.size() ? l.shard_end[done] : l.tensors.size();
+  uint64_t bytes = l.resume_next > start && done < l.preamble.size() ? l.preamble[done].size() : 0;
+  for (size_t i = start; i < l.resume_next && i < end; ++i) bytes += SlotBytes(l.tensors[i]);
+  if (l.resume_next < start || l.resume_next > end || (l.resume_next == end && end > start) || bytes != l.resume_bytes)
+    return MakeErrorCode(ErrorCode::kCorruptInput, "the manifest's writer state (", l.resume_next, " tensors, ", l.resume_bytes,
+                         " bytes in the open shard) does not match this run's layout (", bytes, " bytes)");
+  l.next = l.resume_next;
+  if (l.resume_bytes == 0) return Status::Ok();
+  const std::string file = JoinPath(staging_.path(), PendingName(done));
+  NIBBLE_ASSIGN_OR_RETURN(l.open, AppendFile::Reopen(file, l.resume_bytes));
+  l.open->Keep(true);
+  l.sha = std::make_unique<Sha256>();
+  NIBBLE_RETURN_IF_ERROR(FileSha256Update(file, 0, static_cast<int64_t>(l.resume_bytes), *l.sha));
+  if (l.sha->HexDigestSoFar() != l.resume_sha256)
+    return MakeErrorCode(ErrorCode::kCorruptInput, "staged shard ", file, ": its first ", l.resume_bytes,
+                         " bytes have a different SHA-256 than the manifest records");
+  return Status::Ok();
 }
 
 }  // namespace nibble

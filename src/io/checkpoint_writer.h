@@ -12,6 +12,10 @@
 // its Add, whatever the shard size. Borrowed tensors (the mmap'd input) are read when their shard
 // is written. Tensors finished before their turn are spooled (Spool) and added in order later.
 // Shards are written under temporary names and renamed once their count is known.
+//
+// Laid out (LayOut): a run that knows every output tensor's name, dtype and shape before the first
+// is produced (RTN) fixes the shards and their headers up front; each tensor Add'ed is then
+// written once, straight after the previous one in its shard, and no spool is used.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +57,17 @@ class CheckpointWriter {
     uint64_t offset = 0, size = 0;  // the byte range in the spool file
     std::string sha256;             // of the range, in a resumable writer (else empty)
   };
+
+  /// Lays the output out before its first tensor: the shards `tensors` (in order) fill as Add
+  /// would, each shard's header fixed now. Add must then be given exactly these tensors in this
+  /// order (anything else is kInternal); each is written at once at its offset in its shard, and
+  /// a shard is complete (fsync'd) with its last tensor. A writer resumed from a laid-out state is
+  /// laid out again with the same tensors: its staged shards are checked against the layout and
+  /// the open shard's bytes against the manifest's SHA-256 (kCorruptInput naming the file); one
+  /// resumed from a streamed state stays streamed. Errors: a fresh writer already holding
+  /// tensors (kInternal), the header's (SafetensorsPreamble).
+  Status LayOut(std::vector<TensorSlot> tensors);
+  bool laid_out() const { return laid_ != nullptr; }
 
   /// Adds a tensor. Owned bytes are spooled at once (and freed with `tensor`); borrowed data must
   /// stay valid until Finish (it is read when its shard is written). Errors: the spool's write
@@ -109,7 +124,8 @@ class CheckpointWriter {
   int64_t total_bytes() const { return total_bytes_; }
 
  private:
-  class SpoolFile;
+  class AppendFile;
+  struct LaidOut;
   // One tensor of the shard being filled: borrowed (`tensor` holds the pointer) or spooled.
   struct Pending {
     TensorToWrite tensor;  // no owned bytes
@@ -123,10 +139,15 @@ class CheckpointWriter {
   };
   CheckpointWriter() = default;
   Status FlushShard();
+  Status AddLaidOut(const TensorToWrite& tensor);
+  Status OpenLaidOutShard();
+  Status CloseLaidOutShard();
+  Status ResumeLaidOut();
 
   StagingDir staging_;
   int64_t max_shard_size_ = 0;
-  std::shared_ptr<SpoolFile> spool_;  // created at the first owned tensor; gone after Finish
+  std::shared_ptr<AppendFile> spool_;  // created at the first owned tensor; gone after Finish
+  std::shared_ptr<LaidOut> laid_;       // LayOut's layout and the shard being written; null: streamed
   std::function<void(const uint8_t*, size_t)> after_borrowed_;
   std::vector<Pending> pending_;  // the shard being filled
   int64_t pending_bytes_ = 0;
@@ -134,6 +155,7 @@ class CheckpointWriter {
   std::vector<ShardInfo> shard_info_;                    // per written shard
   int64_t total_bytes_ = 0;
   bool resumable_ = false;
+  bool resumed_ = false;  // made by Resume
   bool keep_ = false;  // KeepStaging: the staging directory and the spool outlive the writer
   std::vector<std::pair<uint64_t, uint64_t>> discard_later_;  // spool ranges to free after the next boundary
 };

@@ -197,7 +197,7 @@ Status CheckModelDir(const std::string& dir) {
   return Status::Ok();
 }
 
-Result<std::string> FileSha256(const std::string& path, uint64_t offset, int64_t size) {
+Status FileSha256Update(const std::string& path, uint64_t offset, int64_t size, Sha256& h) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return MakeErrorCode(ErrorCode::kIo, "cannot open ", path, ": ", ErrnoText());
   struct stat st {};
@@ -206,7 +206,6 @@ Result<std::string> FileSha256(const std::string& path, uint64_t offset, int64_t
     return MakeErrorCode(ErrorCode::kCorruptInput, path, " is shorter than ", offset, " + ", size, " bytes");
   }
   uint64_t left = size >= 0 ? static_cast<uint64_t>(size) : static_cast<uint64_t>(st.st_size) - std::min<uint64_t>(offset, st.st_size);
-  Sha256 h;
   std::vector<char> buf(1 << 20);
   uint64_t at = offset;
   while (left > 0) {
@@ -223,6 +222,12 @@ Result<std::string> FileSha256(const std::string& path, uint64_t offset, int64_t
     left -= static_cast<uint64_t>(n);
   }
   ::close(fd);
+  return Status::Ok();
+}
+
+Result<std::string> FileSha256(const std::string& path, uint64_t offset, int64_t size) {
+  Sha256 h;
+  NIBBLE_RETURN_IF_ERROR(FileSha256Update(path, offset, size, h));
   return h.HexDigest();
 }
 

@@ -91,10 +91,14 @@ class AtomicFileWriter {
   int fd_ = -1;
 };
 
+class Sha256;  // base/sha256.h
+
 /// The SHA-256 of bytes [offset, offset + size) of `path` (size -1: to the end), read in 1 MiB
 /// chunks whose page cache is dropped after (files larger than memory; no mapped pages stay).
 /// Errors: cannot open, a read error, the file shorter than the range (naming the path).
 Result<std::string> FileSha256(const std::string& path, uint64_t offset = 0, int64_t size = -1);
+/// The same range fed into `h` (a digest that goes on past it). Same errors.
+Status FileSha256Update(const std::string& path, uint64_t offset, int64_t size, Sha256& h);
 
 /// Checks that `dir` is a model directory holding a config.json. Errors name the path: "does not
 /// exist", "is not a directory", "no config.json (expected a Hugging Face model directory)".

@@ -259,16 +259,19 @@ Result<TensorStore> TensorStore::OpenDir(const std::string& dir) {
 namespace {
 
 // The padded header text of a safetensors file holding `tensors` in order (8-byte length prefix
-// not included), and the total data size. Same checks as the reader, so the writer never emits a
-// header the reader refuses.
-Result<std::pair<std::string, uint64_t>> BuildHeader(const std::vector<const TensorToWrite*>& tensors,
-                                                     const std::map<std::string, std::string>& metadata) {
+// not included), and the total data size; `have(i)`, when given, is tensor i's byte count, checked
+// against its shape. Same checks as the reader, so the writer never emits a header the reader
+// refuses.
+Result<std::pair<std::string, uint64_t>> BuildHeader(const std::vector<const TensorSlot*>& tensors,
+                                                     const std::map<std::string, std::string>& metadata,
+                                                     const std::function<size_t(size_t)>& have = nullptr) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   std::set<std::string> seen;
   // nlohmann's object is sorted by key; the data region is laid out in the caller's order.
-  for (const TensorToWrite* t : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSlot* t = tensors[i];
     // "__metadata__" is the header's metadata slot: a tensor of that name would make the file
     // unreadable.
     if (t->name == "__metadata__") return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: \"__metadata__\" is reserved and cannot name a tensor");
@@ -279,11 +282,10 @@ Result<std::pair<std::string, uint64_t>> BuildHeader(const std::vector<const Ten
       if (MulOverflow(nbytes, static_cast<uint64_t>(d), &nbytes) || nbytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
         return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: tensor \"", t->name, "\" shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " overflows 64-bit byte count");
     }
-    const size_t have = t->data().size();
-    if (nbytes != have)
-      return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: tensor \"", t->name, "\" has ", have, " bytes but shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " needs ", nbytes);
-    header[t->name] = {{"dtype", DTypeName(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + have}}};
-    offset += have;
+    if (have && nbytes != have(i))
+      return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: tensor \"", t->name, "\" has ", have(i), " bytes but shape ", ShapeToString(t->shape), " x ", DTypeName(t->dtype), " needs ", nbytes);
+    header[t->name] = {{"dtype", DTypeName(t->dtype)}, {"shape", t->shape}, {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
   }
   std::string h;
   try {
@@ -293,6 +295,17 @@ Result<std::pair<std::string, uint64_t>> BuildHeader(const std::vector<const Ten
   }
   while (h.size() % 8 != 0) h.push_back(' ');
   return std::pair<std::string, uint64_t>(std::move(h), offset);
+}
+
+// The header of tensors with their bytes: each one's size checked against its shape.
+Result<std::pair<std::string, uint64_t>> BuildHeader(const std::vector<const TensorToWrite*>& tensors,
+                                                     const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorSlot> slots;
+  slots.reserve(tensors.size());
+  for (const TensorToWrite* t : tensors) slots.push_back({t->name, t->dtype, t->shape});
+  std::vector<const TensorSlot*> ptrs;
+  for (const TensorSlot& s : slots) ptrs.push_back(&s);
+  return BuildHeader(ptrs, metadata, [&tensors](size_t i) { return tensors[i]->data().size(); });
 }
 
 std::array<uint8_t, 8> LengthPrefix(uint64_t n) {
@@ -334,6 +347,21 @@ Status WriteSafetensors(const std::string& path, const std::vector<const TensorT
     if (written) written(i);
   }
   return w->Commit();
+}
+
+uint64_t SlotBytes(const TensorSlot& t) {
+  uint64_t n = DTypeSize(t.dtype);
+  for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+Result<std::string> SafetensorsPreamble(const std::vector<TensorSlot>& tensors,
+                                        const std::map<std::string, std::string>& metadata) {
+  std::vector<const TensorSlot*> ptrs;
+  for (const TensorSlot& s : tensors) ptrs.push_back(&s);
+  NIBBLE_ASSIGN_OR_RETURN(auto header, BuildHeader(ptrs, metadata));
+  const auto prefix = LengthPrefix(header.first.size());
+  return std::string(prefix.begin(), prefix.end()) + header.first;
 }
 
 TensorToWrite BorrowTensor(const TensorView& t) {

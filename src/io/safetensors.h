@@ -137,6 +137,22 @@ struct TensorToWrite {
 /// A tensor written unchanged: its data borrowed from the memory-mapped input, never copied.
 TensorToWrite BorrowTensor(const TensorView& t);
 
+/// A tensor's header entry without its bytes: an output laid out before its data exists
+/// (CheckpointWriter::LayOut).
+struct TensorSlot {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  bool operator==(const TensorSlot&) const = default;
+};
+/// Its byte count (shape x dtype; the caller has checked the shape: SafetensorsPreamble).
+uint64_t SlotBytes(const TensorSlot& t);
+
+/// The bytes before the data region of a safetensors file holding `tensors` in order: the 8-byte
+/// length and the padded header, as WriteSafetensors writes them. Errors: as SerializeSafetensors.
+Result<std::string> SafetensorsPreamble(const std::vector<TensorSlot>& tensors,
+                                        const std::map<std::string, std::string>& metadata);
+
 /// Serialises tensors (in the given order) with optional __metadata__ into a safetensors image.
 /// Header padded with spaces to a multiple of 8 bytes. Errors: duplicate names, a tensor named
 /// "__metadata__", negative dimension, size overflow, byte count not matching shape x dtype, a name

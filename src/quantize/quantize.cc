@@ -155,7 +155,8 @@ Result<Produced> ProduceLinear(const TensorView& t, const PlannedLinear& r, cons
 // has come goes to the writer at once, one finished early is spooled to disk (CheckpointWriter::
 // Spool) until its turn, and the tensors the pipeline does not hand over are copied from the
 // input as their turn comes. So memory holds no finished tensor past its layer, whatever the
-// order. An RTN export awaits nothing: every tensor is produced in turn.
+// order. An RTN export awaits nothing: every tensor is produced in turn, and its output is laid
+// out before the first (Layout, CheckpointWriter::LayOut), so each tensor is written once.
 class OrderedExport {
  public:
   OrderedExport(const QuantizeOptions& o, const TensorStore& store, const ExportContext& ex, size_t n_modules,
@@ -175,6 +176,10 @@ class OrderedExport {
   /// An RTN run's layer boundaries (quantize/resume.h): `f` is called with the count of decoder
   /// layers written each time the output order leaves a layer's tensors.
   void OnLayerWritten(std::function<Status(int64_t)> f) { layer_written_ = std::move(f); }
+  /// Every tensor the export will write, in order, when known before the first is produced: an
+  /// RTN run whose format lays out each quantized linear (FormatWriter::LinearLayout); else
+  /// nullopt (the writer streams).
+  std::optional<std::vector<TensorSlot>> Layout() const;
   /// Its position, the tensors spooled before their turn and the report lines so far; and back.
   nlohmann::ordered_json SaveState() const;
   Status LoadState(const nlohmann::ordered_json& j);
@@ -206,6 +211,30 @@ class OrderedExport {
   int64_t layers_written_ = 0;
   size_t boundary_at_ = 0;  // next_ of the last boundary (a resumed run starts there)
 };
+
+// The tensors ProduceLinear writes for `t` under `r`, or nullopt when the format cannot say.
+std::optional<std::vector<TensorSlot>> LinearSlots(const TensorView& t, const PlannedLinear& r, const FormatWriter& w) {
+  if (!r.spec) return std::vector<TensorSlot>{{t.name, t.dtype, t.shape}};
+  if (t.shape.size() != 2) return std::nullopt;
+  return w.LinearLayout(r.module, t.shape[0], t.shape[1], *r.spec, r.spec->scale_dtype.value_or(t.dtype));
+}
+
+std::optional<std::vector<TensorSlot>> OrderedExport::Layout() const {
+  if (ex_.plan->algorithms.Calibrated()) return std::nullopt;
+  std::vector<TensorSlot> out;
+  auto add = [&out](std::optional<std::vector<TensorSlot>> s) {
+    if (s) out.insert(out.end(), s->begin(), s->end());
+    return s.has_value();
+  };
+  for (const std::string& name : order_) {
+    const TensorView& t = *store_.Find(name);
+    auto lin = ex_.linear_of_weight.find(name);
+    if (lin == ex_.linear_of_weight.end()) out.push_back({t.name, t.dtype, t.shape});
+    else if (!add(LinearSlots(t, *lin->second, *ex_.writer))) return std::nullopt;
+    if (name == ex_.head_source && !add(LinearSlots(t, *ex_.plan->Find("lm_head"), *ex_.writer))) return std::nullopt;
+  }
+  return out;
+}
 
 nlohmann::ordered_json LayerReportJson(const QuantizedLayerReport& l) {
   return {{"name", l.name},   {"rule", l.rule},         {"quantized", l.quantized},  {"scheme", l.scheme},
@@ -779,6 +808,11 @@ Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs) {
   // Input tensors written unchanged are read once: their pages go once their shard is written.
   out.SetAfterBorrowedWritten([&store](const uint8_t* p, size_t n) { store.Evict(p, n); });
   OrderedExport exp(o, store, ex, request.modules.size(), mc.num_hidden_layers, out, report);
+  // RTN knows every output tensor up front: each is written once, at its place (no spool).
+  if (std::optional<std::vector<TensorSlot>> layout = exp.Layout()) {
+    const Status st = out.LayOut(std::move(*layout));
+    if (!st.ok()) return o.resume ? st.error().WithContext("--resume: " + rs.staging) : st.error();
+  }
   if (o.resume) {
     const Status st = exp.LoadState(rs.manifest.at("export"));
     if (!st.ok()) return st.error().WithContext("--resume: " + rs.staging);

@@ -6,7 +6,8 @@
 //               of its header) and the calibration data's SHA-256;
 //   progress    layers done of how many;
 //   writer      CheckpointWriter::SaveState: finished shards (size, SHA-256, tensors), the open
-//               shard's entries, the spool's length;
+//               shard's entries, the spool's length; laid out (an RTN run), the tensors written
+//               and the open shard's length and SHA-256 so far;
 //   export      the ordered export's position, the tensors spooled before their turn, the
 //               per-linear report lines so far;
 //   calibrated  the pipeline's layer reports and each algorithm's accumulated state;

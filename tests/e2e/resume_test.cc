@@ -274,4 +274,30 @@ TEST(QuantizeResume, FailedWriteLeavesTheRunResumable) {
   EXPECT_EQ(HashDir(tmp.sub("out")), HashDir(tmp.sub("full")));
 }
 
+// The same for an RTN run, whose shards are laid out up front and written in place (no spool):
+// the shard being written fails (3 MB shards: lm_head alone, then the embedding and the first
+// layers past the 2.5 MB limit), is named, and the resumed run cuts it back to its last boundary.
+TEST(QuantizeResume, FailedWriteInALaidOutShardLeavesTheRunResumable) {
+  nibble_test::TempDir tmp;
+  const std::string model = nibble_test::EmbeddedModel(), log = tmp.sub("log");
+  auto args = [&](const std::string& out, const std::string& threads) {
+    return std::vector<std::string>{"quantize", "--model_dir", model, "--output_dir", out, "--max_shard_size", "3MB",
+                                    "--threads", threads};
+  };
+  Launch limited;
+  limited.max_file_size = 2500 << 10;
+  ASSERT_EQ(RunQ(args(tmp.sub("out"), "1"), log, limited), 1) << ReadFile(log);
+  const std::string text = ReadFile(log);
+  EXPECT_NE(text.find("cannot write " + Staging(tmp.path(), "out").at(0) + "/shard-1.safetensors.partial: File too large"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("run the same command with --resume to continue"), std::string::npos) << text;
+  EXPECT_FALSE(fs::exists(Staging(tmp.path(), "out").at(0) + "/tensors.spool"));
+  std::vector<std::string> resume = args(tmp.sub("out"), "2");
+  resume.push_back("--resume");
+  ASSERT_EQ(RunQ(resume, log), 0) << ReadFile(log);
+  ASSERT_EQ(RunQ(args(tmp.sub("full"), "1"), log), 0) << ReadFile(log);
+  EXPECT_EQ(HashDir(tmp.sub("out")), HashDir(tmp.sub("full")));
+}
+
 }  // namespace

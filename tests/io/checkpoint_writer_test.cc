@@ -1,6 +1,8 @@
 // CheckpointWriter (io/checkpoint_writer.h): owned tensors leave memory at Add (spooled to disk),
 // tensors finished out of order are spooled and added in order later, and the shards are the same
-// bytes as the in-memory serialization of the same tensors split greedily at max_shard_size.
+// bytes as the in-memory serialization of the same tensors split greedily at max_shard_size; a
+// laid-out writer (LayOut) gives the same shards with no spool, refuses a tensor other than the
+// laid-out one, and resumes from a saved state with its open shard cut back and checked.
 #include "io/checkpoint_writer.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "io/staging_dir.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -134,6 +137,146 @@ TEST(CheckpointWriter, AnUnfinishedWriterLeavesNoOutputAndNoSpool) {
     ASSERT_TRUE(w.ok());
     ASSERT_TRUE(w->Add(Owned("x", 40, 0)).ok());
     ASSERT_TRUE(w->Add(Owned("y", 40, 0)).ok());  // x's shard written
+  }
+  EXPECT_TRUE(fs::is_empty(tmp.path()));
+}
+
+// The layout of `ts`: each tensor's name, dtype and shape.
+std::vector<nibble::TensorSlot> Slots(const std::vector<nibble::TensorToWrite>& ts) {
+  std::vector<nibble::TensorSlot> out;
+  for (const auto& t : ts) out.push_back({t.name, t.dtype, t.shape});
+  return out;
+}
+
+// A copy of `t`: borrowed from `t`'s bytes when `borrow`, else owned.
+nibble::TensorToWrite Copy(const nibble::TensorToWrite& t, bool borrow) {
+  nibble::TensorToWrite c{t.name, t.dtype, t.shape, {}, nullptr, 0};
+  if (borrow) {
+    c.borrowed = t.bytes.data();
+    c.borrowed_size = t.bytes.size();
+  } else {
+    c.bytes = t.bytes;
+  }
+  return c;
+}
+
+// The six tensors of the spool test above, shards a0 a1 | b0 b1 b2 | c0 at 1400 bytes.
+std::vector<nibble::TensorToWrite> SixTensors() {
+  return {Owned("a0", 300, 1), Owned("a1", 10, 2), Owned("b0", 200, 3), Owned("b1", 0, 4), Owned("b2", 120, 5), Owned("c0", 64, 6)};
+}
+
+void ExpectShards(const fs::path& out, const std::vector<std::string>& want) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", i + 1, want.size());
+    EXPECT_EQ(FileBytes(out / name), want[i]) << name;
+  }
+}
+
+TEST(CheckpointWriter, LaidOutWritesTheSameShardsWithoutASpool) {
+  TempDir tmp;
+  const fs::path out = fs::path(tmp.path()) / "out";
+  const std::vector<nibble::TensorToWrite> ref = SixTensors();
+  auto w = nibble::CheckpointWriter::Create(out.string(), 1400);
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  ASSERT_TRUE(w->LayOut(Slots(ref)).ok());
+  std::vector<const uint8_t*> released;
+  w->SetAfterBorrowedWritten([&](const uint8_t* p, size_t) { released.push_back(p); });
+  const std::string staging = w->path();
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_TRUE(w->Add(Copy(ref[i], i == 1 || i == 2 || i == 5)).ok()) << i;
+    EXPECT_FALSE(fs::exists(fs::path(staging) / "tensors.spool")) << i;
+  }
+  ASSERT_TRUE(w->Finish().ok());
+  ASSERT_TRUE(w->Commit(false).ok());
+  const std::vector<std::string> want = ReferenceShards(ref, 1400);
+  ASSERT_EQ(w->shards(), 3);
+  ExpectShards(out, want);
+  EXPECT_EQ(released, (std::vector<const uint8_t*>{ref[1].bytes.data(), ref[2].bytes.data(), ref[5].bytes.data()}));
+}
+
+TEST(CheckpointWriter, LaidOutRefusesATensorOutOfItsLayout) {
+  TempDir tmp;
+  const std::vector<nibble::TensorToWrite> ref = SixTensors();
+  auto w = nibble::CheckpointWriter::Create((fs::path(tmp.path()) / "out").string(), 1400);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(w->LayOut(Slots(ref)).ok());
+  EXPECT_FALSE(w->LayOut(Slots(ref)).ok());
+  ASSERT_TRUE(w->Add(Copy(ref[0], false)).ok());
+  auto wrong_name = w->Add(Copy(ref[2], false));
+  ASSERT_FALSE(wrong_name.ok());
+  EXPECT_EQ(wrong_name.error().code, nibble::ErrorCode::kInternal);
+  EXPECT_NE(wrong_name.error().message.find("was given tensor b0"), std::string::npos) << wrong_name.error().message;
+  EXPECT_NE(wrong_name.error().message.find("the layout has a1 F32 [10]"), std::string::npos) << wrong_name.error().message;
+  nibble::TensorToWrite wrong_shape = Owned("a1", 11, 2);
+  EXPECT_FALSE(w->Add(std::move(wrong_shape)).ok());
+  auto early = w->Finish();
+  ASSERT_FALSE(early.ok());
+  EXPECT_NE(early.error().message.find("was given 1 of its 6 tensors"), std::string::npos) << early.error().message;
+  EXPECT_FALSE(w->Spool(ref[1]).ok());
+}
+
+// A laid-out resumable writer stopped after a boundary (its state saved with shard 0 written and
+// b0 in the open shard) that went on writing b1 and b2 before it died: a writer resumed from the
+// state and laid out again cuts the open shard back to b0 and writes the same shards.
+TEST(CheckpointWriter, LaidOutResumesFromItsSavedStateByteIdentical) {
+  TempDir tmp;
+  const fs::path out = fs::path(tmp.path()) / "out";
+  const std::vector<nibble::TensorToWrite> ref = SixTensors();
+  nlohmann::ordered_json state;
+  std::string staging;
+  {
+    auto w = nibble::CheckpointWriter::Create(out.string(), 1400);
+    ASSERT_TRUE(w.ok());
+    w->SetResumable();
+    ASSERT_TRUE(w->LayOut(Slots(ref)).ok());
+    for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(w->Add(Copy(ref[i], false)).ok());
+    auto st = w->SaveState();
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    state = *st;
+    for (size_t i = 3; i < 6; ++i) ASSERT_TRUE(w->Add(Copy(ref[i], false)).ok());  // past the boundary
+    staging = w->path();
+    w->KeepStaging();
+  }
+  ASSERT_TRUE(fs::exists(fs::path(staging) / "shard-2.safetensors.partial"));
+  const std::string open = (fs::path(staging) / "shard-1.safetensors.partial").string();
+  auto resume = [&]() -> nibble::Result<nibble::CheckpointWriter> {
+    NIBBLE_ASSIGN_OR_RETURN(nibble::StagingDir dir, nibble::StagingDir::Adopt(out.string(), "tmp", staging));
+    dir.Keep();
+    auto no_borrow = [](const std::string& n) -> nibble::Result<nibble::TensorToWrite> { return nibble::MakeError("borrow ", n); };
+    NIBBLE_ASSIGN_OR_RETURN(nibble::CheckpointWriter w, nibble::CheckpointWriter::Resume(std::move(dir), 1400, state, no_borrow));
+    NIBBLE_RETURN_IF_ERROR(w.LayOut(Slots(ref)));
+    return w;
+  };
+  {  // a changed byte in the open shard's kept prefix (b0's last; b2 follows it) is named
+    const std::string good = FileBytes(open);
+    std::string bytes = good;
+    bytes[bytes.size() - 120 * 4 - 1] ^= 1;
+    std::ofstream(open, std::ios::binary | std::ios::trunc) << bytes;
+    auto bad = resume();
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.error().code, nibble::ErrorCode::kCorruptInput);
+    EXPECT_NE(bad.error().message.find(open), std::string::npos) << bad.error().message;
+    std::ofstream(open, std::ios::binary | std::ios::trunc) << good;
+  }
+  auto w = resume();
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  EXPECT_FALSE(fs::exists(fs::path(staging) / "shard-2.safetensors.partial"));
+  for (size_t i = 3; i < 6; ++i) ASSERT_TRUE(w->Add(Copy(ref[i], i == 5)).ok());
+  w->KeepStaging(false);
+  ASSERT_TRUE(w->Finish().ok());
+  ASSERT_TRUE(w->Commit(false).ok());
+  ExpectShards(out, ReferenceShards(ref, 1400));
+}
+
+TEST(CheckpointWriter, AnUnfinishedLaidOutWriterLeavesNothing) {
+  TempDir tmp;
+  {
+    auto w = nibble::CheckpointWriter::Create((fs::path(tmp.path()) / "out").string(), 1400);
+    ASSERT_TRUE(w.ok());
+    const std::vector<nibble::TensorToWrite> ref = SixTensors();
+    ASSERT_TRUE(w->LayOut(Slots(ref)).ok());
+    for (size_t i = 0; i < 3; ++i) ASSERT_TRUE(w->Add(Copy(ref[i], false)).ok());
   }
   EXPECT_TRUE(fs::is_empty(tmp.path()));
 }
