@@ -284,7 +284,7 @@ TEST(QuantizeResume, FailedWriteInALaidOutShardLeavesTheRunResumable) {
     return std::vector<std::string>{"quantize", "--model_dir", model, "--output_dir", out, "--max_shard_size", "3MB",
                                     "--threads", threads};
   };
-  Launch limited;
+  SpawnOptions limited;
   limited.max_file_size = 2500 << 10;
   ASSERT_EQ(RunQ(args(tmp.sub("out"), "1"), log, limited), 1) << ReadFile(log);
   const std::string text = ReadFile(log);
