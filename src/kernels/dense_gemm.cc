@@ -64,7 +64,19 @@ const Bf16Matmul& Bf16MatmulFor(const dnnl::engine& eng, int64_t n, int64_t k) {
   return mm;
 }
 
+// The engine of this thread's primitives (Bf16MatmulFor's cache): one per thread, a few hundred
+// bytes; a primitive runs only on the engine it was made for.
+const dnnl::engine& ThreadEngine() {
+  thread_local dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  return eng;
+}
+
 }  // namespace
+
+bool GemmBf16Usable(int64_t n, int64_t k) {
+  NIBBLE_CHECK(n > 0 && k > 0);
+  return Bf16MatmulFor(ThreadEngine(), n, k).usable;
+}
 
 bool DenseGemmHasAmx() {
   static const bool amx = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & dnnl_cpu_isa_avx512_core_amx) ==
@@ -74,9 +86,8 @@ bool DenseGemmHasAmx() {
 
 bool GemmBf16XWt(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* w, float* y) {
   NIBBLE_CHECK(m > 0 && n > 0 && k > 0 && x != nullptr && w != nullptr && y != nullptr);
-  // Handles of a few hundred bytes per thread.
-  thread_local dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-  thread_local dnnl::stream stream(eng);
+  const dnnl::engine& eng = ThreadEngine();
+  thread_local dnnl::stream stream(eng);  // a few hundred bytes per thread
   const Bf16Matmul& mm = Bf16MatmulFor(eng, n, k);
   if (!mm.usable) return false;
   using md = dnnl::memory::desc;

@@ -28,6 +28,9 @@ void SgemmAtB(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
 /// Returns false and writes nothing when oneDNN has no optimized bf16 kernel for this CPU.
 bool GemmBf16XWt(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* w, float* y);
 
+/// Whether GemmBf16XWt runs (oneDNN has an optimized bf16 kernel) for this (N, K).
+bool GemmBf16Usable(int64_t n, int64_t k);
+
 /// Whether oneDNN runs its matmuls on AMX tiles on this CPU (its effective ISA includes
 /// avx512_core_amx).
 bool DenseGemmHasAmx();

@@ -345,6 +345,9 @@ void RoundToBf16(const float* x, int64_t n, float* out) {
 }
 
 void ToBf16Bits(const float* x, int64_t n, uint16_t* out) {
+  // Elementwise, so any split gives the same bits; threaded where a call is large (inside a
+  // parallel region the team is one thread).
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 20))
   for (int64_t i = 0; i < n; ++i) out[i] = F32ToBf16(x[i]);
 }
 

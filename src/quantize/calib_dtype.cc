@@ -135,13 +135,15 @@ Status CarriedActivations::Restore(std::span<const uint8_t> bytes, const std::st
 
 namespace {
 
-// bf16 × bf16 → fp32 linear: W rounded to bf16 bits at construction.
+// bf16 × bf16 → fp32 linear: W rounded to bf16 bits at construction (or bits the caller owns).
 class Bf16CalibLinear final : public Linear {
  public:
   Bf16CalibLinear(int64_t n, int64_t k, const std::vector<float>& w, std::vector<float> bias)
-      : n_(n), k_(k), w_(static_cast<size_t>(n * k)), bias_(std::move(bias)) {
-    ToBf16Bits(w.data(), n * k, w_.data());
+      : n_(n), k_(k), own_(static_cast<size_t>(n * k)), w_(own_.data()), bias_(std::move(bias)) {
+    ToBf16Bits(w.data(), n * k, own_.data());
   }
+  Bf16CalibLinear(int64_t n, int64_t k, const uint16_t* w_bits, std::vector<float> bias)
+      : n_(n), k_(k), w_(w_bits), bias_(std::move(bias)) {}
   int64_t in_features() const override { return k_; }
   int64_t out_features() const override { return n_; }
   using Linear::Forward;
@@ -150,12 +152,12 @@ class Bf16CalibLinear final : public Linear {
     Workspace& w = ws != nullptr ? *ws : local;
     uint16_t* const xb = w.Get<uint16_t>(Workspace::Slot::kLinearRows, m * k_);
     ToBf16Bits(x, m * k_, xb);
-    if (!GemmBf16XWt(m, n_, k_, xb, w_.data(), y)) {
+    if (!GemmBf16XWt(m, n_, k_, xb, w_, y)) {
       // No bf16 matmul on this CPU: the same bf16 values widened exactly, through the sgemm.
       float* const xf = w.Get<float>(Workspace::Slot::kLinearRowsWide, m * k_);
       float* const wf = w.Get<float>(Workspace::Slot::kLinearTileWide, n_ * k_);
       Bf16ToF32Rows(xb, m, k_, xf);
-      Bf16ToF32Rows(w_.data(), n_, k_, wf);
+      Bf16ToF32Rows(w_, n_, k_, wf);
       SgemmXWt(m, n_, k_, xf, k_, wf, k_, 0.0f, y, n_);
     }
     if (!bias_.empty()) AddBiasRows(y, m, n_, bias_.data());
@@ -165,7 +167,8 @@ class Bf16CalibLinear final : public Linear {
 
  private:
   int64_t n_, k_;
-  std::vector<uint16_t> w_;
+  std::vector<uint16_t> own_;
+  const uint16_t* w_;  // own_ or the caller's bits
   std::vector<float> bias_;
 };
 
@@ -204,6 +207,10 @@ std::unique_ptr<Linear> MakeCalibLinear(int64_t n, int64_t k, std::shared_ptr<co
   if (t == CalibDType::kBf16) return std::make_unique<Bf16CalibLinear>(n, k, *w, std::move(bias));
   if (t == CalibDType::kFp16) return std::make_unique<Fp16CalibLinear>(n, k, *w, std::move(bias));
   return std::make_unique<DenseLinear>(n, k, std::move(w), std::move(bias));
+}
+
+std::unique_ptr<Linear> MakeBf16CalibLinearView(int64_t n, int64_t k, const uint16_t* w_bits, std::vector<float> bias) {
+  return std::make_unique<Bf16CalibLinear>(n, k, w_bits, std::move(bias));
 }
 
 }  // namespace nibble

@@ -70,4 +70,8 @@ class CarriedActivations {
 std::unique_ptr<Linear> MakeCalibLinear(int64_t n, int64_t k, std::shared_ptr<const std::vector<float>> w,
                                         std::vector<float> bias, CalibDType t);
 
+/// The bf16 calibration linear over bf16 bits the caller owns: w_bits [n, k] (row-major) must stay
+/// alive and unchanged while the linear is used (AWQ's candidates, written into reused buffers).
+std::unique_ptr<Linear> MakeBf16CalibLinearView(int64_t n, int64_t k, const uint16_t* w_bits, std::vector<float> bias);
+
 }  // namespace nibble

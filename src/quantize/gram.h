@@ -14,7 +14,11 @@ enum class GramFill { kFull, kLowerMirrored };
 
 /// G = XᵀX [k, k] for x [rows, k]. Each 64-column block of G is the double sum, in chunk order,
 /// of fp32 products over fixed 2048-row chunks (rounded to fp32 at the end): blocks run in
-/// parallel, and every element's arithmetic is the same for any thread count.
+/// parallel, and every element's arithmetic is the same for any thread count. Where every x is a
+/// bf16 value (a bf16 calibration's captures) and the CPU has a bf16 matmul, the chunk products
+/// run as bf16 × bf16 with fp32 sums (the same exact products, other rounding of the sums) on
+/// parts of at most 2k rows, each part's double sums rounded to fp32 and added into G in order; a
+/// transposed bf16 copy of one part (no larger than G) is held meanwhile.
 std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k, GramFill fill = GramFill::kFull);
 
 /// g [k, k] += XᵀX of x [rows, k] on and below the diagonal (64-column blocks from the diagonal

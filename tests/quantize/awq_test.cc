@@ -25,6 +25,7 @@
 #include "quantize/pipeline.h"
 #include "quantize/algorithm.h"
 #include "quantize/awq/awq.h"
+#include "quantize/awq/search.h"
 #include "quantize/calibrated.h"
 #include "quantize/calibration.h"
 #include "test_paths.h"
@@ -599,6 +600,22 @@ TEST(Awq, GramLossOfOneLinearEqualsTheDirectLoss) {
       }
     }
   EXPECT_EQ(linear_mappings, 2 * static_cast<int64_t>(direct->layers.size()));
+}
+
+// Which loss a single inspected linear gets: fp32 calibration always the Gram matrix; a 16-bit
+// one its candidate forward below 2K rows (bf16) or K rows (fp16), where that costs less; none
+// with gram_linear_loss off.
+TEST(Awq, GramLossOnlyWhereItIsCheaperThanTheCandidateForward) {
+  nibble::AwqSettings st;
+  const int64_t k = 4096;
+  for (int64_t rows : {int64_t{1}, int64_t{2048}, int64_t{16384}, int64_t{1} << 20})
+    EXPECT_TRUE(nibble::AwqGramLoss(st, nibble::CalibDType::kFp32, rows, k)) << rows;
+  EXPECT_FALSE(nibble::AwqGramLoss(st, nibble::CalibDType::kBf16, 2 * k - 1, k));
+  EXPECT_TRUE(nibble::AwqGramLoss(st, nibble::CalibDType::kBf16, 2 * k, k));
+  EXPECT_FALSE(nibble::AwqGramLoss(st, nibble::CalibDType::kFp16, k - 1, k));
+  EXPECT_TRUE(nibble::AwqGramLoss(st, nibble::CalibDType::kFp16, k, k));
+  st.gram_linear_loss = false;
+  EXPECT_FALSE(nibble::AwqGramLoss(st, nibble::CalibDType::kFp32, 1 << 20, k));
 }
 
 // Reusing a layer's attention stages across mappings gives the bytes of recomputing them, with

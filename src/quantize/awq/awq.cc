@@ -105,13 +105,18 @@ std::vector<MemoryPhase> AwqRunSettings::MemoryPhases(const LayerMemoryShape& s)
     }
     if (kept == 0) continue;
     p.terms.push_back({"AWQ candidate weights of " + Describe(r.mapping), kept + transient});
+    const int64_t od = r.inspect == AwqInspect::kLinear ? s.n[r.inspect_linear] : s.hidden;
+    const MemoryTerm direct{"AWQ inspected output " + Dims(s.rows, od) + " fp32 and per-thread chunks",
+                            s.rows * od * 4 + s.threads * chunk_rows * (od * 4 + s.ScratchRowBytes(false))};
     if (r.inspect == AwqInspect::kLinear && st_.gram_linear_loss) {
-      p.terms.push_back({"AWQ Gram matrix of " + s.linear[r.inspect_linear] + " inputs " + Dims(kin, kin) + " fp32",
-                         kin * kin * 4 + s.threads * kin * 64 * 12});
+      const MemoryTerm gram{"AWQ Gram matrix of " + s.linear[r.inspect_linear] + " inputs " + Dims(kin, kin) + " fp32",
+                            kin * kin * 4 + s.threads * kin * 64 * 12};
+      // The shape does not say the calibration dtype: where a 16-bit one would run the candidate
+      // forward instead (AwqGramLoss), the larger of the two.
+      const bool may_run_direct = !AwqGramLoss(st_, CalibDType::kBf16, s.rows, kin);
+      p.terms.push_back(may_run_direct && direct.bytes > gram.bytes ? direct : gram);
     } else {
-      const int64_t od = r.inspect == AwqInspect::kLinear ? s.n[r.inspect_linear] : s.hidden;
-      p.terms.push_back({"AWQ inspected output " + Dims(s.rows, od) + " fp32 and per-thread chunks",
-                         s.rows * od * 4 + s.threads * chunk_rows * (od * 4 + s.ScratchRowBytes(false))});
+      p.terms.push_back(direct);
     }
     out.push_back(std::move(p));
   }

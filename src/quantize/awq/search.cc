@@ -10,7 +10,9 @@
 #include <omp.h>
 
 #include "formats/float_dtype.h"
+#include "formats/rtn.h"
 #include "kernels/dense_gemm.h"
+#include "kernels/vec_ops.h"
 #include "quantize/gram.h"
 #include "model/linear.h"
 
@@ -248,28 +250,96 @@ bool PrevOpFits(const ResolvedMapping& r, const CalibLayer& L, const std::vector
   return true;
 }
 
+// Buffers of the candidate weights, one per balance layer, reused across a mapping's candidates
+// (the candidate linears of one candidate are gone before the next is built).
+struct CandidateBuffers {
+  std::vector<std::shared_ptr<std::vector<float>>> f32;  // Ŵ in fp32
+  std::vector<std::vector<uint16_t>> bf16;               // Ŵ as bf16 bits (a bf16 calibration's linears)
+};
+
+// Row-wise scratch of CandidateRows.
+struct RowScratch {
+  std::vector<float> ws, x, mn, mx, sc, inv, z;
+  std::vector<int> zp;
+  std::vector<uint8_t> codes;
+  RowScratch(int64_t k, int64_t groups)
+      : ws(k), x(k), mn(groups), mx(groups), sc(groups), inv(groups), z(groups), zp(groups), codes(k) {}
+};
+
+// Ŵ = Q(W·s)/s of the [n, k] weight w, row by row (RTN's groups never span rows, so every row is
+// the reference's RtnDequant row: the same vectorised RTN passes as quantize/rtn_fast.h, the same
+// dequantization as DequantizeRef), rows threaded, into f32 and/or bf16 bits (either may be null).
+// False when a value is not finite or a scale overflows `dt` (RtnDequant's errors).
+bool CandidateRows(const float* w, int64_t n, int64_t k, const QuantSpec& spec, DType dt, const std::vector<float>& s,
+                   float* f32, uint16_t* bf16) {
+  if (!CheckRtnArgs(n, k, spec, dt).ok()) return false;
+  const int64_t g = spec.EffectiveGroupSize(k), groups = k / g;
+  const bool sym = spec.symmetric;
+  bool failed = false;
+#pragma omp parallel reduction(|| : failed)
+  {
+    RowScratch t(k, groups);
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < n; ++row) {
+      if (failed) continue;
+      for (int64_t c = 0; c < k; ++c) t.ws[c] = w[row * k + c] * s[c];
+      if (!RtnRowRange(reinterpret_cast<const uint8_t*>(t.ws.data()), RowDType::kF32, k, g, t.x.data(), t.mn.data(),
+                       t.mx.data())) {
+        failed = true;
+        continue;
+      }
+      for (int64_t j = 0; j < groups && !failed; ++j) {
+        RtnGroupParams p;
+        if (!RtnGroupOf(t.mn[j], t.mx[j], sym, dt, &p)) failed = true;
+        t.sc[j] = p.s;
+        t.inv[j] = p.inv;
+        t.z[j] = p.z;
+        t.zp[j] = sym ? 8 : static_cast<int>(p.z);
+      }
+      if (failed) continue;
+      double num = 0, den = 0;
+      RtnRowCodes(t.x.data(), k, g, t.sc.data(), t.inv.data(), t.z.data(), sym, t.codes.data(), &num, &den);
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t j = c / g;
+        const float v = static_cast<float>(int{t.codes[c]} - t.zp[j]) * t.sc[j] / s[c];
+        if (f32 != nullptr) f32[row * k + c] = v;
+        if (bf16 != nullptr) bf16[row * k + c] = F32ToBf16(v);
+      }
+    }
+  }
+  return !failed;
+}
+
 // The candidate linears for scales s: every quantized balance layer W → Q(W·s)/s. False when a
 // value does not fit its dtype (RTN scale overflow, an unquantized balance layer's W·s).
-// *inspected_w: Ŵ of the inspected linear (its current weight unless it is quantized here).
-bool CandidateLinears(const ResolvedMapping& r, const CalibLayer& L, const std::vector<float>& s, CalibLinears* cand,
-                      std::shared_ptr<const std::vector<float>>* inspected_w) {
-  for (int i : r.balance) {
+// *inspected_w: Ŵ of the inspected linear (its current weight unless it is quantized here); with
+// `gram` only that is made (the Gram-matrix loss runs no linear).
+bool CandidateLinears(const ResolvedMapping& r, const CalibLayer& L, const std::vector<float>& s, bool gram,
+                      CandidateBuffers& buf, CalibLinears* cand, std::shared_ptr<const std::vector<float>>* inspected_w) {
+  buf.f32.resize(r.balance.size());
+  buf.bf16.resize(r.balance.size());
+  for (size_t bi = 0; bi < r.balance.size(); ++bi) {
+    const int i = r.balance[bi];
     const int64_t n = L.n[i], k = L.k[i];
-    std::vector<float> ws(*L.w[i]);
-    for (int64_t row = 0; row < n; ++row)
-      for (int64_t c = 0; c < k; ++c) ws[row * k + c] *= s[c];
     if (!L.spec[i]) {
-      for (int64_t j = 0; j < n * k; ++j)
-        if (!FitsDType(ws[j], L.dtype[i])) return false;
+      for (int64_t row = 0; row < n; ++row)
+        for (int64_t c = 0; c < k; ++c)
+          if (!FitsDType((*L.w[i])[row * k + c] * s[c], L.dtype[i])) return false;
       continue;
     }
-    auto dq = RtnDequant(ws, n, k, *L.spec[i], L.dtype[i]);
-    if (!dq.ok()) return false;
-    for (int64_t row = 0; row < n; ++row)
-      for (int64_t c = 0; c < k; ++c) (*dq)[row * k + c] /= s[c];
-    auto wq = std::make_shared<const std::vector<float>>(std::move(dq).value());
-    if (i == r.inspect_linear) *inspected_w = wq;
-    (*cand)[i] = MakeCalibLinear(n, k, std::move(wq), L.bias[i], L.calib);
+    if (gram && i != r.inspect_linear) continue;
+    const bool want_f32 = L.calib != CalibDType::kBf16 || (i == r.inspect_linear && gram);
+    auto& f = buf.f32[bi];
+    if (want_f32 && (!f || f.use_count() > 1)) f = std::make_shared<std::vector<float>>();
+    if (want_f32) f->resize(static_cast<size_t>(n * k));
+    auto& b = buf.bf16[bi];
+    if (!want_f32) b.resize(static_cast<size_t>(n * k));
+    if (!CandidateRows(L.w[i]->data(), n, k, *L.spec[i], L.dtype[i], s, want_f32 ? f->data() : nullptr,
+                       want_f32 ? nullptr : b.data()))
+      return false;
+    if (i == r.inspect_linear && want_f32) *inspected_w = f;
+    if (gram) continue;
+    (*cand)[i] = want_f32 ? MakeCalibLinear(n, k, f, L.bias[i], L.calib) : MakeBf16CalibLinearView(n, k, b.data(), L.bias[i]);
   }
   return true;
 }
@@ -302,6 +372,13 @@ void ApplyScales(const ResolvedMapping& r, CalibLayer& L, const std::vector<floa
 
 }  // namespace
 
+bool AwqGramLoss(const AwqSettings& st, CalibDType calib, int64_t rows, int64_t k) {
+  if (!st.gram_linear_loss) return false;
+  if (calib == CalibDType::kFp32 || calib == CalibDType::kAuto) return true;
+  const int64_t direct_per_gram = calib == CalibDType::kBf16 ? 2 : 1;  // bf16 GEMMs run at twice the sgemm's rate
+  return rows >= direct_per_gram * k;
+}
+
 Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMapping& r, CalibLayer& L,
                                         const LayerActs& a, const AwqSettings& st) {
   AwqMappingReport rep;
@@ -309,23 +386,24 @@ Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMa
   const int64_t rows = run.rows(), kin = L.k[r.balance[0]];
   const std::vector<float> x_mean = ChannelAbsMean(a.Of(r.src), rows, kin);
   const std::vector<float> w_mean = WeightMean(L, r.balance);
-  const CalibLinears base = MakeLinears(L);
+  CalibLinears base = MakeLinears(L);  // each candidate's balance linears are swapped in for its loss
   const int64_t y_dim = ChunkingFor(run, r, base).od;
   // A single inspected linear is scored through the Gram matrix of its inputs (GramMatrix): the
   // same squared error, without a pass over the activations per candidate. Modules run per
   // candidate against their fp output.
-  const bool gram = st.gram_linear_loss && r.inspect == AwqInspect::kLinear;
+  const bool gram = r.inspect == AwqInspect::kLinear && AwqGramLoss(st, L.calib, rows, kin);
   const std::vector<float> g = gram ? GramMatrix(a.Of(InputOf(r.inspect_linear)), rows, kin) : std::vector<float>{};
   const std::vector<float> y_fp = gram ? std::vector<float>{} : InspectReference(run, r, L, base, a);
 
   double best = std::numeric_limits<double>::infinity();
   std::vector<float> best_s;
   bool first = true;
+  CandidateBuffers buf;
   for (const auto& [ratio, duo] : Grid(st.duo_scaling, st.n_grid)) {
     const std::vector<float> s = Scales(x_mean, w_mean, ratio, duo);
-    CalibLinears cand = MakeLinears(L);
+    CalibLinears cand{};
     std::shared_ptr<const std::vector<float>> inspected_w = gram ? L.w[r.inspect_linear] : nullptr;
-    const bool ok = PrevOpFits(r, L, s, kin) && CandidateLinears(r, L, s, &cand, &inspected_w);
+    const bool ok = PrevOpFits(r, L, s, kin) && CandidateLinears(r, L, s, gram, buf, &cand, &inspected_w);
     double loss = std::numeric_limits<double>::infinity();
     if (ok && gram) {
       const int i = r.inspect_linear;
@@ -336,7 +414,11 @@ Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMa
       const double stop_above = st.early_stop && std::isfinite(best)
                                     ? best * static_cast<double>(rows * y_dim) * (1 + 1e-9)
                                     : std::numeric_limits<double>::infinity();
-      const std::optional<double> l = InspectLoss(run, r, L, cand, a, y_fp, stop_above);
+      for (int i : r.balance)
+        if (cand[i]) std::swap(base[i], cand[i]);
+      const std::optional<double> l = InspectLoss(run, r, L, base, a, y_fp, stop_above);
+      for (int i : r.balance)
+        if (cand[i]) std::swap(base[i], cand[i]);
       if (!l) {  // (best is finite, so this is not the first candidate)
         ++rep.stopped_early;
         continue;

@@ -39,6 +39,14 @@ struct AwqMappingReport {
   double scale_min = 0, scale_max = 0;  // of the chosen s
 };
 
+/// Whether a mapping that inspects one linear with `k` inputs scores its candidates through the
+/// Gram matrix (AwqSettings::gram_linear_loss) rather than by running the candidate linear over
+/// the `rows` calibration rows. fp32 calibration always takes the Gram matrix (2·N·K² fp32 flops
+/// per candidate, exact to rounding); a 16-bit calibration dtype runs the candidate forward in
+/// that dtype, as llm-compressor scores it, wherever its 2·rows·N·K flops (bf16 GEMMs at twice
+/// the sgemm's rate) cost less, with the early stop of losing candidates on top.
+bool AwqGramLoss(const AwqSettings& st, CalibDType calib, int64_t rows, int64_t k);
+
 /// Searches the grid for mapping `r` on the activations `a` (the layer run to SearchStop(r)) and
 /// applies the best scales to L. Errors: no candidate with a finite loss (names the layer).
 Result<AwqMappingReport> SearchAndApply(const LayerRunner& runner, const ResolvedMapping& r, CalibLayer& L,
