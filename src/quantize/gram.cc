@@ -105,30 +105,12 @@ std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k, GramFill 
 }
 
 void AccumulateGramLower(const float* x, int64_t rows, int64_t k, float* g) {
+  constexpr int64_t kCols = 64;
   const int64_t blocks = (k + kCols - 1) / kCols;
-  // bf16-valued rows (a bf16 calibration's captures): the bf16 matmul on a transposed bf16 copy
-  // of the rows (rows · k · 2 bytes), per 2048-row chunk an fp32 product added into g, chunks in
-  // order; otherwise one fp32 sgemm per block straight into g.
-  const bool bf16 = AllBf16Valued(x, rows * k) && Bf16GemmCovers(rows, k);
-  const std::vector<uint16_t> xt = bf16 ? TransposedBf16Chunks(x, rows, k) : std::vector<uint16_t>{};
-#pragma omp parallel
-  {
-    std::vector<float> part(bf16 ? static_cast<size_t>(k * kCols) : 0);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t c0 = b * kCols, w = std::min(kCols, k - c0), m = k - c0;
-      if (!bf16) {
-        SgemmAtB(m, w, rows, x + c0, k, x + c0, k, 1.0f, g + c0 * k + c0, k);
-        continue;
-      }
-      for (int64_t r0 = 0; r0 < rows; r0 += kChunk) {
-        const int64_t nr = std::min(kChunk, rows - r0);
-        const uint16_t* ct = xt.data() + r0 * k;
-        NIBBLE_CHECK(GemmBf16XWt(m, w, nr, ct + c0 * nr, ct + c0 * nr, part.data()));
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < w; ++j) g[(c0 + i) * k + c0 + j] += part[i * w + j];
-      }
-    }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t c0 = b * kCols, w = std::min(kCols, k - c0);
+    SgemmAtB(k - c0, w, rows, x + c0, k, x + c0, k, 1.0f, g + c0 * k + c0, k);
   }
 }
 

@@ -22,11 +22,9 @@ enum class GramFill { kFull, kLowerMirrored };
 std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k, GramFill fill = GramFill::kFull);
 
 /// g [k, k] += XᵀX of x [rows, k] on and below the diagonal (64-column blocks from the diagonal
-/// down, as GramMatrix's kLowerMirrored; some elements above it too), the blocks in parallel, so a
-/// sum over chunks of rows added in a fixed order is the same for any thread count: one fp32 sgemm
-/// per block into g; where every x is a bf16 value and the CPU has a bf16 matmul, per 2048 rows a
-/// bf16 × bf16 product with fp32 sums added into g (a transposed bf16 copy of x held meanwhile).
-/// MirrorLower then makes g symmetric.
+/// down, as GramMatrix's kLowerMirrored; some elements above it too): one fp32 sgemm per block
+/// into g, the blocks in parallel, so a sum over chunks of rows added in a fixed order is the same
+/// for any thread count. MirrorLower then makes g symmetric.
 void AccumulateGramLower(const float* x, int64_t rows, int64_t k, float* g);
 /// g [k, k]: every element above the diagonal set to its mirror below it.
 void MirrorLower(float* g, int64_t k);

@@ -116,8 +116,7 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
 }
 
 // A chunked layer's fp pass (pipeline.cc ChunkedFpPass): the 16-bit calibration linears, the Gram
-// matrix of each input a quantized linear reads, one chunk's input, captures and scratch, and the
-// bf16 transposed copy AccumulateGramLower makes of one capture.
+// matrix of each input a quantized linear reads, and one chunk's input, captures and scratch.
 MemoryPhase ChunkedFpPhase(const LayerMemoryShape& s) {
   int64_t w = 0;
   std::array<int64_t, 4> gram{};
@@ -125,16 +124,13 @@ MemoryPhase ChunkedFpPhase(const LayerMemoryShape& s) {
     w += s.WeightBytes(i);
     if (s.quantized[i]) gram[static_cast<size_t>(InputOf(i))] = s.k[i] * s.k[i] * 4;
   }
-  int64_t grams = 0, widest_k = 0;
+  int64_t grams = 0;
   for (int64_t g : gram) grams += g;
-  for (int i = 0; i < kNumLinears; ++i)
-    if (s.quantized[i]) widest_k = std::max(widest_k, s.k[i]);
   const int64_t chunk = s.chunk_rows * (s.ActsRowBytes() + s.ScratchRowBytes() + s.hidden * 4);
   return {"fp pass in chunks (" + s.name + ")",
           {{"16-bit copy of its weights (calibration linears)", w / 2},
            {"Gram matrices of the quantized linears' inputs", grams},
-           {"one chunk of " + std::to_string(s.chunk_rows) + " rows: input, captures, forward scratch", chunk},
-           {"the widest capture of one chunk transposed in bf16 (Gram matrix)", s.chunk_rows * widest_k * 2}}};
+           {"one chunk of " + std::to_string(s.chunk_rows) + " rows: input, captures, forward scratch", chunk}}};
 }
 
 // The pipeline's own phase after the algorithms' Finish: the dequantized copy and every code of

@@ -123,26 +123,6 @@ TEST(Gram, ChunkedFp32SumMatchesADoubleReferenceAndIsSymmetric) {
   for (int64_t i = 0; i < k * k; ++i) ASSERT_NEAR(g[i], whole[i], 1e-4 * std::fabs(whole[i]) + 1e-2) << i;
 }
 
-// bf16-valued inputs (a bf16 calibration's captures) take the bf16 matmul, in calls of 1300 rows
-// (one 2048-row part each) or one call of 2600 (two parts): the reference's values, exactly
-// symmetric, the same bytes at one and two threads.
-TEST(Gram, ChunkedBf16ValuedSumMatchesTheReferenceAtAnyThreadCount) {
-  for (const int64_t chunk : {int64_t{1300}, int64_t{2600}}) {  // 2600: one call over two 2048-row parts
-    const int64_t rows = 2600, k = 136;
-    const std::vector<float> x = RandomInputs(rows, k, true, 3);
-    const int before = omp_get_max_threads();
-    omp_set_num_threads(1);
-    const std::vector<float> one = ChunkedGram(x, rows, k, chunk);
-    omp_set_num_threads(2);
-    const std::vector<float> two = ChunkedGram(x, rows, k, chunk);
-    omp_set_num_threads(before);
-    ExpectNearReference(two, x, rows, k);
-    ASSERT_EQ(0, std::memcmp(one.data(), two.data(), one.size() * sizeof(float))) << chunk;
-    for (int64_t i = 0; i < k; ++i)
-      for (int64_t j = 0; j < k; ++j) ASSERT_EQ(two[i * k + j], two[j * k + i]);
-  }
-}
-
 TEST(Gram, ChunkedSumIsTheSameAtOneAndTwoThreads) {
   const int64_t rows = 600, k = 200;
   const std::vector<float> x = GramTestInputs(rows, k, 11);
