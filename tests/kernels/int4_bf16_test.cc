@@ -49,6 +49,27 @@ struct PreparedRows {
   }
 };
 
+// A random weight (n x k, group g), its packed form, `m_rows` Gaussian activation rows prepared
+// for the kernel and a Gaussian bias (passed only with symmetric weights), drawn in that order.
+struct BatchCase {
+  Int4Matrix m;
+  Packed p;
+  std::vector<float> x;
+  PreparedRows rows;
+  std::vector<float> bias;
+  BatchCase(std::mt19937& rng, std::normal_distribution<float>& xd, int64_t n, int64_t k, int64_t g, bool sym,
+            int64_t m_rows)
+      : m(nibble_test::RandomInt4Matrix(rng, n, k, g, sym)), p(m), x(Draw(rng, xd, k * m_rows)),
+        rows(x.data(), m_rows, k, g), bias(Draw(rng, xd, n)) {}
+  const float* b() const { return m.symmetric ? bias.data() : nullptr; }
+
+  static std::vector<float> Draw(std::mt19937& rng, std::normal_distribution<float>& xd, int64_t count) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (auto& e : v) e = xd(rng);
+    return v;
+  }
+};
+
 // Independent oracle: y = Σ_k bf16(x_k) · (q − z)·s (+ b) in double, and a tolerance: the kernel
 // multiplies bf16(x) by the codes as 128 + q (exact products) and adds the correction −(128 + z)·σ,
 // each partial sum rounded in fp32 along chains no longer than K/16 + 16, so
@@ -421,15 +442,13 @@ TEST(W4Bf16Test, BatchesOfOneToSixteenRowsAndRowsIndependentOfTheBatch) {
     for (int64_t n : {5, 19}) {
       const int64_t k = g * (g >= 128 ? 3 : 5);
       for (bool sym : {false, true}) {
-        const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, g, sym);
-        Packed p(m);
         constexpr int64_t kRows = 16;
-        std::vector<float> x(static_cast<size_t>(k * kRows));
-        for (auto& v : x) v = xd(rng);
-        PreparedRows rows(x.data(), kRows, k, g);
-        std::vector<float> bias(static_cast<size_t>(n));
-        for (auto& v : bias) v = xd(rng);
-        const float* b = sym ? bias.data() : nullptr;
+        const BatchCase c(rng, xd, n, k, g, sym, kRows);
+        const Int4Matrix& m = c.m;
+        const Packed& p = c.p;
+        const std::vector<float>& x = c.x;
+        const PreparedRows& rows = c.rows;
+        const float* b = c.b();
         std::vector<float> yall(static_cast<size_t>(kRows * n));
         fast(p.w, rows.acts.data(), kRows, b, yall.data(), 0, n);
         for (int64_t mr = 1; mr <= kRows; ++mr) {
@@ -475,14 +494,10 @@ TEST(W4Bf16Test, EveryBlockShapeGivesTheBitsOfTwoByFourBlocks) {
   for (int64_t g : {128, 256}) {
     const int64_t k = g * 67;
     for (bool sym : {false, true}) {
-      const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, g, sym);
-      Packed p(m);
-      std::vector<float> x(static_cast<size_t>(k * kRows));
-      for (auto& v : x) v = xd(rng);
-      PreparedRows rows(x.data(), kRows, k, g);
-      std::vector<float> bias(static_cast<size_t>(n));
-      for (auto& v : bias) v = xd(rng);
-      const float* b = sym ? bias.data() : nullptr;
+      const BatchCase c(rng, xd, n, k, g, sym, kRows);
+      const Packed& p = c.p;
+      const PreparedRows& rows = c.rows;
+      const float* b = c.b();
       for (int64_t mr = 2; mr <= kRows; ++mr) {
         std::vector<float> ref(static_cast<size_t>(mr * n)), y(ref.size());
         GemmW4Bf16Avx512Blocks(p.w, rows.acts.data(), mr, b, ref.data(), 0, n, {2, 4});
