@@ -197,18 +197,26 @@ std::vector<Workspace>& LayerRunner::Workspaces(size_t count) const {
   return workspaces_;
 }
 
-double Mse(const float* a, const float* b, int64_t n) {
+namespace {
+
+// Σ (a − b)² (b null: Σ a²) over fixed blocks of 4096 (double partials summed in block order).
+double SquaredErrorBlocks(const float* a, const float* b, int64_t n) {
+  static const std::vector<float> zero(4096, 0.0f);
   const int64_t blocks = (n + 4095) / 4096;
   std::vector<double> part(static_cast<size_t>(blocks));
 #pragma omp parallel for schedule(static)
   for (int64_t bl = 0; bl < blocks; ++bl) {
     const int64_t e = std::min(n, (bl + 1) * 4096);
-    part[bl] = SquaredErrorSum(a + bl * 4096, b + bl * 4096, e - bl * 4096);
+    part[bl] = SquaredErrorSum(a + bl * 4096, b != nullptr ? b + bl * 4096 : zero.data(), e - bl * 4096);
   }
   double s = 0;
   for (double p : part) s += p;
-  return s / static_cast<double>(n);
+  return s;
 }
+
+}  // namespace
+
+double Mse(const float* a, const float* b, int64_t n) { return SquaredErrorBlocks(a, b, n) / static_cast<double>(n); }
 
 Result<std::vector<float>> RtnDequant(const std::vector<float>& w, int64_t n, int64_t k, const QuantSpec& spec,
                                       DType dt, std::optional<Int4Matrix>* codes) {
@@ -410,20 +418,6 @@ Status ChunkedOutput(const LayerRunner& runner, const CalibLayer& L, const Carri
   });
 }
 
-// Σ (a − b)² (b null: Σ a²) over fixed blocks of 4096 (double partials summed in block order).
-double SquaredErrorBlocks(const float* a, const float* b, int64_t n) {
-  static const std::vector<float> zero(4096, 0.0f);
-  const int64_t blocks = (n + 4095) / 4096;
-  std::vector<double> part(static_cast<size_t>(blocks));
-#pragma omp parallel for schedule(static)
-  for (int64_t bl = 0; bl < blocks; ++bl) {
-    const int64_t e = std::min(n, (bl + 1) * 4096);
-    part[bl] = SquaredErrorSum(a + bl * 4096, b != nullptr ? b + bl * 4096 : zero.data(), e - bl * 4096);
-  }
-  double s = 0;
-  for (double p : part) s += p;
-  return s;
-}
 
 // ErrorReport for a GramsOnly algorithm (no weight edited: the original layer is L) from the
 // carried input, chunk by chunk over the report rows: per linear, Σ y², Σ (y − y_rtn)² and
