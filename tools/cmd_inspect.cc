@@ -41,6 +41,9 @@ void ShowKernels(bool as_json) {
     j["bf16_matmul_amx"] = k.bf16_matmul_amx;
     j["bf16_dense_linears"] = k.bf16_dense;
     j["vec_ops"] = k.vec_ops;
+    j["decode_prefetch"] = k.row_prefetch;
+    j["decode_prefetch_reason"] = k.row_prefetch_reason;
+    if (!k.row_prefetch_message.empty()) j["decode_prefetch_message"] = k.row_prefetch_message;
     j["openmp_wait"] = DescribeOpenMpWait();
     std::printf("%s\n", j.dump(2).c_str());
   } else {
@@ -58,6 +61,9 @@ void ShowKernels(bool as_json) {
     std::printf("int8 activations (--activations int8): %s (%s)\n", k.int8_kernel.c_str(), k.int8_reason.c_str());
     std::printf("bf16 dense linears: %s\n", k.bf16_dense.c_str());
     std::printf("row ops (softmax, SiLU, AWQ loss): %s\n", k.vec_ops.c_str());
+    std::printf("decode prefetch (NIBBLE_PREFETCH=nta|t0): %s (%s)%s%s\n", k.row_prefetch.c_str(),
+                k.row_prefetch_reason.c_str(), k.row_prefetch_message.empty() ? "" : " -> ",
+                k.row_prefetch_message.c_str());
     std::printf("openmp wait: %s\n", DescribeOpenMpWait().c_str());
   }
 }

@@ -104,7 +104,7 @@ constexpr bool kX86 = false;
 
 // The kernels of `isa` on `cpu`; `i8_reason` / `bf16_reason` (optional) get why gemm_i8 /
 // gemm_bf16 are the ones they are.
-W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nullptr,
+W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, std::string* i8_reason = nullptr,
                     std::string* bf16_reason = nullptr) {
   std::string reason = "no AVX-512 VNNI kernel for ISA " + std::string(IsaName(isa));
   const char* const kRounded = ": the W4A32 kernels run on bf16-rounded inputs";
@@ -119,6 +119,9 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
   k.gemm_i8_name = "scalar";
   k.gemv_bf16 = nullptr;  // scalar / avx2: bf16 linears are widened to fp32 at load (sgemm)
   k.vec = VecKernelsScalar();
+  k.row_prefetch = prefetch;
+  constexpr StreamPrefetch kNta = StreamPrefetch::kNonTemporal, kT0 = StreamPrefetch::kL1;
+  const bool t0 = prefetch == kT0;
 #if defined(__x86_64__)
   if (isa == Isa::kAvx2) {
     k.gemm = GemmW4A32Avx2;
@@ -126,14 +129,14 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
     k.stream_read = StreamReadAvx2;
     k.vec = VecKernelsAvx2();
   } else if (isa == Isa::kAvx512) {
-    k.gemm = GemmW4A32Avx512;
+    k.gemm = t0 ? GemmW4A32Avx512<kT0> : GemmW4A32Avx512<kNta>;
     k.dequant = DequantW4Avx512;
     k.dequant_bf16 = DequantW4Bf16Avx512;
     k.stream_read = StreamReadAvx512;
     k.gemv_bf16 = GemvBf16Avx512;
     k.vec = VecKernelsAvx512();
     if (cpu.avx512bf16 && cpu.avx512vbmi) {
-      k.gemm_bf16 = GemmW4Bf16Avx512;
+      k.gemm_bf16 = t0 ? GemmW4Bf16Avx512<kT0> : GemmW4Bf16Avx512<kNta>;
       k.gemm_bf16_name = "avx512_bf16";
       k.bf16_dot_peak = Bf16DotPeakAvx512;
       breason = "avx512 with avx512_bf16 and avx512_vbmi";
@@ -145,7 +148,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
       breason = std::string("CPU lacks ") + (cpu.avx512bf16 ? "avx512_vbmi" : "avx512_bf16") + kRounded;
     }
     if (cpu.avx512vnni) {
-      k.gemm_i8 = GemmW4A8Vnni;
+      k.gemm_i8 = t0 ? GemmW4A8Vnni<kT0> : GemmW4A8Vnni<kNta>;
       k.gemm_i8_name = "avx512_vnni";
       reason = "avx512 with avx512_vnni";
     } else {
@@ -154,6 +157,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, std::string* i8_reason = nu
   }
 #else
   (void)cpu;
+  (void)t0;
 #endif
   if (i8_reason != nullptr) *i8_reason = reason;
   if (bf16_reason != nullptr) *bf16_reason = breason;
@@ -185,9 +189,31 @@ std::string Missing(Isa isa, const CpuFeatures& cpu) {
   return "";
 }
 
+// The decode loops' prefetch hint: t0 on Intel, whose cores stall on prefetchnta lines (they go to
+// L1 only), nta elsewhere (the fastest measured on AMD Zen 5); docs/PERFORMANCE.md "Decode
+// prefetch on Intel". `override` (NIBBLE_PREFETCH) names one; an unknown value sets `message`.
+StreamPrefetch ChoosePrefetch(const CpuFeatures& cpu, const char* override, std::string& reason, std::string& message) {
+  const std::string o = override != nullptr ? override : "";
+  for (StreamPrefetch p : {StreamPrefetch::kNonTemporal, StreamPrefetch::kL1})
+    if (o == StreamPrefetchName(p)) {
+      reason = "forced by NIBBLE_PREFETCH=" + o;
+      return p;
+    }
+  if (!o.empty()) message = "unknown prefetch hint \"" + o + "\" (expected nta or t0); using the automatic choice";
+  if (cpu.vendor == "GenuineIntel") {
+    reason = "GenuineIntel";
+    return StreamPrefetch::kL1;
+  }
+  reason = cpu.vendor.empty() ? "unknown vendor" : cpu.vendor;
+  return StreamPrefetch::kNonTemporal;
+}
+
+// NIBBLE_PREFETCH as the process sees it (nullptr when unset).
+const char* PrefetchOverride() { return std::getenv("NIBBLE_PREFETCH"); }
+
 }  // namespace
 
-W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override) {
+W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override, const char* prefetch_override) {
   W4Dispatch d;
   d.override_value = isa_override != nullptr ? isa_override : "";
   for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
@@ -228,14 +254,17 @@ W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override) {
                                               : "supported, but NIBBLE_ISA=" + d.override_value + " forced another";
     }
   }
-  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu, &d.gemm_i8_reason, &d.gemm_bf16_reason);
+  const StreamPrefetch prefetch = ChoosePrefetch(cpu, prefetch_override, d.prefetch_reason, d.prefetch_message);
+  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu, prefetch, &d.gemm_i8_reason, &d.gemm_bf16_reason);
   return d;
 }
 
 const W4Dispatch& ActiveW4Dispatch() {
   static const W4Dispatch d = [] {
-    W4Dispatch r = ResolveW4Dispatch(DetectCpuFeatures(), std::getenv("NIBBLE_ISA"));
+    W4Dispatch r = ResolveW4Dispatch(DetectCpuFeatures(), std::getenv("NIBBLE_ISA"), PrefetchOverride());
     if (!r.message.empty()) std::fprintf(stderr, "nibble: NIBBLE_ISA=%s: %s\n", r.override_value.c_str(), r.message.c_str());
+    if (!r.prefetch_message.empty())
+      std::fprintf(stderr, "nibble: NIBBLE_PREFETCH=%s: %s\n", PrefetchOverride(), r.prefetch_message.c_str());
     return r;
   }();
   return d;
@@ -243,7 +272,9 @@ const W4Dispatch& ActiveW4Dispatch() {
 
 const W4Kernels* W4KernelsFor(Isa isa) {
   static const CpuFeatures cpu = DetectCpuFeatures();
-  static const W4Kernels table[3] = {KernelsOf(Isa::kScalar, cpu), KernelsOf(Isa::kAvx2, cpu), KernelsOf(Isa::kAvx512, cpu)};
+  const StreamPrefetch p = ActiveW4Dispatch().kernels.row_prefetch;
+  static const W4Kernels table[3] = {KernelsOf(Isa::kScalar, cpu, p), KernelsOf(Isa::kAvx2, cpu, p),
+                                     KernelsOf(Isa::kAvx512, cpu, p)};
   for (const IsaCandidate& c : ActiveW4Dispatch().candidates)
     if (c.isa == isa && c.supported) return &table[static_cast<int>(isa)];
   return nullptr;

@@ -13,6 +13,7 @@
 
 #include "kernels/bf16_gemv.h"
 #include "kernels/int4_packed.h"
+#include "kernels/stream_prefetch.h"
 #include "kernels/vec_ops.h"
 
 namespace nibble {
@@ -70,6 +71,9 @@ struct W4Kernels {
   Bf16GemvKernel gemv_bf16 = nullptr;
   /// The row ops of kernels/vec_ops.h built for the same ISA (bit-identical on every ISA).
   VecKernels vec;
+  /// The hint of the decode loops' software prefetch (the AVX-512 row GEMV and the int8 / bf16
+  /// decode loops at g = 128); the same numbers either way.
+  StreamPrefetch row_prefetch = StreamPrefetch::kNonTemporal;
 };
 
 /// How one candidate ISA fared.
@@ -89,14 +93,16 @@ struct W4Dispatch {
   std::string message;                   // non-empty when the override was rejected (why)
   std::string gemm_i8_reason;            // why kernels.gemm_i8 is the one it is
   std::string gemm_bf16_reason;          // why kernels.gemm_bf16 is the one it is
+  std::string prefetch_reason;           // why kernels.row_prefetch is the one it is
+  std::string prefetch_message;          // non-empty when NIBBLE_PREFETCH was rejected (why)
 };
 
-/// Pure decision from `cpu` and the NIBBLE_ISA value (nullptr or "" = unset); testable with a
-/// fake CPU.
-W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override);
+/// Pure decision from `cpu`, the NIBBLE_ISA value and the NIBBLE_PREFETCH value (nta | t0; nullptr
+/// or "" = unset: t0 on GenuineIntel, nta elsewhere); testable with a fake CPU.
+W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override, const char* prefetch_override = nullptr);
 
-/// The process-wide decision, made on first use from DetectCpuFeatures() and getenv("NIBBLE_ISA");
-/// a rejected override is reported once on stderr ("nibble: NIBBLE_ISA=...: ...").
+/// The process-wide decision, made on first use from DetectCpuFeatures(), getenv("NIBBLE_ISA") and
+/// getenv("NIBBLE_PREFETCH"); a rejected override is reported once on stderr ("nibble: NIBBLE_ISA=...: ...").
 const W4Dispatch& ActiveW4Dispatch();
 
 /// Kernels of `isa` when compiled in and supported by this CPU, else nullptr (tests, bench).

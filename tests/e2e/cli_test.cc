@@ -160,6 +160,31 @@ TEST(Cli, NibbleIsaScalarForcesTheRowOps) {
   EXPECT_NE(j.out.find("\"vec_ops\": \""), std::string::npos) << j.out;
 }
 
+// NIBBLE_PREFETCH forces the decode loops' prefetch hint; a bad value is named on stderr and the
+// automatic choice kept.
+TEST(Cli, NibblePrefetchForcesTheDecodeHint) {
+  const char* prev = std::getenv("NIBBLE_PREFETCH");
+  const std::string saved = prev != nullptr ? prev : "";
+  setenv("NIBBLE_PREFETCH", "nta", 1);
+  const RunResult nta = RunNibble("inspect --kernels");
+  setenv("NIBBLE_PREFETCH", "t3", 1);
+  const RunResult bad = RunNibble("inspect --kernels --json");
+  if (prev != nullptr) {
+    setenv("NIBBLE_PREFETCH", saved.c_str(), 1);
+  } else {
+    unsetenv("NIBBLE_PREFETCH");
+  }
+  ASSERT_EQ(nta.exit_code, 0) << nta.out;
+  EXPECT_NE(nta.out.find("decode prefetch (NIBBLE_PREFETCH=nta|t0): nta (forced by NIBBLE_PREFETCH=nta)\n"),
+            std::string::npos)
+      << nta.out;
+  ASSERT_EQ(bad.exit_code, 0) << bad.out;
+  EXPECT_NE(bad.out.find("nibble: NIBBLE_PREFETCH=t3: unknown prefetch hint \"t3\" (expected nta or t0)"),
+            std::string::npos)
+      << bad.out;
+  EXPECT_NE(bad.out.find("\"decode_prefetch_message\": "), std::string::npos) << bad.out;
+}
+
 TEST(Cli, SameSeedSameText) {
   const std::string args = "generate --model " + Quote(nibble_test::EmbeddedModel()) +
                            " --prompt 'The list' -n 12 --temperature 1.0 --top_k 20 --top_p 0.9 --seed 7";

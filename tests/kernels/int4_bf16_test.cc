@@ -501,7 +501,7 @@ TEST(W4Bf16Test, EveryBlockShapeGivesTheBitsOfTwoByFourBlocks) {
       for (int64_t mr = 2; mr <= kRows; ++mr) {
         std::vector<float> ref(static_cast<size_t>(mr * n)), y(ref.size());
         GemmW4Bf16Avx512Blocks(p.w, rows.acts.data(), mr, b, ref.data(), 0, n, {2, 4});
-        GemmW4Bf16Avx512(p.w, rows.acts.data(), mr, b, y.data(), 0, n);
+        GemmW4Bf16Avx512<StreamPrefetch::kNonTemporal>(p.w, rows.acts.data(), mr, b, y.data(), 0, n);
         EXPECT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << "g=" << g << " sym=" << sym << " M=" << mr << " default";
         for (int64_t nj = 1; nj <= kW4Bf16BlockMaxRows; ++nj) {
           for (int64_t mi = 1; mi <= kW4Bf16BlockMaxActs; ++mi) {

@@ -353,6 +353,61 @@ TEST(W4DispatchTest, FakeCpusAndOverride) {
   EXPECT_EQ(bad.kernels.isa, ResolveW4Dispatch(DetectCpuFeatures(), nullptr).kernels.isa);
 }
 
+TEST(W4DispatchTest, DecodePrefetchByVendorAndOverride) {
+  CpuFeatures intel = FakeCpu(true, true, true), amd = intel;
+  intel.vendor = "GenuineIntel";
+  amd.vendor = "AuthenticAMD";
+  EXPECT_EQ(ResolveW4Dispatch(intel, nullptr).kernels.row_prefetch, StreamPrefetch::kL1);
+  EXPECT_EQ(ResolveW4Dispatch(intel, nullptr).prefetch_reason, "GenuineIntel");
+  EXPECT_EQ(ResolveW4Dispatch(amd, nullptr).kernels.row_prefetch, StreamPrefetch::kNonTemporal);
+  EXPECT_EQ(ResolveW4Dispatch(amd, nullptr, "").kernels.row_prefetch, StreamPrefetch::kNonTemporal);
+  EXPECT_EQ(ResolveW4Dispatch(intel, nullptr, "nta").kernels.row_prefetch, StreamPrefetch::kNonTemporal);
+  EXPECT_EQ(ResolveW4Dispatch(amd, nullptr, "t0").kernels.row_prefetch, StreamPrefetch::kL1);
+  EXPECT_EQ(ResolveW4Dispatch(amd, nullptr, "t0").prefetch_reason, "forced by NIBBLE_PREFETCH=t0");
+  EXPECT_TRUE(ResolveW4Dispatch(amd, nullptr, "t0").prefetch_message.empty());
+  // An unknown hint: the vendor's choice, and a message naming the value.
+  const W4Dispatch bad = ResolveW4Dispatch(intel, nullptr, "t1");
+  EXPECT_EQ(bad.kernels.row_prefetch, StreamPrefetch::kL1);
+  EXPECT_NE(bad.prefetch_message.find("\"t1\""), std::string::npos) << bad.prefetch_message;
+  // The hint goes with every ISA's table (only the AVX-512 loops use it).
+  EXPECT_EQ(ResolveW4Dispatch(intel, "avx2").kernels.row_prefetch, StreamPrefetch::kL1);
+}
+
+// The prefetch hint moves no bits: the decode kernels of both hints (fp32 row GEMV, int8 and bf16
+// decode loops at g = 128) against each other on the real CPU, M = 1, K past one prefetch distance.
+TEST(W4DispatchTest, BothDecodePrefetchHintsGiveTheSameBits) {
+  std::mt19937 rng(46);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const int64_t n = 37, k = 128 * 40;
+  for (bool sym : {false, true}) {
+    const Int4Matrix w = RandomMatrix(rng, n, k, 128, sym);
+    Packed p(w);
+    std::vector<float> x(static_cast<size_t>(k)), bias(static_cast<size_t>(n));
+    for (auto& v : x) v = xd(rng);
+    for (auto& v : bias) v = xd(rng);
+    const CpuFeatures cpu = DetectCpuFeatures();
+    const W4Dispatch nta = ResolveW4Dispatch(cpu, nullptr, "nta"), t0 = ResolveW4Dispatch(cpu, nullptr, "t0");
+    ASSERT_EQ(nta.kernels.row_prefetch, StreamPrefetch::kNonTemporal);
+    ASSERT_EQ(t0.kernels.row_prefetch, StreamPrefetch::kL1);
+    std::vector<float> y0(static_cast<size_t>(n)), y1(y0.size());
+    W4PackedGemmArgs a0{1, &p.w, x.data(), bias.data(), y0.data()}, a1{1, &p.w, x.data(), bias.data(), y1.data()};
+    GemmW4A32Packed(a0, &nta.kernels);
+    GemmW4A32Packed(a1, &t0.kernels);
+    EXPECT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * 4), 0) << "fp32 sym=" << sym;
+    std::vector<uint8_t> s8(W4Int8ActsBytes(k, 1));
+    const W4Int8Acts a8 = QuantizeActsInt8(x.data(), k, 1, s8.data());
+    GemmW4A8Packed(p.w, &a8, 1, bias.data(), y0.data(), &nta.kernels);
+    GemmW4A8Packed(p.w, &a8, 1, bias.data(), y1.data(), &t0.kernels);
+    EXPECT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * 4), 0) << "int8 sym=" << sym;
+    if (nta.kernels.gemm_bf16 == nullptr) continue;
+    PageBuffer sb(W4Bf16ActsBytes(k, 128));
+    const W4Bf16Acts ab = PrepareActsBf16(x.data(), k, 128, sb.data());
+    GemmW4Bf16Packed(p.w, &ab, 1, bias.data(), y0.data(), &nta.kernels);
+    GemmW4Bf16Packed(p.w, &ab, 1, bias.data(), y1.data(), &t0.kernels);
+    EXPECT_EQ(std::memcmp(y0.data(), y1.data(), y0.size() * 4), 0) << "bf16 sym=" << sym;
+  }
+}
+
 TEST(W4DispatchTest, ForcingEachIsaComputesTheSameProduct) {
   // Each ISA through the override on the real CPU (where supported), including scalar.
   std::mt19937 rng(4);

@@ -95,6 +95,9 @@ KernelDispatchReport DescribeKernels() {
   r.int8_reason = d.gemm_i8_reason;
   r.bf16_act_kernel = d.kernels.gemm_bf16_name;
   r.bf16_act_reason = d.gemm_bf16_reason;
+  r.row_prefetch = StreamPrefetchName(d.kernels.row_prefetch);
+  r.row_prefetch_reason = d.prefetch_reason;
+  r.row_prefetch_message = d.prefetch_message;
   r.bf16_matmul_min_rows = Int4Linear::Bf16MatmulMinRows();
   r.bf16_matmul_amx = DenseGemmHasAmx();
   r.bf16_dense = d.kernels.gemv_bf16 != nullptr ? "kept bf16, " + std::string(IsaName(d.kernels.isa)) + " bf16 GEMV at M = 1"

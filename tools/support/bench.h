@@ -48,6 +48,11 @@ struct KernelDispatchReport {
   /// "avx512" | "avx2" | "scalar", the same ISA decision as the int4 kernels (every one gives the
   /// same bits).
   std::string vec_ops;
+  /// The decode loops' software prefetch: "nta" | "t0" (kernels/stream_prefetch.h), why that one,
+  /// and why NIBBLE_PREFETCH was ignored ("" when accepted or unset).
+  std::string row_prefetch;
+  std::string row_prefetch_reason;
+  std::string row_prefetch_message;
 };
 
 /// Reports the dispatch decision (no errors: detection cannot fail; non-x86 gives scalar).

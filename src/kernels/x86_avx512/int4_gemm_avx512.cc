@@ -183,9 +183,9 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 // sequential run (interleaved row tiles are slower here; docs/PERFORMANCE.md "Row GEMV against
 // row tiles").
 //
-// Software prefetch: non-temporal (prefetchnta), kRowPrefetchBytes ahead along the row (the end
-// of a row runs on into the next row, which this thread streams next): the best of the hints and
-// distances measured (docs/PERFORMANCE.md "Row GEMV prefetch").
+// Software prefetch kRowPrefetchBytes ahead along the row (the end of a row runs on into the next
+// row, which this thread streams next), with the hint P the dispatch chose for the CPU
+// (kernels/stream_prefetch.h; docs/PERFORMANCE.md "Row GEMV prefetch").
 //
 // Eight accumulators (run j into acc[j]) keep eight FMA chains in flight, one per run, so the
 // 4-cycle FMA latency does not bound the record (with four: 2 FMAs per chain per record, 8
@@ -198,7 +198,7 @@ void Tile128(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 constexpr int64_t kGemvRowMaxK = 8192;
 constexpr int kRowPrefetchBytes = 4096;
 
-template <int RPG>
+template <int RPG, StreamPrefetch P>
 void GemvRow128(const W4PackedGemmArgs& a, int64_t r) {
   constexpr int G = RPG <= 0 ? 1 : 8 / RPG;  // groups per record
   constexpr int D = RPG <= 0 ? 8 : RPG;      // runs per group table
@@ -208,7 +208,7 @@ void GemvRow128(const W4PackedGemmArgs& a, int64_t r) {
   __m512 acc[8];
   for (__m512& v : acc) v = _mm512_setzero_ps();
   for (int64_t ri = 0; ri < w.recs; ++ri, rec += w.rec_bytes) {
-    _mm_prefetch(reinterpret_cast<const char*>(rec + kRowPrefetchBytes), _MM_HINT_NTA);
+    PrefetchAhead<P>(rec, kRowPrefetchBytes);
     __m512 tbl[G];
     for (int gi = 0; gi < G; ++gi) tbl[gi] = TableFor(sym ? 8 : (rec[4 * G + gi] & 15), w4p::Scale(rec, gi));
     __m512i v = _mm512_loadu_si512(reinterpret_cast<const void*>(rec + w.rec_header));
@@ -244,11 +244,11 @@ void Rows(const W4PackedGemmArgs& a, int64_t i0, int64_t n0, int64_t n1) {
   for (; r < n1; ++r) Tile<MR, 1, RPG>(a, i0, r);
 }
 
-template <int RPG>
+template <int RPG, StreamPrefetch P>
 void Gemm(const W4PackedGemmArgs& a, int64_t n0, int64_t n1) {
   if constexpr (RPG >= 0) {
     if (a.m == 1 && a.w->rec_weights == 128 && a.w->k % 128 == 0 && a.w->k <= kGemvRowMaxK) {
-      for (int64_t r = n0; r < n1; ++r) GemvRow128<RPG>(a, r);
+      for (int64_t r = n0; r < n1; ++r) GemvRow128<RPG, P>(a, r);
       return;
     }
   }
@@ -264,16 +264,19 @@ void Gemm(const W4PackedGemmArgs& a, int64_t n0, int64_t n1) {
 
 }  // namespace
 
+template <StreamPrefetch P>
 void GemmW4A32Avx512(const W4PackedGemmArgs& a, int64_t n0, int64_t n1) {
   if (!w4p::RunsFitGroups(*a.w)) return GemmW4A32PackedScalar(a, n0, n1);
-  if (a.w->rec_groups == 1) return Gemm<0>(a, n0, n1);
+  if (a.w->rec_groups == 1) return Gemm<0, P>(a, n0, n1);
   switch (a.w->group_size) {
-    case 16: return Gemm<1>(a, n0, n1);
-    case 32: return Gemm<2>(a, n0, n1);
-    case 64: return Gemm<4>(a, n0, n1);
-    default: return Gemm<-1>(a, n0, n1);
+    case 16: return Gemm<1, P>(a, n0, n1);
+    case 32: return Gemm<2, P>(a, n0, n1);
+    case 64: return Gemm<4, P>(a, n0, n1);
+    default: return Gemm<-1, P>(a, n0, n1);
   }
 }
+template void GemmW4A32Avx512<StreamPrefetch::kNonTemporal>(const W4PackedGemmArgs&, int64_t, int64_t);
+template void GemmW4A32Avx512<StreamPrefetch::kL1>(const W4PackedGemmArgs&, int64_t, int64_t);
 
 namespace {
 

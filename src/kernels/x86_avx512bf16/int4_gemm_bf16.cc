@@ -117,12 +117,13 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
 // fma(s, chain0 + chain1, sum[gi mod 4]). The scale, the zero point and c0 / c1 are broadcast
 // memory operands (a register broadcast would take a shuffle slot from the vpmultishiftqb).
 
-// The decode loop's software prefetch: non-temporal, this far ahead of the record being read
+// The decode loop's software prefetch (hint P, kernels/stream_prefetch.h): this far ahead of the
+// record being read
 // (one per record; records are longer than a line, so about one line in 14 is left to the
 // hardware prefetchers); docs/PERFORMANCE.md "Batched decode".
 constexpr int64_t kRowPrefetchBytes = 4096;
 
-template <bool kSym>
+template <bool kSym, StreamPrefetch P>
 void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, float* y, int64_t r) {
   const __m512i ctl[4] = {RunControl(0), RunControl(1), RunControl(2), RunControl(3)};
   const int64_t groups = w.k / 128, rb = w.rec_bytes, header = w.rec_header;
@@ -133,7 +134,7 @@ void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, fl
     for (int t = 0; t < 4; ++t) {  // t constant after unrolling: the sums stay in registers
       const int64_t gi = g0 + t;
       if (gi >= groups) break;
-      _mm_prefetch(reinterpret_cast<const char*>(rec) + kRowPrefetchBytes, _MM_HINT_NTA);
+      PrefetchAhead<P>(rec, kRowPrefetchBytes);
       const __m512i sb = _mm512_loadu_si512(rec + header);
       const __m512bh* x = reinterpret_cast<const __m512bh*>(a.xb + 128 * gi);
       const __m512 zf = _mm512_set1_ps(kCodeFloat[kSym ? 8 : rec[4]]);
@@ -317,6 +318,7 @@ void GemmW4Bf16Avx512Blocks(const W4PackedWeight& w, const W4Bf16Acts* a, int64_
   }
 }
 
+template <StreamPrefetch P>
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1) {
   if (m >= kW4Bf16BlockMinRows && w.group_size % 128 == 0) {
@@ -324,7 +326,7 @@ void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
     return;
   }
   if (m == 1 && w.group_size == 128) {
-    for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true> : RowG128<false>)(w, a[0], bias, y, r);
+    for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true, P> : RowG128<false, P>)(w, a[0], bias, y, r);
     return;
   }
   const int64_t gops = w.group_size / 32;
@@ -334,6 +336,11 @@ void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
     for (int64_t r = n0; r < n1; ++r) tile(w, a + i0, bias, y + i0 * w.n, r);
   }
 }
+
+template void GemmW4Bf16Avx512<StreamPrefetch::kNonTemporal>(const W4PackedWeight&, const W4Bf16Acts*, int64_t,
+                                                            const float*, float*, int64_t, int64_t);
+template void GemmW4Bf16Avx512<StreamPrefetch::kL1>(const W4PackedWeight&, const W4Bf16Acts*, int64_t, const float*,
+                                                   float*, int64_t, int64_t);
 
 }  // namespace nibble
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/int4_packed.h"
+#include "kernels/stream_prefetch.h"
 
 namespace nibble {
 
@@ -22,7 +23,9 @@ namespace nibble {
 /// such M are deterministic and independent of the N split and of the row's slot in the block,
 /// but not bit-identical to the same row run alone). Arithmetic per (row, weight row) in
 /// docs/KERNELS.md "bf16 activations".
+/// P: the decode loop's prefetch hint (kernels/stream_prefetch.h); both are instantiated.
 constexpr int64_t kW4Bf16BlockMinRows = 2;
+template <StreamPrefetch P>
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1);
 

@@ -101,18 +101,18 @@ void Tile(const W4PackedWeight& w, const W4Int8Acts* acts, const float* bias, fl
 // instructions per superblock as the vector work (docs/PERFORMANCE.md "Decode loop at g = 128").
 constexpr int kRowPrefetchBytes = 4096;  // as the W4A32 row GEMV (x86_avx512/int4_gemm_avx512.cc)
 
-template <bool kSym>
+template <bool kSym, StreamPrefetch P>
 void RowG128(const W4PackedWeight& w, const W4Int8Acts& acts, const float* bias, float* y, int64_t r) {
   const Act a = {acts.x8, acts.xs, acts.sx};
   const uint8_t* rec = w.data + r * w.row_bytes;
   const int64_t rec_bytes = w.rec_bytes, header = w.rec_header, blocks = acts.blocks;
   __m512 acc = _mm512_setzero_ps();
   // Unrolled by four records (fewer cycles per record than rolled; 2 and 8 measured alike) with
-  // the W4A32 row GEMV's non-temporal prefetch 4 KiB ahead (docs/PERFORMANCE.md "Decode loop at
-  // g = 128").
+  // the W4A32 row GEMV's prefetch 4 KiB ahead, hint P (kernels/stream_prefetch.h; docs/PERFORMANCE.md
+  // "Decode loop at g = 128").
 #pragma GCC unroll 4
   for (int64_t t = 0; t < blocks; ++t, rec += rec_bytes) {
-    _mm_prefetch(reinterpret_cast<const char*>(rec + kRowPrefetchBytes), _MM_HINT_NTA);
+    PrefetchAhead<P>(rec, kRowPrefetchBytes);
     Superblock<1, 1, kSym>(rec, rec + header, 1, t, 0, 1, &a, &acc);
   }
   const float v = ReduceTree(acc);
@@ -291,6 +291,7 @@ void LaneRows(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const flo
 
 }  // namespace
 
+template <StreamPrefetch P>
 void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y, int64_t n0,
                   int64_t n1) {
   if (m == 0) return;
@@ -303,7 +304,7 @@ void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const
   // hardware prefetchers follow best (docs/PERFORMANCE.md "W4A8"). Up to 4 activation rows share
   // each unpacked superblock.
   if (m == 1 && a[0].parts == 1 && w.rec_weights == 128) {
-    for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true> : RowG128<false>)(w, a[0], bias, y, r);
+    for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true, P> : RowG128<false, P>)(w, a[0], bias, y, r);
     return;
   }
   const TileFn full = Select(a[0].parts, w.symmetric, 4), tail = Select(a[0].parts, w.symmetric, m % 4);
@@ -313,6 +314,11 @@ void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const
     if (i < m) tail(w, a + i, bias, y + i * w.n, r);
   }
 }
+
+template void GemmW4A8Vnni<StreamPrefetch::kNonTemporal>(const W4PackedWeight&, const W4Int8Acts*, int64_t, const float*,
+                                                        float*, int64_t, int64_t);
+template void GemmW4A8Vnni<StreamPrefetch::kL1>(const W4PackedWeight&, const W4Int8Acts*, int64_t, const float*, float*,
+                                               int64_t, int64_t);
 
 }  // namespace nibble
 

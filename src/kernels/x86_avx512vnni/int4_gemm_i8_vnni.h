@@ -4,6 +4,7 @@
 #pragma once
 
 #include "kernels/int4_packed.h"
+#include "kernels/stream_prefetch.h"
 
 namespace nibble {
 
@@ -12,7 +13,9 @@ namespace nibble {
 /// against up to 4 activation rows (each superblock is unpacked once for all of them; decode at
 /// g = 128 through one flat loop per row), or 16 weight rows in the lanes from 6 activation rows
 /// on (g a multiple of 128); lane sums and fp32 accumulation exactly as GemmW4A8PackedScalar, so
-/// results are bit-identical to it.
+/// results are bit-identical to it. P: the decode loop's prefetch hint (kernels/stream_prefetch.h);
+/// both are instantiated.
+template <StreamPrefetch P>
 void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y, int64_t n0,
                   int64_t n1);
 
