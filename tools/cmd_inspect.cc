@@ -39,6 +39,7 @@ void ShowKernels(bool as_json) {
     j["bf16_activations_reason"] = k.bf16_act_reason;
     j["bf16_matmul_min_rows"] = k.bf16_matmul_min_rows;
     j["bf16_matmul_amx"] = k.bf16_matmul_amx;
+    j["bf16_prefill_sgemm"] = k.bf16_prefill_sgemm;
     j["bf16_dense_linears"] = k.bf16_dense;
     j["vec_ops"] = k.vec_ops;
     j["decode_prefetch"] = k.row_prefetch;
@@ -55,8 +56,9 @@ void ShowKernels(bool as_json) {
                   x.reason.c_str());
     std::printf("activations (default --activations auto): bf16 in every int4 linear whose group size is a "
                 "multiple of 32, fp32 in the others\n");
-    std::printf("bf16 activations: %s below %lld rows (%s), bf16 matmul from %lld (%s)\n",
-                k.bf16_act_kernel.c_str(), static_cast<long long>(k.bf16_matmul_min_rows), k.bf16_act_reason.c_str(),
+    std::printf("bf16 activations: %s below %lld rows (%s), %s from %lld (%s)\n", k.bf16_act_kernel.c_str(),
+                static_cast<long long>(k.bf16_matmul_min_rows), k.bf16_act_reason.c_str(),
+                k.bf16_prefill_sgemm ? "fp32 sgemm on the bf16-rounded rows" : "bf16 matmul",
                 static_cast<long long>(k.bf16_matmul_min_rows), k.bf16_matmul_amx ? "AMX" : "no AMX");
     std::printf("int8 activations (--activations int8): %s (%s)\n", k.int8_kernel.c_str(), k.int8_reason.c_str());
     std::printf("bf16 dense linears: %s\n", k.bf16_dense.c_str());

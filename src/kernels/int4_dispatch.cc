@@ -143,6 +143,9 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, st
       if (cpu.amx_tile && cpu.amx_bf16 && cpu.os_amx) {
         k.gemm_bf16_amx = GemmW4Bf16Amx;
         breason += "; AMX tiles from " + std::to_string(kW4Bf16AmxMinRows) + " rows where g is a multiple of 128";
+      } else if (cpu.vendor == "GenuineIntel") {
+        k.bf16_prefill_sgemm = true;
+        breason += "; prefill on the fp32 sgemm (Intel without AMX: vdpbf16ps at half the FMA rate)";
       }
     } else {
       breason = std::string("CPU lacks ") + (cpu.avx512bf16 ? "avx512_vbmi" : "avx512_bf16") + kRounded;

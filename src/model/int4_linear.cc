@@ -274,9 +274,11 @@ void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y, Workspace& 
     return;
   }
   if (bf16_) {
-    if (m >= Bf16MatmulMinRows(pw_.group_size)) return ForwardBf16Matmul(x, m, y, ws);
-    if (!Bf16KernelServes(m)) {
-      // The same bf16 inputs through the W4A32 path.
+    const bool prefill = m >= Bf16MatmulMinRows(pw_.group_size);
+    if (prefill && !ActiveW4Dispatch().kernels.bf16_prefill_sgemm) return ForwardBf16Matmul(x, m, y, ws);
+    if (prefill || !Bf16KernelServes(m)) {
+      // The same bf16 inputs through the W4A32 path: no bf16 kernel on this CPU, or a prefill
+      // where the fp32 sgemm outruns the bf16 matmul.
       float* const xr = ws.Get<float>(Slot::kLinearRows, m * pw_.k);
       RoundToBf16(x, m * pw_.k, xr);
       ForwardW4A32(xr, m, y, ws);

@@ -80,7 +80,9 @@ class Int4Linear final : public Linear {
   /// Bf16MatmulMinRows() rows it runs the AVX-512 BF16 kernels on the exact weights (PrepareActsBf16;
   /// CPUs without them: the W4A32 path on the rounded rows); from there on the weight is
   /// dequantized to bf16 and multiplied in oneDNN's bf16 matmul (the fp32 GEMM on the same bf16
-  /// values where oneDNN has none), as a W4A16 engine's GEMM does. Served when g is a multiple of
+  /// values where oneDNN has none), as a W4A16 engine's GEMM does; where the dispatch sets
+  /// bf16_prefill_sgemm (Intel without AMX) the rounded rows go through the W4A32 path (exact
+  /// weights, fp32 sgemm) instead. Served when g is a multiple of
   /// 32 (W4Bf16Supported); otherwise stays W4A32. Switching one opt-in on switches the other off.
   bool SetBf16Activations(bool on) override;
   /// With bf16 activations on: whether Forward of `m` rows runs the AVX-512 BF16 / AMX kernels

@@ -343,6 +343,14 @@ TEST(W4DispatchTest, FakeCpusAndOverride) {
   EXPECT_EQ(ResolveW4Dispatch(amx, "avx2").kernels.gemm_bf16_amx, nullptr);
   amx.avx512vbmi = false;  // no AVX-512 BF16 kernel: no tile kernel either
   EXPECT_EQ(ResolveW4Dispatch(amx, nullptr).kernels.gemm_bf16_amx, nullptr);
+  // bf16 prefill on the fp32 sgemm: Intel with the bf16 kernel and without AMX only.
+  CpuFeatures intel = bf;
+  intel.vendor = "GenuineIntel";
+  EXPECT_FALSE(ResolveW4Dispatch(bf, nullptr).kernels.bf16_prefill_sgemm);  // FakeCPU
+  EXPECT_TRUE(ResolveW4Dispatch(intel, nullptr).kernels.bf16_prefill_sgemm);
+  EXPECT_NE(ResolveW4Dispatch(intel, nullptr).gemm_bf16_reason.find("prefill on the fp32 sgemm"), std::string::npos);
+  intel.amx_tile = intel.amx_bf16 = intel.os_amx = true;
+  EXPECT_FALSE(ResolveW4Dispatch(intel, nullptr).kernels.bf16_prefill_sgemm);
   // Nothing: scalar.
   EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), nullptr).kernels.isa, Isa::kScalar);
   EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), "avx2").kernels.isa, Isa::kScalar);

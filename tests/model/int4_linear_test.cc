@@ -14,6 +14,7 @@
 #include "model/linear.h"
 #include "model/workspace.h"
 #include "kernels/dense_gemm.h"
+#include "kernels/int4_dispatch.h"
 #include "kernels/int4_gemm.h"
 #include "kernels/bf16_gemv.h"
 
@@ -123,7 +124,8 @@ TEST(Int4Linear, GemvIndependentOfThreadCount) {
 // LinearTileRows rows: each output element is the same dot product as the GEMM over the whole
 // dequantized matrix (the old path), so the results are bit-identical, and the workspace holds a
 // tile, not the matrix. fp32 (dequantized fp32 tiles, sgemm) and bf16 activations (bf16 tiles,
-// oneDNN's bf16 matmul or the fp32 GEMM on the same values).
+// oneDNN's bf16 matmul or the fp32 GEMM on the same values; on Intel without AMX the fp32 path on
+// the bf16-rounded rows).
 TEST(Int4Linear, TiledDequantGemmEqualsTheWholeMatrixGemmInBoundedScratch) {
   // A tile budget of 512 KiB: tiles of kLinearTileMinRows rows (K = 256), five of them.
   const int64_t k = 256, n = 4 * kLinearTileMinRows + 37, m = 130, budget = 512 << 10;
@@ -141,10 +143,13 @@ TEST(Int4Linear, TiledDequantGemmEqualsTheWholeMatrixGemmInBoundedScratch) {
     ASSERT_GE(m, bf16 ? Int4Linear::Bf16MatmulMinRows(128) : Int4Linear::kDequantGemmMinRows);
     // The whole-matrix oracle, as Forward ran before tiling.
     std::vector<float> want(m * n);
-    if (!bf16) {
-      std::vector<float> dense(n * k);
+    // Intel without AMX: bf16 prefill is the fp32 path on the bf16-rounded rows.
+    const bool wide = !bf16 || ActiveW4Dispatch().kernels.bf16_prefill_sgemm;
+    if (wide) {
+      std::vector<float> dense(n * k), xr(x);
+      if (bf16) RoundToBf16(x.data(), m * k, xr.data());
       DequantW4Packed(q.packed(), dense.data());
-      SgemmXWt(m, n, k, x.data(), k, dense.data(), k, 0.0f, want.data(), n);
+      SgemmXWt(m, n, k, xr.data(), k, dense.data(), k, 0.0f, want.data(), n);
     } else {
       std::vector<uint16_t> xb(m * k), wb(n * k);
       ToBf16Bits(x.data(), m * k, xb.data());
@@ -163,8 +168,8 @@ TEST(Int4Linear, TiledDequantGemmEqualsTheWholeMatrixGemmInBoundedScratch) {
     q.Forward(x.data(), m, got.data(), &ws);
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0) << "bf16 " << bf16;
     // Scratch: the input rows (bf16 or aligned), one tile and one tile of output rows at most.
-    const int64_t tile = LinearTileRows(n, k, bf16 ? 2 : 4, budget);
-    EXPECT_LE(ws.bytes(), tile * k * (bf16 ? 2 : 4) + m * k * 4 + m * tile * 4) << "bf16 " << bf16;
+    const int64_t tile = LinearTileRows(n, k, wide ? 4 : 2, budget);
+    EXPECT_LE(ws.bytes(), tile * k * (wide ? 4 : 2) + m * k * 4 + m * tile * 4) << "bf16 " << bf16;
     EXPECT_LT(ws.bytes(), n * k * 2) << "bf16 " << bf16 << ": the scratch holds the whole matrix";
     // The workspace is reused: a second call grows nothing and gives the same bits.
     const int64_t held = ws.bytes();

@@ -41,6 +41,9 @@ struct KernelDispatchReport {
   /// has AMX, else 64).
   int64_t bf16_matmul_min_rows = 0;
   bool bf16_matmul_amx = false;    // whether oneDNN runs that matmul on AMX tiles
+  /// Whether that prefill runs the fp32 sgemm on the bf16-rounded rows instead (W4Kernels::
+  /// bf16_prefill_sgemm: Intel without AMX).
+  bool bf16_prefill_sgemm = false;
   /// Dense linears stored as bf16: "avx512" (kept bf16, bf16 GEMV at M = 1) or "widened to fp32
   /// at load" where the chosen ISA has no bf16 GEMV.
   std::string bf16_dense;
