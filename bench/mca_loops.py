@@ -19,16 +19,17 @@ import re
 import subprocess
 import sys
 
-# name, TU asm (basename), demangled function prefix, weights of W per unit of work,
+# name, TU asm (basename), demangled function prefix (the decode loops in their prefetcht0
+# instance: the same instructions as the prefetchnta one but the hint), weights of W per unit of work,
 # activation rows, exact instruction counts of the hot path ('fma' = all vfmadd*ps), CPUs
 # (llvm-mca -mcpu) whose ISA has every instruction, and what one unit is. `parts`: (counts, times)
 # for each path of the loop that one unit runs, e.g. 7 plain runs + 1 run with a group's broadcasts.
 SPR, ZN4, SKX, CLX, HSW = "sapphirerapids", "znver4", "skylake-avx512", "cascadelake", "haswell"
 KERNELS = [
     # W4A32, fp32 activations, AVX-512 (x86_avx512/int4_gemm_avx512.cc)
-    ("fp32 GemvRow128 g128 M=1", "x86_avx512", "void nibble::(anonymous namespace)::GemvRow128<0>", 128, 1,
+    ("fp32 GemvRow128 g128 M=1", "x86_avx512", "void nibble::(anonymous namespace)::GemvRow128<0, (nibble::StreamPrefetch)1>", 128, 1,
      [({"vpermps": 8, "fma": 8, "vpsrld": 7, "movzbl": 1}, 1)], [SPR, ZN4, SKX], "one 128-weight record"),
-    ("fp32 GemvRow128 g32 M=1", "x86_avx512", "void nibble::(anonymous namespace)::GemvRow128<2>", 128, 1,
+    ("fp32 GemvRow128 g32 M=1", "x86_avx512", "void nibble::(anonymous namespace)::GemvRow128<2, (nibble::StreamPrefetch)1>", 128, 1,
      [({"vpermps": 8, "fma": 8, "vpsrld": 7, "movzbl": 4}, 1)], [SPR, ZN4, SKX], "one record, 4 groups"),
     ("fp32 Tile128<1,8> g128 M=1 K>8192", "x86_avx512", "void nibble::(anonymous namespace)::Tile128<1, 8, 0>", 1024,
      1, [({"vpermps": 64, "fma": 64, "movzbl": 8}, 1)], [SPR, ZN4, SKX], "one record of 8 rows"),
@@ -47,7 +48,7 @@ KERNELS = [
       ({"fma": 4, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 1, "movzbl": 1}, 1)],
      [SPR, ZN4, SKX, HSW], "8 runs of 16 weights (7 + 1 with the group's broadcasts)"),
     # W4A8, int8 activations, AVX-512 VNNI (x86_avx512vnni/int4_gemm_i8_vnni.cc)
-    ("int8 RowG128 g128 M=1", "x86_avx512vnni", "void nibble::(anonymous namespace)::RowG128<false>", 512, 1,
+    ("int8 RowG128 g128 M=1", "x86_avx512vnni", "void nibble::(anonymous namespace)::RowG128<false, (nibble::StreamPrefetch)1>", 512, 1,
      [({"vpdpbusd": 8, "fma": 4, "vcvtdq2ps": 4}, 1)], [SPR, ZN4, CLX], "4 records (unrolled)"),
     ("int8 Tile<4,1> g128 M=2..5", "x86_avx512vnni", "void nibble::(anonymous namespace)::Tile<4, 1, false>", 128, 4,
      [({"vpdpbusd": 8, "fma": 4, "vcvtdq2ps": 4}, 1)], [SPR, ZN4, CLX], "one superblock"),
@@ -55,7 +56,7 @@ KERNELS = [
      [({"vpdpbusd": 32, "fma": 16, "vpmulld": 2}, 1), ({"vpdpbusd": 32, "fma": 16, "vpmulld": 0}, 1)],
      [SPR, ZN4, CLX], "one block of 16 rows: lanes 0-7 + 8-15 (chunk transpose not counted)"),
     # bf16 activations, AVX-512 BF16 + VBMI (x86_avx512bf16/int4_gemm_bf16.cc)
-    ("bf16 RowG128 g128 M=1", "x86_avx512bf16", "void nibble::(anonymous namespace)::RowG128<false>", 512, 1,
+    ("bf16 RowG128 g128 M=1", "x86_avx512bf16", "void nibble::(anonymous namespace)::RowG128<false, (nibble::StreamPrefetch)1>", 512, 1,
      [({"vdpbf16ps": 16, "vpmultishiftqb": 16, "fma": 8}, 1)], [SPR, ZN4], "4 records (unrolled)"),
     ("bf16 Tile<1> g32 M=1", "x86_avx512bf16", "void nibble::(anonymous namespace)::Tile<1, false, 1>", 128, 1,
      [({"vdpbf16ps": 4, "vpmultishiftqb": 4, "fma": 8}, 1)], [SPR, ZN4], "4 groups of 32"),
