@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "base/half.h"
@@ -68,38 +69,48 @@ void WidenHead(const uint16_t* src, int64_t n, int64_t kv_dim, int64_t col, int6
   }
 }
 
-// Attention of every (sequence, head, block of query rows) on RoPE'd q [rows, q_dim], sequence b
-// owning rows [qsl[b], qsl[b + 1]): rows [i0, i1) of a sequence attend to keys [0, p0 + i1)
-// (later ones are masked by the softmax zeros; with a sliding window, so are the keys before
-// p - window + 1 of a query at p). Writes attn [rows, q_dim].
+// One attention work item: query rows [i0, i0 + rows) of sequence b against head `head`, or, for a
+// block of one query row, that row's `heads` heads from `head` on (the heads sharing one kv head
+// under GQA: their queries are adjacent in the row, so the block's GEMMs take them as `heads` rows
+// and the kv head is read, or widened from bf16, once instead of once per head).
+struct AttnItem {
+  int64_t b, i0, head, heads;
+};
+
+// Attention of every item on RoPE'd q [rows, q_dim], sequence b owning rows [qsl[b], qsl[b + 1]):
+// rows [i0, i1) of a sequence attend to keys [0, p0 + i1) (later ones are masked by the softmax
+// zeros; with a sliding window, so are the keys before p - window + 1 of a query at p). Writes
+// attn [rows, q_dim].
 void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, int64_t batch, const int64_t* qsl,
                    float* attn) {
   const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   const int64_t q_dim = nh * hd, kv_dim = nkv * hd, group = nh / nkv;
-  // (sequence, first query row) of every block of kAttnRowBlock rows; an item is a block x head.
-  std::vector<std::pair<int64_t, int64_t>> blocks;
+  std::vector<AttnItem> items;
   int64_t max_keys = 0, score_floats = 0;
   bool bf16 = false;
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t t = qsl[b + 1] - qsl[b];
-    for (int64_t i0 = 0; i0 < t; i0 += kAttnRowBlock) blocks.emplace_back(b, i0);
+    for (int64_t i0 = 0; i0 < t; i0 += kAttnRowBlock) {
+      const int64_t rows = std::min(t - i0, kAttnRowBlock), heads = rows == 1 ? group : 1;
+      for (int64_t h = 0; h < nh; h += heads) items.push_back({b, i0, h, heads});
+      score_floats = std::max(score_floats, std::max(rows, heads) * (keys[b].p0 + i0 + rows));
+    }
     max_keys = std::max(max_keys, keys[b].p0 + t);
-    score_floats = std::max(score_floats, std::min(t, kAttnRowBlock) * (keys[b].p0 + t));
     bf16 = bf16 || keys[b].k16 != nullptr;
   }
-  const int64_t items = static_cast<int64_t>(blocks.size()) * nh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t window = c.sliding_window;
-  // Per item: scores [rows of a block, keys], then (bf16 caches) its head's K and V widened.
+  // Per item: scores [GEMM rows, keys], then (bf16 caches) its kv head's K and V widened.
   const int64_t kv_floats = bf16 ? max_keys * hd : 0;
   const int64_t scratch_floats = score_floats + 2 * kv_floats;
   const auto item = [&](int64_t it, float* scores) {
-    const auto [b, i0] = blocks[static_cast<size_t>(it / nh)];
-    const int64_t head = it % nh;
-    const SeqKeys& s = keys[b];
-    const int64_t r0 = qsl[b], i1 = std::min(qsl[b + 1] - r0, i0 + kAttnRowBlock), n_keys = s.p0 + i1;
-    const float* qb = q + (r0 + i0) * q_dim + head * hd;
-    const int64_t col = (head / group) * hd;
+    const AttnItem& u = items[static_cast<size_t>(it)];
+    const SeqKeys& s = keys[u.b];
+    const int64_t r0 = qsl[u.b], i1 = std::min(qsl[u.b + 1] - r0, u.i0 + kAttnRowBlock), n_keys = s.p0 + i1;
+    // GEMM rows: the block's query rows of one head (q_dim apart), or one row's heads (hd apart).
+    const int64_t rows = u.heads > 1 ? u.heads : i1 - u.i0, ldq = u.heads > 1 ? hd : q_dim;
+    const float* qb = q + (r0 + u.i0) * q_dim + u.head * hd;
+    const int64_t col = (u.head / group) * hd;
     const float *kb = nullptr, *vb = nullptr;
     int64_t ld = kv_dim;
     if (s.k16 != nullptr) {
@@ -114,31 +125,34 @@ void AttentionCore(const ModelConfig& c, const float* q, const SeqKeys* keys, in
       kb = s.k + col;
       vb = s.v + col;
     }
-    SgemmXWt(i1 - i0, n_keys, hd, qb, q_dim, kb, ld, 0.0f, scores, n_keys);
-    for (int64_t i = i0; i < i1; ++i) {
-      float* row = scores + (i - i0) * n_keys;
+    SgemmXWt(rows, n_keys, hd, qb, ldq, kb, ld, 0.0f, scores, n_keys);
+    for (int64_t j = 0; j < rows; ++j) {
+      const int64_t i = u.heads > 1 ? u.i0 : u.i0 + j;  // the query row of score row j
+      float* row = scores + j * n_keys;
       const int64_t first = window > 0 ? std::max<int64_t>(0, s.p0 + i + 1 - window) : 0;
       std::fill(row, row + first, 0.0f);
       ScaledSoftmaxRow(row + first, s.p0 + i + 1 - first, n_keys - first, scale);
     }
-    SgemmXW(i1 - i0, hd, n_keys, scores, n_keys, vb, ld, 0.0f, attn + (r0 + i0) * q_dim + head * hd, q_dim);
+    SgemmXW(rows, hd, n_keys, scores, n_keys, vb, ld, 0.0f, attn + (r0 + u.i0) * q_dim + u.head * hd, ldq);
   };
   // The GEMMs inside run single-threaded (SingleThreadedBlas, or inside an OpenMP region): every
   // item's arithmetic is the same for any thread count. Items differ in length (later query
   // blocks see more keys): claimed chunks / a dynamic schedule balance them. A step with prompt
   // rows runs between oneDNN GEMMs whose OpenMP team is still spinning, so it stays on that team;
-  // decode-only steps run on the claim pool, which no descheduled thread holds up.
+  // decode-only steps run on the claim pool, which no descheduled thread holds up. The scratch is
+  // written before it is read (no zero fill).
+  const int64_t n_items = static_cast<int64_t>(items.size());
   const auto run = [&](int64_t begin, int64_t end) {
     const SingleThreadedBlas one_thread;
-    std::vector<float> scores(static_cast<size_t>(scratch_floats));
-    for (int64_t it = begin; it < end; ++it) item(it, scores.data());
+    const auto scores = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(scratch_floats));
+    for (int64_t it = begin; it < end; ++it) item(it, scores.get());
   };
-  if (qsl[batch] == batch || !OpenTeam(true)) return ParallelRanges(items, true, run);
+  if (qsl[batch] == batch || !OpenTeam(true)) return ParallelRanges(n_items, true, run);
 #pragma omp parallel
   {
-    std::vector<float> scores(static_cast<size_t>(scratch_floats));
+    const auto scores = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(scratch_floats));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) item(it, scores.data());
+    for (int64_t it = 0; it < n_items; ++it) item(it, scores.get());
   }
 }
 

@@ -18,8 +18,9 @@
 // the new rows are appended at the sequence's position p0) or, without one, from this call's own
 // projections (calibration: every sequence starts at position 0). Scores are computed per
 // (sequence, head, block of kAttnRowBlock query rows) in a per-thread scratch of
-// kAttnRowBlock × (p0 + t) floats, never [heads × t × L]: a sequence's attention does not depend
-// on the other rows of the call. Each block's GEMMs run single-threaded inside one parallel region, so the
+// kAttnRowBlock × (p0 + t) floats, never [heads × t × L]; a block of one query row (decode) takes
+// the heads of one kv head together, so GQA reads (and widens) each kv head once per row. A
+// sequence's attention does not depend on the other rows of the call. Each block's GEMMs run single-threaded inside one parallel region, so the
 // result does not depend on the thread count; the softmax is ScaledSoftmaxRow (fixed lanes).
 // Every other intermediate (q, k, v, the attention output, gate / up, normed rows, the linears'
 // scratch) lives in the caller's Workspace (model/workspace.h): the weights are only read, so
