@@ -45,9 +45,10 @@ std::string StagingDir::FindInterrupted(const std::string& target, const std::st
   fs::file_time_type best_time{};
   for (const auto& e : fs::directory_iterator(t.parent_path(), ec)) {
     const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;  // before reading past the prefix: names may be shorter
     // This process's own directory counts too: a host that stopped a run may resume it itself.
     const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + prefix.size()));
-    if (name.rfind(prefix, 0) != 0 || (pid != ::getpid() && PidRunning(pid))) continue;
+    if (pid != ::getpid() && PidRunning(pid)) continue;
     std::error_code mec;
     const auto when = fs::last_write_time(e.path() / marker, mec);
     if (mec) continue;

@@ -129,6 +129,24 @@ TEST(StagingDir, KindsForTheSameTargetDoNotCollideAndMissingParentIsAnError) {
 
 // `nibble synth --overwrite` used to remove the output directory before writing: pointed at a
 // directory that is not a model directory, it deleted its contents.
+// Entries beside the target whose names are shorter than the staging prefix are skipped without
+// reading past them (under ASan the old order read past the name's end); a dead run's directory
+// holding the marker is found, one without it is not.
+TEST(StagingDir, FindInterruptedSkipsShortNamesAndFindsTheDeadRunWithItsMarker) {
+  TempDir tmp;
+  const fs::path dir(tmp.path());
+  fs::create_directory(dir / "a");
+  WriteText(dir / "b", "x");
+  const std::string target = (dir / "out").string();
+  EXPECT_EQ(nibble::StagingDir::FindInterrupted(target, "quantize", "manifest.json"), "");
+  // pid 0 is no running process of ours: an interrupted run.
+  const fs::path dead = dir / ".out.nibble-quantize-0";
+  fs::create_directory(dead);
+  EXPECT_EQ(nibble::StagingDir::FindInterrupted(target, "quantize", "manifest.json"), "");
+  WriteText(dead / "manifest.json", "{}");
+  EXPECT_EQ(nibble::StagingDir::FindInterrupted(target, "quantize", "manifest.json"), dead.string());
+}
+
 TEST(SynthOutput, OverwriteNeverRemovesANonModelDirectoryAndReplacesAModelOne) {
   TempDir t;
   const fs::path cfg = fs::path(t.path()) / "config.json";
