@@ -102,6 +102,9 @@ constexpr bool kX86 = true;
 constexpr bool kX86 = false;
 #endif
 
+// Intel cores: prefetchnta lines stall the decode loops, and vdpbf16ps issues at half the FMA rate.
+bool IntelCore(const CpuFeatures& cpu) { return cpu.vendor == "GenuineIntel"; }
+
 // The kernels of `isa` on `cpu`; `i8_reason` / `bf16_reason` (optional) get why gemm_i8 /
 // gemm_bf16 are the ones they are.
 W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, std::string* i8_reason = nullptr,
@@ -143,7 +146,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, st
       if (cpu.amx_tile && cpu.amx_bf16 && cpu.os_amx) {
         k.gemm_bf16_amx = GemmW4Bf16Amx;
         breason += "; AMX tiles from " + std::to_string(kW4Bf16AmxMinRows) + " rows where g is a multiple of 128";
-      } else if (cpu.vendor == "GenuineIntel") {
+      } else if (IntelCore(cpu)) {
         k.bf16_prefill_sgemm = true;
         breason += "; prefill on the fp32 sgemm (Intel without AMX: vdpbf16ps at half the FMA rate)";
       }
@@ -194,17 +197,17 @@ std::string Missing(Isa isa, const CpuFeatures& cpu) {
 
 // The decode loops' prefetch hint: t0 on Intel, whose cores stall on prefetchnta lines (they go to
 // L1 only), nta elsewhere (the fastest measured on AMD Zen 5); docs/PERFORMANCE.md "Decode
-// prefetch on Intel". `override` (NIBBLE_PREFETCH) names one; an unknown value sets `message`.
-StreamPrefetch ChoosePrefetch(const CpuFeatures& cpu, const char* override, std::string& reason, std::string& message) {
-  const std::string o = override != nullptr ? override : "";
+// prefetch on Intel". `forced` (NIBBLE_PREFETCH) names one; an unknown value sets `message`.
+StreamPrefetch ChoosePrefetch(const CpuFeatures& cpu, const char* forced, std::string& reason, std::string& message) {
+  const std::string o = forced != nullptr ? forced : "";
   for (StreamPrefetch p : {StreamPrefetch::kNonTemporal, StreamPrefetch::kL1})
     if (o == StreamPrefetchName(p)) {
       reason = "forced by NIBBLE_PREFETCH=" + o;
       return p;
     }
   if (!o.empty()) message = "unknown prefetch hint \"" + o + "\" (expected nta or t0); using the automatic choice";
-  if (cpu.vendor == "GenuineIntel") {
-    reason = "GenuineIntel";
+  if (IntelCore(cpu)) {
+    reason = cpu.vendor;
     return StreamPrefetch::kL1;
   }
   reason = cpu.vendor.empty() ? "unknown vendor" : cpu.vendor;

@@ -22,6 +22,12 @@ namespace {
 
 using nibble_test::TempDir;
 
+// sha256 of OUT/model.safetensors.
+std::string WeightsSum(const std::string& out) {
+  auto bytes = nibble::ReadFileToString(out + "/model.safetensors");
+  return bytes.ok() ? nibble::Sha256Hex(*bytes) : "error: " + bytes.error().message;
+}
+
 // sha256 of model.safetensors of `nibble quantize` of prose-llama-7m into a fresh directory.
 std::string QuantizedSum(const std::string& algo, const std::string& calib_dtype, int threads, const TempDir& tmp,
                          int64_t chunks = 4, int64_t seq_len = 64) {
@@ -36,8 +42,7 @@ std::string QuantizedSum(const std::string& algo, const std::string& calib_dtype
   r.threads = threads;
   auto s = nibble::Quantize(r);
   if (!s.ok()) return "error: " + s.error().message;
-  auto bytes = nibble::ReadFileToString(r.output_dir + "/model.safetensors");
-  return bytes.ok() ? nibble::Sha256Hex(*bytes) : "error: " + bytes.error().message;
+  return WeightsSum(r.output_dir);
 }
 
 // The same through the CLI with OpenBLAS's kernels pinned to its Zen set. OpenBLAS picks its
@@ -51,9 +56,7 @@ std::string CliQuantizedSum(const std::string& algo, int threads, const TempDir&
       nibble_test::Quote(nibble_test::SharedModel("prose-llama-7m")) + " --output_dir " + nibble_test::Quote(out) +
       " --quant_algo " + algo + " --dataset " + nibble_test::Quote(nibble_test::SharedData("prose-calib.txt")) +
       " --num_calib_data 4 --seq_len 64 --calib_dtype fp32 --threads " + std::to_string(threads) + " 2>&1");
-  if (r.exit_code != 0) return "error: " + r.out;
-  auto bytes = nibble::ReadFileToString(out + "/model.safetensors");
-  return bytes.ok() ? nibble::Sha256Hex(*bytes) : "error: " + bytes.error().message;
+  return r.exit_code == 0 ? WeightsSum(out) : "error: " + r.out;
 }
 
 // The sums the fp32 pipeline wrote before --calib_dtype existed (scripts/export_sums.sh's
