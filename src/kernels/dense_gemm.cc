@@ -1,5 +1,6 @@
 #include "kernels/dense_gemm.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -8,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "base/check.h"
+#include "base/parallel.h"
 
 namespace nibble {
 
@@ -16,6 +18,41 @@ void SgemmXWt(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, cons
   NIBBLE_CHECK(m > 0 && n > 0 && k > 0 && ldx >= k && ldw >= k && ldy >= n);
   dnnl_status_t st = dnnl_sgemm('N', 'T', m, n, k, 1.0f, x, ldx, w, ldw, beta, y, ldy);
   NIBBLE_CHECK_MSG(st == dnnl_success, "dnnl_sgemm status %d", static_cast<int>(st));
+}
+
+// 512 columns of W per tile, and row blocks of 512 halved (to 128 at least) until the grid has 8
+// tiles, so small linears still spread over several threads; each tile repacks its rows of x, so
+// smaller tiles cost more on one thread (docs/PERFORMANCE.md "Tiled sgemm").
+SgemmTileGrid SgemmTilesFor(int64_t m, int64_t n) {
+  constexpr int64_t kCols = 512, kMinRows = 128, kMinTiles = 8;
+  SgemmTileGrid g;
+  g.cols = std::min(n, kCols);
+  g.n_tiles = (n + g.cols - 1) / g.cols;
+  g.rows = 512;
+  while (g.rows > kMinRows && (m + g.rows - 1) / g.rows * g.n_tiles < kMinTiles) g.rows /= 2;
+  g.rows = std::min(m, g.rows);
+  g.m_tiles = (m + g.rows - 1) / g.rows;
+  return g;
+}
+
+void SgemmXWtTiled(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w,
+                   int64_t ldw, float* y, int64_t ldy) {
+  NIBBLE_CHECK(m > 0 && n > 0 && k > 0 && ldx >= k && ldw >= k && ldy >= n);
+  const SgemmTileGrid g = SgemmTilesFor(m, n);
+  const int64_t tiles = g.m_tiles * g.n_tiles;
+  const auto tile = [&](int64_t t) {
+    const int64_t m0 = t / g.n_tiles * g.rows, n0 = t % g.n_tiles * g.cols;
+    const int64_t mt = std::min(g.rows, m - m0), nt = std::min(g.cols, n - n0);
+    SgemmXWt(mt, nt, k, x + m0 * ldx, ldx, w + n0 * ldw, ldw, 0.0f, y + m0 * ldy + n0, ldy);
+  };
+  // Inside an OpenMP region oneDNN runs on the calling thread alone.
+  if (tiles > 1 && OpenTeam(m * n * k >= kTeamMinWork)) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; ++t) tile(t);
+    return;
+  }
+  const SingleThreadedBlas one_thread;
+  for (int64_t t = 0; t < tiles; ++t) tile(t);
 }
 
 void SgemmXW(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w,

@@ -319,7 +319,7 @@ void Int4Linear::ForwardBf16Matmul(const float* x, int64_t m, float* y, Workspac
       Bf16ToF32Rows(xb, m, k, xf);
     }
     Bf16ToF32Rows(wb, nt, k, wf);
-    SgemmXWt(m, nt, k, xf, k, wf, k, 0.0f, y + n0, n);
+    SgemmXWtTiled(m, nt, k, xf, k, wf, k, y + n0, n);
   }
   if (!bias_.empty()) AddBiasRows(y, m, n, bias_.data());
 }
@@ -343,7 +343,7 @@ void Int4Linear::ForwardW4A32(const float* x, int64_t m, float* y, Workspace& ws
   for (int64_t n0 = 0; n0 < n; n0 += tile) {
     const int64_t nt = std::min(tile, n - n0);
     DequantW4Packed(RowsOf(pw_, n0, nt), dense);
-    SgemmXWt(m, nt, k, x, k, dense, k, 0.0f, y + n0, n);
+    SgemmXWtTiled(m, nt, k, x, k, dense, k, y + n0, n);
   }
   if (!bias_.empty()) AddBiasRows(y, m, n, bias_.data());
 }

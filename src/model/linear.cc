@@ -15,7 +15,7 @@ DenseLinear::DenseLinear(int64_t n, int64_t k, std::shared_ptr<const std::vector
 }
 
 void DenseLinear::Forward(const float* x, int64_t m, float* y, Workspace* /*ws*/) const {
-  SgemmXWt(m, n_, k_, x, k_, weight_->data(), k_, 0.0f, y, n_);
+  SgemmXWtTiled(m, n_, k_, x, k_, weight_->data(), k_, y, n_);
   if (!bias_.empty()) AddBiasRows(y, m, n_, bias_.data());
 }
 
@@ -57,7 +57,7 @@ void Bf16DenseLinear::Forward(const float* x, int64_t m, float* y, Workspace* ws
   for (int64_t n0 = 0; n0 < n_; n0 += tile) {
     const int64_t nt = std::min(tile, n_ - n0);
     Bf16ToF32Rows(weight_->data() + n0 * k_, nt, k_, wide);
-    SgemmXWt(m, nt, k_, x, k_, wide, k_, 0.0f, y + n0, n_);
+    SgemmXWtTiled(m, nt, k_, x, k_, wide, k_, y + n0, n_);
   }
   if (bias != nullptr) AddBiasRows(y, m, n_, bias);
 }

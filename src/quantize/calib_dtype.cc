@@ -158,7 +158,7 @@ class Bf16CalibLinear final : public Linear {
       float* const wf = w.Get<float>(Workspace::Slot::kLinearTileWide, n_ * k_);
       Bf16ToF32Rows(xb, m, k_, xf);
       Bf16ToF32Rows(w_, n_, k_, wf);
-      SgemmXWt(m, n_, k_, xf, k_, wf, k_, 0.0f, y, n_);
+      SgemmXWtTiled(m, n_, k_, xf, k_, wf, k_, y, n_);
     }
     if (!bias_.empty()) AddBiasRows(y, m, n_, bias_.data());
   }
@@ -187,7 +187,7 @@ class Fp16CalibLinear final : public Linear {
     Workspace& w = ws != nullptr ? *ws : local;
     float* const xr = w.Get<float>(Workspace::Slot::kLinearRows, m * k_);
     for (int64_t i = 0; i < m * k_; ++i) xr[i] = RoundToDType(x[i], DType::kF16);
-    SgemmXWt(m, n_, k_, xr, k_, w_.data(), k_, 0.0f, y, n_);
+    SgemmXWtTiled(m, n_, k_, xr, k_, w_.data(), k_, y, n_);
     if (!bias_.empty()) AddBiasRows(y, m, n_, bias_.data());
   }
   std::string Describe() const override { return "calibration fp16"; }

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 #include <random>
 #include <tuple>
@@ -120,9 +122,40 @@ TEST(Int4Linear, GemvIndependentOfThreadCount) {
   EXPECT_EQ(a, b);
 }
 
+// Prefill rows (the dequantized-weight GEMM, and the bf16 route of every CPU) at a width where
+// oneDNN's threaded sgemm splits K by the thread count: the same bits on 1, 2 and 3 threads; so
+// does the dense fp32 linear.
+TEST(Int4Linear, PrefillIndependentOfThreadCount) {
+  const int64_t n = 2048, k = 2048, m = 96;
+  const Int4Matrix w = RandomMatrix(n, k, 128, false, 11);
+  std::vector<float> x(m * k);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+  std::vector<float> dense(n * k);
+  Int4Linear q(w, {}, "int4");
+  DequantW4Packed(q.packed(), dense.data());
+  const DenseLinear fp(n, k, std::make_shared<const std::vector<float>>(dense), {});
+  const int saved = omp_get_max_threads();
+  for (const int mode : {0, 1, 2}) {  // int4 fp32 activations, int4 bf16, dense fp32
+    if (mode == 1 && !q.SetBf16Activations(true)) continue;
+    std::vector<float> one(m * n);
+    for (const int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      std::vector<float> y(m * n);
+      if (mode == 2) {
+        fp.Forward(x.data(), m, y.data());
+      } else {
+        q.Forward(x.data(), m, y.data());
+      }
+      if (threads == 1) one = y;
+      EXPECT_EQ(std::memcmp(y.data(), one.data(), y.size() * sizeof(float)), 0) << "mode " << mode << ", " << threads << " threads";
+    }
+  }
+  omp_set_num_threads(saved);
+}
+
 // From kDequantGemmMinRows rows on, the weight is dequantized and multiplied in tiles of
-// LinearTileRows rows: each output element is the same dot product as the GEMM over the whole
-// dequantized matrix (the old path), so the results are bit-identical, and the workspace holds a
+// LinearTileRows rows: each output element is the same dot product as the GEMM of that tile of
+// the whole dequantized matrix, so the results are bit-identical, and the workspace holds a
 // tile, not the matrix. fp32 (dequantized fp32 tiles, sgemm) and bf16 activations (bf16 tiles,
 // oneDNN's bf16 matmul or the fp32 GEMM on the same values; on Intel without AMX the fp32 path on
 // the bf16-rounded rows).
@@ -149,7 +182,10 @@ TEST(Int4Linear, TiledDequantGemmEqualsTheWholeMatrixGemmInBoundedScratch) {
       std::vector<float> dense(n * k), xr(x);
       if (bf16) RoundToBf16(x.data(), m * k, xr.data());
       DequantW4Packed(q.packed(), dense.data());
-      SgemmXWt(m, n, k, xr.data(), k, dense.data(), k, 0.0f, want.data(), n);
+      // The fp32 GEMM runs per weight tile (SgemmXWtTiled's grid follows each tile's shape).
+      const int64_t rows = LinearTileRows(n, k, 4, budget);
+      for (int64_t n0 = 0; n0 < n; n0 += rows)
+        SgemmXWtTiled(m, std::min(rows, n - n0), k, xr.data(), k, dense.data() + n0 * k, k, want.data() + n0, n);
     } else {
       std::vector<uint16_t> xb(m * k), wb(n * k);
       ToBf16Bits(x.data(), m * k, xb.data());
@@ -158,7 +194,9 @@ TEST(Int4Linear, TiledDequantGemmEqualsTheWholeMatrixGemmInBoundedScratch) {
         std::vector<float> xf(m * k), wf(n * k);
         Bf16ToF32Rows(xb.data(), m, k, xf.data());
         Bf16ToF32Rows(wb.data(), n, k, wf.data());
-        SgemmXWt(m, n, k, xf.data(), k, wf.data(), k, 0.0f, want.data(), n);
+        const int64_t rows = LinearTileRows(n, k, 2, budget);
+        for (int64_t n0 = 0; n0 < n; n0 += rows)
+          SgemmXWtTiled(m, std::min(rows, n - n0), k, xf.data(), k, wf.data() + n0 * k, k, want.data() + n0, n);
       }
     }
     AddBiasRows(want.data(), m, n, bias.data());
