@@ -1,5 +1,5 @@
 // The tiled sgemm of the model's linears (kernels/dense_gemm.h SgemmXWtTiled): the same bits for
-// 1, 2 and 3 threads at shapes where oneDNN's threaded sgemm splits K by the thread count, close
+// 1, 2 and 3 threads at shapes where oneDNN's threaded sgemm rounds by the thread count, close
 // to a double-precision product, and a grid that covers the output once.
 #include <omp.h>
 

@@ -1,5 +1,6 @@
 // Int4Linear against a dense linear on the same dequantized weights: GEMV (M = 1) and GEMM
-// (M > 1) paths, bias added exactly once, and GEMV results independent of the thread count.
+// (M > 1) paths, bias added exactly once, and GEMV and prefill results independent of the thread
+// count.
 #include <gtest/gtest.h>
 #include <omp.h>
 
