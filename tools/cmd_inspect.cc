@@ -13,7 +13,7 @@
 #include "commands.h"
 #include "support/bench.h"
 #include "support/eval_output.h"
-#include "support/openmp_wait.h"
+#include "support/load_env.h"
 
 namespace nibble_cli {
 
@@ -46,6 +46,7 @@ void ShowKernels(bool as_json) {
     j["decode_prefetch_reason"] = k.row_prefetch_reason;
     if (!k.row_prefetch_message.empty()) j["decode_prefetch_message"] = k.row_prefetch_message;
     j["openmp_wait"] = DescribeOpenMpWait();
+    j["openblas_core"] = DescribeBlasCore();
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("int4 kernels: %s\ncpu: %s | %s\nNIBBLE_ISA: %s%s%s\n", k.chosen.c_str(), k.cpu_vendor.c_str(),
@@ -67,6 +68,7 @@ void ShowKernels(bool as_json) {
                 k.row_prefetch_reason.c_str(), k.row_prefetch_message.empty() ? "" : " -> ",
                 k.row_prefetch_message.c_str());
     std::printf("openmp wait: %s\n", DescribeOpenMpWait().c_str());
+    std::printf("openblas core (GPTQ's factorisations; OPENBLAS_CORETYPE): %s\n", DescribeBlasCore().c_str());
   }
 }
 

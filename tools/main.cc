@@ -14,7 +14,7 @@
 #include "support/bench.h"
 #include "support/cancel_signal.h"
 #include "support/flags.h"
-#include "support/openmp_wait.h"
+#include "support/load_env.h"
 #include "support/text.h"
 
 namespace nibble_cli {
@@ -216,7 +216,7 @@ int RunGuarded(const std::string& name, const Runner& run) {
 }  // namespace nibble_cli
 
 int main(int argc, char** argv) {
-  nibble_cli::UseShortOpenMpSpin(argv);
+  nibble_cli::UseLoadTimeDefaults(argv);
   nibble_cli::StartWorkersWithSignalsBlocked();
   CLI::App app{"nibble: quantize LLMs to 4-bit weights (Quark hf_format) and run them on the CPU"};
   app.require_subcommand(1);

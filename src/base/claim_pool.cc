@@ -23,7 +23,7 @@ namespace nibble {
 namespace {
 
 // Spin this many pause loops waiting for the next loop before sleeping (decode's loops come
-// microseconds apart; the same count the CLI gives OpenMP, tools/support/openmp_wait.h); a
+// microseconds apart; the same count the CLI gives OpenMP, tools/support/load_env.h); a
 // caller spins as long before yielding its core to a claimed chunk's thread.
 constexpr int kSpins = 10000;
 // Chunks per thread: small enough that a descheduled worker rarely holds one, large enough

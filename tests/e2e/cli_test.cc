@@ -1,5 +1,6 @@
 // The CLI as a user runs it: goldens from the shipped models' READMEs, and clear errors with a
 // non-zero exit code (never a signal) for bad input.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "e2e/run_nibble.h"
-#include "support/openmp_wait.h"
+#include "support/load_env.h"
 #include "test_paths.h"
 #include "test_util.h"
 
@@ -117,7 +118,7 @@ TEST(Cli, BenchPercentIsAgainstTheBandwidthMeasuredBeforeEachCase) {
 }
 
 // Without OMP_WAIT_POLICY / GOMP_SPINCOUNT in its environment the CLI runs with its own short
-// spin count (support/openmp_wait.h); either variable set by the user is kept as it is.
+// spin count (support/load_env.h); either variable set by the user is kept as it is.
 TEST(Cli, OpenMpSpinCountIsShortUnlessTheUserSetsOne) {
   std::vector<std::pair<std::string, std::string>> saved;
   for (const char* v : {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "NIBBLE_DEFAULT_GOMP_SPINCOUNT"}) {
@@ -139,6 +140,34 @@ TEST(Cli, OpenMpSpinCountIsShortUnlessTheUserSetsOne) {
   EXPECT_NE(users.out.find("openmp wait: GOMP_SPINCOUNT=7 (from the environment)\n"), std::string::npos) << users.out;
   EXPECT_NE(policy.out.find("openmp wait: OMP_WAIT_POLICY=active (from the environment)\n"), std::string::npos)
       << policy.out;
+}
+
+// OpenBLAS's kernels: where it takes the CPU for a "Prescott" (Debian's 0.3.21 on Sapphire and
+// Emerald Rapids) the CLI asks for SkylakeX (AVX-512) or Haswell (AVX2 + FMA); any other choice
+// of OpenBLAS's, and OPENBLAS_CORETYPE set by the user, are kept.
+TEST(Cli, OpenBlasCoreReplacesPrescottUnlessTheUserSetsOne) {
+  EXPECT_STREQ(nibble_cli::BlasCoreFor("Prescott", true, true), "SkylakeX");
+  EXPECT_STREQ(nibble_cli::BlasCoreFor("prescott", false, true), "Haswell");
+  EXPECT_EQ(nibble_cli::BlasCoreFor("Prescott", false, false), nullptr);
+  EXPECT_EQ(nibble_cli::BlasCoreFor("Zen", true, true), nullptr);
+  EXPECT_EQ(nibble_cli::BlasCoreFor("SkylakeX", true, true), nullptr);
+  const char* const line = "openblas core (GPTQ's factorisations; OPENBLAS_CORETYPE): ";
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) GTEST_SKIP() << "OPENBLAS_CORETYPE is set for the tests";
+  // OpenBLAS's own choice, from the LAPACK the CLI loads (this binary does not link it).
+  void* lapack = dlopen("liblapack.so.3", RTLD_NOW | RTLD_LOCAL);
+  const auto core_name = lapack != nullptr ? reinterpret_cast<char* (*)()>(dlsym(lapack, "openblas_get_corename")) : nullptr;
+  if (core_name == nullptr) GTEST_SKIP() << "LAPACK does not come from OpenBLAS here";
+  const std::string here = core_name();
+  const char* better = nibble_cli::BlasCoreFor(here, __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                                         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"),
+                                               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+  const RunResult ours = RunNibble("inspect --kernels");
+  setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+  const RunResult users = RunNibble("inspect --kernels");
+  unsetenv("OPENBLAS_CORETYPE");
+  const std::string want = better != nullptr ? std::string(better) + " (nibble's default)" : here;
+  EXPECT_NE(ours.out.find(line + want + "\n"), std::string::npos) << ours.out;
+  EXPECT_NE(users.out.find(line + std::string("Haswell (from the environment)\n")), std::string::npos) << users.out;
 }
 
 // NIBBLE_ISA forces the vectorised row ops with the int4 kernels, and inspect --kernels says so.
