@@ -10,6 +10,7 @@
 
 #include "base/check.h"
 #include "base/parallel.h"
+#include "kernels/int4_dispatch.h"
 
 namespace nibble {
 
@@ -108,11 +109,15 @@ const dnnl::engine& ThreadEngine() {
   return eng;
 }
 
+// Intel without AMX: oneDNN's bf16 matmul (vdpbf16ps at half the FMA rate) loses to the fp32
+// sgemm on the same values widened, so it is reported unusable and the callers widen.
+bool Bf16MatmulDeclined() { return ActiveW4Dispatch().kernels.bf16_prefill_sgemm; }
+
 }  // namespace
 
 bool GemmBf16Usable(int64_t n, int64_t k) {
   NIBBLE_CHECK(n > 0 && k > 0);
-  return Bf16MatmulFor(ThreadEngine(), n, k).usable;
+  return !Bf16MatmulDeclined() && Bf16MatmulFor(ThreadEngine(), n, k).usable;
 }
 
 bool DenseGemmHasAmx() {
@@ -123,6 +128,7 @@ bool DenseGemmHasAmx() {
 
 bool GemmBf16XWt(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* w, float* y) {
   NIBBLE_CHECK(m > 0 && n > 0 && k > 0 && x != nullptr && w != nullptr && y != nullptr);
+  if (Bf16MatmulDeclined()) return false;
   const dnnl::engine& eng = ThreadEngine();
   thread_local dnnl::stream stream(eng);  // a few hundred bytes per thread
   const Bf16Matmul& mm = Bf16MatmulFor(eng, n, k);

@@ -39,10 +39,13 @@ void SgemmAtB(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, cons
 /// y[M,N] = x[M,K] · w[N,K]ᵀ for bf16 bit patterns x and w (row-major, dense), fp32 products
 /// (exact for bf16 inputs) and fp32 accumulation, through oneDNN's bf16 matmul (AMX or AVX-512
 /// BF16 where the CPU has them; one primitive per (N, K) and thread, M a runtime dimension).
-/// Returns false and writes nothing when oneDNN has no optimized bf16 kernel for this CPU.
+/// Returns false and writes nothing when oneDNN has no optimized bf16 kernel for this CPU, or
+/// when the fp32 sgemm on the widened values is faster (W4Kernels::bf16_prefill_sgemm: Intel
+/// without AMX); the callers then widen.
 bool GemmBf16XWt(int64_t m, int64_t n, int64_t k, const uint16_t* x, const uint16_t* w, float* y);
 
-/// Whether GemmBf16XWt runs (oneDNN has an optimized bf16 kernel) for this (N, K).
+/// Whether GemmBf16XWt runs (oneDNN has an optimized bf16 kernel that is not declined) for this
+/// (N, K).
 bool GemmBf16Usable(int64_t n, int64_t k);
 
 /// Whether oneDNN runs its matmuls on AMX tiles on this CPU (its effective ISA includes

@@ -75,9 +75,10 @@ struct W4Kernels {
   /// decode loops at g = 128); the same numbers either way.
   StreamPrefetch row_prefetch = StreamPrefetch::kNonTemporal;
   /// bf16-activation prefill (Int4Linear from Bf16MatmulMinRows rows) through the fp32 sgemm on
-  /// the bf16-rounded rows and the exact weights instead of oneDNN's bf16 matmul: set on
-  /// GenuineIntel CPUs without AMX, whose `vdpbf16ps` runs at half the rate of their two FMA
-  /// ports (docs/PERFORMANCE.md "Prefill on Intel without AMX").
+  /// the bf16-rounded rows and the exact weights instead of oneDNN's bf16 matmul, and the bf16
+  /// calibration GEMMs on widened values (GemmBf16XWt declines): set on GenuineIntel CPUs
+  /// without AMX, whose `vdpbf16ps` runs at half the rate of their two FMA ports
+  /// (docs/PERFORMANCE.md "Prefill on Intel without AMX").
   bool bf16_prefill_sgemm = false;
 };
 

@@ -66,9 +66,14 @@ class CarriedActivations {
 /// A linear of the calibration forward in dtype `t` (resolved): a DenseLinear for fp32; for bf16
 /// the weights rounded to bf16 once here and each Forward a bf16 × bf16 GEMM with fp32
 /// accumulation (oneDNN's bf16 matmul; the exact fp32 widening through the sgemm where the CPU
-/// has none); for fp16 x and W rounded to fp16 and multiplied exactly in the fp32 sgemm.
+/// has none or a slower one); for fp16 x and W rounded to fp16 and multiplied exactly in the fp32 sgemm.
 std::unique_ptr<Linear> MakeCalibLinear(int64_t n, int64_t k, std::shared_ptr<const std::vector<float>> w,
                                         std::vector<float> bias, CalibDType t);
+
+/// Scratch a bf16 calibration linear [n, k] takes beyond its weights and its caller's rows where
+/// oneDNN's bf16 matmul does not run (GemmBf16Usable false: no such kernel, or slower than the
+/// fp32 sgemm): up to 512 rows of x and a weight tile, widened to fp32; 0 elsewhere.
+int64_t CalibLinearWidenedBytes(int64_t n, int64_t k);
 
 /// The bf16 calibration linear over bf16 bits the caller owns: w_bits [n, k] (row-major) must stay
 /// alive and unchanged while the linear is used (AWQ's candidates, written into reused buffers).

@@ -93,11 +93,18 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
     s.groups[i] = GroupsOf(*l);
     w += s.WeightBytes(i);
   }
+  const CalibDType calib = ResolveCalibDType(plan.algorithms.calib_dtype, mc);
+  // bf16 calibration linears without a (faster) bf16 matmul widen per call, on every thread.
+  int64_t widened = 0;
+  for (int i = 0; i < kNumLinears && calib == CalibDType::kBf16; ++i)
+    if (s.n[i] > 0) widened = std::max(widened, CalibLinearWidenedBytes(s.n[i], s.k[i]));
+  const MemoryTerm widened_term{"bf16 GEMMs widened to fp32 (rows and a weight tile per thread)", widened * s.threads};
   if (s.chunked) {  // pipeline.cc ChunkedLayer: no original copy (no weight is edited), no full-rows activations
-    const int64_t carried = s.rows * s.hidden * CarriedActivationBytes(ResolveCalibDType(plan.algorithms.calib_dtype, mc));
+    const int64_t carried = s.rows * s.hidden * CarriedActivationBytes(calib);
     s.base = {{"fp32 weights of " + s.name, w},
               {"layer input and the next layer's input (16-bit)", 2 * carried},
               {"calibration text", in.dataset_bytes}};
+    if (widened > 0) s.base.push_back(widened_term);
     return s;
   }
   s.base = {{"fp32 weights of " + s.name, w},
@@ -110,8 +117,8 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
             {"forward scratch", s.rows * s.ScratchRowBytes()},
             {"calibration text", in.dataset_bytes}};
   // A 16-bit calibration's linears hold the layer's weights rounded to it (MakeCalibLinear).
-  if (ResolveCalibDType(plan.algorithms.calib_dtype, mc) != CalibDType::kFp32)
-    s.base.push_back({"16-bit copy of its weights (calibration linears)", w / 2});
+  if (calib != CalibDType::kFp32) s.base.push_back({"16-bit copy of its weights (calibration linears)", w / 2});
+  if (widened > 0) s.base.push_back(widened_term);
   return s;
 }
 

@@ -1,6 +1,7 @@
 // The tiled sgemm of the model's linears (kernels/dense_gemm.h SgemmXWtTiled): the same bits for
 // 1, 2 and 3 threads at shapes where oneDNN's threaded sgemm rounds by the thread count, close
-// to a double-precision product, and a grid that covers the output once.
+// to a double-precision product, and a grid that covers the output once; where the bf16 matmul
+// is declined.
 #include <omp.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/dense_gemm.h"
+#include "kernels/int4_dispatch.h"
 
 namespace nibble {
 namespace {
@@ -72,6 +74,19 @@ TEST(SgemmXWtTiled, WritesIntoWiderRowsAndLeavesTheRestAlone) {
     EXPECT_EQ(std::memcmp(&y[i * ldy], &dense[i * n], n * sizeof(float)), 0) << "row " << i;
     for (int64_t j = n; j < ldy; ++j) ASSERT_EQ(y[i * ldy + j], -5.f) << i << "," << j;
   }
+}
+
+// On Intel without AMX (W4Kernels::bf16_prefill_sgemm) oneDNN's bf16 matmul is declined, so the
+// bf16 calibration GEMMs widen onto the sgemm; elsewhere it runs where oneDNN has a kernel.
+TEST(GemmBf16XWt, DeclinedExactlyWhereBf16PrefillTakesTheSgemm) {
+  const bool declined = ActiveW4Dispatch().kernels.bf16_prefill_sgemm;
+  if (declined) EXPECT_FALSE(GemmBf16Usable(256, 128));
+  const std::vector<uint16_t> x(4 * 128, 0x3f80), w(256 * 128, 0x3f80);  // bf16 1.0
+  std::vector<float> y(4 * 256, -1.f);
+  const bool ran = GemmBf16XWt(4, 256, 128, x.data(), w.data(), y.data());
+  EXPECT_EQ(ran, GemmBf16Usable(256, 128));
+  if (declined) EXPECT_FALSE(ran);
+  for (float v : y) ASSERT_EQ(v, ran ? 128.f : -1.f);  // nothing written when declined
 }
 
 TEST(SgemmTilesFor, CoversTheOutputWithTilesFixedByTheShape) {
