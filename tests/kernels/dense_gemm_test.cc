@@ -80,12 +80,16 @@ TEST(SgemmXWtTiled, WritesIntoWiderRowsAndLeavesTheRestAlone) {
 // bf16 calibration GEMMs widen onto the sgemm; elsewhere it runs where oneDNN has a kernel.
 TEST(GemmBf16XWt, DeclinedExactlyWhereBf16PrefillTakesTheSgemm) {
   const bool declined = ActiveW4Dispatch().kernels.bf16_prefill_sgemm;
-  if (declined) EXPECT_FALSE(GemmBf16Usable(256, 128));
+  if (declined) {
+    EXPECT_FALSE(GemmBf16Usable(256, 128));
+  }
   const std::vector<uint16_t> x(4 * 128, 0x3f80), w(256 * 128, 0x3f80);  // bf16 1.0
   std::vector<float> y(4 * 256, -1.f);
   const bool ran = GemmBf16XWt(4, 256, 128, x.data(), w.data(), y.data());
   EXPECT_EQ(ran, GemmBf16Usable(256, 128));
-  if (declined) EXPECT_FALSE(ran);
+  if (declined) {
+    EXPECT_FALSE(ran);
+  }
   for (float v : y) ASSERT_EQ(v, ran ? 128.f : -1.f);  // nothing written when declined
 }
 
