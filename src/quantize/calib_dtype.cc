@@ -161,10 +161,10 @@ class Bf16CalibLinear final : public Linear {
     if (!bias_.empty()) AddBiasRows(y, m, n_, bias_.data());
   }
   std::string Describe() const override { return "calibration bf16"; }
+  int64_t WeightBytes() const override { return n_ * k_ * 2; }
 
   /// Rows of x rounded at a time when the bf16 values are widened (CalibLinearWidenedBytes).
   static constexpr int64_t kWidenedRows = 512;
-  int64_t WeightBytes() const override { return n_ * k_ * 2; }
 
  private:
   // No bf16 matmul on this CPU, or a slower one (GemmBf16XWt): the same bf16 values widened

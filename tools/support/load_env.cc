@@ -47,8 +47,14 @@ void UseLoadTimeDefaults(char** argv) {
   }
   if (!spin && !blas) return;
   execv("/proc/self/exe", argv);  // returns only on failure
-  if (spin) unsetenv("GOMP_SPINCOUNT"), unsetenv(kSpinMarker);
-  if (blas) unsetenv("OPENBLAS_CORETYPE"), unsetenv(kBlasMarker);
+  if (spin) {
+    unsetenv("GOMP_SPINCOUNT");
+    unsetenv(kSpinMarker);
+  }
+  if (blas) {
+    unsetenv("OPENBLAS_CORETYPE");
+    unsetenv(kBlasMarker);
+  }
 }
 
 std::string DescribeOpenMpWait() {
