@@ -14,9 +14,10 @@ void SgemmXWt(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, cons
 
 /// SgemmXWt with beta = 0 whose sums do not depend on the thread count: oneDNN's threaded sgemm
 /// partitions large products by the number of threads and rounds differently with each, so a
-/// prefill's logits moved with --threads. Here the product runs as a grid of tiles fixed by (m, n) (SgemmTileGrid), each one
-/// single-threaded sgemm, the tiles claimed by the calling thread's OpenMP team (or run in turn
-/// on one thread). For the model's linears; m, n, k > 0, ld* >= the row length.
+/// prefill's logits moved with --threads. Here the product runs as a grid of tiles fixed by
+/// (m, n) (SgemmTileGrid), each one single-threaded sgemm, the tiles claimed by the calling
+/// thread's OpenMP team (or run in turn on one thread). For the model's linears; m, n, k > 0,
+/// ld* >= the row length.
 void SgemmXWtTiled(int64_t m, int64_t n, int64_t k, const float* x, int64_t ldx, const float* w,
                    int64_t ldw, float* y, int64_t ldy);
 
