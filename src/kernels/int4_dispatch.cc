@@ -147,8 +147,11 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, st
         k.gemm_bf16_amx = GemmW4Bf16Amx;
         breason += "; AMX tiles from " + std::to_string(kW4Bf16AmxMinRows) + " rows where g is a multiple of 128";
       } else if (IntelCore(cpu)) {
+        constexpr W4Bf16BlockArith kFma = W4Bf16BlockArith::kFma;
+        k.gemm_bf16 = t0 ? GemmW4Bf16Avx512<kT0, kFma> : GemmW4Bf16Avx512<kNta, kFma>;
         k.bf16_prefill_sgemm = true;
-        breason += "; prefill on the fp32 sgemm (Intel without AMX: vdpbf16ps at half the FMA rate)";
+        breason += "; batched blocks in fp32 FMAs and prefill on the fp32 sgemm (Intel without AMX: vdpbf16ps at "
+                   "half the FMA rate)";
       }
     } else {
       breason = std::string("CPU lacks ") + (cpu.avx512bf16 ? "avx512_vbmi" : "avx512_bf16") + kRounded;

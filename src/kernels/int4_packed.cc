@@ -255,7 +255,7 @@ bool W4Bf16Supported(const W4PackedWeight& w) { return W4Bf16ServesGroupSize(w.g
 namespace {
 
 struct Bf16Layout {
-  size_t xb = 0, c0 = 0, c1 = 0, total = 0;  // byte offsets
+  size_t xb = 0, c0 = 0, c1 = 0, xf = 0, total = 0;  // byte offsets
 };
 
 Bf16Layout Bf16LayoutFor(int64_t k, int64_t group_size) {
@@ -264,7 +264,8 @@ Bf16Layout Bf16LayoutFor(int64_t k, int64_t group_size) {
   l.xb = 0;
   l.c0 = Align64(runs * 64);
   l.c1 = l.c0 + Align64(groups * 4);
-  l.total = l.c1 + Align64(groups * 4);
+  l.xf = l.c1 + Align64(groups * 4);
+  l.total = l.xf + runs * 128;
   return l;
 }
 
@@ -282,6 +283,7 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
   uint16_t* xb = reinterpret_cast<uint16_t*>(scratch + l.xb);
   float* c0 = reinterpret_cast<float*>(scratch + l.c0);
   float* c1 = reinterpret_cast<float*>(scratch + l.c1);
+  float* xf = reinterpret_cast<float*>(scratch + l.xf);
   // One pass in k order: each value rounded once, stored at its word (word 2l <- 32u + l,
   // word 2l + 1 <- 32u + 16 + l) and added to its group's σ. k % g == 0 and g % 32 == 0, so the
   // runs cover K exactly.
@@ -294,6 +296,8 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
         const uint16_t b = F32ToBf16(xr[i]);
         wr[i < 16 ? 2 * i : 2 * (i - 16) + 1] = b;
         sigma += Bf16ToF32(b);
+        // vdpbf16ps reads a subnormal operand as zero of its sign (DAZ)
+        xf[32 * u + i] = Bf16ToF32((b & 0x7F80) == 0 ? static_cast<uint16_t>(b & 0x8000) : b);
       }
     }
     c0[gi] = -8.f * sigma;
@@ -302,6 +306,7 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
   a.xb = xb;
   a.c0 = c0;
   a.c1 = c1;
+  a.xf = xf;
   return a;
 }
 

@@ -144,6 +144,10 @@ struct W4Bf16Acts {
   const uint16_t* xb = nullptr; // [runs][32] bf16 bit patterns, 64-byte aligned when the scratch is
   const float* c0 = nullptr;    // [K / g]
   const float* c1 = nullptr;    // [K / g]
+  /// [runs][32] the same values as fp32 in K order (xf[32u + l] is word 2l of run u, xf[32u + 16
+  /// + l] word 2l + 1), subnormals as zero: the operands of the FMA blocks, which reproduce
+  /// vdpbf16ps (kernels/x86_avx512bf16/int4_gemm_bf16.h).
+  const float* xf = nullptr;
 };
 
 /// Whether the bf16-activation kernel serves group size g: g a multiple of 32 (each 32-weight run

@@ -4,6 +4,7 @@
 // tails, bit-identity across activation-row tilings and thread counts, the prefill path's bf16
 // weights (bit-exact) and bf16 matmul (against a double sum), and Int4Linear with the switch on
 // (fast kernel, matmul or fallback) for decode and prefill row counts.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -138,6 +139,21 @@ TEST(W4Bf16Test, PreparedActivationsAreRoundedAndInSuperblockOrder) {
     EXPECT_EQ(a.c0[gi], -8.f * sigma);
     EXPECT_EQ(a.c1[gi], -sigma / 16.f);
   }
+  // xf: the same values as fp32 in K order, the FMA blocks' operands.
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t u = i / 32, l = i % 32, word = l < 16 ? 2 * l : 2 * (l - 16) + 1;
+    EXPECT_EQ(a.xf[i], value(u, word)) << i;
+  }
+  // A subnormal bf16 reaches them as zero of its sign, as vdpbf16ps reads it.
+  x[7] = 3e-39f;
+  x[8] = -3e-39f;
+  const W4Bf16Acts s = PrepareActsBf16(x.data(), k, g, scratch.data());
+  EXPECT_NE(s.xb[2 * 7], 0);
+  EXPECT_EQ(s.xf[7], 0.f);
+  EXPECT_TRUE(std::signbit(s.xf[8]) && s.xf[8] == 0.f);
+  float sigma0 = 0.f;  // σ keeps them (its sums are not vdpbf16ps)
+  for (int64_t i = 0; i < 32; ++i) sigma0 += Bf16ToF32(F32ToBf16(x[static_cast<size_t>(i)]));
+  EXPECT_EQ(s.c0[0], -8.f * sigma0);
   std::vector<float> r(static_cast<size_t>(k));
   RoundToBf16(x.data(), k, r.data());
   EXPECT_EQ(r[5], 1.f);
@@ -511,6 +527,78 @@ TEST(W4Bf16Test, EveryBlockShapeGivesTheBitsOfTwoByFourBlocks) {
                 << "g=" << g << " sym=" << sym << " M=" << mr << " shape " << nj << "x" << mi;
           }
         }
+      }
+    }
+  }
+}
+
+// Whether this CPU's vdpbf16ps is two fp32 FMAs per lane, the high words' product first (as
+// Intel's SDM writes it), checked on operands of mixed sign and magnitude.
+__attribute__((target("avx512f,avx512bf16"))) bool Dpbf16IsTwoFmas() {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> d(0.f, 1.f);
+  for (int it = 0; it < 2000; ++it) {
+    alignas(64) uint16_t a[32], x[32];
+    alignas(64) float acc[16], got[16];
+    for (int i = 0; i < 32; ++i) {
+      a[i] = static_cast<uint16_t>(0x4300 | (rng() & 15));
+      x[i] = F32ToBf16(std::ldexp(d(rng), static_cast<int>(rng() % 40) - 20));
+    }
+    for (int l = 0; l < 16; ++l) acc[l] = it % 3 == 0 ? 0.f : std::ldexp(d(rng), static_cast<int>(rng() % 50) - 20);
+    _mm512_store_ps(got, _mm512_dpbf16_ps(_mm512_load_ps(acc), (__m512bh)_mm512_load_si512(a),
+                                          (__m512bh)_mm512_load_si512(x)));
+    for (int l = 0; l < 16; ++l) {
+      float e = std::fma(Bf16ToF32(a[2 * l + 1]), Bf16ToF32(x[2 * l + 1]), acc[l]);
+      e = std::fma(Bf16ToF32(a[2 * l]), Bf16ToF32(x[2 * l]), e);
+      if (std::memcmp(&e, &got[l], 4) != 0) return false;
+    }
+  }
+  return true;
+}
+
+// The FMA blocks (Intel without AMX) against the vdpbf16ps blocks: the same bits for every shape,
+// M = 2..16, g = 128 / 256 / 384 (K chunks of 4, 2 and 1 groups), strips with remainders (N = 37),
+// subnormal activations (read as zero by both) — where this CPU's vdpbf16ps is two FMAs, as
+// Intel's is; elsewhere within the oracle's bound.
+TEST(W4Bf16Test, FmaBlocksGiveTheBitsOfTheDpbf16Blocks) {
+  if (FastKernel() == nullptr) GTEST_SKIP() << "no AVX-512 BF16 kernel on this CPU: " << ActiveW4Dispatch().gemm_bf16_reason;
+  const bool exact = Dpbf16IsTwoFmas();
+  constexpr auto kFma = W4Bf16BlockArith::kFma;
+  std::mt19937 rng(43);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  constexpr int64_t kRows = 16;
+  for (int64_t g : {128, 256, 384}) {
+    const int64_t n = g == 128 ? 37 : 11, k = g * 67;
+    for (bool sym : {false, true}) {
+      BatchCase c(rng, xd, n, k, g, sym, kRows);
+      c.x[5] = 1e-39f;  // subnormal in bf16 too
+      c.x[k + 40] = -3e-39f;
+      for (int64_t i = 2 * k; i < 3 * k; ++i) c.x[i] = (i % 3 == 0 ? -1e-39f : 2e-39f);  // row 2 all subnormal
+      c.rows = PreparedRows(c.x.data(), kRows, k, g);
+      const float* b = c.b();
+      for (int64_t mr = 2; mr <= kRows; ++mr) {
+        std::vector<float> ref(static_cast<size_t>(mr * n)), y(ref.size());
+        GemmW4Bf16Avx512Blocks(c.p.w, c.rows.acts.data(), mr, b, ref.data(), 0, n, {2, 4});
+        const auto check = [&](const char* what) {
+          if (exact) {
+            EXPECT_EQ(std::memcmp(y.data(), ref.data(), y.size() * 4), 0) << "g=" << g << " sym=" << sym << " M=" << mr << " " << what;
+            return;
+          }
+          for (int64_t i = 0; i < mr; ++i) {
+            if (i == 2) continue;  // the oracle keeps subnormals
+            const Ref o = Oracle(c.m, c.x.data() + i * k, b);
+            for (int64_t j = 0; j < n; ++j) ASSERT_LE(std::fabs(y[i * n + j] - o.y[j]), o.tol[j]) << what;
+          }
+        };
+        GemmW4Bf16Avx512<StreamPrefetch::kL1, kFma>(c.p.w, c.rows.acts.data(), mr, b, y.data(), 0, n);
+        check("selection");
+        if (mr != 3 && mr != 8 && mr != kRows) continue;
+        for (int64_t nj = 1; nj <= kW4Bf16BlockMaxRows; ++nj)
+          for (int64_t mi = 1; mi <= kW4Bf16BlockMaxActs; ++mi) {
+            std::fill(y.begin(), y.end(), std::nanf(""));
+            GemmW4Bf16Avx512Blocks(c.p.w, c.rows.acts.data(), mr, b, y.data(), 0, n, {nj, mi}, kFma);
+            check("shape");
+          }
       }
     }
   }

@@ -206,6 +206,30 @@ inline void AddCorrection(const float (&sc)[NJ][kCorrGroups], const float (&zc)[
   }
 }
 
+// One run of the block as vdpbf16ps computes it, in fp32 FMAs: per lane l the high words'
+// product first (weight 32c + 16 + l, activation xf[16 + l]), then the low words' (weight 32c + l,
+// xf[l]), each rounded once. The products are exact, so these are vdpbf16ps's bits
+// (docs/KERNELS.md "FMA blocks"); the weights widen straight to fp32 0x430q0000 = 128 + q.
+template <int NJ, int MI>
+inline void RunFma(const uint8_t* const (&rec)[NJ], int64_t off, __m512i ctl, const W4Bf16Acts* acts, int64_t x0,
+                   __m512 (&acc)[NJ][MI]) {
+  const __m512i nib = _mm512_set1_epi32(0x000F0000), one28 = _mm512_set1_epi32(0x43000000);
+  __m512 hi[NJ], lo[NJ];
+  for (int j = 0; j < NJ; ++j) {
+    const __m512i v = _mm512_multishift_epi64_epi8(ctl, _mm512_loadu_si512(rec[j] + off));
+    lo[j] = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_slli_epi32(v, 16), nib, one28, 0xEA));
+    hi[j] = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(v, nib, one28, 0xEA));
+  }
+  for (int i = 0; i < MI; ++i) {
+    const __m512 xh = _mm512_loadu_ps(acts[i].xf + x0 + 16);
+    for (int j = 0; j < NJ; ++j) acc[j][i] = _mm512_fmadd_ps(hi[j], xh, acc[j][i]);
+  }
+  for (int i = 0; i < MI; ++i) {
+    const __m512 xl = _mm512_loadu_ps(acts[i].xf + x0);
+    for (int j = 0; j < NJ; ++j) acc[j][i] = _mm512_fmadd_ps(lo[j], xl, acc[j][i]);
+  }
+}
+
 template <int NJ, int MI, bool kSym>
 void Block(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, float* y, int64_t r0) {
   const __m512i ctl[4] = {RunControl(0), RunControl(1), RunControl(2), RunControl(3)};
@@ -257,6 +281,69 @@ void Block(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, f
     }
 }
 
+// ---- The blocks' arithmetic in fp32 FMAs (W4Bf16BlockArith::kFma). Two FMAs read twice the
+// activation bytes of one vdpbf16ps, more than L2 supplies at this rate, so the work goes in
+// strips: up to kStripRows weight rows pass over K in chunks of about kChunkK, each chunk's
+// activations (8 rows x 2 KiB) staying in L1 while every block of the strip uses them. Each
+// pair's operations and their order are those of Block: the same bits.
+constexpr int64_t kStripRows = 16;
+constexpr int64_t kChunkK = 512;
+
+template <int NJ, int MI, bool kSym>
+void StripFma(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, float* y, int64_t r0,
+              int64_t r1) {
+  constexpr int64_t kMaxBlocks = kStripRows / NJ;
+  const __m512i ctl[4] = {RunControl(0), RunControl(1), RunControl(2), RunControl(3)};
+  const int64_t groups = w.k / w.group_size, spg = w.group_size / 128, header = w.rec_header;
+  const int64_t nb = (r1 - r0) / NJ, chunk = std::max<int64_t>(1, kChunkK / w.group_size);  // divides 64
+  NIBBLE_CHECK(nb * NJ == r1 - r0 && nb <= kMaxBlocks && kCorrGroups % chunk == 0);
+  BlockSums<NJ, MI, false> tot[kMaxBlocks];
+  alignas(64) float sc[NJ][kCorrGroups], zc[NJ][kCorrGroups];
+  for (int64_t g0 = 0; g0 < groups; g0 += chunk) {
+    const int64_t g1 = std::min(groups, g0 + chunk);
+    for (int64_t bl = 0; bl < nb; ++bl) {
+      const uint8_t* rec[NJ];
+      for (int j = 0; j < NJ; ++j) rec[j] = w.data + (r0 + bl * NJ + j) * w.row_bytes + g0 * w.rec_bytes;
+      for (int64_t gi = g0; gi < g1; ++gi) {
+        for (int j = 0; j < NJ; ++j)
+          for (int64_t off = 0; off < w.rec_bytes; off += 64)
+            _mm_prefetch(reinterpret_cast<const char*>(rec[j] + NJ * w.row_bytes + off), _MM_HINT_T0);
+        __m512 acc[NJ][MI];
+        for (int j = 0; j < NJ; ++j)
+          for (int i = 0; i < MI; ++i) acc[j][i] = _mm512_setzero_ps();
+        for (int64_t u = 0; u < 4 * spg; ++u)
+          RunFma<NJ, MI>(rec, header + 64 * (u >> 2), ctl[u & 3], acts, 32 * (gi * spg * 4 + u), acc);
+        for (int j = 0; j < NJ; ++j) {
+          float s;
+          __builtin_memcpy(&s, rec[j], 4);
+          const __m512 sv = _mm512_set1_ps(s);
+          for (int i = 0; i < MI; ++i) tot[bl].Set(j, i, _mm512_fmadd_ps(sv, acc[j][i], tot[bl].Get(j, i)));
+          rec[j] += w.rec_bytes;
+        }
+      }
+    }
+    if (g1 % kCorrGroups != 0 && g1 != groups) continue;
+    // The corrections of groups c0 .. g1 - 1, as Block adds them after each kCorrGroups groups.
+    const int64_t c0 = (g1 - 1) / kCorrGroups * kCorrGroups;
+    for (int64_t bl = 0; bl < nb; ++bl) {
+      for (int j = 0; j < NJ; ++j)
+        for (int64_t gi = c0; gi < g1; ++gi) {
+          const uint8_t* rec = w.data + (r0 + bl * NJ + j) * w.row_bytes + gi * w.rec_bytes;
+          __builtin_memcpy(&sc[j][gi - c0], rec, 4);
+          zc[j][gi - c0] = kCodeFloat[kSym ? 8 : rec[4]];
+        }
+      AddCorrection<NJ, MI>(sc, zc, acts, c0, g1 - c0, tot[bl]);
+    }
+  }
+  for (int64_t bl = 0; bl < nb; ++bl)
+    for (int j = 0; j < NJ; ++j)
+      for (int i = 0; i < MI; ++i) {
+        const int64_t r = r0 + bl * NJ + j;
+        const float v = ReduceTree(tot[bl].Get(j, i));
+        y[i * w.n + r] = bias != nullptr ? v + bias[r] : v;
+      }
+}
+
 using BlockFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t);
 
 template <int NJ, bool kSym>
@@ -283,6 +370,32 @@ BlockFn SelectBlock(int64_t nj, int64_t mi) {
   }
 }
 
+using StripFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t, int64_t);
+
+template <int NJ, bool kSym>
+StripFn StripFor(int64_t mi) {
+  switch (mi) {
+    case 8: return StripFma<NJ, 8, kSym>;
+    case 7: return StripFma<NJ, 7, kSym>;
+    case 6: return StripFma<NJ, 6, kSym>;
+    case 5: return StripFma<NJ, 5, kSym>;
+    case 4: return StripFma<NJ, 4, kSym>;
+    case 3: return StripFma<NJ, 3, kSym>;
+    case 2: return StripFma<NJ, 2, kSym>;
+    default: return StripFma<NJ, 1, kSym>;
+  }
+}
+
+template <bool kSym>
+StripFn SelectStrip(int64_t nj, int64_t mi) {
+  switch (nj) {
+    case 4: return StripFor<4, kSym>(mi);
+    case 3: return StripFor<3, kSym>(mi);
+    case 2: return StripFor<2, kSym>(mi);
+    default: return StripFor<1, kSym>(mi);
+  }
+}
+
 using TileFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t);
 
 template <bool kSym, int kGops>
@@ -306,23 +419,39 @@ TileFn SelectGops(int64_t gops, int64_t mr) {
 }  // namespace
 
 void GemmW4Bf16Avx512Blocks(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
-                            int64_t n0, int64_t n1, W4Bf16BlockShape shape) {
+                            int64_t n0, int64_t n1, W4Bf16BlockShape shape, W4Bf16BlockArith arith) {
   NIBBLE_CHECK(w.group_size % 128 == 0 && shape.rows >= 1 && shape.rows <= kW4Bf16BlockMaxRows && shape.acts >= 1 &&
                shape.acts <= kW4Bf16BlockMaxActs);
   for (int64_t i0 = 0; i0 < m; i0 += shape.acts) {
     const int64_t mi = std::min(shape.acts, m - i0);
+    const W4Bf16Acts* ai = a + i0;
+    float* yi = y + i0 * w.n;
+    if (arith == W4Bf16BlockArith::kFma) {
+      // Strips of whole blocks, then the strip's remainder as one narrower block.
+      for (int64_t r = n0; r < n1; r += kStripRows) {
+        const int64_t e = std::min(n1, r + kStripRows), full = r + (e - r) / shape.rows * shape.rows;
+        if (full > r) (w.symmetric ? SelectStrip<true> : SelectStrip<false>)(shape.rows, mi)(w, ai, bias, yi, r, full);
+        if (e > full) (w.symmetric ? SelectStrip<true> : SelectStrip<false>)(e - full, mi)(w, ai, bias, yi, full, e);
+      }
+      continue;
+    }
     for (int64_t r = n0; r < n1; r += shape.rows) {
       const int64_t nj = std::min(shape.rows, n1 - r);
-      (w.symmetric ? SelectBlock<true> : SelectBlock<false>)(nj, mi)(w, a + i0, bias, y + i0 * w.n, r);
+      (w.symmetric ? SelectBlock<true> : SelectBlock<false>)(nj, mi)(w, ai, bias, yi, r);
     }
   }
 }
 
-template <StreamPrefetch P>
+template <StreamPrefetch P, W4Bf16BlockArith A>
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1) {
   if (m >= kW4Bf16BlockMinRows && w.group_size % 128 == 0) {
-    GemmW4Bf16Avx512Blocks(w, a, m, bias, y, n0, n1, kW4Bf16BlockShape);
+    // FMA blocks from 3 rows (2 rows ran slower in them); 4 x 4 up to 4 rows, where 2 x 8 blocks
+    // would be short (docs/PERFORMANCE.md "FMA blocks on Intel without AMX").
+    if (A == W4Bf16BlockArith::kFma && m > 2)
+      GemmW4Bf16Avx512Blocks(w, a, m, bias, y, n0, n1, m <= 4 ? W4Bf16BlockShape{4, 4} : kW4Bf16BlockShape, A);
+    else
+      GemmW4Bf16Avx512Blocks(w, a, m, bias, y, n0, n1, kW4Bf16BlockShape);
     return;
   }
   if (m == 1 && w.group_size == 128) {
@@ -337,10 +466,14 @@ void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
   }
 }
 
-template void GemmW4Bf16Avx512<StreamPrefetch::kNonTemporal>(const W4PackedWeight&, const W4Bf16Acts*, int64_t,
-                                                            const float*, float*, int64_t, int64_t);
-template void GemmW4Bf16Avx512<StreamPrefetch::kL1>(const W4PackedWeight&, const W4Bf16Acts*, int64_t, const float*,
-                                                   float*, int64_t, int64_t);
+#define NIBBLE_INSTANTIATE(P, A)                                                                               \
+  template void GemmW4Bf16Avx512<StreamPrefetch::P, W4Bf16BlockArith::A>(                                      \
+      const W4PackedWeight&, const W4Bf16Acts*, int64_t, const float*, float*, int64_t, int64_t);
+NIBBLE_INSTANTIATE(kNonTemporal, kDpbf16)
+NIBBLE_INSTANTIATE(kL1, kDpbf16)
+NIBBLE_INSTANTIATE(kNonTemporal, kFma)
+NIBBLE_INSTANTIATE(kL1, kFma)
+#undef NIBBLE_INSTANTIATE
 
 }  // namespace nibble
 

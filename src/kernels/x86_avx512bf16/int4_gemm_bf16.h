@@ -23,9 +23,14 @@ namespace nibble {
 /// such M are deterministic and independent of the N split and of the row's slot in the block,
 /// but not bit-identical to the same row run alone). Arithmetic per (row, weight row) in
 /// docs/KERNELS.md "bf16 activations".
-/// P: the decode loop's prefetch hint (kernels/stream_prefetch.h); both are instantiated.
+/// P: the decode loop's prefetch hint (kernels/stream_prefetch.h); A: the blocks' arithmetic
+/// (W4Bf16BlockArith); all four are instantiated.
 constexpr int64_t kW4Bf16BlockMinRows = 2;
-template <StreamPrefetch P>
+/// How the blocks multiply: `vdpbf16ps`, or two fp32 FMAs per product pair in vdpbf16ps's order
+/// (the same bits, tested) for cores whose `vdpbf16ps` issues at half their FMA rate (Intel
+/// without AMX; docs/KERNELS.md "FMA blocks").
+enum class W4Bf16BlockArith { kDpbf16, kFma };
+template <StreamPrefetch P, W4Bf16BlockArith A = W4Bf16BlockArith::kDpbf16>
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1);
 
@@ -44,6 +49,7 @@ constexpr W4Bf16BlockShape kW4Bf16BlockShape{2, 8};
 /// only orders the (activation row, weight row) pairs, whose arithmetic is fixed by K and g: every
 /// shape gives the same bits (tested against 2 × 4 blocks for M = 2..16).
 void GemmW4Bf16Avx512Blocks(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
-                            int64_t n0, int64_t n1, W4Bf16BlockShape shape);
+                            int64_t n0, int64_t n1, W4Bf16BlockShape shape,
+                            W4Bf16BlockArith arith = W4Bf16BlockArith::kDpbf16);
 
 }  // namespace nibble
