@@ -298,28 +298,26 @@ void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y, Workspace& 
 // matmul reads it).
 void Int4Linear::ForwardBf16Matmul(const float* x, int64_t m, float* y, Workspace& ws) const {
   const int64_t n = pw_.n, k = pw_.k;
-  uint16_t* const xb = ws.Get<uint16_t>(Slot::kLinearRows, m * k);
-  ToBf16Bits(x, m * k, xb);
   const int64_t tile = LinearTileRows(n, k, 2, ws.tile_bytes());
-  uint16_t* const wb = ws.Get<uint16_t>(Slot::kLinearTile, tile * k);
-  // oneDNN's matmul writes a dense [m, nt] block: tiles narrower than y go through a buffer.
-  float* const yt = tile < n ? ws.Get<float>(Slot::kLinearOut, m * tile) : y;
-  float *xf = nullptr, *wf = nullptr;
-  for (int64_t n0 = 0; n0 < n; n0 += tile) {
-    const int64_t nt = std::min(tile, n - n0);
-    DequantW4PackedBf16(RowsOf(pw_, n0, nt), wb);
-    if (GemmBf16XWt(m, nt, k, xb, wb, yt)) {
+  if (!GemmBf16Usable(tile, k) || (n % tile != 0 && !GemmBf16Usable(n % tile, k))) {
+    // No bf16 matmul on this CPU: the same bf16 values widened exactly, through the fp32 GEMM.
+    SgemmWidenedBf16(x, m, n, k, true, [&](int64_t n0, int64_t nt) {
+      uint16_t* const wb = ws.Get<uint16_t>(Slot::kLinearTileBf16, nt * k);
+      DequantW4PackedBf16(RowsOf(pw_, n0, nt), wb);
+      return static_cast<const uint16_t*>(wb);
+    }, y, ws);
+  } else {
+    uint16_t* const xb = ws.Get<uint16_t>(Slot::kLinearRows, m * k);
+    ToBf16Bits(x, m * k, xb);
+    uint16_t* const wb = ws.Get<uint16_t>(Slot::kLinearTile, tile * k);
+    // oneDNN's matmul writes a dense [m, nt] block: tiles narrower than y go through a buffer.
+    float* const yt = tile < n ? ws.Get<float>(Slot::kLinearOut, m * tile) : y;
+    for (int64_t n0 = 0; n0 < n; n0 += tile) {
+      const int64_t nt = std::min(tile, n - n0);
+      DequantW4PackedBf16(RowsOf(pw_, n0, nt), wb);
+      NIBBLE_CHECK(GemmBf16XWt(m, nt, k, xb, wb, yt));
       if (yt != y) CopyTileColumns(yt, m, nt, y + n0, n);
-      continue;
     }
-    // No bf16 matmul on this CPU: the same bf16 inputs widened exactly, through the fp32 GEMM.
-    if (xf == nullptr) {
-      xf = ws.Get<float>(Slot::kLinearRowsWide, m * k);
-      wf = ws.Get<float>(Slot::kLinearTileWide, tile * k);
-      Bf16ToF32Rows(xb, m, k, xf);
-    }
-    Bf16ToF32Rows(wb, nt, k, wf);
-    SgemmXWtTiled(m, nt, k, xf, k, wf, k, y + n0, n);
   }
   if (!bias_.empty()) AddBiasRows(y, m, n, bias_.data());
 }

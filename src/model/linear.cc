@@ -4,6 +4,7 @@
 
 #include "base/check.h"
 #include "kernels/dense_gemm.h"
+#include "kernels/int4_packed.h"
 
 namespace nibble {
 
@@ -50,16 +51,29 @@ void Bf16DenseLinear::Forward(const float* x, int64_t m, float* y, Workspace* ws
     // whole matrix for a few rows.
     return GemvBf16Rows(m, n_, k_, weight_->data(), x, bias, y, gemv_);
   }
-  // Tiles of whole rows widened in the caller's workspace: the scratch follows K, not N
-  // (LinearTileRows), and each output element is the same sgemm dot product.
-  const int64_t tile = LinearTileRows(n_, k_, 4, w.tile_bytes());
-  float* const wide = w.Get<float>(Workspace::Slot::kLinearTile, tile * k_);
-  for (int64_t n0 = 0; n0 < n_; n0 += tile) {
-    const int64_t nt = std::min(tile, n_ - n0);
-    Bf16ToF32Rows(weight_->data() + n0 * k_, nt, k_, wide);
-    SgemmXWtTiled(m, nt, k_, x, k_, wide, k_, y + n0, n_);
-  }
+  const uint16_t* const wb = weight_->data();
+  SgemmWidenedBf16(x, m, n_, k_, false, [&](int64_t n0, int64_t) { return wb + n0 * k_; }, y, w);
   if (bias != nullptr) AddBiasRows(y, m, n_, bias);
+}
+
+void SgemmWidenedBf16(const float* x, int64_t m, int64_t n, int64_t k, bool round_x,
+                      const std::function<const uint16_t*(int64_t n0, int64_t nt)>& tile, float* y, Workspace& ws) {
+  const int64_t rows = LinearTileRows(n, k, 4, ws.tile_bytes());
+  float* const wide = ws.Get<float>(Workspace::Slot::kLinearTile, rows * k);
+  // x as it is, or rounded once when one block holds it, else per block and tile (the rounding
+  // is 1 / nt of the tile's multiply-adds).
+  const int64_t block = round_x ? std::min(m, kWidenedRows) : m;
+  float* const xr = round_x ? ws.Get<float>(Workspace::Slot::kLinearRowsWide, block * k) : nullptr;
+  if (round_x && block == m) RoundToBf16(x, m * k, xr);
+  for (int64_t n0 = 0; n0 < n; n0 += rows) {
+    const int64_t nt = std::min(rows, n - n0);
+    Bf16ToF32Rows(tile(n0, nt), nt, k, wide);
+    for (int64_t r0 = 0; r0 < m; r0 += block) {
+      const int64_t mr = std::min(block, m - r0);
+      if (round_x && block < m) RoundToBf16(x + r0 * k, mr * k, xr);
+      SgemmXWtTiled(mr, nt, k, round_x ? xr : x + r0 * k, k, wide, k, y + r0 * n + n0, n);
+    }
+  }
 }
 
 void AddBiasRows(float* y, int64_t m, int64_t n, const float* bias) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,18 @@ struct Bf16Weights {
   /// Owns `v`.
   static std::shared_ptr<const Bf16Weights> Of(std::shared_ptr<const std::vector<uint16_t>> v);
 };
+
+/// Rows of x that SgemmWidenedBf16 rounds at a time.
+constexpr int64_t kWidenedRows = 512;
+
+/// y[m, n] (row stride n) = x · Wᵀ through the tiled sgemm (kernels/dense_gemm.h) for a bf16 weight
+/// handed over tile by tile: `tile(n0, nt)` returns rows [n0, n0 + nt) as bf16 bits, nt at most
+/// LinearTileRows(n, k, 4, ws.tile_bytes()); each tile is widened exactly (Slot::kLinearTile). With
+/// `round_x` the rows of x are rounded to bf16 first, kWidenedRows at a time (Slot::kLinearRowsWide:
+/// a W4A16 engine's activations), else used as they are. No bias. The scratch follows K and the
+/// tile budget, not M or N: the route of bf16 weights where no bf16 matmul serves.
+void SgemmWidenedBf16(const float* x, int64_t m, int64_t n, int64_t k, bool round_x,
+                      const std::function<const uint16_t*(int64_t n0, int64_t nt)>& tile, float* y, Workspace& ws);
 
 /// Dense fp32 linear through the dense GEMM (oneDNN sgemm). Weights may be shared (tied
 /// embeddings / lm_head).

@@ -41,9 +41,9 @@ class Workspace {
     kUp,             // MLP: up_proj output [rows, intermediate]
     kLinearGather,   // Int4Linear: act-order input rows in group order [m, K] fp32
     kLinearRows,     // linears: input rows aligned / rounded to bf16 / as bf16 bits / prepared [m, K]
-    kLinearRowsWide, // Int4Linear without a bf16 matmul: bf16 rows widened [m, K] fp32
+    kLinearRowsWide, // SgemmWidenedBf16: a block of input rows rounded to bf16 [kWidenedRows, K] fp32
     kLinearTile,     // linears: a dequantized / widened weight tile (LinearTileRows rows)
-    kLinearTileWide, // Int4Linear without a bf16 matmul: the bf16 tile widened
+    kLinearTileBf16, // Int4Linear without a bf16 matmul: a weight tile dequantized to bf16
     kLinearOut,      // linears: one tile's output rows when the GEMM cannot write with a stride
     kLinearAligned,  // linears: input rows copied to 64-byte alignment for the fused kernels
     kCount

@@ -156,35 +156,15 @@ class Bf16CalibLinear final : public Linear {
       ToBf16Bits(x, m * k_, xb);
       NIBBLE_CHECK(GemmBf16XWt(m, n_, k_, xb, w_, y));
     } else {
-      ForwardWidened(x, m, y, w);
+      // No bf16 matmul on this CPU, or a slower one (GemmBf16Usable).
+      SgemmWidenedBf16(x, m, n_, k_, true, [&](int64_t n0, int64_t) { return w_ + n0 * k_; }, y, w);
     }
     if (!bias_.empty()) AddBiasRows(y, m, n_, bias_.data());
   }
   std::string Describe() const override { return "calibration bf16"; }
   int64_t WeightBytes() const override { return n_ * k_ * 2; }
 
-  /// Rows of x rounded at a time when the bf16 values are widened (CalibLinearWidenedBytes).
-  static constexpr int64_t kWidenedRows = 512;
-
  private:
-  // No bf16 matmul on this CPU, or a slower one (GemmBf16XWt): the same bf16 values widened
-  // exactly, through the tiled sgemm. Weight tiles of LinearTileRows rows, x rounded in blocks of
-  // kWidenedRows rows, so the scratch follows K and the tile budget, not M.
-  void ForwardWidened(const float* x, int64_t m, float* y, Workspace& w) const {
-    const int64_t tile = LinearTileRows(n_, k_, 4, w.tile_bytes());
-    float* const wf = w.Get<float>(Workspace::Slot::kLinearTileWide, tile * k_);
-    float* const xr = w.Get<float>(Workspace::Slot::kLinearRowsWide, std::min(m, kWidenedRows) * k_);
-    for (int64_t n0 = 0; n0 < n_; n0 += tile) {
-      const int64_t nt = std::min(tile, n_ - n0);
-      Bf16ToF32Rows(w_ + n0 * k_, nt, k_, wf);
-      for (int64_t r0 = 0; r0 < m; r0 += kWidenedRows) {
-        const int64_t mr = std::min(kWidenedRows, m - r0);
-        RoundToBf16(x + r0 * k_, mr * k_, xr);
-        SgemmXWtTiled(mr, nt, k_, xr, k_, wf, k_, y + r0 * n_ + n0, n_);
-      }
-    }
-  }
-
   int64_t n_, k_;
   std::vector<uint16_t> own_;
   const uint16_t* w_;  // own_ or the caller's bits
@@ -222,7 +202,7 @@ class Fp16CalibLinear final : public Linear {
 
 int64_t CalibLinearWidenedBytes(int64_t n, int64_t k) {
   if (GemmBf16Usable(n, k)) return 0;
-  return (Bf16CalibLinear::kWidenedRows + LinearTileRows(n, k, 4)) * k * 4;
+  return (kWidenedRows + LinearTileRows(n, k, 4)) * k * 4;  // SgemmWidenedBf16's scratch
 }
 
 std::unique_ptr<Linear> MakeCalibLinear(int64_t n, int64_t k, std::shared_ptr<const std::vector<float>> w,

@@ -195,9 +195,12 @@ TEST(Int4Linear, TiledDequantGemmEqualsTheWholeMatrixGemmInBoundedScratch) {
         std::vector<float> xf(m * k), wf(n * k);
         Bf16ToF32Rows(xb.data(), m, k, xf.data());
         Bf16ToF32Rows(wb.data(), n, k, wf.data());
-        const int64_t rows = LinearTileRows(n, k, 2, budget);
+        // SgemmWidenedBf16: tiles of LinearTileRows(n, k, 4) rows, x in blocks of kWidenedRows.
+        const int64_t rows = LinearTileRows(n, k, 4, budget);
         for (int64_t n0 = 0; n0 < n; n0 += rows)
-          SgemmXWtTiled(m, std::min(rows, n - n0), k, xf.data(), k, wf.data() + n0 * k, k, want.data() + n0, n);
+          for (int64_t r0 = 0; r0 < m; r0 += kWidenedRows)
+            SgemmXWtTiled(std::min(kWidenedRows, m - r0), std::min(rows, n - n0), k, xf.data() + r0 * k, k,
+                          wf.data() + n0 * k, k, want.data() + r0 * n + n0, n);
       }
     }
     AddBiasRows(want.data(), m, n, bias.data());
