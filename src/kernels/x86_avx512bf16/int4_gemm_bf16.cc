@@ -349,55 +349,42 @@ void StripFma(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias
 }
 
 using BlockFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t);
+using StripFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t, int64_t);
 
-template <int NJ, bool kSym>
-BlockFn BlockFor(int64_t mi) {
+// f.template operator()<NJ, MI>() for runtime nj in 1..4 and mi in 1..8: one switch for the
+// instantiations of Block and StripFma.
+template <int NJ, typename F>
+auto ForActs(int64_t mi, F f) {
   switch (mi) {
-    case 8: return Block<NJ, 8, kSym>;
-    case 7: return Block<NJ, 7, kSym>;
-    case 6: return Block<NJ, 6, kSym>;
-    case 5: return Block<NJ, 5, kSym>;
-    case 4: return Block<NJ, 4, kSym>;
-    case 3: return Block<NJ, 3, kSym>;
-    case 2: return Block<NJ, 2, kSym>;
-    default: return Block<NJ, 1, kSym>;
+    case 8: return f.template operator()<NJ, 8>();
+    case 7: return f.template operator()<NJ, 7>();
+    case 6: return f.template operator()<NJ, 6>();
+    case 5: return f.template operator()<NJ, 5>();
+    case 4: return f.template operator()<NJ, 4>();
+    case 3: return f.template operator()<NJ, 3>();
+    case 2: return f.template operator()<NJ, 2>();
+    default: return f.template operator()<NJ, 1>();
+  }
+}
+
+template <typename F>
+auto ForShape(int64_t nj, int64_t mi, F f) {
+  switch (nj) {
+    case 4: return ForActs<4>(mi, f);
+    case 3: return ForActs<3>(mi, f);
+    case 2: return ForActs<2>(mi, f);
+    default: return ForActs<1>(mi, f);
   }
 }
 
 template <bool kSym>
 BlockFn SelectBlock(int64_t nj, int64_t mi) {
-  switch (nj) {
-    case 4: return BlockFor<4, kSym>(mi);
-    case 3: return BlockFor<3, kSym>(mi);
-    case 2: return BlockFor<2, kSym>(mi);
-    default: return BlockFor<1, kSym>(mi);
-  }
-}
-
-using StripFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t, int64_t);
-
-template <int NJ, bool kSym>
-StripFn StripFor(int64_t mi) {
-  switch (mi) {
-    case 8: return StripFma<NJ, 8, kSym>;
-    case 7: return StripFma<NJ, 7, kSym>;
-    case 6: return StripFma<NJ, 6, kSym>;
-    case 5: return StripFma<NJ, 5, kSym>;
-    case 4: return StripFma<NJ, 4, kSym>;
-    case 3: return StripFma<NJ, 3, kSym>;
-    case 2: return StripFma<NJ, 2, kSym>;
-    default: return StripFma<NJ, 1, kSym>;
-  }
+  return ForShape(nj, mi, []<int NJ, int MI>() -> BlockFn { return Block<NJ, MI, kSym>; });
 }
 
 template <bool kSym>
 StripFn SelectStrip(int64_t nj, int64_t mi) {
-  switch (nj) {
-    case 4: return StripFor<4, kSym>(mi);
-    case 3: return StripFor<3, kSym>(mi);
-    case 2: return StripFor<2, kSym>(mi);
-    default: return StripFor<1, kSym>(mi);
-  }
+  return ForShape(nj, mi, []<int NJ, int MI>() -> StripFn { return StripFma<NJ, MI, kSym>; });
 }
 
 using TileFn = void (*)(const W4PackedWeight&, const W4Bf16Acts*, const float*, float*, int64_t);
