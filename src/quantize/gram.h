@@ -21,10 +21,10 @@ enum class GramFill { kFull, kLowerMirrored };
 /// transposed bf16 copy of one part (no larger than G) is held meanwhile.
 std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k, GramFill fill = GramFill::kFull);
 
-/// g [k, k] += XᵀX of x [rows, k] on and below the diagonal (64-column blocks from the diagonal
-/// down, as GramMatrix's kLowerMirrored; some elements above it too): one fp32 sgemm per block
-/// into g, the blocks in parallel, so a sum over chunks of rows added in a fixed order is the same
-/// for any thread count. MirrorLower then makes g symmetric.
+/// g [k, k] += XᵀX of x [rows, k] on and below the diagonal (in square tiles of a size fixed by
+/// k; the diagonal tiles whole, so some elements above it too): one fp32 sgemm per tile into g,
+/// the tiles in parallel, so a sum over chunks of rows added in a fixed order is the same for any
+/// thread count. MirrorLower then makes g symmetric.
 void AccumulateGramLower(const float* x, int64_t rows, int64_t k, float* g);
 /// g [k, k]: every element above the diagonal set to its mirror below it.
 void MirrorLower(float* g, int64_t k);

@@ -4,6 +4,7 @@
 // byte-identity, algo_config, Quark's spelling, bad requests); acceptance on prose-llama-7m.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -100,8 +101,9 @@ double OutputError(const Problem& p, const std::vector<float>& wq) {
 // The textbook algorithm, written independently of the solver: H + 1 % damping, H⁻¹ by
 // Gauss-Jordan, U = the upper Cholesky factor of H⁻¹, then column by column (natural order)
 // quantize against RTN's up-front group parameters and update every later column at once.
-std::vector<float> ReferenceGptq(const Problem& p, const nibble::QuantSpec& spec) {
-  const int64_t k = p.k, n = p.n;
+// The upper Cholesky factor U of (H + 1 % damping)⁻¹ (= Uᵀ U), in double.
+std::vector<double> ReferenceFactor(const Problem& p) {
+  const int64_t k = p.k;
   std::vector<double> h(p.h.begin(), p.h.end()), inv(k * k, 0.0);
   double mean = 0;
   for (int64_t j = 0; j < k; ++j) mean += h[j * k + j] / k;
@@ -126,6 +128,12 @@ std::vector<float> ReferenceGptq(const Problem& p, const nibble::QuantSpec& spec
       u[i * k + j] = s / u[i * k + i];
     }
   }
+  return u;
+}
+
+std::vector<float> ReferenceGptq(const Problem& p, const nibble::QuantSpec& spec) {
+  const int64_t k = p.k, n = p.n;
+  const std::vector<double> u = ReferenceFactor(p);
   auto rtn = nibble::QuantizeRtnRef(p.w.data(), n, k, spec, nibble::DType::kF32);
   EXPECT_TRUE(rtn.ok());
   std::vector<double> w(p.w.begin(), p.w.end());
@@ -145,9 +153,13 @@ std::vector<float> ReferenceGptq(const Problem& p, const nibble::QuantSpec& spec
   return out;
 }
 
+constexpr std::array<nibble::GptqFactorization, 2> kFactorizations = {nibble::GptqFactorization::kCholeskyOfInverse,
+                                                                     nibble::GptqFactorization::kReversedCholesky};
+
 nibble::Int4Matrix RunSolver(const Problem& p, const nibble::QuantSpec& spec, const nibble::GptqSettings& st,
-                             nibble::GptqFactor* factor = nullptr) {
-  auto f = nibble::FactorGptqHessian(p.h, p.k, st);
+                             nibble::GptqFactor* factor = nullptr,
+                             nibble::GptqFactorization how = nibble::GptqFactorization::kCholeskyOfInverse) {
+  auto f = nibble::FactorGptqHessian(p.h, p.k, st, how);
   EXPECT_TRUE(f.ok()) << f.error().message;
   auto q = nibble::GptqQuantize(p.w.data(), p.n, p.k, *f, spec, nibble::DType::kF32, st);
   EXPECT_TRUE(q.ok()) << q.error().message;
@@ -157,20 +169,42 @@ nibble::Int4Matrix RunSolver(const Problem& p, const nibble::QuantSpec& spec, co
 
 TEST(GptqSolver, CorrelatedInputsBeatRtnInsideTheScalarReferenceBand) {
   const Problem p = Correlated(24, 96, 384, 11);
-  for (bool sym : {false, true}) {
-    const nibble::QuantSpec spec = Spec(32, sym);
-    auto rtn = nibble::QuantizeRtnRef(p.w.data(), p.n, p.k, spec, nibble::DType::kF32);
-    ASSERT_TRUE(rtn.ok());
-    nibble::GptqSettings st;
-    st.block_size = 16;  // several lazy blocks
-    const double e_rtn = OutputError(p, Deq(*rtn));
-    const double e_gptq = OutputError(p, Deq(RunSolver(p, spec, st)));
-    const double e_ref = OutputError(p, ReferenceGptq(p, spec));
-    EXPECT_LT(e_gptq, 0.7 * e_rtn) << "sym " << sym;
-    EXPECT_GT(e_gptq, 0.95 * e_ref) << "sym " << sym << ": better than the reference is a different algorithm";
-    EXPECT_LT(e_gptq, 1.05 * e_ref) << "sym " << sym;
-    st.block_size = 128;  // one block: the same algorithm, the same error up to rounding
-    EXPECT_NEAR(OutputError(p, Deq(RunSolver(p, spec, st))), e_gptq, 0.02 * e_gptq);
+  for (nibble::GptqFactorization how : kFactorizations)
+    for (bool sym : {false, true}) {
+      const nibble::QuantSpec spec = Spec(32, sym);
+      auto rtn = nibble::QuantizeRtnRef(p.w.data(), p.n, p.k, spec, nibble::DType::kF32);
+      ASSERT_TRUE(rtn.ok());
+      nibble::GptqSettings st;
+      st.block_size = 16;  // several lazy blocks
+      const double e_rtn = OutputError(p, Deq(*rtn));
+      const double e_gptq = OutputError(p, Deq(RunSolver(p, spec, st, nullptr, how)));
+      const double e_ref = OutputError(p, ReferenceGptq(p, spec));
+      const std::string at = "factorization " + std::to_string(static_cast<int>(how)) + ", sym " + std::to_string(sym);
+      EXPECT_LT(e_gptq, 0.7 * e_rtn) << at;
+      EXPECT_GT(e_gptq, 0.95 * e_ref) << at << ": better than the reference is a different algorithm";
+      EXPECT_LT(e_gptq, 1.05 * e_ref) << at;
+      st.block_size = 128;  // one block: the same algorithm, the same error up to rounding
+      EXPECT_NEAR(OutputError(p, Deq(RunSolver(p, spec, st, nullptr, how))), e_gptq, 0.02 * e_gptq) << at;
+    }
+}
+
+// Both factorisations give the reference U (upper triangle) to fp32 rounding, on a Hessian whose
+// diagonal spans four orders of magnitude (an ill-conditioned, realistic H).
+TEST(GptqSolver, BothFactorizationsGiveTheReferenceFactor) {
+  Problem p = Correlated(4, 64, 256, 21);
+  for (int64_t i = 0; i < p.k; ++i)
+    for (int64_t j = 0; j < p.k; ++j) p.h[i * p.k + j] *= std::pow(10.0f, 2.0f * (i + j) / p.k);  // D H D
+  const std::vector<double> ref = ReferenceFactor(p);
+  double scale = 0;
+  for (double v : ref) scale = std::max(scale, std::abs(v));
+  for (nibble::GptqFactorization how : kFactorizations) {
+    auto f = nibble::FactorGptqHessian(p.h, p.k, nibble::GptqSettings(), how);
+    ASSERT_TRUE(f.ok()) << f.error().message;
+    ASSERT_EQ(f->retries, 0);
+    double worst = 0;
+    for (int64_t i = 0; i < p.k; ++i)
+      for (int64_t j = i; j < p.k; ++j) worst = std::max(worst, std::abs(f->u[i * p.k + j] - ref[i * p.k + j]));
+    EXPECT_LT(worst, 1e-4 * scale) << "factorization " << static_cast<int>(how) << ": worst " << worst << " of " << scale;
   }
 }
 
@@ -182,7 +216,7 @@ TEST(GptqSolver, WhiteInputsGiveRtnCodesCodeForCode) {
     auto rtn = nibble::QuantizeRtnRef(p.w.data(), p.n, p.k, Spec(16, sym), nibble::DType::kBF16);
     ASSERT_TRUE(rtn.ok());
     nibble::GptqSettings st;
-    auto f = nibble::FactorGptqHessian(p.h, p.k, st);
+    auto f = nibble::FactorGptqHessian(p.h, p.k, st, nibble::GptqFactorization::kReversedCholesky);
     ASSERT_TRUE(f.ok());
     auto q = nibble::GptqQuantize(p.w.data(), p.n, p.k, *f, Spec(16, sym), nibble::DType::kBF16, st);
     ASSERT_TRUE(q.ok());
@@ -191,38 +225,41 @@ TEST(GptqSolver, WhiteInputsGiveRtnCodesCodeForCode) {
 }
 
 TEST(GptqSolver, DeadInputAndIndefiniteHessianStayFiniteWithTheRetryRecorded) {
-  Problem p = Correlated(8, 32, 64, 3);
-  for (int64_t j = 0; j < p.k; ++j) p.h[5 * p.k + j] = p.h[j * p.k + 5] = 0.0f;  // input 5 never fires
-  nibble::GptqFactor f;
-  nibble::Int4Matrix q = RunSolver(p, Spec(32, false), nibble::GptqSettings(), &f);
-  ASSERT_EQ(f.dead.size(), 1u);
-  EXPECT_EQ(f.dead[0], 5);
-  EXPECT_EQ(f.retries, 0);
-  for (float v : Deq(q)) ASSERT_TRUE(std::isfinite(v));
-  for (int64_t o = 0; o < q.n; ++o)  // a dead input's weight is zeroed
-    EXPECT_EQ(q.codes[o * q.k + 5], q.zero_points[o]);
-  // I − 1.012·vvᵀ (|v| = 1) has the eigenvalue −0.012: 1 % damping cannot make it positive
-  // definite, ~1.3 % can.
-  std::vector<float> v(p.k);
-  for (int64_t j = 0; j < p.k; ++j) v[j] = 1.0f / std::sqrt(static_cast<float>(p.k));
-  for (int64_t i = 0; i < p.k; ++i)
-    for (int64_t j = 0; j < p.k; ++j) p.h[i * p.k + j] = (i == j ? 1.0f : 0.0f) - 1.012f * v[i] * v[j];
-  q = RunSolver(p, Spec(32, false), nibble::GptqSettings(), &f);
-  EXPECT_GE(f.retries, 1);
-  EXPECT_GT(f.dampening_frac, 0.012);
-  EXPECT_FALSE(f.fallback_rtn);
-  for (float x : Deq(q)) ASSERT_TRUE(std::isfinite(x));
-  // −I never factorises: plain RTN, said so, never NaN.
-  for (int64_t i = 0; i < p.k; ++i)
-    for (int64_t j = 0; j < p.k; ++j) p.h[i * p.k + j] = i == j ? -1.0f : 0.0f;
-  q = RunSolver(p, Spec(32, false), nibble::GptqSettings(), &f);
-  EXPECT_TRUE(f.fallback_rtn);
-  auto rtn = nibble::QuantizeRtnRef(p.w.data(), p.n, p.k, Spec(32, false), nibble::DType::kF32);
-  EXPECT_TRUE(q == *rtn);
-  p.h[3] = NAN;
-  auto bad = nibble::FactorGptqHessian(p.h, p.k, nibble::GptqSettings());
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("[0][3]"), std::string::npos) << bad.error().message;
+  for (nibble::GptqFactorization how : kFactorizations) {
+    SCOPED_TRACE("factorization " + std::to_string(static_cast<int>(how)));
+    Problem p = Correlated(8, 32, 64, 3);
+    for (int64_t j = 0; j < p.k; ++j) p.h[5 * p.k + j] = p.h[j * p.k + 5] = 0.0f;  // input 5 never fires
+    nibble::GptqFactor f;
+    nibble::Int4Matrix q = RunSolver(p, Spec(32, false), nibble::GptqSettings(), &f, how);
+    ASSERT_EQ(f.dead.size(), 1u);
+    EXPECT_EQ(f.dead[0], 5);
+    EXPECT_EQ(f.retries, 0);
+    for (float v : Deq(q)) ASSERT_TRUE(std::isfinite(v));
+    for (int64_t o = 0; o < q.n; ++o)  // a dead input's weight is zeroed
+      EXPECT_EQ(q.codes[o * q.k + 5], q.zero_points[o]);
+    // I − 1.012·vvᵀ (|v| = 1) has the eigenvalue −0.012: 1 % damping cannot make it positive
+    // definite, ~1.3 % can.
+    std::vector<float> v(p.k);
+    for (int64_t j = 0; j < p.k; ++j) v[j] = 1.0f / std::sqrt(static_cast<float>(p.k));
+    for (int64_t i = 0; i < p.k; ++i)
+      for (int64_t j = 0; j < p.k; ++j) p.h[i * p.k + j] = (i == j ? 1.0f : 0.0f) - 1.012f * v[i] * v[j];
+    q = RunSolver(p, Spec(32, false), nibble::GptqSettings(), &f, how);
+    EXPECT_GE(f.retries, 1);
+    EXPECT_GT(f.dampening_frac, 0.012);
+    EXPECT_FALSE(f.fallback_rtn);
+    for (float x : Deq(q)) ASSERT_TRUE(std::isfinite(x));
+    // −I never factorises: plain RTN, said so, never NaN.
+    for (int64_t i = 0; i < p.k; ++i)
+      for (int64_t j = 0; j < p.k; ++j) p.h[i * p.k + j] = i == j ? -1.0f : 0.0f;
+    q = RunSolver(p, Spec(32, false), nibble::GptqSettings(), &f, how);
+    EXPECT_TRUE(f.fallback_rtn);
+    auto rtn = nibble::QuantizeRtnRef(p.w.data(), p.n, p.k, Spec(32, false), nibble::DType::kF32);
+    EXPECT_TRUE(q == *rtn);
+    p.h[3] = NAN;
+    auto bad = nibble::FactorGptqHessian(p.h, p.k, nibble::GptqSettings(), how);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.error().message.find("[0][3]"), std::string::npos) << bad.error().message;
+  }
 }
 
 TEST(GptqSolver, ActOrderStaticKeepsNaturalGroupsAndHelpsDynamicTimingRefits) {

@@ -102,8 +102,8 @@ std::vector<float> ChunkedGram(const std::vector<float>& x, int64_t rows, int64_
   return g;
 }
 
-TEST(Gram, ChunkedFp32SumMatchesADoubleReferenceAndIsSymmetric) {
-  const int64_t rows = 700, k = 150;  // k not a multiple of the 64-column blocks; a short last chunk
+// The chunked sum against the double XᵀX and the whole-rows GramMatrix; exactly symmetric.
+void CheckChunkedGram(int64_t rows, int64_t k) {
   const std::vector<float> x = GramTestInputs(rows, k, 7);
   const std::vector<float> g = ChunkedGram(x, rows, k, 256);
   double worst = 0;
@@ -123,8 +123,16 @@ TEST(Gram, ChunkedFp32SumMatchesADoubleReferenceAndIsSymmetric) {
   for (int64_t i = 0; i < k * k; ++i) ASSERT_NEAR(g[i], whole[i], 1e-4 * std::fabs(whole[i]) + 1e-2) << i;
 }
 
+TEST(Gram, ChunkedFp32SumMatchesADoubleReferenceAndIsSymmetric) {
+  // One tile, then several with a short last one (k = 1100: tiles of 512); a short last chunk.
+  for (auto [rows, k] : {std::pair<int64_t, int64_t>{700, 150}, {300, 1100}}) {
+    SCOPED_TRACE("k " + std::to_string(k));
+    CheckChunkedGram(rows, k);
+  }
+}
+
 TEST(Gram, ChunkedSumIsTheSameAtOneAndTwoThreads) {
-  const int64_t rows = 600, k = 200;
+  const int64_t rows = 300, k = 1100;  // tiles of 512 claimed by either thread
   const std::vector<float> x = GramTestInputs(rows, k, 11);
   const int before = omp_get_max_threads();
   omp_set_num_threads(1);

@@ -1,7 +1,10 @@
 // GPTQ as a pipeline algorithm (see gptq.h).
 #include "quantize/gptq/gptq.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <future>
 
 #include "io/json.h"
 #include "model/llama.h"
@@ -30,8 +33,23 @@ Status GptqAlgorithm::QuantizeInput(LayerInput in, const float* x, int64_t rows,
   return QuantizeGram(in, GramMatrix(x, rows, L.k[lins[0]], GramFill::kLowerMirrored), rows, L, codes, info);
 }
 
-Status GptqAlgorithm::QuantizeGram(LayerInput in, std::vector<float> h, int64_t rows, const CalibLayer& L,
+Status GptqAlgorithm::QuantizeGram(LayerInput in, std::vector<float> g, int64_t rows, const CalibLayer& L,
                                    LayerCodes& codes, std::array<GptqLinearInfo, kNumLinears>& info) {
+  return QuantizeWithFactor(in, FactorInput(in, std::move(g), rows, L), rows, L, codes, info);
+}
+
+Result<GptqFactor> GptqAlgorithm::FactorInput(LayerInput in, std::vector<float> h, int64_t rows,
+                                              const CalibLayer& L) const {
+  const float scale = 2.0f / static_cast<float>(rows);
+  for (float& v : h) v *= scale;
+  // A 16-bit calibration factorises with half the arithmetic; fp32 keeps its pipeline's bytes.
+  const GptqFactorization how =
+      L.calib == CalibDType::kFp32 ? GptqFactorization::kCholeskyOfInverse : GptqFactorization::kReversedCholesky;
+  return FactorGptqHessian(std::move(h), L.k[LinearsOf(in)[0]], st_, how);
+}
+
+Status GptqAlgorithm::QuantizeWithFactor(LayerInput in, Result<GptqFactor> f, int64_t rows, const CalibLayer& L,
+                                         LayerCodes& codes, std::array<GptqLinearInfo, kNumLinears>& info) {
   const std::vector<int> lins = LinearsOf(in);
   const int64_t k = L.k[lins[0]];
   const std::string name = L.name + "." + DecoderLinearNames()[lins[0]];
@@ -39,11 +57,8 @@ Status GptqAlgorithm::QuantizeGram(LayerInput in, std::vector<float> h, int64_t 
     messages_.insert("warning: GPTQ: " + name + " (and the linears sharing its input) sees " + std::to_string(rows) +
                      " calibration tokens for in_features " + std::to_string(k) +
                      ": the Hessian is singular and only the damping makes it invertible; use more calibration data");
-  const float scale = 2.0f / static_cast<float>(rows);
-  for (float& v : h) v *= scale;
   const int64_t copies = st_.actorder == GptqActOrder::kNone ? 2 : 3;  // H, the damped copy, the permuted H
   peak_bytes_ = std::max(peak_bytes_, copies * k * k * static_cast<int64_t>(sizeof(float)));
-  auto f = FactorGptqHessian(std::move(h), k, st_);
   if (!f.ok()) return f.error().WithContext("GPTQ " + name);
   if (f->retries > 0 || f->fallback_rtn)
     messages_.insert("GPTQ: " + name + ": the damped Hessian did not factorise " + std::to_string(f->retries) +
@@ -92,11 +107,39 @@ Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCode
 
 Status GptqAlgorithm::FinishGrams(LayerGrams& grams, const CalibLayer& L, LayerCodes& codes,
                                   const std::function<Status()>& step) {
+  constexpr std::array<LayerInput, 4> kInputs = {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn,
+                                                 LayerInput::kMlpAct};
+  std::array<std::vector<float>, 4> g;
+  std::array<bool, 4> has{};
+  for (size_t j = 0; j < kInputs.size(); ++j) {
+    g[j] = std::move(grams.Of(kInputs[j]));
+    has[j] = !g[j].empty();
+  }
+  grams.g = {};
+  // LAPACK factorises on one core. With more threads, one thread of its own factorises the
+  // Hessians in input order (one LAPACK call at a time) while the OpenMP team runs the column
+  // loops of the inputs already factorised: down_proj's factorisation, the largest, overlaps the
+  // loops of q/k/v, o and gate/up. The factors are those of the sequential order.
+  const bool ahead = omp_get_max_threads() > 1;
+  std::array<std::promise<Result<GptqFactor>>, 4> promised;
+  std::future<void> factorizer;  // declared after what it uses: joined first on every return
+  if (ahead)
+    factorizer = std::async(std::launch::async, [&] {
+      for (size_t j = 0; j < kInputs.size(); ++j) {
+        if (!has[j]) continue;
+        try {
+          promised[j].set_value(FactorInput(kInputs[j], std::move(g[j]), grams.rows, L));
+        } catch (...) {  // rethrown on the calling thread by get(), as the sequential path throws
+          promised[j].set_exception(std::current_exception());
+        }
+      }
+    });
   std::array<GptqLinearInfo, kNumLinears> info{};
-  for (LayerInput in : {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn, LayerInput::kMlpAct}) {
-    std::vector<float> g = std::move(grams.Of(in));
-    grams.Of(in) = {};
-    if (!g.empty()) NIBBLE_RETURN_IF_ERROR(QuantizeGram(in, std::move(g), grams.rows, L, codes, info));
+  for (size_t j = 0; j < kInputs.size(); ++j) {
+    if (has[j]) {
+      Result<GptqFactor> f = ahead ? promised[j].get_future().get() : FactorInput(kInputs[j], std::move(g[j]), grams.rows, L);
+      NIBBLE_RETURN_IF_ERROR(QuantizeWithFactor(kInputs[j], std::move(f), grams.rows, L, codes, info));
+    }
     NIBBLE_RETURN_IF_ERROR(step());
   }
   infos_.push_back(info);
@@ -137,8 +180,9 @@ class GptqRunSettings final : public AlgorithmSettings {
 
 // Per distinct input (QuantizeInput), while its Hessian is factorised: the codes of the linears
 // before it, H and its damped copy (and the permuted H under act-order), GramMatrix's per-thread
-// blocks (K x 64, fp32 and double; a chunked layer instead: the Gram matrices still waiting and
-// the chunk's forward scratch the runner keeps); then the column loop: the factor U, Wᵀ in fp32,
+// blocks (K x 64, fp32 and double; a chunked layer instead: the Gram matrices still waiting, the
+// damped copy of one being factorised ahead, and the chunk's forward scratch the runner keeps);
+// then the column loop: the factor U, Wᵀ in fp32,
 // the codes and the block's errors. true_sequential adds the dequantized layer and its activations.
 std::vector<MemoryPhase> GptqRunSettings::MemoryPhases(const LayerMemoryShape& s) const {
   std::vector<MemoryPhase> out;
@@ -175,6 +219,11 @@ std::vector<MemoryPhase> GptqRunSettings::MemoryPhases(const LayerMemoryShape& s
                          loop});
     if (s.chunked) {
       p.terms.push_back({"Gram matrices of the inputs after it", later});
+      // FinishGrams factorises ahead on a thread of its own: the largest later one's damped copy.
+      int64_t ahead = 0;
+      for (size_t j = static_cast<size_t>(in) + 1; j < gram.size() && s.threads > 1; ++j)
+        ahead = std::max(ahead, (copies - 1) * gram[j]);
+      if (ahead > 0) p.terms.push_back({"a later Hessian's damped copy, factorised meanwhile", ahead});
       p.terms.push_back({"the fp pass's forward scratch of one chunk (kept)", s.chunk_rows * s.ScratchRowBytes()});
     } else p.terms.push_back({"Gram matrix blocks per thread", s.threads * k * 64 * 12});
     if (codes_before > 0) p.terms.push_back({"codes of the linears quantized before it", codes_before});

@@ -58,6 +58,13 @@ class GptqAlgorithm final : public ChainAlgorithm {
   // The same from g = XᵀX (consumed; becomes the Hessian and its factor).
   Status QuantizeGram(LayerInput in, std::vector<float> g, int64_t rows, const CalibLayer& L, LayerCodes& codes,
                       std::array<GptqLinearInfo, kNumLinears>& info);
+  // H = 2/rows · g factorised as L's calibration dtype says. Changes no member: FinishGrams runs
+  // it on a thread of its own.
+  Result<GptqFactor> FactorInput(LayerInput in, std::vector<float> g, int64_t rows, const CalibLayer& L) const;
+  // The linears fed by `in` quantized with its factor f (its error, if any, returned named), the
+  // run's messages and Hessian peak updated.
+  Status QuantizeWithFactor(LayerInput in, Result<GptqFactor> f, int64_t rows, const CalibLayer& L, LayerCodes& codes,
+                            std::array<GptqLinearInfo, kNumLinears>& info);
 
   GptqSettings st_;
   std::vector<std::array<GptqLinearInfo, kNumLinears>> infos_;

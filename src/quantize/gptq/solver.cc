@@ -14,6 +14,13 @@ namespace nibble {
 
 namespace {
 
+// A factor's diagonal is finite and positive (LAPACK returned success on a usable factor).
+bool PositiveDiagonal(const std::vector<float>& a, int64_t k) {
+  for (int64_t i = 0; i < k; ++i)
+    if (!std::isfinite(a[i * k + i]) || !(a[i * k + i] > 0)) return false;
+  return true;
+}
+
 // a (symmetric, damped) -> the upper Cholesky factor of a⁻¹ in a's row-major upper triangle.
 // LAPACK is column-major: a symmetric matrix reads the same either way, and the column-major
 // lower factor L of a⁻¹ (a⁻¹ = L Lᵀ) read row-major is U = Lᵀ. false when a step fails.
@@ -24,14 +31,25 @@ bool InverseCholeskyUpper(std::vector<float>& a, int64_t k) {
   for (int64_t j = 0; j < k; ++j)  // mirror the column-major lower triangle of a⁻¹ into the upper
     for (int64_t i = j + 1; i < k; ++i) a[i * k + j] = a[j * k + i];
   if (LAPACKE_spotrf(LAPACK_COL_MAJOR, 'L', n, a.data(), n) != 0) return false;
-  for (int64_t i = 0; i < k; ++i)
-    if (!std::isfinite(a[i * k + i]) || !(a[i * k + i] > 0)) return false;
-  return true;
+  return PositiveDiagonal(a, k);
+}
+
+// The same U with half the arithmetic. A row-major matrix's elements in reverse order are J·A·J
+// (J the reversal permutation). LAPACK's upper Cholesky of H' = J·H·J (column-major H' = U'ᵀU')
+// read row-major is the lower L' = U'ᵀ, its triangular inverse L'⁻¹; reversed back, J·L'⁻¹·J is
+// upper and is U: H = V·Vᵀ with V = J·L'·J upper, so H⁻¹ = V⁻ᵀ·V⁻¹ = Uᵀ·U with U = V⁻¹.
+bool ReversedCholeskyUpper(std::vector<float>& a, int64_t k) {
+  const lapack_int n = static_cast<lapack_int>(k);
+  std::reverse(a.begin(), a.end());
+  if (LAPACKE_spotrf(LAPACK_COL_MAJOR, 'U', n, a.data(), n) != 0) return false;
+  if (LAPACKE_strtri(LAPACK_COL_MAJOR, 'U', 'N', n, a.data(), n) != 0) return false;
+  std::reverse(a.begin(), a.end());
+  return PositiveDiagonal(a, k);
 }
 
 }  // namespace
 
-Result<GptqFactor> FactorGptqHessian(std::vector<float> h, int64_t k, const GptqSettings& s) {
+Result<GptqFactor> FactorGptqHessian(std::vector<float> h, int64_t k, const GptqSettings& s, GptqFactorization how) {
   if (k < 1 || static_cast<int64_t>(h.size()) != k * k)
     return MakeError("GPTQ Hessian has ", h.size(), " entries, expected ", k, " x ", k);
   for (size_t i = 0; i < h.size(); ++i)
@@ -59,7 +77,7 @@ Result<GptqFactor> FactorGptqHessian(std::vector<float> h, int64_t k, const Gptq
     std::vector<float> a = h;
     const float damp = static_cast<float>(frac * mean);
     for (int64_t j = 0; j < k; ++j) a[j * k + j] += damp;
-    if (InverseCholeskyUpper(a, k)) {
+    if (how == GptqFactorization::kReversedCholesky ? ReversedCholeskyUpper(a, k) : InverseCholeskyUpper(a, k)) {
       f.u = std::move(a);
       f.dampening_frac = frac;
       return f;

@@ -30,11 +30,22 @@ struct GptqFactor {
   bool fallback_rtn = false;     // no damping below 1 factorised: plain RTN
 };
 
+/// How U is computed from the damped H (the same matrix; the roundings differ).
+enum class GptqFactorization {
+  // LAPACK's Cholesky, its inverse, and the Cholesky of that inverse (as GPTQ's reference code
+  // does): 4/3 K³ flops. The fp32 calibration pipeline's bytes.
+  kCholeskyOfInverse,
+  // The Cholesky factor V of H with rows and columns reversed (H = V Vᵀ, V upper), and U = V⁻¹:
+  // one factorisation and one triangular inverse, 2/3 K³ flops. The 16-bit calibration's.
+  kReversedCholesky,
+};
+
 /// Factorises H (consumed): dead columns get H[j][j] = 1, act-order permutes, then
-/// H + frac·mean(diag(H))·I is factorised with LAPACK (Cholesky, inverse, Cholesky of the
-/// inverse), raising frac by settings.damp_increment after each failure while it is below 1.
+/// H + frac·mean(diag(H))·I is factorised with LAPACK as `how` says, raising frac by
+/// settings.damp_increment after each failure while it is below 1.
 /// Errors: H not [K, K], a non-finite entry (names the first), act-order group (needs g_idx).
-Result<GptqFactor> FactorGptqHessian(std::vector<float> h, int64_t k, const GptqSettings& settings);
+Result<GptqFactor> FactorGptqHessian(std::vector<float> h, int64_t k, const GptqSettings& settings,
+                                     GptqFactorization how);
 
 /// GPTQ codes of w [N, K] (fp32 holding the model dtype's values): group parameters as Quark RTN
 /// computes them (scales in `scale_dtype`), up front from w or refitted per group (dynamic), each
