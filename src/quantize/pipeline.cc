@@ -372,9 +372,10 @@ int QuantizedReaderOf(const CalibLayer& L, LayerInput in) {
 
 // The fp pass of a GramsOnly algorithm: per chunk of sequences of the carried input `in`, the
 // captured linear inputs are added into `grams` (those a quantized linear reads) in chunk order,
-// and (fp propagation, `next` not null) the layer output goes to `next`.
+// and (fp propagation, `next` not null) the layer output goes to `next`. The first chunk's
+// captures stay in `first` (the error report's first rows).
 Status ChunkedFpPass(const LayerRunner& runner, const CalibLayer& L, const CarriedActivations& in,
-                     CarriedActivations* next, LayerGrams* grams, const CancellationToken* cancel) {
+                     CarriedActivations* next, LayerGrams* grams, LayerActs* first, const CancellationToken* cancel) {
   const int64_t h = runner.config().hidden_size, t = runner.t();
   grams->rows = runner.rows();
   for (LayerInput li : kLayerInputs)
@@ -386,11 +387,12 @@ Status ChunkedFpPass(const LayerRunner& runner, const CalibLayer& L, const Carri
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + " (calibration rows " + std::to_string(b0 * t) + ")")));
     x.resize(static_cast<size_t>(nb * t * h));
     in.Widen(b0 * t * h, nb * t * h, x.data());
-    RunCaptured(runner.config(), runner.rope(), L, lin, x.data(), nb, t, LayerStop::kFull, LayerStart::kInput, &a,
+    LayerActs& c = b0 == 0 ? *first : a;
+    RunCaptured(runner.config(), runner.rope(), L, lin, x.data(), nb, t, LayerStop::kFull, LayerStart::kInput, &c,
                 &runner.Workspaces(1)[0]);
     for (LayerInput li : kLayerInputs)
-      if (const int i = QuantizedReaderOf(L, li); i >= 0) AccumulateGramLower(a.Of(li), nb * t, L.k[i], grams->Of(li).data());
-    if (next != nullptr) next->Put(b0 * t * h, a.out.data(), nb * t * h);
+      if (const int i = QuantizedReaderOf(L, li); i >= 0) AccumulateGramLower(c.Of(li), nb * t, L.k[i], grams->Of(li).data());
+    if (next != nullptr) next->Put(b0 * t * h, c.out.data(), nb * t * h);
     return Status::Ok();
   }));
   for (LayerInput li : kLayerInputs)
@@ -421,10 +423,11 @@ Status ChunkedOutput(const LayerRunner& runner, const CalibLayer& L, const Carri
 
 // ErrorReport for a GramsOnly algorithm (no weight edited: the original layer is L) from the
 // carried input, chunk by chunk over the report rows: per linear, Σ y², Σ (y − y_rtn)² and
-// Σ (y − y_final)² summed in chunk order (RTN of each linear redone per chunk, not held).
+// Σ (y − y_final)² summed in chunk order (RTN of each linear redone per chunk, not held). The
+// first chunk's captures are the fp pass's (`first`: the same forward of the same rows).
 Result<std::vector<LinearErrorReport>> ChunkedErrorReport(const LayerRunner& runner, const CalibLayer& L,
                                                           const CalibLayer& deq, const CarriedActivations& in,
-                                                          const CancellationToken* cancel) {
+                                                          const LayerActs& first, const CancellationToken* cancel) {
   const int64_t h = runner.config().hidden_size, t = runner.t();
   const int64_t report_batch = std::min<int64_t>(runner.batch(), std::max<int64_t>(1, ReportRows(runner.rows()) / t));
   std::array<double, kNumLinears> den{}, rtn{}, method{};
@@ -435,15 +438,18 @@ Result<std::vector<LinearErrorReport>> ChunkedErrorReport(const LayerRunner& run
   std::vector<float> x, y, yq;
   NIBBLE_RETURN_IF_ERROR(ForEachChunk(runner, report_batch, [&](int64_t b0, int64_t nb) -> Status {
     const int64_t rows = nb * t;
-    x.resize(static_cast<size_t>(rows * h));
-    in.Widen(b0 * t * h, rows * h, x.data());
-    RunCaptured(runner.config(), runner.rope(), L, lin, x.data(), nb, t, LayerStop::kFull, LayerStart::kInput, &a,
-                &runner.Workspaces(1)[0]);
+    if (b0 > 0) {
+      x.resize(static_cast<size_t>(rows * h));
+      in.Widen(b0 * t * h, rows * h, x.data());
+      RunCaptured(runner.config(), runner.rope(), L, lin, x.data(), nb, t, LayerStop::kFull, LayerStart::kInput, &a,
+                  &runner.Workspaces(1)[0]);
+    }
+    const LayerActs& c = b0 == 0 ? first : a;
     for (int i = 0; i < kNumLinears; ++i) {
       if (!L.spec[i]) continue;
       NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + "." + DecoderLinearNames()[i] + " (error report)")));
       const int64_t n = L.n[i], k = L.k[i];
-      const float* xi = a.Of(InputOf(i));
+      const float* xi = c.Of(InputOf(i));
       y.resize(static_cast<size_t>(rows * n));
       yq.resize(y.size());
       SgemmXWt(rows, n, k, xi, k, L.w[i]->data(), k, 0.0f, y.data(), n);
@@ -484,10 +490,12 @@ Status ChunkedLayer(const LayerRunner& runner, const CalibLayer& L, LayerAlgorit
   CarriedActivations next(L.calib);
   const int64_t n = runner.rows() * runner.config().hidden_size;
   stage("calibrate");
+  LayerActs first;
   {
     LayerGrams grams;
     if (prop == Propagation::kFp) next.Resize(n);
-    NIBBLE_RETURN_IF_ERROR(ChunkedFpPass(runner, L, carried, prop == Propagation::kFp ? &next : nullptr, &grams, cancel));
+    NIBBLE_RETURN_IF_ERROR(
+        ChunkedFpPass(runner, L, carried, prop == Propagation::kFp ? &next : nullptr, &grams, &first, cancel));
     stage("quantize");
     NIBBLE_RETURN_IF_ERROR(algo.FinishGrams(grams, L, codes, tick));
   }
@@ -497,7 +505,7 @@ Status ChunkedLayer(const LayerRunner& runner, const CalibLayer& L, LayerAlgorit
     next.Resize(n);
     NIBBLE_RETURN_IF_ERROR(ChunkedOutput(runner, deq, carried, &next, cancel));
   }
-  NIBBLE_ASSIGN_OR_RETURN(*report, ChunkedErrorReport(runner, L, deq, carried, cancel));
+  NIBBLE_ASSIGN_OR_RETURN(*report, ChunkedErrorReport(runner, L, deq, carried, first, cancel));
   carried = std::move(next);
   return Status::Ok();
 }

@@ -103,6 +103,7 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
     const int64_t carried = s.rows * s.hidden * CarriedActivationBytes(calib);
     s.base = {{"fp32 weights of " + s.name, w},
               {"layer input and the next layer's input (16-bit)", 2 * carried},
+              {"the fp pass's first chunk of captures, kept for the error report", s.chunk_rows * s.ActsRowBytes()},
               {"calibration text", in.dataset_bytes}};
     if (widened > 0) s.base.push_back(widened_term);
     return s;

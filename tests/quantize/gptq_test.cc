@@ -416,6 +416,34 @@ TEST(Gptq, ExportDecodesToTheCodesThePipelineProduced) {
   EXPECT_EQ((*m)->scales, rtn->scales) << "up-front scales are RTN's";
 }
 
+// The 16-bit calibration's chunked layer reports from the fp pass's first chunk of captures (not
+// a second forward): its RTN errors are those of the fp32 whole-rows report on the same rows up
+// to the activations' rounding, and GPTQ beats RTN on every linear in both.
+TEST(Gptq, ChunkedErrorReportAgreesWithTheWholeRowsReport) {
+  NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
+  TempDir tmp;
+  nibble_test::WriteTinyModel(tmp.sub("m"), nibble_test::TinyLlamaSpec{});
+  auto req = GptqReq(tmp.sub("m"), tmp.sub("a"), CalibFile(tmp));
+  req.threads = 2;
+  auto chunked = nibble::Quantize(req);  // auto: fp16 for this fp16 model, chunked
+  req.output_dir = tmp.sub("b");
+  req.calib_dtype = "fp32";
+  auto whole = nibble::Quantize(req);
+  ASSERT_TRUE(chunked.ok() && whole.ok()) << (chunked.ok() ? whole.error().message : chunked.error().message);
+  ASSERT_EQ(chunked->calib_layers.size(), whole->calib_layers.size());
+  for (size_t l = 0; l < whole->calib_layers.size(); ++l) {
+    const auto& c = chunked->calib_layers[l].linears;
+    const auto& w = whole->calib_layers[l].linears;
+    ASSERT_EQ(c.size(), w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      ASSERT_EQ(c[i].name, w[i].name);
+      EXPECT_NEAR(c[i].rtn_error, w[i].rtn_error, 0.03 * w[i].rtn_error) << c[i].name;
+      EXPECT_LT(c[i].method_error, c[i].rtn_error) << c[i].name;
+      EXPECT_LT(w[i].method_error, w[i].rtn_error) << w[i].name;
+    }
+  }
+}
+
 TEST(Gptq, FewCalibrationTokensWarnAndBadRequestsAreNamedBeforeAnyWork) {
   NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
