@@ -220,8 +220,21 @@ double Mse(const float* a, const float* b, int64_t n) { return SquaredErrorBlock
 
 Result<std::vector<float>> RtnDequant(const std::vector<float>& w, int64_t n, int64_t k, const QuantSpec& spec,
                                       DType dt, std::optional<Int4Matrix>* codes) {
-  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix q, QuantizeRtnRef(w.data(), n, k, spec, dt));
   std::vector<float> d(w.size());
+  if (codes == nullptr) {
+    // Blocks of rows in parallel: a row's RTN is the reference's on that row alone. A failure
+    // falls through to the whole matrix, whose error names the weight or group.
+    constexpr int64_t kRows = 64;
+    bool failed = false;
+#pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
+    for (int64_t r0 = 0; r0 < n; r0 += kRows) {
+      auto q = QuantizeRtnRef(w.data() + r0 * k, std::min(kRows, n - r0), k, spec, dt);
+      if (q.ok()) DequantizeRef(*q, d.data() + r0 * k);
+      failed = failed || !q.ok();
+    }
+    if (!failed) return d;
+  }
+  NIBBLE_ASSIGN_OR_RETURN(Int4Matrix q, QuantizeRtnRef(w.data(), n, k, spec, dt));
   DequantizeRef(q, d.data());
   if (codes != nullptr) *codes = std::move(q);
   return d;

@@ -4,6 +4,7 @@
 // groups that are not a multiple of the vector width; and every compiled ISA's row kernels
 // against the baseline build's.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "kernels/int4_dispatch.h"
 #include "kernels/vec_ops.h"
 #include "model/weights.h"
+#include "quantize/pipeline.h"
 #include "quantize/rtn_fast.h"
 
 namespace {
@@ -197,6 +199,35 @@ TEST(RtnFast, EveryIsaGivesTheScalarBits) {
       EXPECT_FALSE(kern->vec.rtn_row_range(sb.bytes.data(), rd, k, g, x1.data(), mn1.data(), mx1.data()));
     }
   }
+}
+
+// The pipeline's RtnDequant without codes runs blocks of rows in parallel: the reference's
+// values at one and two threads, over a last block shorter than the others; a non-finite weight
+// is the whole matrix's error, naming its row and column.
+TEST(RtnDequant, RowBlocksGiveTheReferenceAndItsErrors) {
+  const int64_t n = 200, k = 96;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> w(static_cast<size_t>(n * k));
+  for (float& v : w) v = nd(rng);
+  nibble::QuantSpec spec;
+  spec.group_size = 32;
+  auto ref = nibble::QuantizeRtnRef(w.data(), n, k, spec, DType::kBF16);
+  ASSERT_TRUE(ref.ok());
+  std::vector<float> expect(w.size());
+  nibble::DequantizeRef(*ref, expect.data());
+  const int before = omp_get_max_threads();
+  for (int threads : {1, 2}) {
+    omp_set_num_threads(threads);
+    auto d = nibble::RtnDequant(w, n, k, spec, DType::kBF16);
+    ASSERT_TRUE(d.ok()) << d.error().message;
+    EXPECT_EQ(*d, expect) << threads << " thread(s)";
+  }
+  w[150 * k + 7] = std::numeric_limits<float>::quiet_NaN();
+  auto bad = nibble::RtnDequant(w, n, k, spec, DType::kBF16);
+  omp_set_num_threads(before);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("weight[150][7]"), std::string::npos) << bad.error().message;
 }
 
 }  // namespace

@@ -182,8 +182,8 @@ class GptqRunSettings final : public AlgorithmSettings {
 // before it, H and its damped copy (and the permuted H under act-order), GramMatrix's per-thread
 // blocks (K x 64, fp32 and double; a chunked layer instead: the Gram matrices still waiting, the
 // damped copy of one being factorised ahead, and the chunk's forward scratch the runner keeps);
-// then the column loop: the factor U, Wᵀ in fp32,
-// the codes and the block's errors. true_sequential adds the dequantized layer and its activations.
+// then the column loop: the factor U, Wᵀ in fp32, the codes and the block's errors.
+// true_sequential adds the dequantized layer and its activations.
 std::vector<MemoryPhase> GptqRunSettings::MemoryPhases(const LayerMemoryShape& s) const {
   std::vector<MemoryPhase> out;
   int64_t codes_before = 0;
