@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <future>
 
 #include "io/json.h"
@@ -122,11 +123,16 @@ Status GptqAlgorithm::FinishGrams(LayerGrams& grams, const CalibLayer& L, LayerC
   // loops of q/k/v, o and gate/up. The factors are those of the sequential order.
   const bool ahead = omp_get_max_threads() > 1;
   std::array<std::promise<Result<GptqFactor>>, 4> promised;
+  std::atomic<bool> stop{false};
   std::future<void> factorizer;  // declared after what it uses: joined first on every return
   if (ahead)
     factorizer = std::async(std::launch::async, [&] {
       for (size_t j = 0; j < kInputs.size(); ++j) {
         if (!has[j]) continue;
+        if (stop.load()) {  // an early return (an error, a cancelled run) waits for no more of them
+          promised[j].set_value(MakeError("GPTQ stopped before this Hessian's factorisation"));
+          continue;
+        }
         try {
           promised[j].set_value(FactorInput(kInputs[j], std::move(g[j]), grams.rows, L));
         } catch (...) {  // rethrown on the calling thread by get(), as the sequential path throws
@@ -134,6 +140,10 @@ Status GptqAlgorithm::FinishGrams(LayerGrams& grams, const CalibLayer& L, LayerC
         }
       }
     });
+  struct StopOnReturn {  // destroyed before `factorizer` joins
+    std::atomic<bool>& stop;
+    ~StopOnReturn() { stop.store(true); }
+  } stop_on_return{stop};
   std::array<GptqLinearInfo, kNumLinears> info{};
   for (size_t j = 0; j < kInputs.size(); ++j) {
     if (has[j]) {
