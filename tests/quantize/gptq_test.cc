@@ -417,8 +417,8 @@ TEST(Gptq, ExportDecodesToTheCodesThePipelineProduced) {
 }
 
 // The 16-bit calibration's chunked layer reports from the fp pass's first chunk of captures (not
-// a second forward): its RTN errors are those of the fp32 whole-rows report on the same rows up
-// to the activations' rounding, and GPTQ beats RTN on every linear in both.
+// a second forward): its errors are those of the fp32 whole-rows report on the same rows up to
+// the activations' rounding (RTN's) and GPTQ's other rounding, and GPTQ beats RTN in both.
 TEST(Gptq, ChunkedErrorReportAgreesWithTheWholeRowsReport) {
   NIBBLE_NEEDS_SHARED("models/stories260K", "data/tinyshakespeare.txt");
   TempDir tmp;
@@ -437,7 +437,8 @@ TEST(Gptq, ChunkedErrorReportAgreesWithTheWholeRowsReport) {
     ASSERT_EQ(c.size(), w.size());
     for (size_t i = 0; i < w.size(); ++i) {
       ASSERT_EQ(c[i].name, w[i].name);
-      EXPECT_NEAR(c[i].rtn_error, w[i].rtn_error, 0.03 * w[i].rtn_error) << c[i].name;
+      EXPECT_NEAR(c[i].rtn_error, w[i].rtn_error, 0.005 * w[i].rtn_error) << c[i].name;
+      EXPECT_NEAR(c[i].method_error, w[i].method_error, 0.05 * w[i].method_error) << c[i].name;
       EXPECT_LT(c[i].method_error, c[i].rtn_error) << c[i].name;
       EXPECT_LT(w[i].method_error, w[i].rtn_error) << w[i].name;
     }
