@@ -24,7 +24,9 @@ std::vector<float> GramMatrix(const float* x, int64_t rows, int64_t k, GramFill 
 /// g [k, k] += XᵀX of x [rows, k] on and below the diagonal (in square tiles of a size fixed by
 /// k; the diagonal tiles whole, so some elements above it too): one fp32 sgemm per tile into g,
 /// the tiles in parallel, so a sum over chunks of rows added in a fixed order is the same for any
-/// thread count. MirrorLower then makes g symmetric.
+/// thread count. Bf16-valued x with a bf16 matmul on this CPU: each tile one bf16 × bf16 matmul
+/// (exact products, fp32 sums) added into g, from a transposed bf16 copy of x held meanwhile.
+/// MirrorLower then makes g symmetric.
 void AccumulateGramLower(const float* x, int64_t rows, int64_t k, float* g);
 /// g [k, k]: every element above the diagonal set to its mirror below it.
 void MirrorLower(float* g, int64_t k);

@@ -5,10 +5,13 @@
 #include <chrono>
 #include <cstring>
 
+#include "base/check.h"
+#include "base/half.h"
 #include "formats/float_dtype.h"
 #include "formats/quark_format.h"
 #include "formats/rtn.h"
 #include "kernels/dense_gemm.h"
+#include "kernels/int4_packed.h"
 #include "kernels/vec_ops.h"
 #include "model/linear.h"
 #include "model/llama.h"
@@ -246,9 +249,46 @@ namespace {
 // 8192 (its two GEMMs per linear over all rows would cost as much as the fp pass itself).
 int64_t ReportRows(int64_t rows) { return std::min<int64_t>(8192, std::max<int64_t>(2048, rows / 8)); }
 
-// ||X·Wᵀ − X·Ŵᵀ||² / ||X·Wᵀ||² on rows of x.
+// Whether the error report of an [n, k] linear runs as bf16 matmuls (Bf16OutputErrorSums): the
+// calibration's captures are bf16 values and this CPU has a usable bf16 matmul for the tiles.
+bool Bf16Report(CalibDType calib, int64_t n, int64_t k) {
+  return calib == CalibDType::kBf16 && GemmBf16Usable(std::min(kReportTileRows, n), k) &&
+         (n % kReportTileRows == 0 || GemmBf16Usable(n % kReportTileRows, k));
+}
+
+// {Σ y², Σ (y − y₁)², Σ (y − y₂)²} over bf16-valued rows of x, y = x·Wᵀ and yᵢ = x·Ŵᵢᵀ (a null Ŵᵢ
+// gives 0), as bf16 matmuls in tiles of output rows: y from bf16(W), exact for a bf16 checkpoint,
+// and each error straight from bf16(W − Ŵᵢ), whose rounding is relative to the error itself.
+std::array<double, 3> Bf16OutputErrorSums(const float* x, int64_t rows, int64_t n, int64_t k, const float* w,
+                                          const float* wq1, const float* wq2) {
+  const int64_t tile = std::min(kReportTileRows, n);
+  std::vector<uint16_t> xb(static_cast<size_t>(rows * k)), wb(static_cast<size_t>(tile * k));
+  std::vector<float> y(static_cast<size_t>(rows * tile));
+  ToBf16Bits(x, rows * k, xb.data());
+  std::array<double, 3> sums{};
+  const std::array<const float*, 3> minus = {nullptr, wq1, wq2};
+  for (int64_t n0 = 0; n0 < n; n0 += tile) {
+    const int64_t nt = std::min(tile, n - n0), count = nt * k;
+    const float* w0 = w + n0 * k;
+    for (int q = 0; q < 3; ++q) {
+      if (q > 0 && minus[q] == nullptr) continue;
+      const float* o = q > 0 ? minus[q] + n0 * k : nullptr;
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < count; ++i) wb[i] = F32ToBf16(o != nullptr ? w0[i] - o[i] : w0[i]);
+      NIBBLE_CHECK(GemmBf16XWt(rows, nt, k, xb.data(), wb.data(), y.data()));
+      sums[q] += SquaredErrorBlocks(y.data(), nullptr, rows * nt);
+    }
+  }
+  return sums;
+}
+
+// ||X·Wᵀ − X·Ŵᵀ||² / ||X·Wᵀ||² on rows of x (captures of a calibration in `calib`).
 double RelOutputError(const float* x, int64_t rows, const std::vector<float>& w, const std::vector<float>& wq, int64_t n,
-                      int64_t k) {
+                      int64_t k, CalibDType calib) {
+  if (Bf16Report(calib, n, k)) {
+    const std::array<double, 3> s = Bf16OutputErrorSums(x, rows, n, k, w.data(), wq.data(), nullptr);
+    return s[0] > 0 ? s[1] / s[0] : 0.0;
+  }
   std::vector<float> y(rows * n), yq(rows * n);
   SgemmXWt(rows, n, k, x, k, w.data(), k, 0.0f, y.data(), n);
   SgemmXWt(rows, n, k, x, k, wq.data(), k, 0.0f, yq.data(), n);
@@ -356,9 +396,9 @@ Result<std::vector<LinearErrorReport>> ErrorReport(const LayerRunner& runner, co
     lr.quantized = L.spec[i].has_value();
     if (lr.quantized) {
       auto rq = RtnDequant(*orig.w[i], L.n[i], L.k[i], *L.spec[i], L.dtype[i]);
-      if (rq.ok()) lr.rtn_error = RelOutputError(oa.Of(InputOf(i)), rr, *orig.w[i], *rq, L.n[i], L.k[i]);
+      if (rq.ok()) lr.rtn_error = RelOutputError(oa.Of(InputOf(i)), rr, *orig.w[i], *rq, L.n[i], L.k[i], L.calib);
       // fp holds the transformed layer's activations; its first rr rows are the report rows.
-      lr.method_error = RelOutputError(fp.Of(InputOf(i)), rr, *L.w[i], *deq.w[i], L.n[i], L.k[i]);
+      lr.method_error = RelOutputError(fp.Of(InputOf(i)), rr, *L.w[i], *deq.w[i], L.n[i], L.k[i], L.calib);
     }
     out.push_back(lr);
   }
@@ -463,6 +503,20 @@ Result<std::vector<LinearErrorReport>> ChunkedErrorReport(const LayerRunner& run
       NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + "." + DecoderLinearNames()[i] + " (error report)")));
       const int64_t n = L.n[i], k = L.k[i];
       const float* xi = c.Of(InputOf(i));
+      if (Bf16Report(L.calib, n, k)) {
+        std::vector<float> rq;
+        if (rtn_ok[i]) {
+          auto r = RtnDequant(*L.w[i], n, k, *L.spec[i], L.dtype[i]);
+          rtn_ok[i] = r.ok();
+          if (r.ok()) rq = std::move(r).value();
+        }
+        const std::array<double, 3> s =
+            Bf16OutputErrorSums(xi, rows, n, k, L.w[i]->data(), rtn_ok[i] ? rq.data() : nullptr, deq.w[i]->data());
+        den[i] += s[0];
+        rtn[i] += s[1];
+        method[i] += s[2];
+        continue;
+      }
       y.resize(static_cast<size_t>(rows * n));
       yq.resize(y.size());
       SgemmXWt(rows, n, k, xi, k, L.w[i]->data(), k, 0.0f, y.data(), n);

@@ -100,6 +100,8 @@ DecoderLayerView ViewOf(const CalibLayer& L, const CalibLinears& lin);
 /// Rows per chunk of LayerRunner::RunOutput (whole sequences, at least one).
 inline constexpr int64_t kOutputChunkRows = 2048;
 inline int64_t OutputChunkRows(int64_t seq_len) { return std::max<int64_t>(1, kOutputChunkRows / seq_len) * seq_len; }
+/// Weight rows per bf16 matmul of the error report where it runs in bf16 (a 16-bit calibration).
+inline constexpr int64_t kReportTileRows = 512;
 
 /// Bytes per element of LayerActs' buffers: fp32 in every calibration dtype (a 16-bit one holds
 /// rounded values in them). The layer input / output between layers is CarriedActivationBytes

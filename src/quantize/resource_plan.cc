@@ -126,15 +126,19 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
 // A chunked layer's fp pass (pipeline.cc ChunkedFpPass): the 16-bit calibration linears, the Gram
 // matrix of each input a quantized linear reads, and one chunk's input, captures and scratch.
 MemoryPhase ChunkedFpPhase(const LayerMemoryShape& s) {
-  int64_t w = 0;
+  int64_t w = 0, widest_input = 0;
   std::array<int64_t, 4> gram{};
   for (int i = 0; i < kNumLinears; ++i) {
     w += s.WeightBytes(i);
     if (s.quantized[i]) gram[static_cast<size_t>(InputOf(i))] = s.k[i] * s.k[i] * 4;
+    if (s.quantized[i]) widest_input = std::max(widest_input, s.k[i]);
   }
   int64_t grams = 0;
   for (int64_t g : gram) grams += g;
-  const int64_t chunk = s.chunk_rows * (s.ActsRowBytes() + s.ScratchRowBytes() + s.hidden * 4);
+  // The chunk's captures, scratch and output, and one input transposed to bf16 for its XᵀX
+  // (gram.h AccumulateGramLower, where the bf16 matmul runs it).
+  const int64_t chunk =
+      s.chunk_rows * (s.ActsRowBytes() + s.ScratchRowBytes() + s.hidden * 4) + s.chunk_rows * widest_input * 2;
   return {"fp pass in chunks (" + s.name + ")",
           {{"16-bit copy of its weights (calibration linears)", w / 2},
            {"Gram matrices of the quantized linears' inputs", grams},
@@ -159,7 +163,13 @@ MemoryPhase FinishPhase(const LayerMemoryShape& s, bool quantized_propagation, b
     const int64_t rows = std::min(report_rows, s.chunk_rows);
     int64_t widest_chunk = 0;
     for (int i = 0; i < kNumLinears; ++i)
-      if (s.quantized[i]) widest_chunk = std::max(widest_chunk, s.WeightBytes(i) + s.CodesBytes(i) + rows * s.n[i] * 8);
+      if (s.quantized[i]) {
+        // fp32 outputs [rows, n] twice, or (pipeline.cc Bf16OutputErrorSums) the rows and a
+        // weight tile (kReportTileRows) in bf16 and that tile's outputs.
+        const int64_t tile = std::min(kReportTileRows, s.n[i]);
+        const int64_t outs = std::max(rows * s.n[i] * 8, (rows + tile) * s.k[i] * 2 + rows * tile * 4);
+        widest_chunk = std::max(widest_chunk, s.WeightBytes(i) + s.CodesBytes(i) + outs);
+      }
     const int64_t report = rows * (s.ActsRowBytes() + s.ScratchRowBytes() + s.hidden * 4) + widest_chunk;
     const int64_t propagate = quantized_propagation ? s.chunk_rows * (s.ScratchRowBytes() + s.hidden * 4) : 0;
     p.terms.push_back({"16-bit copy of its weights (calibration linears)", w / 2});

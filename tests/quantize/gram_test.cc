@@ -81,8 +81,8 @@ TEST(GramMatrix, Bf16ValuedInputsMatchTheReferenceAtAnyThreadCount) {
 }
 
 
-// x [rows, k]: correlated Gaussian columns with per-column scales over ~30x.
-std::vector<float> GramTestInputs(int64_t rows, int64_t k, unsigned seed) {
+// x [rows, k]: correlated Gaussian columns with per-column scales over ~30x, bf16 values or not.
+std::vector<float> GramTestInputs(int64_t rows, int64_t k, unsigned seed, bool bf16_valued = false) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd;
   std::vector<float> x(static_cast<size_t>(rows * k));
@@ -90,6 +90,8 @@ std::vector<float> GramTestInputs(int64_t rows, int64_t k, unsigned seed) {
     const float common = nd(rng);
     for (int64_t c = 0; c < k; ++c) x[r * k + c] = (nd(rng) + 0.5f * common) * (1.0f + static_cast<float>(c % 30));
   }
+  if (bf16_valued)
+    for (float& v : x) v = nibble::RoundToDType(v, nibble::DType::kBF16);
   return x;
 }
 
@@ -103,8 +105,9 @@ std::vector<float> ChunkedGram(const std::vector<float>& x, int64_t rows, int64_
 }
 
 // The chunked sum against the double XᵀX and the whole-rows GramMatrix; exactly symmetric.
-void CheckChunkedGram(int64_t rows, int64_t k) {
-  const std::vector<float> x = GramTestInputs(rows, k, 7);
+// bf16-valued inputs take the bf16 matmul where this CPU has a usable one.
+void CheckChunkedGram(int64_t rows, int64_t k, bool bf16_valued) {
+  const std::vector<float> x = GramTestInputs(rows, k, 7, bf16_valued);
   const std::vector<float> g = ChunkedGram(x, rows, k, 256);
   double worst = 0;
   for (int64_t i = 0; i < k; ++i)
@@ -127,20 +130,29 @@ TEST(Gram, ChunkedFp32SumMatchesADoubleReferenceAndIsSymmetric) {
   // One tile, then several with a short last one (k = 1100: tiles of 512); a short last chunk.
   for (auto [rows, k] : {std::pair<int64_t, int64_t>{700, 150}, {300, 1100}}) {
     SCOPED_TRACE("k " + std::to_string(k));
-    CheckChunkedGram(rows, k);
+    CheckChunkedGram(rows, k, false);
+  }
+}
+
+TEST(Gram, ChunkedBf16ValuedSumMatchesADoubleReferenceAndIsSymmetric) {
+  for (auto [rows, k] : {std::pair<int64_t, int64_t>{700, 150}, {300, 1100}}) {
+    SCOPED_TRACE("k " + std::to_string(k));
+    CheckChunkedGram(rows, k, true);
   }
 }
 
 TEST(Gram, ChunkedSumIsTheSameAtOneAndTwoThreads) {
   const int64_t rows = 300, k = 1100;  // tiles of 512 claimed by either thread
-  const std::vector<float> x = GramTestInputs(rows, k, 11);
-  const int before = omp_get_max_threads();
-  omp_set_num_threads(1);
-  const std::vector<float> one = ChunkedGram(x, rows, k, 128);
-  omp_set_num_threads(2);
-  const std::vector<float> two = ChunkedGram(x, rows, k, 128);
-  omp_set_num_threads(before);
-  EXPECT_EQ(one, two);
+  for (bool bf16_valued : {false, true}) {
+    const std::vector<float> x = GramTestInputs(rows, k, 11, bf16_valued);
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(1);
+    const std::vector<float> one = ChunkedGram(x, rows, k, 128);
+    omp_set_num_threads(2);
+    const std::vector<float> two = ChunkedGram(x, rows, k, 128);
+    omp_set_num_threads(before);
+    EXPECT_EQ(one, two) << (bf16_valued ? "bf16-valued" : "fp32");
+  }
 }
 
 }  // namespace
