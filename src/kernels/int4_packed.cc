@@ -9,6 +9,7 @@
 
 #include "base/check.h"
 #include "base/half.h"
+#include "kernels/int4_dispatch.h"
 
 namespace nibble {
 
@@ -345,15 +346,16 @@ W4Bf16Batch PrepareBf16Batch(const W4Bf16Acts* a, int64_t m, uint8_t* scratch) {
   return b;
 }
 
-void RoundToBf16(const float* x, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToF32(F32ToBf16(x[i]));
-}
+void RoundToBf16(const float* x, int64_t n, float* out) { ActiveW4Dispatch().kernels.vec.round_to_bf16(x, n, out); }
 
 void ToBf16Bits(const float* x, int64_t n, uint16_t* out) {
-  // Elementwise, so any split gives the same bits; threaded where a call is large (inside a
-  // parallel region the team is one thread).
+  // Elementwise, so any split gives the same bits; threaded in blocks where a call is large
+  // (inside a parallel region the team is one thread).
+  const auto convert = ActiveW4Dispatch().kernels.vec.to_bf16_bits;
+  constexpr int64_t kBlock = int64_t{1} << 14;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 20))
-  for (int64_t i = 0; i < n; ++i) out[i] = F32ToBf16(x[i]);
+  for (int64_t b = 0; b < blocks; ++b) convert(x + b * kBlock, std::min(kBlock, n - b * kBlock), out + b * kBlock);
 }
 
 uint64_t StreamReadScalar(const uint64_t* p, int64_t words) {

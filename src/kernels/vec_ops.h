@@ -52,6 +52,8 @@ struct VecKernels {
   bool (*rtn_row_range)(const uint8_t* src, RowDType dtype, int64_t k, int64_t g, float* x, float* mn, float* mx) = nullptr;
   void (*rtn_row_codes)(const float* x, int64_t k, int64_t g, const float* s, const float* inv, const float* z,
                         bool symmetric, uint8_t* codes, double* num, double* den) = nullptr;
+  void (*to_bf16_bits)(const float* x, int64_t n, uint16_t* out) = nullptr;  // kernels/int4_packed.h ToBf16Bits
+  void (*round_to_bf16)(const float* x, int64_t n, float* out) = nullptr;    // and RoundToBf16, one thread
 };
 
 /// The baseline build's implementations (SSE2 on x86-64): the fallback and the tests' oracle.

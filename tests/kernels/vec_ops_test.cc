@@ -8,7 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include "base/half.h"
 #include "kernels/int4_dispatch.h"
+#include "kernels/int4_packed.h"
 #include "kernels/vec_ops.h"
 
 namespace nibble {
@@ -68,6 +70,45 @@ TEST(VecOpsTest, EveryIsaGivesTheScalarBits) {
       EXPECT_TRUE(SameBits(got, want)) << "SquaredErrorSum " << at;
     }
   }
+}
+
+// Values around every case of base/half.h F32ToBf16: ties to even (both ways), carries into the
+// exponent and to infinity, ±inf, quiet and signalling NaNs of either sign, subnormals, ±0.
+std::vector<float> Bf16EdgeValues(std::mt19937& rng, int64_t n) {
+  const uint32_t words[] = {0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3fffffffu, 0x7f7fffffu, 0xff7f8000u,
+                            0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u, 0xff80ffffu, 0x00000001u,
+                            0x80018000u, 0x00000000u, 0x80000000u, 0x007fffffu};
+  std::vector<float> v = RandomRow(rng, n, 1000.f);
+  for (size_t i = 0; i < v.size(); i += 3) std::memcpy(&v[i], &words[(i / 3) % std::size(words)], sizeof(float));
+  return v;
+}
+
+TEST(VecOpsTest, Bf16RoundingOfEveryIsaIsTheScalarReference) {
+  std::mt19937 rng(13);
+  for (const W4Kernels* k : SupportedIsas()) {
+    for (int64_t n : kLengths) {
+      const std::vector<float> x = Bf16EdgeValues(rng, n);
+      std::vector<uint16_t> bits(x.size(), 0), want_bits(x.size(), 0);
+      std::vector<float> wide(x.size(), 0.f), want_wide(x.size(), 0.f);
+      for (size_t i = 1; i < x.size(); ++i) {
+        want_bits[i] = F32ToBf16(x[i]);
+        want_wide[i] = Bf16ToF32(want_bits[i]);
+      }
+      k->vec.to_bf16_bits(x.data() + 1, n, bits.data() + 1);
+      k->vec.round_to_bf16(x.data() + 1, n, wide.data() + 1);
+      EXPECT_TRUE(SameBits(bits, want_bits)) << k->vec.name << " to_bf16_bits n=" << n;
+      EXPECT_TRUE(SameBits(wide, want_wide)) << k->vec.name << " round_to_bf16 n=" << n;
+      std::vector<float> in_place = x;  // RoundToBf16's callers round in place
+      k->vec.round_to_bf16(in_place.data() + 1, n, in_place.data() + 1);
+      in_place[0] = 0.f;
+      EXPECT_TRUE(SameBits(in_place, want_wide)) << k->vec.name << " in place n=" << n;
+    }
+  }
+  // The threaded entry point (blocks of 2^14 from 2^20 values) against the reference.
+  const std::vector<float> x = Bf16EdgeValues(rng, (int64_t{1} << 20) + 37);
+  std::vector<uint16_t> bits(x.size());
+  ToBf16Bits(x.data(), static_cast<int64_t>(x.size()), bits.data());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(bits[i], F32ToBf16(x[i])) << i;
 }
 
 TEST(VecOpsTest, EntryPointsRunTheActiveTable) {
