@@ -108,11 +108,12 @@ std::vector<float> Scales(const std::vector<float>& x_mean, const std::vector<fl
 bool FitsDType(float v, DType t) { return std::isfinite(RoundToDType(v, t)); }
 
 // Σ_n d_n G d_nᵀ with d = wq − w [n, k] and G = GramMatrix: the summed squared output error of
-// the linear with weights wq against w. Fixed 32-row blocks of d (their products in fp32, the
-// quadratic form in double, blocks added in order): the same value for any thread count.
+// the linear with weights wq against w. Fixed 256-row blocks of d (their products in fp32, the
+// quadratic form in double, blocks added in order): the same value for any thread count. (32-row
+// blocks ran the sgemm at half its rate.)
 double GramSquaredError(const std::vector<float>& g, const std::vector<float>& w, const std::vector<float>& wq, int64_t n,
                         int64_t k) {
-  constexpr int64_t kRows = 32;
+  constexpr int64_t kRows = 256;
   const int64_t blocks = (n + kRows - 1) / kRows;
   std::vector<double> part(static_cast<size_t>(blocks));
 #pragma omp parallel
@@ -188,18 +189,22 @@ std::vector<float> InspectReference(const LayerRunner& run, const ResolvedMappin
 // (in whatever order the threads finish them) add up to more than `stop_above` (a sum of squared
 // errors, not a mean), the full loss must exceed it too: the remaining chunks are skipped and
 // nullopt returned. stop_above = +inf computes every chunk. A finished loss is the same value
-// (chunk parts added in chunk order) whether or not a stop was armed.
+// (chunk parts added in chunk order) whether or not a stop was armed. `outs`: one chunk's output
+// per thread, kept from candidate to candidate (fresh pages per candidate cost a page fault each).
 std::optional<double> InspectLoss(const LayerRunner& run, const ResolvedMapping& r, const CalibLayer& L,
-                                  const CalibLinears& lin, const LayerActs& a, const std::vector<float>& reference, double stop_above) {
+                                  const CalibLinears& lin, const LayerActs& a, const std::vector<float>& reference,
+                                  double stop_above, std::vector<std::vector<float>>& outs) {
   const Chunking c = ChunkingFor(run, r, lin);
   const int64_t batch = run.batch(), t = run.t();
   std::vector<double> part(static_cast<size_t>(c.chunks));
   double done_sum = 0;  // parts finished so far, in completion order (only for the stop test)
   bool stopped = false;
   std::vector<Workspace>& ws = run.Workspaces(static_cast<size_t>(omp_get_max_threads()));
+  outs.resize(ws.size());
 #pragma omp parallel
   {
-    std::vector<float> y(static_cast<size_t>(std::min(c.seqs, batch) * t * c.od));
+    std::vector<float>& y = outs[static_cast<size_t>(omp_get_thread_num())];
+    y.resize(static_cast<size_t>(std::min(c.seqs, batch) * t * c.od));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t ci = 0; ci < c.chunks; ++ci) {
       bool skip;
@@ -399,6 +404,7 @@ Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMa
   std::vector<float> best_s;
   bool first = true;
   CandidateBuffers buf;
+  std::vector<std::vector<float>> outs;  // InspectLoss's per-thread chunk outputs
   for (const auto& [ratio, duo] : Grid(st.duo_scaling, st.n_grid)) {
     const std::vector<float> s = Scales(x_mean, w_mean, ratio, duo);
     CalibLinears cand{};
@@ -416,7 +422,7 @@ Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMa
                                     : std::numeric_limits<double>::infinity();
       for (int i : r.balance)
         if (cand[i]) std::swap(base[i], cand[i]);
-      const std::optional<double> l = InspectLoss(run, r, L, base, a, y_fp, stop_above);
+      const std::optional<double> l = InspectLoss(run, r, L, base, a, y_fp, stop_above, outs);
       for (int i : r.balance)
         if (cand[i]) std::swap(base[i], cand[i]);
       if (!l) {  // (best is finite, so this is not the first candidate)
