@@ -54,6 +54,26 @@ int32_t GreedyNext(nibble::Session& s) {
   return t.ok() ? *t : -1;
 }
 
+// The greedy token of `batch` against that of `solo` (the same sequence run alone): equal, or a
+// near tie the tolerance allows to flip: the lone run scores the batch's token within
+// `tolerance` · max |logit| of its own (two logits 2e-4 apart, 5e-5 of their scale, flipped on a
+// CPU with AMX tiles, whose batched rows sum in another order). Returns the batch's token.
+int32_t ExpectSameGreedyOrNearTie(nibble::Session& batch, nibble::Session& solo, double tolerance, int* ties,
+                                  const std::string& where) {
+  const int32_t b = GreedyNext(batch), s = GreedyNext(solo);
+  if (b == s || b < 0 || s < 0) {
+    EXPECT_EQ(b, s) << where;
+    return b;
+  }
+  const std::vector<float> l = solo.logits();
+  double scale = 0;
+  for (float v : l) scale = std::max(scale, static_cast<double>(std::abs(v)));
+  EXPECT_LE(static_cast<double>(l[static_cast<size_t>(s)]) - l[static_cast<size_t>(b)], tolerance * scale)
+      << where << ": batch token " << b << ", alone " << s << " (not a near tie)";
+  ++*ties;
+  return b;
+}
+
 // max |a - b| over max |b|: the logits' relative difference.
 double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -86,7 +106,8 @@ const std::vector<std::string> kPrompts = {
 // Eight sequences arriving one step apart (so at different positions), each prefilled in chunks
 // of its own size (1 to 64 tokens) and then decoded greedily, all in the same steps: steps mix
 // chunks and decode tokens, from 1 to over 100 rows (across the kernels' row thresholds). Each
-// sequence run alone with the same chunks samples the same tokens, with logits within
+// sequence run alone with the same chunks samples the same tokens (or, at a near tie, the other
+// of the two: ExpectSameGreedyOrNearTie), with logits within
 // `tolerance` of their scale: fp32 accumulation in another order (measured ~1e-6 with an fp32
 // KV cache), which with a bf16 cache can also flip a K/V value's bf16 rounding, one bf16 ulp
 // (2^-8 relative) of that value (measured 6e-5 here, up to 9e-4 on other schedules).
@@ -103,7 +124,7 @@ void CheckMixedSteps(const nibble::Model& m, double tolerance) {
   }
   std::vector<size_t> fed(n, 0);  // prompt tokens fed so far
   double worst = 0;
-  int mixed_steps = 0;
+  int mixed_steps = 0, ties = 0;
   int64_t most_rows = 0;
   for (int step = 0; step < 24; ++step) {
     std::vector<nibble::BatchItem> items;
@@ -117,8 +138,9 @@ void CheckMixedSteps(const nibble::Model& m, double tolerance) {
         fed[i] += chunk;
         ++chunks;
       } else {
-        item.tokens = {GreedyNext(*batch[i])};
-        ASSERT_EQ(item.tokens[0], GreedyNext(*solo[i])) << "sequence " << i << " step " << step;
+        const std::string where = "sequence " + std::to_string(i) + " step " + std::to_string(step);
+        item.tokens = {ExpectSameGreedyOrNearTie(*batch[i], *solo[i], tolerance, &ties, where)};
+        ASSERT_FALSE(::testing::Test::HasFailure()) << where;
         ++decodes;
       }
       ASSERT_TRUE(solo[i]->Prefill(item.tokens).ok());
@@ -138,7 +160,8 @@ void CheckMixedSteps(const nibble::Model& m, double tolerance) {
   }
   EXPECT_GE(mixed_steps, 6) << "the schedule should mix prefill chunks and decode tokens";
   EXPECT_GE(most_rows, 100) << "the schedule should cross the kernels' row thresholds";
-  for (size_t i = 0; i < n; ++i) EXPECT_EQ(GreedyNext(*batch[i]), GreedyNext(*solo[i])) << "sequence " << i;
+  for (size_t i = 0; i < n; ++i) ExpectSameGreedyOrNearTie(*batch[i], *solo[i], tolerance, &ties, "sequence " + std::to_string(i));
+  EXPECT_LE(ties, 2) << "greedy tokens flipped at near ties";
   ::testing::Test::RecordProperty("worst_relative_logit_difference", std::to_string(worst));
   ::testing::Test::RecordProperty("most_rows", std::to_string(most_rows));
 }
