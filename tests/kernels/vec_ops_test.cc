@@ -107,7 +107,7 @@ TEST(VecOpsTest, Bf16RoundingOfEveryIsaIsTheScalarReference) {
   // The threaded entry point (blocks of 2^14 from 2^20 values) against the reference.
   const std::vector<float> x = Bf16EdgeValues(rng, (int64_t{1} << 20) + 37);
   std::vector<uint16_t> bits(x.size());
-  ToBf16Bits(x.data(), static_cast<int64_t>(x.size()), bits.data());
+  ::nibble::ToBf16Bits(x.data(), static_cast<int64_t>(x.size()), bits.data());
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(bits[i], F32ToBf16(x[i])) << i;
 }
 
