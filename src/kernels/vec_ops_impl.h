@@ -222,31 +222,21 @@ void RtnRowCodesImpl(const float* x, int64_t k, int64_t g, const float* s, const
   *den_out = den;
 }
 
-// base/half.h F32ToBf16 (round to nearest even, NaN kept and made quiet) on 16 lanes at a time;
-// widened back to fp32 values with `widen` (RoundToBf16), else stored as bf16 bits.
+// base/half.h F32ToBf16 (round to nearest even, NaN kept and made quiet), branch-free so the
+// loop vectorises at this unit's width (16-lane GCC vectors here were split into slow code
+// without AVX-512); widened back to fp32 values with `widen` (RoundToBf16), else bf16 bits.
 template <bool widen, typename Out>
 void Bf16RoundImpl(const float* x, int64_t n, Out* out) {
-  typedef uint32_t Words __attribute__((vector_size(64)));
-  typedef uint16_t Halves __attribute__((vector_size(32)));
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    Words u;
-    __builtin_memcpy(&u, x + i, sizeof(u));
-    const Words rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const Words h = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, sizeof(u));
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t h = (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded;
     if constexpr (widen) {
-      const Words f = h << 16;
-      __builtin_memcpy(out + i, &f, sizeof(f));
+      const uint32_t f = h << 16;
+      std::memcpy(out + i, &f, sizeof(f));
     } else {
-      const Halves b = __builtin_convertvector(h, Halves);
-      __builtin_memcpy(out + i, &b, sizeof(b));
-    }
-  }
-  for (; i < n; ++i) {
-    if constexpr (widen) {
-      out[i] = Bf16ToF32(F32ToBf16(x[i]));
-    } else {
-      out[i] = F32ToBf16(x[i]);
+      out[i] = static_cast<uint16_t>(h);
     }
   }
 }
