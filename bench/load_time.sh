@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Load time and peak RSS of a real-size int4 checkpoint, warm and cold page cache, without the
-# packed-weight cache, packing into it, and mapping it, beside the time to `cat` its files in the
-# same run (the read floor). The cache lives in --work/weight_cache and is emptied first. Target (docs/PERFORMANCE.md "Loading"):
+# packed-weight cache, packing into it, mapping it and copying it into memory (--no_mmap), beside
+# the time to `cat` its files in the same run (the read floor). The cache lives in
+# --work/weight_cache and is emptied first. Target (docs/PERFORMANCE.md "Loading"):
 # first token of an 8B-shaped int4 checkpoint within 5 s warm and 2x the cold `cat`, inside
 # 8 GB peak RSS.
 #
@@ -60,12 +61,14 @@ time_cat() {
   cat "${files[@]}" > /dev/null
   elapsed "$t0" "$(now)"
 }
-# One `generate -n 1` with --weight_cache $1: prints "<wall to first token> <load seconds> <peak RSS GiB>".
+# One `generate -n 1` with --weight_cache $1 (and flags $2): prints "<wall to first token> <load
+# seconds> <peak RSS GiB>".
 run_generate() {
   local log; log="$(mktemp)"
   local t0; t0=$(now)
+  # shellcheck disable=SC2086
   /usr/bin/time -f 'maxrss_kib %M' "$nibble" generate -m "$model" -p hi -n 1 --ctx_size "$ctx" -t "$threads" \
-    --weight_cache "$1" > /dev/null 2> "$log"
+    --weight_cache "$1" ${2:-} > /dev/null 2> "$log"
   local wall; wall=$(elapsed "$t0" "$(now)")
   local load; load=$(sed -n 's/^loaded in \([0-9.]*\) s.*/\1/p' "$log")
   local rss; rss=$(awk '/^maxrss_kib/ { printf "%.2f", $2 / 1048576 }' "$log")
@@ -84,9 +87,9 @@ cold_cat=$(time_cat)
 drop_cache
 row() { printf '%-22s %10s %12s %14s %14s\n' "$@"; }
 results=()
-measure() {  # label, cat seconds, --weight_cache value
+measure() {  # label, cat seconds, --weight_cache value, more flags
   local wall load rss
-  read -r wall load rss < <(run_generate "$3")
+  read -r wall load rss < <(run_generate "$3" "${4:-}")
   results+=("$(row "$1" "$2" "$load" "$wall" "$rss")")
 }
 measure "cold, no cache" "$cold_cat" off
@@ -94,6 +97,7 @@ warm_cat=$(time_cat)
 measure "warm, no cache" "$warm_cat" off
 measure "warm, packs the cache" "$warm_cat" "$cache"
 measure "warm, cache mapped" "$warm_cat" "$cache"
+measure "warm, cache copied" "$warm_cat" "$cache" --no_mmap
 drop_cache
 measure "cold, cache mapped" "$cold_cat" "$cache"
 row "" "cat (s)" "load (s)" "first tok (s)" "peak RSS GiB"

@@ -18,6 +18,7 @@
 #
 # Usage: bench/vs_llamacpp.sh [-r ROUNDS] [-t "1 2 4 ... all cores"] [-p 512] [-n 64] [-a "auto"]
 #                             [-P "8"] [-c CONFIG.json] LLAMA_CPP_SOURCE_DIR [WORK_DIR (build/vs_llamacpp)]
+# NIBBLE_BENCH_ARGS in the environment: more flags for every bench-model run (e.g. "--no_mmap").
 # Needs: cmake and a C++ compiler (for llama.cpp), python3 (the summary). llama.cpp's converter
 # holds the fp32 model in one ggml context, 2 GiB in some versions (b4748 among them): about 500M
 # parameters, less than TinyLlama-1.1B; the script then says so and -c takes a smaller config. Checkpoints are kept in
@@ -76,8 +77,9 @@ for r in $(seq 1 "$rounds"); do
         --output-format jsonl 2>>"$work/llama-batched-bench.log" | grep '^{' >"$work/results/llamabb-r$r-t$t.jsonl"
     fi
     for a in $modes; do
+      # shellcheck disable=SC2086
       "$nibble" bench-model -m "$work/nibble-q" -p "$p" -n "$n" -P "$plist" -t "$t" -r 1 --activations "$a" --json \
-        >"$work/results/nibble-$a-r$r-t$t.json" 2>>"$work/bench-model.log"
+        ${NIBBLE_BENCH_ARGS:-} >"$work/results/nibble-$a-r$r-t$t.json" 2>>"$work/bench-model.log"
     done
     bandwidth "$t" >>"$work/results/bw-t$t.bw"
   done
@@ -88,7 +90,8 @@ cpuinfo() { grep -m1 "^$1" /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'; }
 echo "host: $(cpuinfo 'model name') (family $(cpuinfo 'cpu family') model $(cpuinfo model) stepping" \
   "$(cpuinfo stepping), microcode $(cpuinfo microcode)), $(nproc) cores;" \
   "nibble $(git -C "$root" rev-parse --short HEAD); llama.cpp source $src" \
-  "($(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo "not a git tree"))"
+  "($(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo "not a git tree"));" \
+  "bench-model flags: ${NIBBLE_BENCH_ARGS:-none}"
 python3 - "$work/results" "$config" <<'EOF'
 import glob, json, os, statistics, sys
 res, cfg = sys.argv[1], json.load(open(sys.argv[2]))

@@ -89,11 +89,12 @@ struct KvArgs {
   int64_t ctx_size = 0;      // 0 = the command's default
   int64_t max_memory = 0;    // bytes; 0 = 90 % of MemAvailable
   std::string weight_cache;  // --weight_cache: "" = the default directory, "off" = none
+  bool no_mmap = false;      // --no_mmap: the cache's weights copied into memory
 };
 /// `--max_memory SIZE` on `cmd` (ParseMemorySize's sizes, > 0) into `bytes`: the one spelling of
 /// every command's memory limit.
 void AddMaxMemoryOption(CLI::App* cmd, int64_t* bytes, const std::string& help);
-/// `--kv_dtype bf16|fp32`, `--ctx_size N`, `--max_memory SIZE`, `--weight_cache DIR|off` on
+/// `--kv_dtype bf16|fp32`, `--ctx_size N`, `--max_memory SIZE`, `--weight_cache DIR|off`, `--no_mmap` on
 /// `cmd`; `ctx_help` says what --ctx_size defaults to for this command.
 void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help);
 /// The LoadOptions these flags set (kv_dtype, weight cache).

@@ -113,12 +113,16 @@ void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help) {
   cmd->add_option("--weight_cache", a->weight_cache,
                   "Directory of packed int4 weights reused by later loads of the same checkpoint, or off "
                   "(default $NIBBLE_CACHE_DIR/weights, else ~/.cache/nibble/weights)");
+  cmd->add_flag("--no_mmap", a->no_mmap,
+                "Copy the packed int4 weights of --weight_cache into memory (huge pages) instead of mapping "
+                "the file: faster decode, slower load");
 }
 
 void ApplyKvArgs(const KvArgs& a, nibble::LoadOptions* lo) {
   lo->kv_dtype = a.kv_dtype;
   lo->weight_cache = a.weight_cache != "off";
   if (lo->weight_cache) lo->weight_cache_dir = a.weight_cache;
+  lo->weight_cache_pages = a.no_mmap ? nibble::WeightCachePages::kOwned : nibble::WeightCachePages::kMapped;
 }
 
 std::string ReportKvMemory(const nibble::Model& model, int64_t ctx, const KvArgs& a) {

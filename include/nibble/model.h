@@ -49,20 +49,30 @@ const char* KvDtypeName(KvDtype d);
 /// The dtype named `name` ("bf16" | "fp32"); false for any other string.
 bool ParseKvDtype(const std::string& name, KvDtype* out);
 
+/// Where the int4 weights of a packed-weight cache entry live once loaded (LoadOptions). kMapped:
+/// the entry's page-cache pages themselves (no copy: an 8B loads in about a second; 4 KiB pages,
+/// shared between processes). kOwned (llama.cpp's --no-mmap): copies in owned memory on
+/// transparent huge pages, read from the entry at a hit and written to it at a miss; the decode
+/// loops read them up to a fifth faster, and the load pays for fresh memory (docs/PERFORMANCE.md
+/// "Packed-weight cache").
+enum class WeightCachePages { kMapped, kOwned };
+
 struct LoadOptions {
   ActivationType activations = ActivationType::kAuto;
   KvDtype kv_dtype = KvDtype::kBf16;  // of every KV cache the model's sessions and evaluations use
   int threads = 0;  // threads used while loading (0 = the calling thread's setting)
   TokenizerType tokenizer = TokenizerType::kAuto;  // which tokenizer file to read
   /// Packed-weight cache: an int4 checkpoint's weights are repacked into the kernels' layout once,
-  /// into a file in `weight_cache_dir`, and later loads of the unchanged checkpoint map that file
-  /// instead of repacking (seconds for a 7B). Entries are keyed by the checkpoint's path and its
-  /// files' sizes and times; a changed checkpoint gets a new entry and its old one is removed.
+  /// into a file in `weight_cache_dir`, and later loads of the unchanged checkpoint read that file
+  /// instead of repacking (seconds for a 7B; weight_cache_pages). Entries are keyed by the
+  /// checkpoint's path and its files' sizes and times; a changed checkpoint gets a new entry and
+  /// its old one is removed.
   bool weight_cache = true;
   /// "" = $NIBBLE_CACHE_DIR/weights, else $XDG_CACHE_HOME/nibble/weights, else ~/.cache/nibble/weights.
   std::string weight_cache_dir;
   /// Checkpoints whose safetensors files total less are never cached (they repack in well under a second).
   int64_t weight_cache_min_bytes = int64_t{256} << 20;
+  WeightCachePages weight_cache_pages = WeightCachePages::kMapped;
 };
 
 /// What was loaded (config.json numbers and how the weights are stored).
@@ -94,7 +104,7 @@ struct ModelInfo {
   /// packed int4, bf16 or fp32; a tied lm_head counted once). bf16 tables are read zero-copy
   /// from the mapped checkpoint, so their pages are resident only once read.
   int64_t weight_bytes = 0;
-  /// The packed-weight cache entry (LoadOptions::weight_cache) the int4 weights were mapped from
+  /// The packed-weight cache entry (LoadOptions::weight_cache) the int4 weights were read from
   /// (weight_cache_hit) or packed into at this load; "" when none was used.
   std::string weight_cache;
   bool weight_cache_hit = false;
@@ -102,7 +112,7 @@ struct ModelInfo {
 
 /// "loaded in 3.2 s, weights 4.6 GiB resident": ModelInfo's load_seconds and weight_bytes in
 /// one line (what `generate` and `perplexity` print on stderr), then the weight-cache entry
-/// ("; int4 weights mapped from FILE" or "; int4 weights packed into FILE") when one was used.
+/// ("; int4 weights read from FILE" or "; int4 weights packed into FILE") when one was used.
 std::string LoadSummary(const ModelInfo& info);
 
 /// The model's special-token ids: config.json's bos_token_id / eos_token_id / pad_token_id over

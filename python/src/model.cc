@@ -96,10 +96,11 @@ py::dict InfoDict(const nibble::ModelInfo& i) {
 std::shared_ptr<PyModel> LoadModel(const std::string& path, std::optional<int> threads, const std::string& activations,
                                    std::optional<int64_t> ctx_size, std::optional<std::string> kv_dtype,
                                    const std::string& tokenizer, std::optional<std::string> max_memory,
-                                   bool weight_cache, const std::string& weight_cache_dir) {
+                                   bool weight_cache, const std::string& weight_cache_dir, bool no_mmap) {
   nibble::LoadOptions o;
   o.weight_cache = weight_cache;
   o.weight_cache_dir = weight_cache_dir;
+  o.weight_cache_pages = no_mmap ? nibble::WeightCachePages::kOwned : nibble::WeightCachePages::kMapped;
   if (!nibble::ParseActivationType(activations, &o.activations))
     ThrowError(nibble::MakeError("activations \"", activations, "\": expected auto, fp32, bf16 or int8"));
   if (kv_dtype && !nibble::ParseKvDtype(*kv_dtype, &o.kv_dtype))
@@ -356,13 +357,15 @@ void RegisterModel(py::module_& m) {
   py::class_<PyModel, std::shared_ptr<PyModel>>(m, "Model", R"(A loaded model (dense or int4, any supported format).
 
 Model(path, threads=None, activations="auto", ctx_size=None, kv_dtype=None, tokenizer="auto",
-max_memory=None, weight_cache=True, weight_cache_dir=""). Shared by any number of threads: each
-call runs on its own state. Calls release the GIL; Ctrl-C cancels logits / score / generate /
-stream / chat / perplexity. weight_cache: an int4 checkpoint's repacked weights are kept in a cache file
-(weight_cache_dir, "" = $NIBBLE_CACHE_DIR/weights or ~/.cache/nibble/weights) that later loads map.)")
+max_memory=None, weight_cache=True, weight_cache_dir="", no_mmap=False). Shared by any number of
+threads: each call runs on its own state. Calls release the GIL; Ctrl-C cancels logits / score /
+generate / stream / chat / perplexity. weight_cache: an int4 checkpoint's repacked weights are kept
+in a cache file (weight_cache_dir, "" = $NIBBLE_CACHE_DIR/weights or ~/.cache/nibble/weights) that
+later loads map, or with no_mmap copy into memory (faster decode, slower load).)")
       .def(py::init(&LoadModel), py::arg("path"), py::arg("threads") = py::none(), py::arg("activations") = "auto",
            py::arg("ctx_size") = py::none(), py::arg("kv_dtype") = py::none(), py::arg("tokenizer") = "auto",
-           py::arg("max_memory") = py::none(), py::arg("weight_cache") = true, py::arg("weight_cache_dir") = "")
+           py::arg("max_memory") = py::none(), py::arg("weight_cache") = true, py::arg("weight_cache_dir") = "",
+           py::arg("no_mmap") = false)
       .def_property_readonly("info", [](const PyModel& pm) { return InfoDict(pm.model->info()); },
                              "What was loaded: config numbers, weight format, activations, load time, bytes.")
       .def_property_readonly("special_tokens", [](const PyModel& pm) {

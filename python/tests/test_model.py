@@ -187,3 +187,9 @@ def test_an_error_quoting_bytes_that_are_not_utf8_still_raises(tmp_path):
     bad = os.fsencode(str(tmp_path)) + b"/model-\xff"  # a path that is not UTF-8 (bytes pass as str)
     with pytest.raises(nibble.NotFound, match="model-\ufffd"):
         nibble.Model(bad)
+
+
+def test_no_mmap_is_accepted_and_changes_no_logits(model, model_dir):
+    ids = model.tokenize("Once upon a time")
+    copied = nibble.Model(model_dir, threads=1, no_mmap=True)
+    assert np.array_equal(copied.logits(ids), model.logits(ids))

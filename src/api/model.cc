@@ -91,7 +91,7 @@ std::string LoadSummary(const ModelInfo& info) {
   std::string s = std::string("loaded in ") + seconds + " s, weights " +
                   FormatBytes(static_cast<double>(info.weight_bytes)) + " resident";
   if (!info.weight_cache.empty())
-    s += std::string("; int4 weights ") + (info.weight_cache_hit ? "mapped from " : "packed into ") + info.weight_cache;
+    s += std::string("; int4 weights ") + (info.weight_cache_hit ? "read from " : "packed into ") + info.weight_cache;
   return s;
 }
 
@@ -104,6 +104,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOpt
   if (options.weight_cache) {
     cache.dir = options.weight_cache_dir.empty() ? DefaultWeightCacheDir() : options.weight_cache_dir;
     cache.min_bytes = options.weight_cache_min_bytes;
+    cache.pages = options.weight_cache_pages;
   }
   auto llama = LoadAnyModel(dir, &report, cache);
   if (!llama.ok()) return llama.error().WithContext("loading model " + dir);

@@ -56,7 +56,7 @@ struct LoadReport {
   std::string format_name;            // "dense" or the format's name
   std::vector<std::string> warnings;  // CheckUnreadTensors', CheckTiedLmHead's; "note: " lines (act-order, cache)
   std::string weight_cache;           // the packed-weight cache entry used or written ("" when none)
-  bool weight_cache_hit = false;      // the linears were mapped from it (no repacking)
+  bool weight_cache_hit = false;      // the linears were read from it (no repacking)
 };
 
 /// Loads a model directory of any supported format. A quantized checkpoint goes through the

@@ -14,9 +14,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "base/check.h"
 #include "base/memory.h"
+#include "base/page_buffer.h"
 #include "base/sha256.h"
 #include "base/strings.h"
 #include "io/file.h"
@@ -69,6 +71,27 @@ void RemoveDeadStaging(const std::string& dir) {
   }
 }
 
+// pread / pwrite of all `n` bytes (one call moves at most about 2 GiB on Linux).
+bool PreadAll(int fd, uint8_t* buf, uint64_t n, uint64_t at) {
+  while (n > 0) {
+    const ssize_t r = ::pread(fd, buf, std::min<uint64_t>(n, uint64_t{1} << 30), static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    buf += r, at += static_cast<uint64_t>(r), n -= static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+bool PwriteAll(int fd, const uint8_t* buf, uint64_t n, uint64_t at) {
+  while (n > 0) {
+    const ssize_t r = ::pwrite(fd, buf, std::min<uint64_t>(n, uint64_t{1} << 30), static_cast<off_t>(at));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    buf += r, at += static_cast<uint64_t>(r), n -= static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string DefaultWeightCacheDir() {
@@ -94,6 +117,7 @@ std::unique_ptr<WeightCache> WeightCache::Open(const std::string& checkpoint_dir
   }
   std::unique_ptr<WeightCache> c(new WeightCache());
   c->dir_ = o.dir;
+  c->owned_ = o.pages == WeightCachePages::kOwned;
   c->key_ = Sha256Hex("nibble-w4p " + std::to_string(kWeightCacheVersion) + "\n" + real + "\n" + *identity);
   c->path_prefix_ = Sha256Hex(real).substr(0, 16) + "-";
   c->path_ = JoinPath(o.dir, c->path_prefix_ + c->key_.substr(0, 32) + ".w4p");
@@ -107,6 +131,7 @@ std::unique_ptr<WeightCache> WeightCache::Open(const std::string& checkpoint_dir
     *note = "weight cache entry ignored and written again: " + s.error().message;
     c->map_.reset();
     c->entries_.clear();
+    if (c->read_fd_ >= 0) ::close(std::exchange(c->read_fd_, -1));
   }
   c->staging_ = c->path_ + ".tmp-" + std::to_string(::getpid());
   c->fd_ = ::open(c->staging_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -119,6 +144,7 @@ std::unique_ptr<WeightCache> WeightCache::Open(const std::string& checkpoint_dir
 }
 
 WeightCache::~WeightCache() {
+  if (read_fd_ >= 0) ::close(read_fd_);
   if (fd_ >= 0) {
     ::close(fd_);
     ::unlink(staging_.c_str());
@@ -148,9 +174,17 @@ Status WeightCache::ReadIndex(const std::string& file) {
     return MakeErrorCode(ErrorCode::kCorruptInput, file, ": header does not match this checkpoint, version ",
                          kWeightCacheVersion, " and a file of ", st.st_size, " bytes");
   }
-  void* p = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return MakeErrorCode(ErrorCode::kIo, "cannot mmap ", file, ": ", ErrnoText());
+  // Owned pages: the weights are read with pread (no page of them mapped here), the map serves
+  // the index and column orders.
+  void* p = ::mmap(nullptr, file_bytes, PROT_READ, owned_ ? MAP_SHARED : MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return MakeErrorCode(ErrorCode::kIo, "cannot mmap ", file, ": ", ErrnoText());
+  }
+  if (owned_)
+    read_fd_ = fd;
+  else
+    ::close(fd);
   map_bytes_ = file_bytes;
   map_ = std::shared_ptr<const void>(p, [bytes = map_bytes_](const void* q) { ::munmap(const_cast<void*>(q), bytes); });
   const char* base = static_cast<const char*>(p);
@@ -189,8 +223,15 @@ std::unique_ptr<Int4Linear> WeightCache::Load(const std::string& name, int64_t n
     for (const int32_t c : order)
       if (c < 0 || c >= k) return nullptr;
   }
-  return Int4Linear::FromPacked(PageBuffer::View(base + e.offset, e.bytes, map_), n, k, e.group_size, e.symmetric,
-                                std::move(order), std::move(bias), e.desc);
+  PageBuffer bytes;
+  if (owned_) {
+    bytes = PageBuffer(e.bytes, PageBuffer::Uninitialized{});
+    if (!PreadAll(read_fd_, bytes.data(), e.bytes, e.offset)) return nullptr;  // repacked from the checkpoint
+  } else {
+    bytes = PageBuffer::View(base + e.offset, e.bytes, map_);
+  }
+  return Int4Linear::FromPacked(std::move(bytes), n, k, e.group_size, e.symmetric, std::move(order), std::move(bias),
+                                e.desc);
 }
 
 void WeightCache::Abandon(const std::string& why) {
@@ -218,11 +259,17 @@ PageBuffer WeightCache::AllocateInFile(size_t bytes) {
   // Blocks reserved up front: a full disk is an error here, never a SIGBUS when a page is written.
   if (fd_ >= 0 && ::fallocate(fd_, 0, static_cast<off_t>(at), static_cast<off_t>(bytes)) != 0)
     Abandon("cannot reserve " + FormatBytes(static_cast<double>(bytes)) + " in " + staging_ + ": " + ErrnoText());
+  if (fd_ >= 0 && owned_) {
+    PageBuffer b(bytes, PageBuffer::Uninitialized{});
+    end_ = at + bytes;
+    staged_[b.data()] = {at, true};
+    return b;
+  }
   if (fd_ >= 0) {
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, static_cast<off_t>(at));
     if (p != MAP_FAILED) {
       end_ = at + bytes;
-      offsets_[static_cast<const uint8_t*>(p)] = at;
+      staged_[static_cast<const uint8_t*>(p)] = {at, false};
       auto owner = std::shared_ptr<const void>(p, [bytes](const void* q) { ::munmap(const_cast<void*>(q), bytes); });
       return PageBuffer::View(static_cast<uint8_t*>(p), bytes, std::move(owner));
     }
@@ -232,11 +279,13 @@ PageBuffer WeightCache::AllocateInFile(size_t bytes) {
 }
 
 void WeightCache::Record(const std::string& name, const Int4Linear& linear) {
-  const auto it = offsets_.find(linear.packed().data);
-  if (fd_ < 0 || it == offsets_.end()) return;
+  const auto it = staged_.find(linear.packed().data);
+  if (fd_ < 0 || it == staged_.end()) return;
   const W4PackedWeight& w = linear.packed();
-  Entry e{w.n, w.k, w.group_size, w.symmetric, linear.Describe(), it->second,
+  Entry e{w.n, w.k, w.group_size, w.symmetric, linear.Describe(), it->second.offset,
           static_cast<uint64_t>(W4PackedBytes(w.n, w.k, w.group_size, w.symmetric)), 0};
+  if (it->second.owned && !PwriteAll(fd_, w.data, e.bytes, e.offset))
+    return Abandon("cannot write " + staging_ + ": " + ErrnoText());
   const std::vector<int32_t>& order = linear.column_order();
   if (!order.empty()) {
     e.order_offset = AlignUp(end_);

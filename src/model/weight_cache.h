@@ -1,9 +1,9 @@
 // Packed-weight cache: an int4 checkpoint's linears in the kernels' W4P layout
-// (kernels/int4_packed.h), written to one file at the first load and mapped from the page cache
-// at later loads of the unchanged checkpoint, so those skip repacking. Repacking writes every
-// weight byte into memory the process has never touched, and that first touch, not the repack
-// arithmetic, is most of a 7B load (docs/PERFORMANCE.md "Loading"); the first load packs straight
-// into the file's pages, so it costs no more than before.
+// (kernels/int4_packed.h), written to one file at the first load and read back at later loads of
+// the unchanged checkpoint, so those skip repacking. Repacking writes every weight byte into
+// memory the process has never touched, and that first touch, not the repack arithmetic, is most
+// of a 7B load (docs/PERFORMANCE.md "Loading"): by default a hit maps the entry's page-cache pages;
+// WeightCachePages::kOwned copies them into owned huge pages instead (faster decode, slower load).
 //
 // Entry `<dir>/<path hash>-<identity hash>.w4p` (little endian):
 //   [0, 4096)  header: "NIBBLE-W4P\n" then "<version> <index offset> <index bytes> <file bytes> <key>\n"
@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include <nibble/model.h>
+
 #include "base/result.h"
 #include "model/int4_linear.h"
 
@@ -38,6 +40,7 @@ std::string DefaultWeightCacheDir();
 struct WeightCacheOptions {
   std::string dir;        // the cache directory (created when missing)
   int64_t min_bytes = 0;  // checkpoints whose *.safetensors total less are not cached
+  WeightCachePages pages = WeightCachePages::kMapped;  // LoadOptions::weight_cache_pages
 };
 
 class WeightCache {
@@ -55,12 +58,14 @@ class WeightCache {
   /// The entry's file (its final name).
   const std::string& path() const { return path_; }
 
-  /// Hit: linear `name` over the mapped bytes when the entry holds it as [n, k], else nullptr.
+  /// Hit: linear `name` (over the mapped bytes, or a copy of them: WeightCachePages) when the
+  /// entry holds it as [n, k], else nullptr.
   std::unique_ptr<Int4Linear> Load(const std::string& name, int64_t n, int64_t k, std::vector<float> bias) const;
 
-  /// Miss: where linears being packed put their bytes: pages of the staging file while it can
-  /// grow (keeping max(1 GiB, 5 %) of its file system free), else owned memory (the entry is
-  /// then dropped and note() says why). The model may keep using the pages either way.
+  /// Miss: where linears being packed put their bytes: pages of the staging file, or owned memory
+  /// that Record() writes to it (WeightCachePages), while the file can grow (keeping max(1 GiB,
+  /// 5 %) of its file system free); else owned memory (the entry is then dropped and note() says
+  /// why). The model keeps using the bytes either way.
   Int4Linear::PackedAllocator Allocator();
   /// Miss: records `linear`, packed through Allocator(), as module `name`.
   void Record(const std::string& name, const Int4Linear& linear);
@@ -71,6 +76,10 @@ class WeightCache {
   const std::string& note() const { return note_; }
 
  private:
+  struct Staged {
+    uint64_t offset = 0;  // in the staging file
+    bool owned = false;   // owned memory, written to the file by Record()
+  };
   struct Entry {
     int64_t n = 0, k = 0, group_size = 0;
     bool symmetric = false;
@@ -83,13 +92,15 @@ class WeightCache {
   void Abandon(const std::string& why);
 
   bool hit_ = false;
+  bool owned_ = false;  // WeightCachePages::kOwned
   std::string path_, staging_, key_, path_prefix_, dir_;
   int fd_ = -1;
+  int read_fd_ = -1;                             // hit with owned pages: the entry, for pread
   uint64_t end_ = 0;                             // staging: bytes used so far
   std::shared_ptr<const void> map_;              // hit: the whole file, mapped
   uint64_t map_bytes_ = 0;
   std::map<std::string, Entry> entries_;
-  std::map<const uint8_t*, uint64_t> offsets_;  // staging: file offset of each handed-out buffer
+  std::map<const uint8_t*, Staged> staged_;      // staging: each handed-out buffer
   std::string note_;
 };
 

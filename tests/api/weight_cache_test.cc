@@ -1,6 +1,6 @@
 // The packed-weight cache (LoadOptions::weight_cache, src/model/weight_cache.h): a load that
-// packs into a new entry and a load that maps it give logits bit-identical to a load without the
-// cache, for a checkpoint repacked from its stored words (Quark) and one decoded first with an
+// packs into a new entry and a load that reads it (copied or mapped) give logits bit-identical to
+// a load without the cache, for a checkpoint repacked from its stored words (Quark) and one decoded first with an
 // act-order g_idx (GPTQ); a changed checkpoint, a broken entry, an unwritable directory and a
 // killed writer's staging file each end in a correct model.
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nibble/model.h>
@@ -26,10 +27,11 @@ namespace {
 
 using nibble_test::TempDir;
 
-nibble::LoadOptions CacheIn(const std::string& dir) {
+nibble::LoadOptions CacheIn(const std::string& dir, nibble::WeightCachePages pages = nibble::WeightCachePages::kMapped) {
   nibble::LoadOptions o;
   o.weight_cache_dir = dir;
   o.weight_cache_min_bytes = 0;
+  o.weight_cache_pages = pages;
   return o;
 }
 
@@ -47,33 +49,64 @@ bool HasNote(const nibble::ModelInfo& i, const std::string& piece) {
   return false;
 }
 
-// Packs into an entry, then maps it: both bit-identical to no cache. Returns the entry's path.
-std::string CheckMissThenHit(const std::string& model, const std::string& cache_dir) {
+// Packs into an entry, then reads it back (copied or mapped: `pages` for both loads): both
+// bit-identical to no cache. Returns the entry's path.
+std::string CheckMissThenHit(const std::string& model, const std::string& cache_dir,
+                             nibble::WeightCachePages pages = nibble::WeightCachePages::kMapped) {
   nibble::LoadOptions off;
   off.weight_cache = false;
   auto plain = nibble_test::LoadOrFail(model, off);
   if (plain == nullptr) return "";
   EXPECT_EQ(plain->info().weight_cache, "");
   const std::vector<float> want = LogitsOf(*plain);
-  auto packed = nibble_test::LoadOrFail(model, CacheIn(cache_dir));
+  auto packed = nibble_test::LoadOrFail(model, CacheIn(cache_dir, pages));
   if (packed == nullptr) return "";
   EXPECT_FALSE(packed->info().weight_cache_hit);
   EXPECT_NE(packed->info().weight_cache, "");
   EXPECT_EQ(LogitsOf(*packed), want);
-  auto mapped = nibble_test::LoadOrFail(model, CacheIn(cache_dir));
+  auto mapped = nibble_test::LoadOrFail(model, CacheIn(cache_dir, pages));
   if (mapped == nullptr) return "";
   EXPECT_TRUE(mapped->info().weight_cache_hit);
   EXPECT_EQ(mapped->info().weight_cache, packed->info().weight_cache);
   EXPECT_EQ(mapped->info().int4_linears, plain->info().int4_linears);
   EXPECT_EQ(LogitsOf(*mapped), want);
-  EXPECT_NE(nibble::LoadSummary(mapped->info()).find("mapped from " + mapped->info().weight_cache), std::string::npos);
+  EXPECT_NE(nibble::LoadSummary(mapped->info()).find("read from " + mapped->info().weight_cache), std::string::npos);
   return mapped->info().weight_cache;
 }
 
 TEST(WeightCache, MappedEntryGivesTheLogitsOfRepacking) {
   TempDir tmp;
   const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
-  EXPECT_NE(CheckMissThenHit(model, tmp.sub("cache")), "");
+  EXPECT_NE(CheckMissThenHit(model, tmp.sub("cache"), nibble::WeightCachePages::kMapped), "");
+}
+
+// Owned pages: packed into memory and written to the entry, then read back into memory.
+TEST(WeightCache, CopiedEntryGivesTheLogitsOfRepacking) {
+  TempDir tmp;
+  const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
+  EXPECT_NE(CheckMissThenHit(model, tmp.sub("cache"), nibble::WeightCachePages::kOwned), "");
+}
+
+// An entry written with one kind of pages reads back with the other: the file is the same.
+TEST(WeightCache, EntryReadsBackWithEitherKindOfPages) {
+  TempDir tmp;
+  const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
+  nibble::LoadOptions off;
+  off.weight_cache = false;
+  auto plain = nibble_test::LoadOrFail(model, off);
+  ASSERT_NE(plain, nullptr);
+  const std::vector<float> want = LogitsOf(*plain);
+  using P = nibble::WeightCachePages;
+  for (const auto& [write, read] : {std::pair{P::kOwned, P::kMapped}, std::pair{P::kMapped, P::kOwned}}) {
+    const std::string dir = tmp.sub(write == P::kOwned ? "cache-owned" : "cache-mapped");
+    auto first = nibble_test::LoadOrFail(model, CacheIn(dir, write));
+    ASSERT_NE(first, nullptr);
+    EXPECT_FALSE(first->info().weight_cache_hit);
+    auto second = nibble_test::LoadOrFail(model, CacheIn(dir, read));
+    ASSERT_NE(second, nullptr);
+    EXPECT_TRUE(second->info().weight_cache_hit);
+    EXPECT_EQ(LogitsOf(*second), want);
+  }
 }
 
 TEST(WeightCache, ActOrderColumnsComeBackFromTheEntry) {
