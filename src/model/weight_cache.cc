@@ -71,20 +71,12 @@ void RemoveDeadStaging(const std::string& dir) {
   }
 }
 
-// pread / pwrite of all `n` bytes (one call moves at most about 2 GiB on Linux).
-bool PreadAll(int fd, uint8_t* buf, uint64_t n, uint64_t at) {
+// All `n` bytes of buf at file offset `at` through `io` (::pread or ::pwrite), which moves at most
+// about 2 GiB a call on Linux: 1 GiB at a time, short transfers continued.
+template <typename Io, typename Ptr>
+bool WholeRange(Io io, int fd, Ptr buf, uint64_t n, uint64_t at) {
   while (n > 0) {
-    const ssize_t r = ::pread(fd, buf, std::min<uint64_t>(n, uint64_t{1} << 30), static_cast<off_t>(at));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    buf += r, at += static_cast<uint64_t>(r), n -= static_cast<uint64_t>(r);
-  }
-  return true;
-}
-
-bool PwriteAll(int fd, const uint8_t* buf, uint64_t n, uint64_t at) {
-  while (n > 0) {
-    const ssize_t r = ::pwrite(fd, buf, std::min<uint64_t>(n, uint64_t{1} << 30), static_cast<off_t>(at));
+    const ssize_t r = io(fd, buf, std::min<uint64_t>(n, uint64_t{1} << 30), static_cast<off_t>(at));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     buf += r, at += static_cast<uint64_t>(r), n -= static_cast<uint64_t>(r);
@@ -226,7 +218,7 @@ std::unique_ptr<Int4Linear> WeightCache::Load(const std::string& name, int64_t n
   PageBuffer bytes;
   if (owned_) {
     bytes = PageBuffer(e.bytes, PageBuffer::Uninitialized{});
-    if (!PreadAll(read_fd_, bytes.data(), e.bytes, e.offset)) return nullptr;  // repacked from the checkpoint
+    if (!WholeRange(::pread, read_fd_, bytes.data(), e.bytes, e.offset)) return nullptr;  // repacked from the checkpoint
   } else {
     bytes = PageBuffer::View(base + e.offset, e.bytes, map_);
   }
@@ -284,7 +276,7 @@ void WeightCache::Record(const std::string& name, const Int4Linear& linear) {
   const W4PackedWeight& w = linear.packed();
   Entry e{w.n, w.k, w.group_size, w.symmetric, linear.Describe(), it->second.offset,
           static_cast<uint64_t>(W4PackedBytes(w.n, w.k, w.group_size, w.symmetric)), 0};
-  if (it->second.owned && !PwriteAll(fd_, w.data, e.bytes, e.offset))
+  if (it->second.owned && !WholeRange(::pwrite, fd_, w.data, e.bytes, e.offset))
     return Abandon("cannot write " + staging_ + ": " + ErrnoText());
   const std::vector<int32_t>& order = linear.column_order();
   if (!order.empty()) {

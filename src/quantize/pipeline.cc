@@ -273,8 +273,12 @@ std::array<double, 3> Bf16OutputErrorSums(const float* x, int64_t rows, int64_t 
     for (int q = 0; q < 3; ++q) {
       if (q > 0 && minus[q] == nullptr) continue;
       const float* o = q > 0 ? minus[q] + n0 * k : nullptr;
+      if (o == nullptr) {
+        ToBf16Bits(w0, count, wb.data());
+      } else {
 #pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < count; ++i) wb[i] = F32ToBf16(o != nullptr ? w0[i] - o[i] : w0[i]);
+        for (int64_t i = 0; i < count; ++i) wb[i] = F32ToBf16(w0[i] - o[i]);
+      }
       NIBBLE_CHECK(GemmBf16XWt(rows, nt, k, xb.data(), wb.data(), y.data()));
       sums[q] += SquaredErrorBlocks(y.data(), nullptr, rows * nt);
     }
