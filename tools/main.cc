@@ -114,8 +114,8 @@ void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help) {
                   "Directory of packed int4 weights reused by later loads of the same checkpoint, or off "
                   "(default $NIBBLE_CACHE_DIR/weights, else ~/.cache/nibble/weights)");
   cmd->add_flag("--no_mmap", a->no_mmap,
-                "Copy the packed int4 weights of --weight_cache into memory (huge pages) instead of mapping "
-                "the file: faster decode, slower load");
+                "Copy the packed int4 weights of --weight_cache into process memory (huge pages) instead of "
+                "mapping the file: a slower load, weights that page-cache pressure cannot evict");
 }
 
 void ApplyKvArgs(const KvArgs& a, nibble::LoadOptions* lo) {

@@ -50,11 +50,11 @@ const char* KvDtypeName(KvDtype d);
 bool ParseKvDtype(const std::string& name, KvDtype* out);
 
 /// Where the int4 weights of a packed-weight cache entry live once loaded (LoadOptions). kMapped:
-/// the entry's page-cache pages themselves (no copy: an 8B loads in about a second; 4 KiB pages,
-/// shared between processes). kOwned (llama.cpp's --no-mmap): copies in owned memory on
-/// transparent huge pages, read from the entry at a hit and written to it at a miss; the decode
-/// loops read them up to a fifth faster, and the load pays for fresh memory (docs/PERFORMANCE.md
-/// "Packed-weight cache").
+/// the entry's page-cache pages themselves (no copy: an 8B loads in about a second; shared
+/// between processes, evictable under memory pressure and then read again from disk). kOwned
+/// (llama.cpp's --no-mmap): copies in owned memory on transparent huge pages, read from the entry
+/// at a hit and written to it at a miss; the load pays for fresh memory. Both decode at the same
+/// speed (docs/PERFORMANCE.md "Packed-weight cache").
 enum class WeightCachePages { kMapped, kOwned };
 
 struct LoadOptions {

@@ -361,7 +361,7 @@ max_memory=None, weight_cache=True, weight_cache_dir="", no_mmap=False). Shared 
 threads: each call runs on its own state. Calls release the GIL; Ctrl-C cancels logits / score /
 generate / stream / chat / perplexity. weight_cache: an int4 checkpoint's repacked weights are kept
 in a cache file (weight_cache_dir, "" = $NIBBLE_CACHE_DIR/weights or ~/.cache/nibble/weights) that
-later loads map, or with no_mmap copy into memory (faster decode, slower load).)")
+later loads map, or with no_mmap copy into process memory (slower load).)")
       .def(py::init(&LoadModel), py::arg("path"), py::arg("threads") = py::none(), py::arg("activations") = "auto",
            py::arg("ctx_size") = py::none(), py::arg("kv_dtype") = py::none(), py::arg("tokenizer") = "auto",
            py::arg("max_memory") = py::none(), py::arg("weight_cache") = true, py::arg("weight_cache_dir") = "",

@@ -197,6 +197,12 @@ std::unique_ptr<Int4Linear> Int4Linear::FromTransposed(const DeferredInt4& d, st
   return std::unique_ptr<Int4Linear>(new Int4Linear(std::move(packed), w, std::move(bias), std::move(desc)));
 }
 
+void Int4Linear::MovePacked(PageBuffer same_bytes) {
+  NIBBLE_CHECK(same_bytes.size() == packed_.size());
+  packed_ = std::move(same_bytes);
+  pw_.data = packed_.data();
+}
+
 std::unique_ptr<Int4Linear> Int4Linear::FromPacked(PageBuffer packed, int64_t n, int64_t k, int64_t group_size,
                                                    bool symmetric, std::vector<int32_t> column_order,
                                                    std::vector<float> bias, std::string desc) {

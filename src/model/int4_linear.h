@@ -95,6 +95,9 @@ class Int4Linear final : public Linear {
   Int4Matrix weight() const;
   /// The packed weight (view into this object).
   const W4PackedWeight& packed() const { return pw_; }
+  /// Reads the packed weight from `same_bytes` from now on: a copy of packed()'s bytes elsewhere
+  /// (the cache file's pages once written). Aborts on a size mismatch.
+  void MovePacked(PageBuffer same_bytes);
   /// Act-order: column j of the packed weight is input column_order()[j]; empty = identity.
   const std::vector<int32_t>& column_order() const { return perm_; }
 

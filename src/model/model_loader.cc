@@ -36,7 +36,7 @@ LinearLoader MakeLinearLoader(std::shared_ptr<const QuantizedFormat> format,
       linear = std::make_unique<Int4Linear>(*m, std::move(bias), desc, alloc);
     }
     if (act_order && !linear->column_order().empty()) ++*act_order;
-    if (alloc) cache->Record(prefix, *linear);
+    if (alloc) cache->Record(prefix, *linear);  // kMapped: now over the entry's pages
     // The packed copy is what the model keeps: the mapping's pages of the module go.
     for (const std::string& suffix : format->TensorSuffixes())
       if (const TensorView* t = store.Find(prefix + "." + suffix)) store.Release(*t);

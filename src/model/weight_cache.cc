@@ -251,45 +251,70 @@ PageBuffer WeightCache::AllocateInFile(size_t bytes) {
   // Blocks reserved up front: a full disk is an error here, never a SIGBUS when a page is written.
   if (fd_ >= 0 && ::fallocate(fd_, 0, static_cast<off_t>(at), static_cast<off_t>(bytes)) != 0)
     Abandon("cannot reserve " + FormatBytes(static_cast<double>(bytes)) + " in " + staging_ + ": " + ErrnoText());
-  if (fd_ >= 0 && owned_) {
+  if (fd_ >= 0 && owned_) {  // written to the file by Record(); the linear keeps it
     PageBuffer b(bytes, PageBuffer::Uninitialized{});
     end_ = at + bytes;
-    staged_[b.data()] = {at, true};
+    staged_[b.data()] = at;
     return b;
   }
+  // Mapped: one scratch buffer, reused linear after linear; Record() writes it to the file with
+  // pwrite and moves the linear onto the file's pages. Page-cache pages that write faults of a
+  // shared mapping create are single 4 KiB folios scattered in memory, which the decode loops of
+  // every later load read a fifth slower than the large folios pwrite and readahead leave
+  // (docs/PERFORMANCE.md "Packed-weight cache").
   if (fd_ >= 0) {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, static_cast<off_t>(at));
-    if (p != MAP_FAILED) {
-      end_ = at + bytes;
-      staged_[static_cast<const uint8_t*>(p)] = {at, false};
-      auto owner = std::shared_ptr<const void>(p, [bytes](const void* q) { ::munmap(const_cast<void*>(q), bytes); });
-      return PageBuffer::View(static_cast<uint8_t*>(p), bytes, std::move(owner));
-    }
-    Abandon("cannot mmap " + staging_ + ": " + ErrnoText());
+    if (scratch_ == nullptr || scratch_->size() < bytes)
+      scratch_ = std::make_shared<PageBuffer>(bytes, PageBuffer::Uninitialized{});
+    end_ = at + bytes;
+    staged_[scratch_->data()] = at;
+    return PageBuffer::View(scratch_->data(), bytes, scratch_);
   }
   return PageBuffer(bytes, PageBuffer::Uninitialized{});
 }
 
-void WeightCache::Record(const std::string& name, const Int4Linear& linear) {
+void WeightCache::Record(const std::string& name, Int4Linear& linear) {
   const auto it = staged_.find(linear.packed().data);
-  if (fd_ < 0 || it == staged_.end()) return;
+  if (it == staged_.end()) return;
+  const uint64_t at = it->second;
+  staged_.erase(it);
   const W4PackedWeight& w = linear.packed();
-  Entry e{w.n, w.k, w.group_size, w.symmetric, linear.Describe(), it->second.offset,
-          static_cast<uint64_t>(W4PackedBytes(w.n, w.k, w.group_size, w.symmetric)), 0};
-  if (it->second.owned && !WholeRange(::pwrite, fd_, w.data, e.bytes, e.offset))
+  const size_t bytes = static_cast<size_t>(W4PackedBytes(w.n, w.k, w.group_size, w.symmetric));
+  if (fd_ >= 0) Write(name, linear, at, bytes);
+  if (owned_) return;
+  // Off the scratch buffer: onto the file's pages, or owned memory when the entry was dropped.
+  PageBuffer moved;
+  if (fd_ >= 0) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd_, static_cast<off_t>(at));
+    if (p != MAP_FAILED) {
+      auto owner = std::shared_ptr<const void>(p, [bytes](const void* q) { ::munmap(const_cast<void*>(q), bytes); });
+      moved = PageBuffer::View(static_cast<uint8_t*>(p), bytes, std::move(owner));
+    }
+  }
+  if (moved.size() == 0) {
+    moved = PageBuffer(bytes, PageBuffer::Uninitialized{});
+    std::memcpy(moved.data(), w.data, bytes);
+  }
+  linear.MovePacked(std::move(moved));
+}
+
+void WeightCache::Write(const std::string& name, const Int4Linear& linear, uint64_t at, size_t bytes) {
+  const W4PackedWeight& w = linear.packed();
+  Entry e{w.n, w.k, w.group_size, w.symmetric, linear.Describe(), at, bytes, 0};
+  if (!WholeRange(::pwrite, fd_, w.data, e.bytes, e.offset))
     return Abandon("cannot write " + staging_ + ": " + ErrnoText());
   const std::vector<int32_t>& order = linear.column_order();
   if (!order.empty()) {
     e.order_offset = AlignUp(end_);
-    const size_t bytes = order.size() * sizeof(int32_t);
-    if (::pwrite(fd_, order.data(), bytes, static_cast<off_t>(e.order_offset)) != static_cast<ssize_t>(bytes))
+    const size_t order_bytes = order.size() * sizeof(int32_t);
+    if (::pwrite(fd_, order.data(), order_bytes, static_cast<off_t>(e.order_offset)) != static_cast<ssize_t>(order_bytes))
       return Abandon("cannot write " + staging_ + ": " + ErrnoText());
-    end_ = e.order_offset + bytes;
+    end_ = e.order_offset + order_bytes;
   }
   entries_[name] = std::move(e);
 }
 
 Status WeightCache::Commit() {
+  scratch_.reset();  // every linear has moved off it
   if (fd_ < 0) return Status::Ok();
   nlohmann::json linears = nlohmann::json::object();
   for (const auto& [name, e] : entries_)

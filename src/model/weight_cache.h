@@ -3,7 +3,7 @@
 // the unchanged checkpoint, so those skip repacking. Repacking writes every weight byte into
 // memory the process has never touched, and that first touch, not the repack arithmetic, is most
 // of a 7B load (docs/PERFORMANCE.md "Loading"): by default a hit maps the entry's page-cache pages;
-// WeightCachePages::kOwned copies them into owned huge pages instead (faster decode, slower load).
+// WeightCachePages::kOwned copies them into owned huge pages instead (slower load).
 //
 // Entry `<dir>/<path hash>-<identity hash>.w4p` (little endian):
 //   [0, 4096)  header: "NIBBLE-W4P\n" then "<version> <index offset> <index bytes> <file bytes> <key>\n"
@@ -62,13 +62,15 @@ class WeightCache {
   /// entry holds it as [n, k], else nullptr.
   std::unique_ptr<Int4Linear> Load(const std::string& name, int64_t n, int64_t k, std::vector<float> bias) const;
 
-  /// Miss: where linears being packed put their bytes: pages of the staging file, or owned memory
-  /// that Record() writes to it (WeightCachePages), while the file can grow (keeping max(1 GiB,
-  /// 5 %) of its file system free); else owned memory (the entry is then dropped and note() says
-  /// why). The model keeps using the bytes either way.
+  /// Miss: where linears being packed, one at a time, put their bytes while the file can grow
+  /// (keeping max(1 GiB, 5 %) of its file system free): a scratch buffer (kMapped) or owned
+  /// memory (kOwned) that Record() writes to the staging file; else owned memory (the entry is
+  /// then dropped and note() says why).
   Int4Linear::PackedAllocator Allocator();
-  /// Miss: records `linear`, packed through Allocator(), as module `name`.
-  void Record(const std::string& name, const Int4Linear& linear);
+  /// Miss: writes `linear`, packed through Allocator(), to the entry as module `name`. kMapped
+  /// then moves the linear onto the file's pages (onto owned memory if the entry was dropped);
+  /// kOwned leaves it in its owned memory.
+  void Record(const std::string& name, Int4Linear& linear);
   /// Miss: writes index and header, syncs and renames the entry into place; removes the older
   /// entries of the same checkpoint path. Errors name the file; the loaded model stays valid.
   Status Commit();
@@ -76,10 +78,6 @@ class WeightCache {
   const std::string& note() const { return note_; }
 
  private:
-  struct Staged {
-    uint64_t offset = 0;  // in the staging file
-    bool owned = false;   // owned memory, written to the file by Record()
-  };
   struct Entry {
     int64_t n = 0, k = 0, group_size = 0;
     bool symmetric = false;
@@ -89,6 +87,7 @@ class WeightCache {
   WeightCache() = default;
   Status ReadIndex(const std::string& name_for_errors);
   PageBuffer AllocateInFile(size_t bytes);
+  void Write(const std::string& name, const Int4Linear& linear, uint64_t at, size_t bytes);
   void Abandon(const std::string& why);
 
   bool hit_ = false;
@@ -100,7 +99,8 @@ class WeightCache {
   std::shared_ptr<const void> map_;              // hit: the whole file, mapped
   uint64_t map_bytes_ = 0;
   std::map<std::string, Entry> entries_;
-  std::map<const uint8_t*, Staged> staged_;      // staging: each handed-out buffer
+  std::map<const uint8_t*, uint64_t> staged_;    // staging: each handed-out buffer's file offset
+  std::shared_ptr<PageBuffer> scratch_;          // staging, kMapped: the buffer linears pack into
   std::string note_;
 };
 
