@@ -1,14 +1,16 @@
 // The packed-weight cache (LoadOptions::weight_cache, src/model/weight_cache.h): a load that
 // packs into a new entry and a load that reads it (copied or mapped) give logits bit-identical to
 // a load without the cache, for a checkpoint repacked from its stored words (Quark) and one decoded first with an
-// act-order g_idx (GPTQ); a changed checkpoint, a broken entry, an unwritable directory and a
-// killed writer's staging file each end in a correct model.
+// act-order g_idx (GPTQ); a changed checkpoint, a broken entry, an unwritable directory, a file
+// size limit met part-way and a killed writer's staging file each end in a correct model.
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -201,6 +203,38 @@ TEST(WeightCache, StagingFileOfAGoneProcessIsRemoved) {
   ASSERT_NE(m, nullptr);
   EXPECT_FALSE(std::filesystem::exists(stale));
   EXPECT_TRUE(std::filesystem::exists(live));
+}
+
+// A file-size limit (RLIMIT_FSIZE, soft, lifted again after the load) met part-way through
+// packing: the entry is dropped, and the linears already written (kMapped: moved onto the dropped
+// file's pages) and those packed after it into owned memory give the logits of no cache.
+TEST(WeightCache, EntryDroppedPartWayLeavesACorrectModel) {
+  TempDir tmp;
+  const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
+  nibble::LoadOptions off;
+  off.weight_cache = false;
+  auto plain = nibble_test::LoadOrFail(model, off);
+  ASSERT_NE(plain, nullptr);
+  const std::vector<float> want = LogitsOf(*plain);
+  using P = nibble::WeightCachePages;
+  for (const P pages : {P::kMapped, P::kOwned}) {
+    SCOPED_TRACE(pages == P::kMapped ? "mapped" : "owned");
+    const std::string dir = tmp.sub(pages == P::kMapped ? "cache-mapped" : "cache-owned");
+    rlimit before{};
+    ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+    rlimit lim = before;
+    lim.rlim_cur = 600 << 10;  // the header and about one decoder layer (~420 KB)
+    const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+    ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+    auto m = nibble::Model::Load(model, CacheIn(dir, pages));
+    ::setrlimit(RLIMIT_FSIZE, &before);
+    std::signal(SIGXFSZ, old_handler);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    EXPECT_FALSE((*m)->info().weight_cache_hit);
+    EXPECT_TRUE(HasNote((*m)->info(), "not written"));
+    EXPECT_EQ(LogitsOf(**m), want);
+    for (const auto& e : std::filesystem::directory_iterator(dir)) ADD_FAILURE() << "left behind: " << e.path();
+  }
 }
 
 TEST(WeightCache, SmallCheckpointsAndDenseOnesAreNotCached) {
