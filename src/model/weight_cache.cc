@@ -259,9 +259,9 @@ PageBuffer WeightCache::AllocateInFile(size_t bytes) {
   }
   // Mapped: one scratch buffer, reused linear after linear; Record() writes it to the file with
   // pwrite and moves the linear onto the file's pages. Page-cache pages that write faults of a
-  // shared mapping create are single 4 KiB folios scattered in memory, which the decode loops of
-  // every later load read a fifth slower than the large folios pwrite and readahead leave
-  // (docs/PERFORMANCE.md "Packed-weight cache").
+  // shared mapping create are mostly single 4 KiB folios scattered in memory, which the decode
+  // loops of every later load read up to a quarter slower than the large folios pwrite and
+  // readahead leave (docs/PERFORMANCE.md "Packed-weight cache").
   if (fd_ >= 0) {
     if (scratch_ == nullptr || scratch_->size() < bytes)
       scratch_ = std::make_shared<PageBuffer>(bytes, PageBuffer::Uninitialized{});
