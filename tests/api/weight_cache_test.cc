@@ -51,6 +51,14 @@ bool HasNote(const nibble::ModelInfo& i, const std::string& piece) {
   return false;
 }
 
+// The logits of `model` loaded without the cache (empty, with a failure recorded, if it does not load).
+std::vector<float> UncachedLogits(const std::string& model) {
+  nibble::LoadOptions off;
+  off.weight_cache = false;
+  auto plain = nibble_test::LoadOrFail(model, off);
+  return plain != nullptr ? LogitsOf(*plain) : std::vector<float>{};
+}
+
 // Packs into an entry, then reads it back (copied or mapped: `pages` for both loads): both
 // bit-identical to no cache. Returns the entry's path.
 std::string CheckMissThenHit(const std::string& model, const std::string& cache_dir,
@@ -93,11 +101,8 @@ TEST(WeightCache, CopiedEntryGivesTheLogitsOfRepacking) {
 TEST(WeightCache, EntryReadsBackWithEitherKindOfPages) {
   TempDir tmp;
   const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
-  nibble::LoadOptions off;
-  off.weight_cache = false;
-  auto plain = nibble_test::LoadOrFail(model, off);
-  ASSERT_NE(plain, nullptr);
-  const std::vector<float> want = LogitsOf(*plain);
+  const std::vector<float> want = UncachedLogits(model);
+  ASSERT_FALSE(want.empty());
   using P = nibble::WeightCachePages;
   for (const auto& [write, read] : {std::pair{P::kOwned, P::kMapped}, std::pair{P::kMapped, P::kOwned}}) {
     const std::string dir = tmp.sub(write == P::kOwned ? "cache-owned" : "cache-mapped");
@@ -211,11 +216,8 @@ TEST(WeightCache, StagingFileOfAGoneProcessIsRemoved) {
 TEST(WeightCache, EntryDroppedPartWayLeavesACorrectModel) {
   TempDir tmp;
   const std::string model = nibble_test::QuantizedEmbeddedModel(tmp);
-  nibble::LoadOptions off;
-  off.weight_cache = false;
-  auto plain = nibble_test::LoadOrFail(model, off);
-  ASSERT_NE(plain, nullptr);
-  const std::vector<float> want = LogitsOf(*plain);
+  const std::vector<float> want = UncachedLogits(model);
+  ASSERT_FALSE(want.empty());
   using P = nibble::WeightCachePages;
   for (const P pages : {P::kMapped, P::kOwned}) {
     SCOPED_TRACE(pages == P::kMapped ? "mapped" : "owned");
