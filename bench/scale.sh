@@ -11,9 +11,9 @@
 #   bash bench/scale.sh calib       AWQ and GPTQ with bf16 and fp32 calibration (--calib_dtype) on
 #        LAYERS (default 2) decoder layers of the Llama-2-7B shape, CHUNKS (default 32) x 512
 #        calibration tokens, and one fp forward over the same tokens (`nibble perplexity`); per-layer
-#        seconds (the --report's calib_layers) extrapolated to 32 layers. ALGOS (default "gptq
-#        awq"), DTYPES (default "bf16 fp32"), THREADS (default 2); wall and CPU (user + sys) seconds
-#        are printed: on a shared host the CPU time is the steadier figure.
+#        seconds (the --report's calib_layers) extrapolated to 32 layers (the first + 31 x the
+#        others). ALGOS (default "gptq awq"), DTYPES (default "bf16 fp32"), THREADS (default 2); wall
+#        and CPU (user + sys) seconds are printed: on a shared host the CPU time is the steadier figure.
 # Environment: NIBBLE (the binary, default build/release/nibble), OUT (rtn's scratch output),
 # SCALE_DIR (where depth makes checkpoints, default build/scale; each is deleted after its section
 # unless SCALE_KEEP=1), and per section the variables it names. Prints the CPU model and the load
@@ -162,9 +162,10 @@ section_calib() {
       rm -rf "$SCALE_DIR/q"
       /usr/bin/time -f '%e %U %S' -o "$SCALE_DIR/t" "$NIBBLE" quantize --model_dir "$model" --output_dir "$SCALE_DIR/q" \
         --quant_algo "$algo" --dataset "$CALIB_DATA" --num_calib_data "$chunks" --seq_len 512 --calib_dtype "$dt" -t "$THREADS" --report "$SCALE_DIR/r.json" > "$SCALE_DIR/q.log" 2>&1
-      per=$(python3 -c 'import json,sys; l=json.load(open(sys.argv[1]))["calib_layers"]; print("%.1f" % (sum(x["seconds"] for x in l)/len(l)))' "$SCALE_DIR/r.json")
-      printf '%-5s --calib_dtype %s: %6s s per layer (wall); x 32 layers = %5.1f min; whole run %s; %s\n' "$algo" \
-        "$dt" "$per" "$(awk -v l="$per" 'BEGIN { print l * 32 / 60 }')" \
+      # The first layer also pays the first touch of the run's memory; later ones reuse it
+      # (RetainFreedMemory), so 32 layers = the first + 31 x the mean of the others.
+      per=$(python3 -c 'import json,sys; s=[x["seconds"] for x in json.load(open(sys.argv[1]))["calib_layers"]]; r=s[1:] or s; print("%s s per layer (wall); x 32 layers = %.1f min" % (" / ".join("%.1f" % x for x in s), (s[0] + 31 * sum(r) / len(r)) / 60))' "$SCALE_DIR/r.json")
+      printf '%-5s --calib_dtype %s: %s; whole run %s; %s\n' "$algo" "$dt" "$per" \
         "$(awk '{ printf "%.1f s wall, %.1f s CPU", $1, $2 + $3 }' "$SCALE_DIR/t")" "$(grep '^memory:' "$SCALE_DIR/q.log" || true)"
     done
   done

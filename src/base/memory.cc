@@ -2,11 +2,16 @@
 
 #include <sys/resource.h>
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <fstream>
+#include <mutex>
 
 namespace nibble {
 
@@ -37,7 +42,29 @@ int64_t AddressSpaceLeft() {
   return limit > used ? limit - used : 0;
 }
 
+std::mutex retain_mu;
+int retain_depth = 0;  // RetainFreedMemory scopes alive
+
 }  // namespace
+
+RetainFreedMemory::RetainFreedMemory() {
+  std::lock_guard<std::mutex> lock(retain_mu);
+  if (retain_depth++ > 0) return;
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_MAX, 0);              // large blocks from the heap, reusable after free
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);  // the heap's free top is kept
+#endif
+}
+
+RetainFreedMemory::~RetainFreedMemory() {
+  std::lock_guard<std::mutex> lock(retain_mu);
+  if (--retain_depth > 0) return;
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_MAX, 65536);  // glibc's defaults
+  mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+  malloc_trim(0);
+#endif
+}
 
 int64_t AvailableMemoryBytes() {
   const int64_t mem = MemAvailable(), as = AddressSpaceLeft();

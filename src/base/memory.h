@@ -37,6 +37,21 @@ struct ProcessMemory {
 };
 ProcessMemory ReadProcessMemory();
 
+/// While one is alive, memory the program frees stays in its heap instead of going back to the
+/// kernel (glibc: no chunk in a mapping of its own, no trimming); the last one to end hands the
+/// free pages back (malloc_trim). For work that frees and allocates buffers of the same sizes over
+/// and over: each 4 KiB page handed back is zeroed again by a page fault when next used (on a VM
+/// that returns freed memory to its host, also mapped again by the host). The heap can fragment
+/// meanwhile, so scopes stay short. Process-wide (malloc's settings are); nested and concurrent
+/// scopes are counted. A no-op where the C library is not glibc.
+class RetainFreedMemory {
+ public:
+  RetainFreedMemory();
+  ~RetainFreedMemory();
+  RetainFreedMemory(const RetainFreedMemory&) = delete;
+  RetainFreedMemory& operator=(const RetainFreedMemory&) = delete;
+};
+
 /// Peaks of RssAnon and RssFile over a span of work: the kernel keeps a peak of the total only
 /// (VmHWM), so a thread samples ReadProcessMemory every `period_ms` from construction to Stop.
 class PeakMemorySampler {

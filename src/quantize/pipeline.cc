@@ -170,9 +170,11 @@ void LayerRunner::SetInput(const float* x) {
   attn_valid_ = false;
 }
 
-const LayerActs& LayerRunner::Run(const CalibLayer& L, LayerStop stop) {
+const LayerActs& LayerRunner::Run(const CalibLayer& L, LayerStop stop) { return Run(L, MakeLinears(L), stop); }
+
+const LayerActs& LayerRunner::Run(const CalibLayer& L, const CalibLinears& lin, LayerStop stop) {
   const bool resume = attn_valid_ && stop >= LayerStop::kMlpIn;
-  RunCaptured(*c_, rope_, L, x_, batch_, t_, stop, resume ? LayerStart::kMlp : LayerStart::kInput, &acts_,
+  RunCaptured(*c_, rope_, L, lin, x_, batch_, t_, stop, resume ? LayerStart::kMlp : LayerStart::kInput, &acts_,
               &Workspaces(1)[0]);
   if (stop >= LayerStop::kAttnResidual) attn_valid_ = reuse_;
   return acts_;
@@ -222,24 +224,21 @@ double SquaredErrorBlocks(const float* a, const float* b, int64_t n) {
 double Mse(const float* a, const float* b, int64_t n) { return SquaredErrorBlocks(a, b, n) / static_cast<double>(n); }
 
 Result<std::vector<float>> RtnDequant(const std::vector<float>& w, int64_t n, int64_t k, const QuantSpec& spec,
-                                      DType dt, std::optional<Int4Matrix>* codes) {
+                                      DType dt) {
   std::vector<float> d(w.size());
-  if (codes == nullptr) {
-    // Blocks of rows in parallel: a row's RTN is the reference's on that row alone. A failure
-    // falls through to the whole matrix, whose error names the weight or group.
-    constexpr int64_t kRows = 64;
-    bool failed = false;
+  // Blocks of rows in parallel: a row's RTN is the reference's on that row alone. A failure falls
+  // through to the whole matrix, whose error names the weight or group.
+  constexpr int64_t kRows = 64;
+  bool failed = false;
 #pragma omp parallel for schedule(dynamic, 1) reduction(|| : failed)
-    for (int64_t r0 = 0; r0 < n; r0 += kRows) {
-      auto q = QuantizeRtnRef(w.data() + r0 * k, std::min(kRows, n - r0), k, spec, dt);
-      if (q.ok()) DequantizeRef(*q, d.data() + r0 * k);
-      failed = failed || !q.ok();
-    }
-    if (!failed) return d;
+  for (int64_t r0 = 0; r0 < n; r0 += kRows) {
+    auto q = QuantizeRtnRef(w.data() + r0 * k, std::min(kRows, n - r0), k, spec, dt);
+    if (q.ok()) DequantizeRef(*q, d.data() + r0 * k);
+    failed = failed || !q.ok();
   }
+  if (!failed) return d;
   NIBBLE_ASSIGN_OR_RETURN(Int4Matrix q, QuantizeRtnRef(w.data(), n, k, spec, dt));
   DequantizeRef(q, d.data());
-  if (codes != nullptr) *codes = std::move(q);
   return d;
 }
 
@@ -366,20 +365,22 @@ Result<std::vector<float>> EmbedTokens(const ModelConfig& mc, const TensorStore&
 // "quantize at model.layers.3.mlp.up_proj": where a cancelled pipeline stopped.
 std::string QuantizeAt(const std::string& what) { return "quantize at " + what; }
 
-// The final codes (the algorithm's, else RTN) and the dequantized layer they give.
+// The final codes (the algorithm's, else RTN) and the dequantized layer they give. deq shares L's
+// unquantized weights (no one writes them while deq lives) and owns the dequantized ones.
 Status QuantizeLayer(const CalibLayer& L, LayerCodes& codes, CalibLayer* deq, const CancellationToken* cancel) {
-  *deq = L.Clone();
+  *deq = L;
   for (int i = 0; i < kNumLinears; ++i) {
     if (!L.spec[i]) continue;
     const std::string name = L.name + "." + DecoderLinearNames()[i];
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(name)));
-    if (codes[i]) {
-      DequantizeRef(*codes[i], deq->w[i]->data());
-      continue;
+    if (!codes[i]) {
+      auto q = QuantizeRtnRef(L.w[i]->data(), L.n[i], L.k[i], *L.spec[i], L.dtype[i]);
+      if (!q.ok()) return q.error().WithContext("layer " + name);
+      codes[i] = std::move(q).value();
     }
-    auto d = RtnDequant(*L.w[i], L.n[i], L.k[i], *L.spec[i], L.dtype[i], &codes[i]);
-    if (!d.ok()) return d.error().WithContext("layer " + name);
-    *deq->w[i] = std::move(d).value();
+    auto d = std::make_shared<std::vector<float>>(static_cast<size_t>(L.n[i] * L.k[i]));
+    DequantizeRef(*codes[i], d->data());
+    deq->w[i] = std::move(d);
   }
   return Status::Ok();
 }

@@ -142,8 +142,10 @@ class LayerRunner {
   /// The input of the layer now being processed; invalidates the attention stages.
   void SetInput(const float* x);
   const float* input() const { return x_; }
-  /// Runs `L` up to `stop` into acts().
+  /// Runs `L` up to `stop` into acts(); `lin`: L's calibration linears (MakeLinears) when the
+  /// caller keeps them.
   const LayerActs& Run(const CalibLayer& L, LayerStop stop);
+  const LayerActs& Run(const CalibLayer& L, const CalibLinears& lin, LayerStop stop);
   const LayerActs& acts() const { return acts_; }
   /// The caller changed input_layernorm or a q / k / v / o weight: the attention stages are stale.
   void InvalidateAttention() { attn_valid_ = false; }
@@ -296,9 +298,9 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
                                         const LayerTensorSink& sink);
 
 /// Q(W) dequantized for `spec` (Quark RTN with scales in `dt`), or an error (scale overflow,
-/// non-finite weight); `codes` (optional) receives the Int4Matrix.
+/// non-finite weight).
 Result<std::vector<float>> RtnDequant(const std::vector<float>& w, int64_t n, int64_t k, const QuantSpec& spec,
-                                      DType dt, std::optional<Int4Matrix>* codes = nullptr);
+                                      DType dt);
 
 /// Σ (a − b)² / n over fixed blocks of 4096 (double partials summed in block order).
 double Mse(const float* a, const float* b, int64_t n);

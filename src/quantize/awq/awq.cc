@@ -1,6 +1,7 @@
 // AWQ as a pipeline algorithm (see awq.h).
 #include "quantize/awq/awq.h"
 
+#include "base/memory.h"
 #include "io/json.h"
 #include "model/llama.h"
 #include "quantize/awq/clip.h"
@@ -22,7 +23,13 @@ std::string AwqAlgorithm::SkipReason(const ModelConfig& c, const ResolvedMapping
 }
 
 Status AwqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::function<Status()>& step) {
+  // The searches allocate and free the same weight copies, module outputs and activations many
+  // times per layer: kept in the heap until the layer's searches end (docs/PERFORMANCE.md).
+  const RetainFreedMemory retain;
   std::vector<AwqMappingReport> reps;
+  // The calibration linears, kept across mappings: a mapping remakes those it rescaled (a 16-bit
+  // calibration's are rounded copies of the weights, hundreds of MB at 7B).
+  CalibLinears lin = MakeLinears(L);
   for (const ResolvedMapping& r : maps_) {
     AwqMappingReport mr;
     mr.mapping = r.mapping;
@@ -32,8 +39,12 @@ Status AwqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::fu
       messages_.insert("AWQ: skipped scaling_layers entry " + Describe(r.mapping) + ": " + mr.skip_reason +
                        ", as llm-compressor and AutoAWQ do");
     } else {
-      const LayerActs& a = runner.Run(L, SearchStop(r));
-      NIBBLE_ASSIGN_OR_RETURN(mr, SearchAndApply(runner, r, L, a, st_));
+      const LayerActs& a = runner.Run(L, lin, SearchStop(r));
+      NIBBLE_ASSIGN_OR_RETURN(mr, SearchAndApply(runner, r, L, lin, a, st_));
+      for (int i : RescaledLinears(r)) {
+        lin[i].reset();  // (its pages are free before the copy's are taken)
+        lin[i] = MakeCalibLinear(L.n[i], L.k[i], L.w[i], L.bias[i], L.calib);
+      }
       if (ChangesAttention(r)) runner.InvalidateAttention();
       used_.insert(Describe(r.mapping));
     }

@@ -94,6 +94,12 @@ bool ChangesAttention(const ResolvedMapping& r) {
   return std::any_of(r.balance.begin(), r.balance.end(), attn);
 }
 
+std::vector<int> RescaledLinears(const ResolvedMapping& r) {
+  std::vector<int> out = r.balance;
+  if (r.prev_op == AwqPrevOp::kLinear) out.push_back(r.prev_linear);
+  return out;
+}
+
 LayerStop SearchStop(const ResolvedMapping& r) {
   const LayerStop s = StopFor(r.src);
   return r.inspect == AwqInspect::kMlp ? std::max(s, LayerStop::kMlpIn) : s;

@@ -41,6 +41,10 @@ Result<ResolvedMapping> ResolveMapping(const AwqMapping& m);
 /// or a balance layer): a layer's attention stages must then be recomputed.
 bool ChangesAttention(const ResolvedMapping& r);
 
+/// The linears whose weights or bias applying the mapping changes: its balance layers and a
+/// prev_op linear.
+std::vector<int> RescaledLinears(const ResolvedMapping& r);
+
 /// How far a layer must run before the mapping's search: its statistic's input and, for the MLP
 /// block, the MLP input.
 LayerStop SearchStop(const ResolvedMapping& r);

@@ -385,13 +385,12 @@ bool AwqGramLoss(const AwqSettings& st, CalibDType calib, int64_t rows, int64_t 
 }
 
 Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMapping& r, CalibLayer& L,
-                                        const LayerActs& a, const AwqSettings& st) {
+                                        CalibLinears& base, const LayerActs& a, const AwqSettings& st) {
   AwqMappingReport rep;
   rep.mapping = r.mapping;
   const int64_t rows = run.rows(), kin = L.k[r.balance[0]];
   const std::vector<float> x_mean = ChannelAbsMean(a.Of(r.src), rows, kin);
   const std::vector<float> w_mean = WeightMean(L, r.balance);
-  CalibLinears base = MakeLinears(L);  // each candidate's balance linears are swapped in for its loss
   const int64_t y_dim = ChunkingFor(run, r, base).od;
   // A single inspected linear is scored through the Gram matrix of its inputs (GramMatrix): the
   // same squared error, without a pass over the activations per candidate. Modules run per

@@ -48,8 +48,10 @@ struct AwqMappingReport {
 bool AwqGramLoss(const AwqSettings& st, CalibDType calib, int64_t rows, int64_t k);
 
 /// Searches the grid for mapping `r` on the activations `a` (the layer run to SearchStop(r)) and
-/// applies the best scales to L. Errors: no candidate with a finite loss (names the layer).
+/// applies the best scales to L. `lin`: L's calibration linears (MakeLinears); each candidate's are
+/// swapped in for its loss and back out, and on return those of RescaledLinears(r) are stale.
+/// Errors: no candidate with a finite loss (names the layer).
 Result<AwqMappingReport> SearchAndApply(const LayerRunner& runner, const ResolvedMapping& r, CalibLayer& L,
-                                        const LayerActs& a, const AwqSettings& st);
+                                        CalibLinears& lin, const LayerActs& a, const AwqSettings& st);
 
 }  // namespace nibble
