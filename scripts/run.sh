@@ -20,7 +20,6 @@ WINDOWS=60
 echo "== quantize $MODEL -> $OUT (Quark hf_format, w_uint4_per_group_asym, g128, RTN)"
 $NIBBLE quantize --model_dir "$MODEL" --output_dir "$OUT" --quant_scheme w_uint4_per_group_asym \
   --group_size 128 --quant_algo rtn --model_export hf_format --overwrite
-$NIBBLE inspect "$OUT" | tail -n 1
 
 ppl() { "$NIBBLE" perplexity --model "$1" --text "$TEXT" --seq_len 512 --max_windows "$WINDOWS" 2>/dev/null; }
 echo "== perplexity on $TEXT (seq_len 512, first $WINDOWS windows)"

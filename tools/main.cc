@@ -112,7 +112,9 @@ void AddKvOptions(CLI::App* cmd, KvArgs* a, const std::string& ctx_help) {
   AddMaxMemoryOption(cmd, &a->max_memory, "Refuse a KV cache larger than this (e.g. 16GB, 512MiB); default 90 % of MemAvailable");
   cmd->add_option("--weight_cache", a->weight_cache,
                   "Directory of packed int4 weights reused by later loads of the same checkpoint, or off "
-                  "(default $NIBBLE_CACHE_DIR/weights, else ~/.cache/nibble/weights)");
+                  "(default $NIBBLE_CACHE_DIR/weights, else ~/.cache/nibble/weights; checkpoints under "
+                  "256 MiB are not cached)")
+      ->check([](const std::string& v) { return v.empty() ? "expected a directory or off, got an empty string" : ""; });
   cmd->add_flag("--no_mmap", a->no_mmap,
                 "Copy the packed int4 weights of --weight_cache into process memory (huge pages) instead of "
                 "mapping the file: a slower load, weights that page-cache pressure cannot evict");

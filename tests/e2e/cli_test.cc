@@ -300,6 +300,9 @@ TEST(Cli, CtxSizeKvDtypeAndMaxMemory) {
   RunResult mem = RunNibble(gen + " --max_memory 12XB");
   EXPECT_NE(mem.exit_code, 0);
   EXPECT_NE(mem.out.find("\"12XB\""), std::string::npos) << mem.out;
+  RunResult cache = RunNibble(gen + " --weight_cache ''");
+  EXPECT_NE(cache.exit_code, 0);
+  EXPECT_NE(cache.out.find("--weight_cache: expected a directory or off, got an empty string"), std::string::npos) << cache.out;
   RunResult ppl = RunNibble("perplexity --model " + Quote(nibble_test::EmbeddedModel()) + " --text " +
                             Quote(nibble_test::EmbeddedModel() + "/README.md") + " --seq_len 64 --ctx_size 32");
   EXPECT_NE(ppl.exit_code, 0);
