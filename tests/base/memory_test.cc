@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_util.h"
+
 namespace nibble {
 namespace {
 
@@ -42,7 +44,7 @@ long FaultsOfFill(size_t bytes) {
 }
 
 TEST(Memory, RetainFreedMemoryReusesFreedBlocksUntilTheLastScopeEnds) {
-#if defined(__SANITIZE_ADDRESS__) || !defined(__GLIBC__)
+#if defined(NIBBLE_TEST_ASAN) || !defined(__GLIBC__)
   GTEST_SKIP() << "glibc's malloc only (a sanitizer brings its own)";
 #endif
   constexpr size_t kBytes = size_t{64} << 20;  // above any mmap threshold of glibc's: a mapping of its own
