@@ -42,8 +42,9 @@ ProcessMemory ReadProcessMemory();
 /// free pages back (malloc_trim). For work that frees and allocates buffers of the same sizes over
 /// and over: each 4 KiB page handed back is zeroed again by a page fault when next used (on a VM
 /// that returns freed memory to its host, also mapped again by the host). The heap can fragment
-/// meanwhile, so scopes stay short. Process-wide (malloc's settings are); nested and concurrent
-/// scopes are counted. A no-op where the C library is not glibc.
+/// meanwhile, so a scope holds only work whose allocations repeat in sizes and order (one decoder
+/// layer after another). Process-wide (malloc's settings are); nested and concurrent scopes are
+/// counted. A no-op where the C library is not glibc.
 class RetainFreedMemory {
  public:
   RetainFreedMemory();

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "base/check.h"
+#include "base/memory.h"
 #include "base/half.h"
 #include "formats/float_dtype.h"
 #include "formats/quark_format.h"
@@ -643,6 +645,12 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
   // A 16-bit calibration of an algorithm that needs only Gram matrices runs each layer in chunks
   // (ChunkedLayer); fp32 keeps the whole-rows path and its bytes.
   const bool chunked = calib != CalibDType::kFp32 && algo.GramsOnly();
+  // Every whole-rows layer allocates and frees the same buffers (fp32 weights, their copies, the
+  // calibration linears, AWQ's candidates): kept in the heap from one layer to the next instead
+  // of each layer zeroing gigabytes of fresh pages. The chunked path's buffers differ in size
+  // from phase to phase, and kept memory raised its peak (docs/PERFORMANCE.md).
+  std::optional<RetainFreedMemory> retain;
+  if (!chunked) retain.emplace();
   PipelineResult res;
   res.layers = o.start_reports;
   for (int64_t l = o.start_layer; l < mc.num_hidden_layers; ++l) {

@@ -1,7 +1,6 @@
 // AWQ as a pipeline algorithm (see awq.h).
 #include "quantize/awq/awq.h"
 
-#include "base/memory.h"
 #include "io/json.h"
 #include "model/llama.h"
 #include "quantize/awq/clip.h"
@@ -23,9 +22,6 @@ std::string AwqAlgorithm::SkipReason(const ModelConfig& c, const ResolvedMapping
 }
 
 Status AwqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::function<Status()>& step) {
-  // The searches allocate and free the same weight copies, module outputs and activations many
-  // times per layer: kept in the heap until the layer's searches end (docs/PERFORMANCE.md).
-  const RetainFreedMemory retain;
   std::vector<AwqMappingReport> reps;
   // The calibration linears, kept across mappings: a mapping remakes those it rescaled (a 16-bit
   // calibration's are rounded copies of the weights, hundreds of MB at 7B).
