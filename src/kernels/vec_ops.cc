@@ -28,4 +28,9 @@ void RtnRowCodes(const float* x, int64_t k, int64_t g, const float* s, const flo
   ActiveW4Dispatch().kernels.vec.rtn_row_codes(x, k, g, s, inv, z, symmetric, codes, num, den);
 }
 
+void RtnRowDequantDiv(const uint8_t* codes, int64_t k, int64_t g, const float* s, const int32_t* zp, const float* d,
+                      float* out) {
+  ActiveW4Dispatch().kernels.vec.rtn_row_dequant_div(codes, k, g, s, zp, d, out);
+}
+
 }  // namespace nibble

@@ -43,6 +43,12 @@ bool RtnRowRange(const uint8_t* src, RowDType dtype, int64_t k, int64_t g, float
 void RtnRowCodes(const float* x, int64_t k, int64_t g, const float* s, const float* inv, const float* z, bool symmetric,
                  uint8_t* codes, double* num, double* den);
 
+/// AWQ's candidate row (quantize/awq/search.cc): out[i] = float(codes[i] − zp[j]) · s[j] / d[i]
+/// for column i of group j (k % g == 0), the product and the quotient each rounded to fp32 — the
+/// dequantized value of Q(W·d) divided back by the column's scale, as the scalar loop computes it.
+void RtnRowDequantDiv(const uint8_t* codes, int64_t k, int64_t g, const float* s, const int32_t* zp, const float* d,
+                      float* out);
+
 /// One ISA's implementations (W4Kernels::vec holds the chosen one).
 struct VecKernels {
   const char* name = "scalar";  // "scalar" | "avx2" | "avx512": the translation unit's ISA
@@ -52,6 +58,8 @@ struct VecKernels {
   bool (*rtn_row_range)(const uint8_t* src, RowDType dtype, int64_t k, int64_t g, float* x, float* mn, float* mx) = nullptr;
   void (*rtn_row_codes)(const float* x, int64_t k, int64_t g, const float* s, const float* inv, const float* z,
                         bool symmetric, uint8_t* codes, double* num, double* den) = nullptr;
+  void (*rtn_row_dequant_div)(const uint8_t* codes, int64_t k, int64_t g, const float* s, const int32_t* zp,
+                              const float* d, float* out) = nullptr;
   void (*to_bf16_bits)(const float* x, int64_t n, uint16_t* out) = nullptr;  // kernels/int4_packed.h ToBf16Bits
   void (*round_to_bf16)(const float* x, int64_t n, float* out) = nullptr;    // and RoundToBf16, one thread
 };

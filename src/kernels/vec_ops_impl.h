@@ -222,6 +222,27 @@ void RtnRowCodesImpl(const float* x, int64_t k, int64_t g, const float* s, const
   *den_out = den;
 }
 
+void RtnRowDequantDivImpl(const uint8_t* codes, int64_t k, int64_t g, const float* s, const int32_t* zp, const float* d,
+                          float* out) {
+  for (int64_t j = 0; j < k / g; ++j) {
+    const uint8_t* cg = codes + j * g;
+    const float* dg = d + j * g;
+    float* og = out + j * g;
+    const float gs = s[j];
+    const int32_t gz = zp[j];
+    int64_t c = 0;
+    for (; c + kRtnLanes <= g; c += kRtnLanes) {
+      RtnB code;
+      RtnF dv;
+      std::memcpy(&code, cg + c, sizeof(code));
+      std::memcpy(&dv, dg + c, sizeof(dv));
+      const RtnF v = __builtin_convertvector(__builtin_convertvector(code, RtnI) - gz, RtnF) * gs / dv;
+      std::memcpy(og + c, &v, sizeof(v));
+    }
+    for (; c < g; ++c) og[c] = static_cast<float>(int32_t{cg[c]} - gz) * gs / dg[c];
+  }
+}
+
 // base/half.h F32ToBf16 (round to nearest even, NaN kept and made quiet), branch-free so the
 // loop vectorises at this unit's width (16-lane GCC vectors here were split into slow code
 // without AVX-512); widened back to fp32 values with `widen` (RoundToBf16), else bf16 bits.
@@ -253,6 +274,7 @@ VecKernels VecKernelsOfThisUnit(const char* name) {
   k.squared_error_sum = SquaredErrorSumImpl;
   k.rtn_row_range = RtnRowRangeImpl;
   k.rtn_row_codes = RtnRowCodesImpl;
+  k.rtn_row_dequant_div = RtnRowDequantDivImpl;
   k.to_bf16_bits = ToBf16BitsImpl;
   k.round_to_bf16 = RoundToBf16Impl;
   return k;

@@ -201,6 +201,40 @@ TEST(RtnFast, EveryIsaGivesTheScalarBits) {
   }
 }
 
+// AWQ's candidate rows: every ISA's float(code − zp) · s / d equals the formula written out here,
+// each operation rounded on its own, at groups with and without a vector tail.
+TEST(RtnFast, EveryIsaDequantizesAndDividesAsTheFormula) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> code(0, 15);
+  std::uniform_real_distribution<float> scale(0.25f, 4.f);
+  for (const int64_t g : {48, 128}) {
+    const int64_t k = 4 * g;
+    std::vector<uint8_t> codes(k);
+    std::vector<float> d(k), s(k / g);
+    std::vector<int32_t> zp(k / g);
+    for (auto& c : codes) c = static_cast<uint8_t>(code(rng));
+    for (auto& v : d) v = scale(rng);
+    d[3] = 1.f / 3.f;  // a quotient that is not exact
+    for (int64_t j = 0; j < k / g; ++j) s[j] = scale(rng) * 1e-3f, zp[j] = code(rng);
+    std::vector<float> expect(k);
+    for (int64_t i = 0; i < k; ++i) {
+      const float deq = static_cast<float>(int32_t{codes[i]} - zp[i / g]) * s[i / g];
+      expect[i] = deq / d[i];
+    }
+    for (const nibble::Isa isa : {nibble::Isa::kScalar, nibble::Isa::kAvx2, nibble::Isa::kAvx512}) {
+      const nibble::W4Kernels* kern = nibble::W4KernelsFor(isa);
+      if (kern == nullptr) continue;
+      SCOPED_TRACE(std::string(nibble::IsaName(isa)) + " g " + std::to_string(g));
+      std::vector<float> out(k, -1.f);
+      kern->vec.rtn_row_dequant_div(codes.data(), k, g, s.data(), zp.data(), d.data(), out.data());
+      EXPECT_EQ(0, std::memcmp(out.data(), expect.data(), k * 4));
+    }
+    std::vector<float> out(k);
+    nibble::RtnRowDequantDiv(codes.data(), k, g, s.data(), zp.data(), d.data(), out.data());
+    EXPECT_EQ(0, std::memcmp(out.data(), expect.data(), k * 4));
+  }
+}
+
 // The pipeline's RtnDequant without codes runs blocks of rows in parallel: the reference's
 // values at one and two threads, over a last block shorter than the others; a non-finite weight
 // is the whole matrix's error, naming its row and column.

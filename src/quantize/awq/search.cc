@@ -12,6 +12,7 @@
 #include "formats/float_dtype.h"
 #include "formats/rtn.h"
 #include "kernels/dense_gemm.h"
+#include "kernels/int4_packed.h"
 #include "kernels/vec_ops.h"
 #include "quantize/gram.h"
 #include "model/linear.h"
@@ -265,7 +266,7 @@ struct CandidateBuffers {
 // Row-wise scratch of CandidateRows.
 struct RowScratch {
   std::vector<float> ws, x, mn, mx, sc, inv, z;
-  std::vector<int> zp;
+  std::vector<int32_t> zp;
   std::vector<uint8_t> codes;
   RowScratch(int64_t k, int64_t groups)
       : ws(k), x(k), mn(groups), mx(groups), sc(groups), inv(groups), z(groups), zp(groups), codes(k) {}
@@ -304,12 +305,10 @@ bool CandidateRows(const float* w, int64_t n, int64_t k, const QuantSpec& spec, 
       if (failed) continue;
       double num = 0, den = 0;
       RtnRowCodes(t.x.data(), k, g, t.sc.data(), t.inv.data(), t.z.data(), sym, t.codes.data(), &num, &den);
-      for (int64_t c = 0; c < k; ++c) {
-        const int64_t j = c / g;
-        const float v = static_cast<float>(int{t.codes[c]} - t.zp[j]) * t.sc[j] / s[c];
-        if (f32 != nullptr) f32[row * k + c] = v;
-        if (bf16 != nullptr) bf16[row * k + c] = F32ToBf16(v);
-      }
+      // (t.x, the row's values, is free once its codes are made.)
+      float* v = f32 != nullptr ? f32 + row * k : t.x.data();
+      RtnRowDequantDiv(t.codes.data(), k, g, t.sc.data(), t.zp.data(), s.data(), v);
+      if (bf16 != nullptr) ToBf16Bits(v, k, bf16 + row * k);
     }
   }
   return !failed;
