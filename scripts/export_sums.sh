@@ -6,8 +6,8 @@
 # Quantizes the shipped models with rtn, awq, gptq and awq,gptq into every export format, plus
 # flag combinations (overrides, exclusions, --misaligned, act-order, clip, --tp), with a small
 # calibration (4 x 64 tokens; about 4 minutes on 2 cores). Sums: every output file as written,
-# each --report without its timings and memory, each log with OUTROOT and every duration replaced
-# and without its memory line (memory figures vary from run to run).
+# each --report without its timings, memory and plan, each log with OUTROOT, every duration and
+# RSS replaced and without its memory and plan lines (memory and disk figures vary run to run).
 set -u
 NIB=$1; ROOT=$(realpath -m "$2"); SUMS=$3
 SHARED=$(cd "$(dirname "$0")/../../shared" && pwd)
@@ -41,8 +41,10 @@ run v-awq-clip --model_dir $m --quant_algo awq $CAL --awq_clip --duo_scaling bot
 run v-awqgptq-fp --model_dir $m --quant_algo awq,gptq $CAL --propagate fp --model_export compressed-tensors
 run v-tp --model_dir $m --tp 2 --quant_algo rtn --model_export gptq
 fi
-# Sums: every output file as written; each report without its timings and memory figures; each
-# log with the path of $ROOT and every duration replaced, without the memory line.
+# Sums: every output file as written; each report without its timings, memory figures and plan
+# (the plan counts the process's memory before the run and the free disk); each log with the
+# path of $ROOT, every duration and every progress line's RSS replaced, without the memory and
+# plan lines.
 : > "$SUMS"
 cat "$ROOT/failures" >> "$SUMS"
 for d in $(cd "$ROOT" && find . -mindepth 1 -maxdepth 1 -type d | sort); do
@@ -51,9 +53,9 @@ for d in $(cd "$ROOT" && find . -mindepth 1 -maxdepth 1 -type d | sort); do
   sed "s|$ROOT|ROOT|g" "$ROOT/$name.report.json" | python3 -c '
 import json,sys,hashlib
 def strip(o):
-    if isinstance(o,dict): return {k:strip(v) for k,v in o.items() if k not in ("seconds", "memory")}
+    if isinstance(o,dict): return {k:strip(v) for k,v in o.items() if k not in ("seconds", "memory", "plan")}
     if isinstance(o,list): return [strip(x) for x in o]
     return o
 print(hashlib.sha256(json.dumps(strip(json.load(sys.stdin)),sort_keys=True).encode()).hexdigest()+"  '$name'.report.json")' >> "$SUMS"
-  sed -E -e "s|$ROOT|ROOT|g" -e 's/[0-9]+(\.[0-9]+)? s\b/T s/g' -e '/^memory: /d' "$ROOT/$name.log" | sha256sum | sed "s|-|$name.log|" >> "$SUMS"
+  sed -E -e "s|$ROOT|ROOT|g" -e 's/[0-9]+(\.[0-9]+)? s\b/T s/g' -e 's/RSS [0-9.]+ [kMGT]?B/RSS R/g' -e '/^memory: /d' -e '/^plan: /d' "$ROOT/$name.log" | sha256sum | sed "s|-|$name.log|" >> "$SUMS"
 done
