@@ -1,10 +1,10 @@
-// Vectorised row operations of the forward pass and of AWQ's loss: exp of a shifted row (softmax,
-// SiLU), the attention softmax row, and a squared-error sum. One source of the arithmetic
-// (kernels/vec_ops_impl.h) is compiled once per ISA — baseline x86-64 / scalar, AVX2, AVX-512 —
-// and the table is chosen by the W4A32 dispatch decision (kernels/int4_dispatch.h), so
-// NIBBLE_ISA forces it and `nibble inspect --kernels` reports it. Every ISA gives the same bits:
-// contraction into FMA is off and every reduction's lane structure is fixed in the source, not
-// by the vector width.
+// Vectorised row operations of the forward pass, of RTN and of AWQ: exp of a shifted row (softmax,
+// SiLU), the attention softmax row, a squared-error sum, RTN's row passes and AWQ's candidate
+// rows. One source of the arithmetic (kernels/vec_ops_impl.h) is compiled once per ISA — baseline
+// x86-64 / scalar, AVX2, AVX-512 — and the table is chosen by the W4A32 dispatch decision
+// (kernels/int4_dispatch.h), so NIBBLE_ISA forces it and `nibble inspect --kernels` reports it.
+// Every ISA gives the same bits: contraction into FMA is off and every reduction's lane structure
+// is fixed in the source, not by the vector width.
 #pragma once
 
 #include <cstdint>

@@ -7,8 +7,8 @@
 #include <optional>
 
 #include "base/check.h"
-#include "base/memory.h"
 #include "base/half.h"
+#include "base/memory.h"
 #include "formats/float_dtype.h"
 #include "formats/quark_format.h"
 #include "formats/rtn.h"
