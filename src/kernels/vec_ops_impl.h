@@ -230,16 +230,9 @@ void RtnRowDequantDivImpl(const uint8_t* codes, int64_t k, int64_t g, const floa
     float* og = out + j * g;
     const float gs = s[j];
     const int32_t gz = zp[j];
-    int64_t c = 0;
-    for (; c + kRtnLanes <= g; c += kRtnLanes) {
-      RtnB code;
-      RtnF dv;
-      std::memcpy(&code, cg + c, sizeof(code));
-      std::memcpy(&dv, dg + c, sizeof(dv));
-      const RtnF v = __builtin_convertvector(__builtin_convertvector(code, RtnI) - gz, RtnF) * gs / dv;
-      std::memcpy(og + c, &v, sizeof(v));
-    }
-    for (; c < g; ++c) og[c] = static_cast<float>(int32_t{cg[c]} - gz) * gs / dg[c];
+    // A plain loop: GCC vectorises it at the unit's width with zero-extending loads, where
+    // 16-lane GCC vectors of bytes were widened lane by lane through scalar registers.
+    for (int64_t c = 0; c < g; ++c) og[c] = static_cast<float>(int32_t{cg[c]} - gz) * gs / dg[c];
   }
 }
 
