@@ -66,6 +66,14 @@ RetainFreedMemory::~RetainFreedMemory() {
 #endif
 }
 
+void ReleaseFreedMemory() {
+  std::lock_guard<std::mutex> lock(retain_mu);
+  if (retain_depth > 0) return;
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+
 int64_t AvailableMemoryBytes() {
   const int64_t mem = MemAvailable(), as = AddressSpaceLeft();
   if (mem < 0) return as;

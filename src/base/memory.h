@@ -53,6 +53,12 @@ class RetainFreedMemory {
   RetainFreedMemory& operator=(const RetainFreedMemory&) = delete;
 };
 
+/// Hands the heap's free pages back to the kernel now (glibc: malloc_trim over every arena; a
+/// no-op elsewhere and inside a RetainFreedMemory scope). For the end of a unit of work whose
+/// buffers differ in size from phase to phase: glibc keeps freed blocks that grew its mmap
+/// threshold in the heaps of the threads that freed them, and the next unit's peak stacks on them.
+void ReleaseFreedMemory();
+
 /// Peaks of RssAnon and RssFile over a span of work: the kernel keeps a peak of the total only
 /// (VmHWM), so a thread samples ReadProcessMemory every `period_ms` from construction to Stop.
 class PeakMemorySampler {

@@ -148,8 +148,12 @@ bool AlgorithmPlan::ReuseAttention() const {
 }
 
 bool AlgorithmPlan::ChunkedLayers(const ModelConfig& mc) const {
-  return ResolveCalibDType(calib_dtype, mc) != CalibDType::kFp32 && chain.size() == 1 && chain[0].settings &&
-         chain[0].settings->GramsOnly();
+  return ResolveCalibDType(calib_dtype, mc) != CalibDType::kFp32 && !chain.empty() &&
+         std::all_of(chain.begin(), chain.end(), [](const PlannedAlgorithm& p) { return p.settings && p.settings->Chunkable(); });
+}
+
+bool AlgorithmPlan::NeedsGrams() const {
+  return std::any_of(chain.begin(), chain.end(), [](const PlannedAlgorithm& p) { return p.settings && p.settings->NeedsGrams(); });
 }
 
 std::string AlgorithmPlan::CardLine() const {

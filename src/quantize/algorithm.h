@@ -61,8 +61,9 @@ class AlgorithmSettings {
   virtual Propagation propagation() const = 0;
   /// LayerRunner's reuse of the attention stages (false recomputes them: a test switch).
   virtual bool reuse_attention() const { return true; }
-  /// Its algorithm is LayerAlgorithm::GramsOnly (the memory plan's chunked layer).
-  virtual bool GramsOnly() const { return false; }
+  /// Its algorithm is LayerAlgorithm::Chunkable / NeedsGrams (the memory plan's chunked layer).
+  virtual bool Chunkable() const { return false; }
+  virtual bool NeedsGrams() const { return false; }
   /// Refuses an export format that cannot hold what the algorithm produces; `model_export` is
   /// the format as the request named it.
   virtual Status CheckExport(const FormatEntry& format, const std::string& model_export) const { return Status::Ok(); }
@@ -137,8 +138,10 @@ struct AlgorithmPlan {
   Propagation propagation() const;
   bool ReuseAttention() const;
   /// Whether the pipeline runs each layer in chunks of sequences (a 16-bit calibration dtype for
-  /// `mc` and a chain of one GramsOnly algorithm: pipeline.h ChunkedLayer).
+  /// `mc` and a chain of Chunkable algorithms: pipeline.h ChunkedLayer).
   bool ChunkedLayers(const ModelConfig& mc) const;
+  /// Whether an algorithm of the chain reads Gram matrices after the fp pass (NeedsGrams).
+  bool NeedsGrams() const;
   /// The model card's algorithm line: "AWQ scaling, then GPTQ rounding".
   std::string CardLine() const;
   Status CheckExport(const FormatEntry& format, const std::string& model_export) const;

@@ -37,8 +37,11 @@ struct LayerMemoryShape {
   int64_t act_bytes = 0;  // kCalibActBytes
   int threads = 1;
   /// The layer runs in chunks of chunk_rows rows (AlgorithmPlan::ChunkedLayers): Gram matrices
-  /// instead of activations over all rows.
-  bool chunked = false;
+  /// and 16-bit rows instead of activations over all rows; `grams`: its fp pass accumulates the
+  /// Gram matrices of the quantized linears' inputs (AlgorithmPlan::NeedsGrams).
+  bool chunked = false, grams = false;
+  /// A bf16 calibration (else fp16 or fp32): AWQ's candidate weights of a chunked layer are bf16.
+  bool bf16 = false;
   int64_t chunk_rows = 0;
   std::array<int64_t, 7> n{}, k{}, groups{};  // groups: scale groups per row (0 when kept in float)
   std::array<bool, 7> quantized{};

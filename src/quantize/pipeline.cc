@@ -40,6 +40,24 @@ Status AlgorithmChain::Finish(const LayerRunner& runner, CalibLayer& layer, Laye
   return Status::Ok();
 }
 
+bool AlgorithmChain::Chunkable() const {
+  return std::all_of(algos_.begin(), algos_.end(), [](const auto& a) { return a->Chunkable(); });
+}
+
+bool AlgorithmChain::NeedsGrams() const {
+  return std::any_of(algos_.begin(), algos_.end(), [](const auto& a) { return a->NeedsGrams(); });
+}
+
+bool AlgorithmChain::Transforms() const {
+  return std::any_of(algos_.begin(), algos_.end(), [](const auto& a) { return a->Transforms(); });
+}
+
+Status AlgorithmChain::FinishGrams(LayerGrams& grams, const CalibLayer& layer, LayerCodes& codes,
+                                   const std::function<Status()>& step) {
+  for (const auto& a : algos_) NIBBLE_RETURN_IF_ERROR(a->FinishGrams(grams, layer, codes, step));
+  return Status::Ok();
+}
+
 std::vector<std::string> AlgorithmChain::Messages() const {
   std::vector<std::string> out;
   for (const auto& a : algos_) {
@@ -117,94 +135,6 @@ namespace {
 std::array<bool, kNumLinears> HasBias(const ModelConfig& mc) {
   return {mc.qkv_bias, mc.qkv_bias, mc.qkv_bias, mc.o_bias, mc.mlp_bias, mc.mlp_bias, mc.mlp_bias};
 }
-
-// Runs L (its calibration linears `lin`) on x (`batch` sequences) up to `stop`, capturing into
-// `a` (sized here); start = kMlp resumes from a's attention stages.
-void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer& L, const CalibLinears& lin,
-                 const float* x, int64_t batch, int64_t t, LayerStop stop, LayerStart start, LayerActs* a,
-                 Workspace* ws) {
-  const int64_t rows = batch * t, h = c.hidden_size;
-  LayerRun run;
-  run.workspace = ws;
-  run.batch = batch;
-  run.t = t;
-  run.stop = stop;
-  run.start = start;
-  a->attn_in.resize(rows * h);
-  run.capture.attn_in = a->attn_in.data();
-  if (stop >= LayerStop::kAttnResidual) {
-    a->attn_concat.resize(rows * c.num_attention_heads * c.head_dim);
-    a->attn_residual.resize(rows * h);
-    run.capture.attn_concat = a->attn_concat.data();
-    run.capture.attn_residual = a->attn_residual.data();
-  }
-  if (stop >= LayerStop::kMlpIn) {
-    a->mlp_in.resize(rows * h);
-    run.capture.mlp_in = a->mlp_in.data();
-  }
-  if (stop == LayerStop::kFull) {
-    a->mlp_act.resize(rows * c.intermediate_size);
-    a->out.resize(rows * h);
-    run.capture.mlp_act = a->mlp_act.data();
-  }
-  DecoderLayerForward(c, ViewOf(L, lin), rope, x, run, stop == LayerStop::kFull ? a->out.data() : nullptr);
-  if (L.calib == CalibDType::kFp32) return;
-  // The captured linear inputs as the linears saw them (rounded to the calibration dtype).
-  if (start == LayerStart::kInput) RoundActivations(a->attn_in.data(), rows * h, L.calib);
-  if (start == LayerStart::kInput && stop >= LayerStop::kAttnResidual)
-    RoundActivations(a->attn_concat.data(), static_cast<int64_t>(a->attn_concat.size()), L.calib);
-  if (stop >= LayerStop::kMlpIn) RoundActivations(a->mlp_in.data(), rows * h, L.calib);
-  if (stop == LayerStop::kFull) RoundActivations(a->mlp_act.data(), static_cast<int64_t>(a->mlp_act.size()), L.calib);
-}
-
-void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer& L, const float* x, int64_t batch,
-                 int64_t t, LayerStop stop, LayerStart start, LayerActs* a, Workspace* ws) {
-  RunCaptured(c, rope, L, MakeLinears(L), x, batch, t, stop, start, a, ws);
-}
-
-}  // namespace
-
-LayerRunner::LayerRunner(const ModelConfig& c, int64_t batch, int64_t t, bool reuse_attention)
-    : c_(&c), rope_(BuildRopeTables(c, t)), batch_(batch), t_(t), reuse_(reuse_attention) {}
-
-void LayerRunner::SetInput(const float* x) {
-  x_ = x;
-  attn_valid_ = false;
-}
-
-const LayerActs& LayerRunner::Run(const CalibLayer& L, LayerStop stop) { return Run(L, MakeLinears(L), stop); }
-
-const LayerActs& LayerRunner::Run(const CalibLayer& L, const CalibLinears& lin, LayerStop stop) {
-  const bool resume = attn_valid_ && stop >= LayerStop::kMlpIn;
-  RunCaptured(*c_, rope_, L, lin, x_, batch_, t_, stop, resume ? LayerStart::kMlp : LayerStart::kInput, &acts_,
-              &Workspaces(1)[0]);
-  if (stop >= LayerStop::kAttnResidual) attn_valid_ = reuse_;
-  return acts_;
-}
-
-void LayerRunner::RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const {
-  RunCaptured(*c_, rope_, L, x_, batch, t_, LayerStop::kFull, LayerStart::kInput, out, &Workspaces(1)[0]);
-}
-
-void LayerRunner::RunOutput(const CalibLayer& L, std::vector<float>* out) const {
-  const int64_t h = c_->hidden_size, seqs = OutputChunkRows(t_) / t_;
-  out->resize(static_cast<size_t>(rows() * h));
-  const CalibLinears lin = MakeLinears(L);
-  for (int64_t b0 = 0; b0 < batch_; b0 += seqs) {
-    LayerRun run;
-    run.workspace = &Workspaces(1)[0];
-    run.batch = std::min(seqs, batch_ - b0);
-    run.t = t_;
-    DecoderLayerForward(*c_, ViewOf(L, lin), rope_, x_ + b0 * t_ * h, run, out->data() + b0 * t_ * h);
-  }
-}
-
-std::vector<Workspace>& LayerRunner::Workspaces(size_t count) const {
-  if (workspaces_.size() < count) workspaces_.resize(count);
-  return workspaces_;
-}
-
-namespace {
 
 // Σ (a − b)² (b null: Σ a²) over fixed blocks of 4096 (double partials summed in block order).
 double SquaredErrorBlocks(const float* a, const float* b, int64_t n) {
@@ -430,16 +360,17 @@ int QuantizedReaderOf(const CalibLayer& L, LayerInput in) {
   return -1;
 }
 
-// The fp pass of a GramsOnly algorithm: per chunk of sequences of the carried input `in`, the
-// captured linear inputs are added into `grams` (those a quantized linear reads) in chunk order,
+// The fp pass of a chunked layer: per chunk of sequences of the carried input `in`, the captured
+// linear inputs are added into `grams` (not null: those a quantized linear reads) in chunk order,
 // and (fp propagation, `next` not null) the layer output goes to `next`. The first chunk's
 // captures stay in `first` (the error report's first rows).
 Status ChunkedFpPass(const LayerRunner& runner, const CalibLayer& L, const CarriedActivations& in,
                      CarriedActivations* next, LayerGrams* grams, LayerActs* first, const CancellationToken* cancel) {
   const int64_t h = runner.config().hidden_size, t = runner.t();
-  grams->rows = runner.rows();
+  auto gram_of = [&](LayerInput li) { return grams != nullptr ? QuantizedReaderOf(L, li) : -1; };
+  if (grams != nullptr) grams->rows = runner.rows();
   for (LayerInput li : kLayerInputs)
-    if (const int i = QuantizedReaderOf(L, li); i >= 0) grams->Of(li).assign(static_cast<size_t>(L.k[i] * L.k[i]), 0.0f);
+    if (const int i = gram_of(li); i >= 0) grams->Of(li).assign(static_cast<size_t>(L.k[i] * L.k[i]), 0.0f);
   const CalibLinears lin = MakeLinears(L);
   LayerActs a;
   std::vector<float> x;
@@ -451,12 +382,12 @@ Status ChunkedFpPass(const LayerRunner& runner, const CalibLayer& L, const Carri
     RunCaptured(runner.config(), runner.rope(), L, lin, x.data(), nb, t, LayerStop::kFull, LayerStart::kInput, &c,
                 &runner.Workspaces(1)[0]);
     for (LayerInput li : kLayerInputs)
-      if (const int i = QuantizedReaderOf(L, li); i >= 0) AccumulateGramLower(c.Of(li), nb * t, L.k[i], grams->Of(li).data());
+      if (const int i = gram_of(li); i >= 0) AccumulateGramLower(c.Of(li), nb * t, L.k[i], grams->Of(li).data());
     if (next != nullptr) next->Put(b0 * t * h, c.out.data(), nb * t * h);
     return Status::Ok();
   }));
   for (LayerInput li : kLayerInputs)
-    if (const int i = QuantizedReaderOf(L, li); i >= 0) MirrorLower(grams->Of(li).data(), L.k[i]);
+    if (const int i = gram_of(li); i >= 0) MirrorLower(grams->Of(li).data(), L.k[i]);
   return Status::Ok();
 }
 
@@ -481,95 +412,117 @@ Status ChunkedOutput(const LayerRunner& runner, const CalibLayer& L, const Carri
 }
 
 
-// ErrorReport for a GramsOnly algorithm (no weight edited: the original layer is L) from the
-// carried input, chunk by chunk over the report rows: per linear, Σ y², Σ (y − y_rtn)² and
-// Σ (y − y_final)² summed in chunk order (RTN of each linear redone per chunk, not held). The
-// first chunk's captures are the fp pass's (`first`: the same forward of the same rows).
-Result<std::vector<LinearErrorReport>> ChunkedErrorReport(const LayerRunner& runner, const CalibLayer& L,
-                                                          const CalibLayer& deq, const CarriedActivations& in,
-                                                          const LayerActs& first, const CancellationToken* cancel) {
+// The report's sums per linear over the report rows: Σ y², Σ (y − y_rtn)² and Σ (y − y_final)²
+// with y = x·Wᵀ of L on its own inputs.
+struct ErrorSums {
+  std::array<double, kNumLinears> den{}, rtn{}, method{};
+  std::array<bool, kNumLinears> rtn_ok{true, true, true, true, true, true, true};
+};
+
+// ErrorSums of L from the carried input, chunk by chunk over the report rows, summed in chunk
+// order: RTN of L's weights (`with_rtn`, redone per chunk, not held) and deq's (not null). The
+// first chunk's captures are the fp pass's where it ran L (`first` not null: the same forward).
+Status ChunkedErrorSums(const LayerRunner& runner, const CalibLayer& L, const CalibLayer* deq, bool with_rtn,
+                        const CarriedActivations& in, const LayerActs* first, const CancellationToken* cancel,
+                        ErrorSums* out) {
   const int64_t h = runner.config().hidden_size, t = runner.t();
   const int64_t report_batch = std::min<int64_t>(runner.batch(), std::max<int64_t>(1, ReportRows(runner.rows()) / t));
-  std::array<double, kNumLinears> den{}, rtn{}, method{};
-  std::array<bool, kNumLinears> rtn_ok{};
-  rtn_ok.fill(true);
+  ErrorSums& e = *out;
+  if (!with_rtn) e.rtn_ok.fill(false);
   const CalibLinears lin = MakeLinears(L);
   LayerActs a;
   std::vector<float> x, y, yq;
-  NIBBLE_RETURN_IF_ERROR(ForEachChunk(runner, report_batch, [&](int64_t b0, int64_t nb) -> Status {
+  return ForEachChunk(runner, report_batch, [&](int64_t b0, int64_t nb) -> Status {
     const int64_t rows = nb * t;
-    if (b0 > 0) {
+    if (b0 > 0 || first == nullptr) {
       x.resize(static_cast<size_t>(rows * h));
       in.Widen(b0 * t * h, rows * h, x.data());
       RunCaptured(runner.config(), runner.rope(), L, lin, x.data(), nb, t, LayerStop::kFull, LayerStart::kInput, &a,
                   &runner.Workspaces(1)[0]);
     }
-    const LayerActs& c = b0 == 0 ? first : a;
+    const LayerActs& c = b0 == 0 && first != nullptr ? *first : a;
     for (int i = 0; i < kNumLinears; ++i) {
       if (!L.spec[i]) continue;
       NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + "." + DecoderLinearNames()[i] + " (error report)")));
       const int64_t n = L.n[i], k = L.k[i];
       const float* xi = c.Of(InputOf(i));
+      const float* wd = deq != nullptr ? deq->w[i]->data() : nullptr;
+      std::vector<float> rq;
+      if (e.rtn_ok[i]) {
+        auto r = RtnDequant(*L.w[i], n, k, *L.spec[i], L.dtype[i]);
+        e.rtn_ok[i] = r.ok() && with_rtn;
+        if (r.ok()) rq = std::move(r).value();
+      }
       if (Bf16Report(L.calib, n, k)) {
-        std::vector<float> rq;
-        if (rtn_ok[i]) {
-          auto r = RtnDequant(*L.w[i], n, k, *L.spec[i], L.dtype[i]);
-          rtn_ok[i] = r.ok();
-          if (r.ok()) rq = std::move(r).value();
-        }
         const std::array<double, 3> s =
-            Bf16OutputErrorSums(xi, rows, n, k, L.w[i]->data(), rtn_ok[i] ? rq.data() : nullptr, deq.w[i]->data());
-        den[i] += s[0];
-        rtn[i] += s[1];
-        method[i] += s[2];
+            Bf16OutputErrorSums(xi, rows, n, k, L.w[i]->data(), e.rtn_ok[i] ? rq.data() : nullptr, wd);
+        e.den[i] += s[0];
+        e.rtn[i] += s[1];
+        e.method[i] += s[2];
         continue;
       }
       y.resize(static_cast<size_t>(rows * n));
       yq.resize(y.size());
       SgemmXWt(rows, n, k, xi, k, L.w[i]->data(), k, 0.0f, y.data(), n);
-      den[i] += SquaredErrorBlocks(y.data(), nullptr, rows * n);
-      if (auto rq = RtnDequant(*L.w[i], n, k, *L.spec[i], L.dtype[i]); rq.ok() && rtn_ok[i]) {
-        SgemmXWt(rows, n, k, xi, k, rq->data(), k, 0.0f, yq.data(), n);
-        rtn[i] += SquaredErrorBlocks(y.data(), yq.data(), rows * n);
-      } else {
-        rtn_ok[i] = false;
+      e.den[i] += SquaredErrorBlocks(y.data(), nullptr, rows * n);
+      if (e.rtn_ok[i]) {
+        SgemmXWt(rows, n, k, xi, k, rq.data(), k, 0.0f, yq.data(), n);
+        e.rtn[i] += SquaredErrorBlocks(y.data(), yq.data(), rows * n);
       }
-      SgemmXWt(rows, n, k, xi, k, deq.w[i]->data(), k, 0.0f, yq.data(), n);
-      method[i] += SquaredErrorBlocks(y.data(), yq.data(), rows * n);
+      if (wd != nullptr) {
+        SgemmXWt(rows, n, k, xi, k, wd, k, 0.0f, yq.data(), n);
+        e.method[i] += SquaredErrorBlocks(y.data(), yq.data(), rows * n);
+      }
     }
     return Status::Ok();
-  }));
+  });
+}
+
+// The report from the sums of the original layer (RTN) and of the final one (method): the same
+// ErrorSums where no weight was transformed.
+std::vector<LinearErrorReport> ErrorReportOf(const CalibLayer& L, const ErrorSums& orig, const ErrorSums& fin) {
   std::vector<LinearErrorReport> out;
   for (int i = 0; i < kNumLinears; ++i) {
     LinearErrorReport lr;
     lr.name = L.name + "." + DecoderLinearNames()[i];
     lr.quantized = L.spec[i].has_value();
-    if (lr.quantized && den[i] > 0) {
-      lr.rtn_error = rtn_ok[i] ? rtn[i] / den[i] : 0.0;
-      lr.method_error = method[i] / den[i];
-    }
+    if (lr.quantized && orig.den[i] > 0 && orig.rtn_ok[i]) lr.rtn_error = orig.rtn[i] / orig.den[i];
+    if (lr.quantized && fin.den[i] > 0) lr.method_error = fin.method[i] / fin.den[i];
     out.push_back(lr);
   }
   return out;
 }
 
-// A GramsOnly algorithm's layer in a 16-bit calibration (pipeline.h): the fp pass in chunks into
-// Gram matrices, the codes from them, then the next layer's input (quantized propagation) and the
-// error report, each in chunks from `carried`, which becomes the next layer's input. No capture
-// point exists for all rows; the forward scratch is one chunk's.
-Status ChunkedLayer(const LayerRunner& runner, const CalibLayer& L, LayerAlgorithm& algo, Propagation prop,
+// A Chunkable algorithm's layer in a 16-bit calibration (pipeline.h): the report's RTN sums of
+// the original weights where the algorithm transforms them, its Transform on a chunked runner, the
+// fp pass in chunks (into Gram matrices where it needs them), the codes, then the next layer's
+// input (quantized propagation) and the report's sums, each in chunks from `carried`, which
+// becomes the next layer's input. No capture point exists for all rows in fp32; the forward
+// scratch is one chunk's.
+Status ChunkedLayer(LayerRunner& runner, CalibLayer& L, LayerAlgorithm& algo, Propagation prop,
                     CarriedActivations& carried, LayerCodes& codes, std::vector<LinearErrorReport>* report,
                     const std::function<Status()>& tick, const std::function<void(const char*)>& stage,
                     const CancellationToken* cancel) {
   CarriedActivations next(L.calib);
   const int64_t n = runner.rows() * runner.config().hidden_size;
   stage("calibrate");
+  ErrorSums orig;
+  if (algo.Transforms()) {
+    NIBBLE_RETURN_IF_ERROR(ChunkedErrorSums(runner, L, nullptr, true, carried, nullptr, cancel, &orig));
+    runner.SetCarried(&carried);
+    // Each search allocates buffers of the same sizes (its captures, the fp output, the per-thread
+    // chunks): kept in the heap over the Transform instead of faulted afresh each time.
+    RetainFreedMemory keep;
+    NIBBLE_RETURN_IF_ERROR(algo.Transform(runner, L, tick));
+    runner.ReleaseCaptured();
+    runner.Workspaces(1).resize(1);  // the searches' per-thread chunk scratch
+  }
   LayerActs first;
   {
     LayerGrams grams;
     if (prop == Propagation::kFp) next.Resize(n);
-    NIBBLE_RETURN_IF_ERROR(
-        ChunkedFpPass(runner, L, carried, prop == Propagation::kFp ? &next : nullptr, &grams, &first, cancel));
+    NIBBLE_RETURN_IF_ERROR(ChunkedFpPass(runner, L, carried, prop == Propagation::kFp ? &next : nullptr,
+                                         algo.NeedsGrams() ? &grams : nullptr, &first, cancel));
     stage("quantize");
     NIBBLE_RETURN_IF_ERROR(algo.FinishGrams(grams, L, codes, tick));
   }
@@ -579,7 +532,9 @@ Status ChunkedLayer(const LayerRunner& runner, const CalibLayer& L, LayerAlgorit
     next.Resize(n);
     NIBBLE_RETURN_IF_ERROR(ChunkedOutput(runner, deq, carried, &next, cancel));
   }
-  NIBBLE_ASSIGN_OR_RETURN(*report, ChunkedErrorReport(runner, L, deq, carried, first, cancel));
+  ErrorSums fin;
+  NIBBLE_RETURN_IF_ERROR(ChunkedErrorSums(runner, L, &deq, !algo.Transforms(), carried, &first, cancel, &fin));
+  *report = ErrorReportOf(L, algo.Transforms() ? orig : fin, fin);
   carried = std::move(next);
   return Status::Ok();
 }
@@ -642,9 +597,9 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
                                                " of " + std::to_string(total_steps)));
   };
   LayerRunner runner(mc, batch, seq_len, o.reuse_attention);
-  // A 16-bit calibration of an algorithm that needs only Gram matrices runs each layer in chunks
-  // (ChunkedLayer); fp32 keeps the whole-rows path and its bytes.
-  const bool chunked = calib != CalibDType::kFp32 && algo.GramsOnly();
+  // A 16-bit calibration of a Chunkable algorithm runs each layer in chunks (ChunkedLayer); fp32
+  // keeps the whole-rows path and its bytes.
+  const bool chunked = calib != CalibDType::kFp32 && algo.Chunkable();
   // Every whole-rows layer allocates and frees the same buffers (fp32 weights, their copies, the
   // calibration linears, AWQ's candidates): kept in the heap from one layer to the next instead
   // of each layer zeroing gigabytes of fresh pages. The chunked path's buffers differ in size
@@ -673,6 +628,7 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
       runner.SetInput(carried.Take(&x_wide));
       stage("calibrate");
       NIBBLE_RETURN_IF_ERROR(algo.Transform(runner, L, tick));
+      runner.ReleaseCaptured();
       const LayerActs& fp = runner.Run(L, LayerStop::kFull);
       std::vector<float> x_next;
       if (o.propagation == Propagation::kFp) x_next = fp.out;
@@ -692,6 +648,7 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
     }
     stage("write");
     NIBBLE_RETURN_IF_ERROR(SinkLayer(L, codes, sink, o.cancel));
+    if (chunked) ReleaseFreedMemory();
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tl).count();
     res.layers.push_back(std::move(rep));
     if (o.on_boundary)

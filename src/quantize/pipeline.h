@@ -10,10 +10,11 @@
 //   5. per-linear output errors for the report (RTN of the original weights against the result);
 //   6. the layer's tensors go to the sink (the exporter) and are freed; the next layer's input is
 //      the fp pass's output, or (quantized propagation) the output of the dequantized layer.
-// A 16-bit calibration of an algorithm that needs only Gram matrices (LayerAlgorithm::GramsOnly:
-// GPTQ alone) runs steps 3 to 6 in chunks of whole sequences from the 16-bit layer input: the fp
-// pass adds each chunk's linear inputs into one XᵀX per input, and no capture point ever holds
-// every row (the memory of a layer no longer grows with the calibration rows but for its input).
+// A 16-bit calibration of a Chunkable algorithm (GPTQ without true_sequential, AWQ without clip,
+// their chain) runs every step in chunks of whole sequences from the 16-bit layer input: AWQ's
+// searches read LayerRunner::Capture's statistics, Gram matrices and 16-bit rows; the fp pass adds
+// each chunk's linear inputs into one XᵀX per input (where GPTQ needs them); no capture point ever
+// holds every row in fp32 (a layer's memory grows with the calibration rows only by 16-bit rows).
 // Results do not depend on the thread count: every reduction runs in fixed blocks.
 #pragma once
 
@@ -111,8 +112,8 @@ inline constexpr int64_t kCalibActBytes = sizeof(float);
 /// A layer's activations on the calibration rows (model/decoder_layer.h capture points), fp32.
 /// In a 16-bit calibration dtype the linear inputs (attn_in, attn_concat, mlp_in, mlp_act) hold
 /// the values rounded to it (what the linears multiply); attn_residual and out are not rounded.
-/// On the whole-rows path every buffer spans all rows (AWQ's statistics and searches, GPTQ in
-/// fp32 or true_sequential read them whole); a chunked layer's span one chunk.
+/// On the whole-rows path (fp32 calibration, --awq_clip, GPTQ's true_sequential) every buffer
+/// spans all rows; a chunked layer's span one chunk.
 struct LayerActs {
   std::vector<float> attn_in, attn_concat, attn_residual, mlp_in, mlp_act, out;
   const float* Of(LayerInput in) const;
@@ -120,17 +121,48 @@ struct LayerActs {
 
 /// Each quantized linear input's Gram matrix XᵀX [K, K] fp32 over every calibration row (by
 /// LayerInput; empty where no quantized linear reads it), as a 16-bit calibration's chunked fp pass
-/// accumulates it (LayerAlgorithm::GramsOnly): no capture point exists for all rows at once.
+/// accumulates it (LayerAlgorithm::NeedsGrams): no capture point exists for all rows at once.
 struct LayerGrams {
   int64_t rows = 0;
   std::array<std::vector<float>, 4> g;
   std::vector<float>& Of(LayerInput in) { return g[static_cast<size_t>(in)]; }
 };
 
-/// Runs layers over the current layer's calibration input x [batch · t, H]. One LayerActs is
-/// reused by every Run (fresh multi-hundred-MB buffers per call were page-faulted and zeroed each
-/// time). While nothing has rescaled input_layernorm or q / k / v / o since the attention stages
-/// were computed, a Run that needs the MLP stages starts from them (the same values as a full run).
+/// What a search needs of one layer run over every calibration row (LayerRunner::Capture): per
+/// listed input, its per-channel mean |x|, its Gram matrix, or all its rows kept.
+struct CaptureRequest {
+  std::vector<LayerInput> abs_mean, gram, rows;
+};
+
+/// LayerRunner::Capture's answer. A whole-rows runner's rows are its LayerActs; a chunked
+/// runner's were stored in the calibration dtype (exact: linear inputs hold values rounded to
+/// it) and are widened range by range, and its statistics were accumulated chunk by chunk.
+class CapturedRows {
+ public:
+  /// mean |x[:, c]| over every row: double sums over fixed 1024-row blocks, added in block order
+  /// (the same value for any chunking and thread count).
+  const std::vector<float>& AbsMean(LayerInput in) const { return abs_mean_[Slot(in)]; }
+  /// XᵀX [k, k] fp32: GramMatrix (gram.h) of whole rows; over chunks AccumulateGramLower, mirrored.
+  const std::vector<float>& Gram(LayerInput in) const { return gram_[Slot(in)]; }
+  /// Rows [r0, r0 + n) of `in` as fp32: a pointer into the LayerActs, or widened into *scratch.
+  const float* Rows(LayerInput in, int64_t r0, int64_t n, std::vector<float>* scratch) const;
+
+ private:
+  friend class LayerRunner;
+  static size_t Slot(LayerInput in) { return static_cast<size_t>(in); }
+  void Clear();
+  const LayerActs* whole_ = nullptr;
+  std::array<int64_t, 4> width_{};
+  std::array<std::unique_ptr<CarriedActivations>, 4> stored_;
+  std::array<std::vector<float>, 4> abs_mean_, gram_;
+};
+
+/// Runs layers over the current layer's calibration input [batch · t, H]: fp32 rows in memory
+/// (SetInput: the whole-rows path), or the carried 16-bit input read chunk by chunk (SetCarried:
+/// a chunked layer, where only Capture runs). One LayerActs is reused by every Run (fresh
+/// multi-hundred-MB buffers per call were page-faulted and zeroed each time). While nothing has
+/// rescaled input_layernorm or q / k / v / o since the attention stages were computed, a
+/// whole-rows Run that needs the MLP stages starts from them (the same values as a full run).
 class LayerRunner {
  public:
   LayerRunner(const ModelConfig& c, int64_t batch, int64_t t, bool reuse_attention);
@@ -141,12 +173,19 @@ class LayerRunner {
   int64_t rows() const { return batch_ * t_; }
   /// The input of the layer now being processed; invalidates the attention stages.
   void SetInput(const float* x);
+  /// The same for a chunked layer: `in` (outliving the runs) is widened chunk by chunk.
+  void SetCarried(const CarriedActivations* in);
   const float* input() const { return x_; }
-  /// Runs `L` up to `stop` into acts(); `lin`: L's calibration linears (MakeLinears) when the
-  /// caller keeps them.
+  /// Runs `L` up to `stop` into acts() (whole rows); `lin`: L's calibration linears
+  /// (MakeLinears) when the caller keeps them.
   const LayerActs& Run(const CalibLayer& L, LayerStop stop);
   const LayerActs& Run(const CalibLayer& L, const CalibLinears& lin, LayerStop stop);
   const LayerActs& acts() const { return acts_; }
+  /// Runs `L` (linears `lin`) up to `stop` over every row, whole or in chunks of whole sequences
+  /// (about kOutputChunkRows rows), and keeps what `req` asks until the next Capture or
+  /// ReleaseCaptured.
+  const CapturedRows& Capture(const CalibLayer& L, const CalibLinears& lin, LayerStop stop, const CaptureRequest& req);
+  void ReleaseCaptured() { captured_.Clear(); }
   /// The caller changed input_layernorm or a q / k / v / o weight: the attention stages are stale.
   void InvalidateAttention() { attn_valid_ = false; }
   /// Runs `L` fully on the first `batch` sequences into `out` (reports, quantized propagation).
@@ -160,15 +199,25 @@ class LayerRunner {
   std::vector<Workspace>& Workspaces(size_t count) const;
 
  private:
+  void CaptureChunked(const CalibLayer& L, const CalibLinears& lin, LayerStop stop, const CaptureRequest& req);
   const ModelConfig* c_;
   RopeTables rope_;
   int64_t batch_, t_;
   bool reuse_;
   const float* x_ = nullptr;
+  const CarriedActivations* carried_ = nullptr;
   LayerActs acts_;
+  CapturedRows captured_;
   bool attn_valid_ = false;
   mutable std::vector<Workspace> workspaces_;
 };
+
+/// Runs L (its calibration linears `lin`) on x (`batch` sequences of `t`) up to `stop`, capturing
+/// into `a` (sized here); start = kMlp resumes from a's attention stages. In a 16-bit calibration
+/// the captured linear inputs are rounded to it (what the linears multiplied).
+void RunCaptured(const ModelConfig& c, const RopeTables& rope, const CalibLayer& L, const CalibLinears& lin,
+                 const float* x, int64_t batch, int64_t t, LayerStop stop, LayerStart start, LayerActs* a,
+                 Workspace* ws);
 
 /// Relative output error of one linear on calibration inputs, for the report.
 struct LinearErrorReport {
@@ -206,11 +255,16 @@ class LayerAlgorithm {
   }
   /// Notes collected over the run (each once), e.g. skipped mappings.
   virtual std::vector<std::string> Messages() const { return {}; }
-  /// True when it needs from the calibration only the Gram matrices of the quantized linears'
-  /// inputs, has no Transform and edits no weight (GPTQ without true_sequential): in a 16-bit
-  /// calibration the pipeline then runs the fp pass in chunks of sequences and calls FinishGrams
-  /// instead of Finish.
-  virtual bool GramsOnly() const { return false; }
+  /// True when the layer may run in chunks of sequences (a 16-bit calibration): Transform reads
+  /// the layer runs only through LayerRunner::Capture (a chunked runner has no acts()), and Finish
+  /// needs at most the Gram matrices of the quantized linears' inputs: the pipeline then calls
+  /// FinishGrams instead of Finish (GPTQ without true_sequential, AWQ without its clip search).
+  virtual bool Chunkable() const { return false; }
+  /// Whether FinishGrams reads the Gram matrices (a chunked fp pass accumulates them only then).
+  virtual bool NeedsGrams() const { return false; }
+  /// Whether Transform may change the weights (a chunked layer then measures the report's RTN
+  /// error of the original weights before it, as it keeps no original copy).
+  virtual bool Transforms() const { return false; }
   /// Finish from the layer's Gram matrices (it may free each one once used).
   virtual Status FinishGrams(LayerGrams& grams, const CalibLayer& layer, LayerCodes& codes,
                              const std::function<Status()>& step) {
@@ -229,12 +283,13 @@ class AlgorithmChain final : public LayerAlgorithm {
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
                 const std::function<Status()>& step) override;
   std::vector<std::string> Messages() const override;
-  /// A chain of one algorithm that is GramsOnly.
-  bool GramsOnly() const override { return algos_.size() == 1 && algos_[0]->GramsOnly(); }
+  /// Every algorithm Chunkable; grams or weight changes where any needs or makes them.
+  bool Chunkable() const override;
+  bool NeedsGrams() const override;
+  bool Transforms() const override;
+  /// Each algorithm's FinishGrams in order.
   Status FinishGrams(LayerGrams& grams, const CalibLayer& layer, LayerCodes& codes,
-                     const std::function<Status()>& step) override {
-    return algos_[0]->FinishGrams(grams, layer, codes, step);
-  }
+                     const std::function<Status()>& step) override;
 
  private:
   std::vector<std::unique_ptr<LayerAlgorithm>> algos_;

@@ -81,6 +81,7 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
   s.act_bytes = kCalibActBytes;
   s.threads = std::max(1, in.threads);
   s.chunked = plan.algorithms.ChunkedLayers(mc);
+  s.grams = plan.algorithms.NeedsGrams();
   s.chunk_rows = std::min(s.rows, OutputChunkRows(s.seq_len));
   int64_t w = 0;
   for (int i = 0; i < kNumLinears; ++i) {
@@ -94,12 +95,13 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
     w += s.WeightBytes(i);
   }
   const CalibDType calib = ResolveCalibDType(plan.algorithms.calib_dtype, mc);
+  s.bf16 = calib == CalibDType::kBf16;
   // bf16 calibration linears without a (faster) bf16 matmul widen per call, on every thread.
   int64_t widened = 0;
   for (int i = 0; i < kNumLinears && calib == CalibDType::kBf16; ++i)
     if (s.n[i] > 0) widened = std::max(widened, CalibLinearWidenedBytes(s.n[i], s.k[i]));
   const MemoryTerm widened_term{"bf16 GEMMs widened to fp32 (rows and a weight tile per thread)", widened * s.threads};
-  if (s.chunked) {  // pipeline.cc ChunkedLayer: no original copy (no weight is edited), no full-rows activations
+  if (s.chunked) {  // pipeline.cc ChunkedLayer: no original copy (RTN's report sums come first), no full-rows activations
     const int64_t carried = s.rows * s.hidden * CarriedActivationBytes(calib);
     s.base = {{"fp32 weights of " + s.name, w},
               {"layer input and the next layer's input (16-bit)", 2 * carried},
@@ -124,14 +126,15 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
 }
 
 // A chunked layer's fp pass (pipeline.cc ChunkedFpPass): the 16-bit calibration linears, the Gram
-// matrix of each input a quantized linear reads, and one chunk's input, captures and scratch.
+// matrix of each input a quantized linear reads (where an algorithm needs them), and one chunk's
+// input, captures and scratch.
 MemoryPhase ChunkedFpPhase(const LayerMemoryShape& s) {
   int64_t w = 0, widest_input = 0;
   std::array<int64_t, 4> gram{};
   for (int i = 0; i < kNumLinears; ++i) {
     w += s.WeightBytes(i);
-    if (s.quantized[i]) gram[static_cast<size_t>(InputOf(i))] = s.k[i] * s.k[i] * 4;
-    if (s.quantized[i]) widest_input = std::max(widest_input, s.k[i]);
+    if (s.quantized[i] && s.grams) gram[static_cast<size_t>(InputOf(i))] = s.k[i] * s.k[i] * 4;
+    if (s.quantized[i] && s.grams) widest_input = std::max(widest_input, s.k[i]);
   }
   int64_t grams = 0;
   for (int64_t g : gram) grams += g;

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +16,8 @@
 #include "e2e/run_nibble.h"
 #include "formats/float_dtype.h"
 #include "io/file.h"
+#include "model/config.h"
+#include "quantize/algorithm.h"
 #include "quantize/calib_dtype.h"
 #include "test_paths.h"
 #include "test_util.h"
@@ -91,6 +95,85 @@ TEST(CalibDType, Bf16GptqInChunksIsThreadCountIndependent) {
   ASSERT_EQ(one.find("error"), std::string::npos) << one;
   EXPECT_EQ(QuantizedSum("gptq", "bf16", 2, tmp, 5, 512), one);
   EXPECT_NE(QuantizedSum("gptq", "fp32", 2, tmp, 5, 512), one);
+}
+
+// A chain run on whole rows although it could run in chunks (a 16-bit calibration otherwise
+// chunks every layer of a Chunkable chain).
+class WholeRows final : public nibble::LayerAlgorithm {
+ public:
+  explicit WholeRows(nibble::LayerAlgorithm& a) : a_(a) {}
+  int64_t StepsPerLayer() const override { return a_.StepsPerLayer(); }
+  nibble::Status Transform(nibble::LayerRunner& r, nibble::CalibLayer& l, const std::function<nibble::Status()>& s) override {
+    return a_.Transform(r, l, s);
+  }
+  nibble::Status Finish(const nibble::LayerRunner& r, nibble::CalibLayer& l, nibble::LayerCodes& c,
+                        const std::function<nibble::Status()>& s) override {
+    return a_.Finish(r, l, c, s);
+  }
+
+ private:
+  nibble::LayerAlgorithm& a_;
+};
+
+// prose-llama-7m through RunLayerPipeline with `chain` in bf16, each layer in chunks or on whole
+// rows: every tensor the sink receives and the per-linear report.
+struct PipelineOutput {
+  std::map<std::string, std::vector<float>> tensors;
+  std::vector<nibble::LayerReport> layers;
+};
+PipelineOutput RunBf16(const std::string& chain_name, bool whole_rows, int64_t batch, int64_t seq) {
+  PipelineOutput out;
+  const std::string dir = nibble_test::SharedModel("prose-llama-7m");
+  auto mc = nibble::LoadModelConfig(dir);
+  auto store = nibble::TensorStore::OpenDir(dir);
+  EXPECT_TRUE(mc.ok() && store.ok());
+  nibble::QuarkQuantConfig cfg;
+  cfg.global = nibble::WeightQuantSpec{};
+  cfg.global->group_size = 64;
+  nibble::AlgorithmFlags flags;
+  flags.calib_dtype = nibble::CalibDType::kBf16;
+  auto algos = nibble::ResolveAlgorithms(*nibble::ParseAlgorithmChain(chain_name), flags, nullptr);
+  EXPECT_TRUE(algos.ok());
+  std::vector<std::unique_ptr<nibble::LayerAlgorithm>> owned;
+  for (auto& a : algos->MakeAlgorithms()) owned.push_back(std::move(a));
+  nibble::AlgorithmChain chain(std::move(owned));
+  EXPECT_TRUE(chain.Chunkable());
+  WholeRows whole(chain);
+  nibble::PipelineOptions po;
+  po.propagation = algos->propagation();
+  po.calib_dtype = nibble::CalibDType::kBf16;
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 7919 + i / seq) % 4000));
+  auto sink = [&out](nibble::LayerTensor t) {
+    out.tensors[t.name] = std::move(t.values);
+    return nibble::Status::Ok();
+  };
+  auto r = nibble::RunLayerPipeline(*mc, *store, cfg, tokens, batch, seq,
+                                    whole_rows ? static_cast<nibble::LayerAlgorithm&>(whole) : chain, po, sink);
+  EXPECT_TRUE(r.ok()) << r.error().message;
+  if (r.ok()) out.layers = r->layers;
+  return out;
+}
+
+// AWQ and AWQ+GPTQ in bf16 run each layer in chunks of sequences (pipeline.h ChunkedLayer: the
+// searches read 16-bit rows, mean |x| and Gram matrices accumulated chunk by chunk, and the report
+// measures RTN before the scales): 20 x 128 tokens are two chunks (16 and 4 sequences), and
+// every tensor and report figure is the whole-rows path's.
+TEST(CalibDType, Bf16AwqInChunksGivesTheWholeRowsBytes) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m");
+  for (const std::string chain : {"awq", "awq,gptq"}) {
+    const PipelineOutput chunked = RunBf16(chain, false, 20, 128), whole = RunBf16(chain, true, 20, 128);
+    ASSERT_EQ(chunked.tensors.size(), whole.tensors.size()) << chain;
+    for (const auto& [name, v] : whole.tensors) EXPECT_TRUE(chunked.tensors.at(name) == v) << chain << ": " << name;
+    ASSERT_EQ(chunked.layers.size(), whole.layers.size());
+    for (size_t l = 0; l < whole.layers.size(); ++l)
+      for (size_t i = 0; i < whole.layers[l].linears.size(); ++i) {
+        const nibble::LinearErrorReport &a = chunked.layers[l].linears[i], &b = whole.layers[l].linears[i];
+        EXPECT_EQ(a.rtn_error, b.rtn_error) << chain << ": " << a.name;
+        EXPECT_EQ(a.method_error, b.method_error) << chain << ": " << a.name;
+        EXPECT_GT(a.method_error, 0.0) << chain << ": " << a.name;
+      }
+  }
 }
 
 TEST(CalibDType, ParsesResolvesAndSizes) {

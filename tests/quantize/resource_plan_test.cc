@@ -79,6 +79,7 @@ TEST(ResourcePlan, PeakBoundsTheMeasuredPeakForRtnAwqGptq) {
   ExpectPlanBoundsPeak("gptq", "--quant_algo gptq " + Calib(8, 512));
   ExpectPlanBoundsPeak("gptq fp32", "--quant_algo gptq --calib_dtype fp32 " + Calib(8, 512));
   ExpectPlanBoundsPeak("awq", "--quant_algo awq --n_grid 2 --duo_scaling false " + Calib(8, 512));
+  ExpectPlanBoundsPeak("awq fp32", "--quant_algo awq --n_grid 2 --duo_scaling false --calib_dtype fp32 " + Calib(8, 512));
 }
 
 TEST(ResourcePlan, MaxMemoryBelowThePlanRefusesBeforeAnyLayer) {

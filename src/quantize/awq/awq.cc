@@ -35,7 +35,7 @@ Status AwqAlgorithm::Transform(LayerRunner& runner, CalibLayer& L, const std::fu
       messages_.insert("AWQ: skipped scaling_layers entry " + Describe(r.mapping) + ": " + mr.skip_reason +
                        ", as llm-compressor and AutoAWQ do");
     } else {
-      const LayerActs& a = runner.Run(L, lin, SearchStop(r));
+      const CapturedRows& a = runner.Capture(L, lin, SearchStop(r), SearchNeeds(r, st_, L, runner.rows()));
       NIBBLE_ASSIGN_OR_RETURN(mr, SearchAndApply(runner, r, L, lin, a, st_));
       for (int i : RescaledLinears(r)) {
         lin[i].reset();  // (its pages are free before the copy's are taken)
@@ -76,6 +76,7 @@ class AwqRunSettings final : public AlgorithmSettings {
   AwqRunSettings(const AwqSettings& s, std::vector<ResolvedMapping> maps) : st_(s), maps_(std::move(maps)) {}
   Propagation propagation() const override { return st_.propagation; }
   bool reuse_attention() const override { return st_.reuse_attention; }
+  bool Chunkable() const override { return !st_.clip; }
   std::unique_ptr<ChainAlgorithm> MakeAlgorithm() const override { return std::make_unique<AwqAlgorithm>(st_, maps_); }
   std::vector<MemoryPhase> MemoryPhases(const LayerMemoryShape& layer) const override;
   std::vector<nlohmann::ordered_json> AlgoConfig(const CalibResult& run, const ModelConfig& mc) const override {
@@ -91,11 +92,54 @@ class AwqRunSettings final : public AlgorithmSettings {
   std::vector<ResolvedMapping> maps_;
 };
 
+// A chunked layer's search of mapping r (LayerRunner::Capture on a chunked runner), in two
+// phases: the capture pass (the layer's 16-bit calibration linears, one chunk's input, captures
+// and scratch, and what it keeps: the inspected linear's Gram matrix, or the inspected module's
+// input rows in 16 bits), then the search (the candidates; the module's fp output over every row
+// and each thread's chunk input, output and scratch, or the Gram loss's per-thread blocks).
+// Where the calibration dtype decides between the Gram loss and the direct one (AwqGramLoss),
+// the larger of the two.
+std::vector<MemoryPhase> ChunkedSearchPhases(const LayerMemoryShape& s, const ResolvedMapping& r, const AwqSettings& st,
+                                             int64_t chunk_rows) {
+  int64_t w = 0;
+  for (int i = 0; i < kNumLinears; ++i) w += s.WeightBytes(i);
+  const MemoryTerm lin{"16-bit copy of its weights (calibration linears)", w / 2};
+  const int64_t kin = s.k[r.balance[0]];
+  const bool linear = r.inspect == AwqInspect::kLinear;
+  const int64_t od = linear ? s.n[r.inspect_linear] : s.hidden, xin = linear ? s.k[r.inspect_linear] : s.hidden;
+  const MemoryTerm gram{"AWQ Gram matrix of " + s.linear[r.inspect_linear < 0 ? 0 : r.inspect_linear] + " inputs " +
+                            Dims(xin, xin) + " fp32",
+                        xin * xin * 4 + chunk_rows * xin * 2};
+  const MemoryTerm stored{"AWQ inspected input " + Dims(s.rows, xin) + " 16-bit and its fp32 output " + Dims(s.rows, od),
+                          s.rows * xin * 2 + s.rows * od * 4};
+  const bool may_gram = linear && (AwqGramLoss(st, CalibDType::kBf16, s.rows, kin) || AwqGramLoss(st, CalibDType::kFp16, s.rows, kin));
+  const bool may_direct = !linear || !AwqGramLoss(st, CalibDType::kFp16, s.rows, kin);
+  const MemoryTerm kept = !may_gram ? stored : !may_direct ? gram : (gram.bytes > stored.bytes ? gram : stored);
+  const int64_t blocks = (s.rows + 1023) / 1024;
+  const MemoryTerm capture{"capture pass: one chunk of " + std::to_string(chunk_rows) + " rows and the mean |x| sums",
+                           chunk_rows * (s.ActsRowBytes() + s.ScratchRowBytes() + s.hidden * 4) + blocks * kin * 8};
+  // The candidates (search.cc CandidateLinears): bf16 bits of each quantized balance layer in a
+  // bf16 calibration, else fp32 values and the fp16 linear's rounded copy; the Gram loss makes
+  // only the inspected linear's, in fp32.
+  int64_t cand = 0, cand_gram = 0;
+  for (int i : r.balance)
+    if (s.quantized[i]) cand += s.bf16 ? s.WeightBytes(i) / 2 : 2 * s.WeightBytes(i);
+  if (linear && s.quantized[r.inspect_linear]) cand_gram = s.WeightBytes(r.inspect_linear);
+  const MemoryTerm candidates{"AWQ candidate weights of " + Describe(r.mapping),
+                              may_direct ? std::max(cand, may_gram ? cand_gram : 0) : cand_gram};
+  const MemoryTerm threads{"AWQ per-thread chunks: input, output and forward scratch",
+                           may_direct ? s.threads * chunk_rows * (xin * 4 + od * 4 + s.ScratchRowBytes(false))
+                                      : s.threads * 256 * xin * 8};
+  const std::string m = Describe(r.mapping) + " (" + s.name + ")";
+  return {{"AWQ capture " + m, {lin, kept, capture}}, {"AWQ " + m, {lin, kept, candidates, threads}}};
+}
+
 // Per mapping's search (SearchAndApply): each candidate's balance weights W·s quantized and
 // dequantized (kept for the candidate's linears) with one linear's transient copies (W·s, the
 // dequantized values and codes); a single inspected linear's Gram matrix of its inputs, or the
 // inspected module's fp output over every row with each thread's chunk output and forward
-// scratch. The clip search (--awq_clip) holds two more copies of one linear.
+// scratch (a chunked layer: ChunkedSearchPhases). The clip search (--awq_clip) holds two more
+// copies of one linear.
 std::vector<MemoryPhase> AwqRunSettings::MemoryPhases(const LayerMemoryShape& s) const {
   std::vector<MemoryPhase> out;
   const int64_t chunk_rows = std::min(s.rows, std::max<int64_t>(1, kAwqInspectChunkRows / s.seq_len) * s.seq_len);
@@ -111,6 +155,10 @@ std::vector<MemoryPhase> AwqRunSettings::MemoryPhases(const LayerMemoryShape& s)
       transient = std::max(transient, 2 * s.WeightBytes(i) + s.CodesBytes(i));
     }
     if (kept == 0) continue;
+    if (s.chunked) {
+      for (MemoryPhase& q : ChunkedSearchPhases(s, r, st_, chunk_rows)) out.push_back(std::move(q));
+      continue;
+    }
     p.terms.push_back({"AWQ candidate weights of " + Describe(r.mapping), kept + transient});
     const int64_t od = r.inspect == AwqInspect::kLinear ? s.n[r.inspect_linear] : s.hidden;
     const MemoryTerm direct{"AWQ inspected output " + Dims(s.rows, od) + " fp32 and per-thread chunks",

@@ -14,35 +14,13 @@
 #include "kernels/dense_gemm.h"
 #include "kernels/int4_packed.h"
 #include "kernels/vec_ops.h"
-#include "quantize/gram.h"
 #include "model/linear.h"
 
 namespace nibble {
 
 namespace {
 
-constexpr int64_t kRowBlock = 1024;   // fixed reduction blocks (thread-count independent sums)
 constexpr int64_t kChunkRows = kAwqInspectChunkRows;
-
-// Per-channel mean |x| of x [rows, cols], fp32 result of double sums in fixed row blocks.
-std::vector<float> ChannelAbsMean(const float* x, int64_t rows, int64_t cols) {
-  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  std::vector<double> part(static_cast<size_t>(blocks * cols), 0.0);
-#pragma omp parallel for schedule(static)
-  for (int64_t bl = 0; bl < blocks; ++bl) {
-    double* p = part.data() + bl * cols;
-    const int64_t e = std::min(rows, (bl + 1) * kRowBlock);
-    for (int64_t r = bl * kRowBlock; r < e; ++r)
-      for (int64_t c = 0; c < cols; ++c) p[c] += std::fabs(x[r * cols + c]);
-  }
-  std::vector<float> m(static_cast<size_t>(cols));
-  for (int64_t c = 0; c < cols; ++c) {
-    double s = 0;
-    for (int64_t bl = 0; bl < blocks; ++bl) s += part[bl * cols + c];
-    m[c] = static_cast<float>(s / static_cast<double>(rows));
-  }
-  return m;
-}
 
 // llm-compressor _compute_layer_means: |W| / (group max + 1e-6), summed over rows of all balance
 // layers, divided by the total row count.
@@ -135,21 +113,27 @@ double GramSquaredError(const std::vector<float>& g, const std::vector<float>& w
   return s;
 }
 
-// Runs the inspected module of `r` with linears `lin` on sequences [b0, b0 + nb) of `a`;
-// out gets [nb * t, out_dim].
+// The capture point the inspected module of `r` reads.
+LayerInput InspectInput(const ResolvedMapping& r) {
+  if (r.inspect == AwqInspect::kSelfAttn) return LayerInput::kAttnIn;
+  if (r.inspect == AwqInspect::kMlp) return LayerInput::kMlpIn;
+  return InputOf(r.inspect_linear);
+}
+
+// Runs the inspected module of `r` with linears `lin` on sequences [b0, b0 + nb) of `a` (its
+// rows widened into `xs` where they are stored in 16 bits); out gets [nb * t, out_dim].
 void InspectChunk(const LayerRunner& run, const ResolvedMapping& r, const CalibLayer& L, const CalibLinears& lin,
-                  const LayerActs& a, int64_t b0, int64_t nb, float* out, Workspace& ws) {
+                  const CapturedRows& a, int64_t b0, int64_t nb, float* out, Workspace& ws, std::vector<float>& xs) {
   const ModelConfig& c = run.config();
   const int64_t rows = nb * run.t(), r0 = b0 * run.t();
   const DecoderLayerView view = ViewOf(L, lin);  // the attention reads L's Qwen3 q/k norms, if any
+  const float* x = a.Rows(InspectInput(r), r0, rows, &xs);
   if (r.inspect == AwqInspect::kSelfAttn) {
-    AttentionBlockForward(c, view, run.rope(), a.attn_in.data() + r0 * c.hidden_size, nb, run.t(), nullptr, out,
-                          nullptr, ws);
+    AttentionBlockForward(c, view, run.rope(), x, nb, run.t(), nullptr, out, nullptr, ws);
   } else if (r.inspect == AwqInspect::kMlp) {
-    MlpBlockForward(view, a.mlp_in.data() + r0 * c.hidden_size, rows, out, nullptr, ws);
+    MlpBlockForward(view, x, rows, out, nullptr, ws);
   } else {
-    const int i = r.inspect_linear;
-    lin[i]->Forward(a.Of(InputOf(i)) + r0 * lin[i]->in_features(), rows, out, &ws);
+    lin[r.inspect_linear]->Forward(x, rows, out, &ws);
   }
 }
 
@@ -171,16 +155,18 @@ Chunking ChunkingFor(const LayerRunner& run, const ResolvedMapping& r, const Cal
 
 // The fp reference: the inspected module's output for every sequence, [batch * t, od].
 std::vector<float> InspectReference(const LayerRunner& run, const ResolvedMapping& r, const CalibLayer& L,
-                                    const CalibLinears& lin, const LayerActs& a) {
+                                    const CalibLinears& lin, const CapturedRows& a,
+                                    std::vector<std::vector<float>>& xs) {
   const Chunking c = ChunkingFor(run, r, lin);
   const int64_t batch = run.batch();
   std::vector<float> out(static_cast<size_t>(batch * run.t() * c.od));
   std::vector<Workspace>& ws = run.Workspaces(static_cast<size_t>(omp_get_max_threads()));
+  xs.resize(ws.size());
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t ci = 0; ci < c.chunks; ++ci) {
     const int64_t b0 = ci * c.seqs;
-    InspectChunk(run, r, L, lin, a, b0, std::min(c.seqs, batch - b0), out.data() + b0 * run.t() * c.od,
-                 ws[static_cast<size_t>(omp_get_thread_num())]);
+    const size_t th = static_cast<size_t>(omp_get_thread_num());
+    InspectChunk(run, r, L, lin, a, b0, std::min(c.seqs, batch - b0), out.data() + b0 * run.t() * c.od, ws[th], xs[th]);
   }
   return out;
 }
@@ -190,11 +176,13 @@ std::vector<float> InspectReference(const LayerRunner& run, const ResolvedMappin
 // (in whatever order the threads finish them) add up to more than `stop_above` (a sum of squared
 // errors, not a mean), the full loss must exceed it too: the remaining chunks are skipped and
 // nullopt returned. stop_above = +inf computes every chunk. A finished loss is the same value
-// (chunk parts added in chunk order) whether or not a stop was armed. `outs`: one chunk's output
-// per thread, kept from candidate to candidate (fresh pages per candidate cost a page fault each).
+// (chunk parts added in chunk order) whether or not a stop was armed. `outs` and `xs`: one chunk's
+// output and widened input per thread, kept from candidate to candidate (fresh pages per candidate
+// cost a page fault each).
 std::optional<double> InspectLoss(const LayerRunner& run, const ResolvedMapping& r, const CalibLayer& L,
-                                  const CalibLinears& lin, const LayerActs& a, const std::vector<float>& reference,
-                                  double stop_above, std::vector<std::vector<float>>& outs) {
+                                  const CalibLinears& lin, const CapturedRows& a, const std::vector<float>& reference,
+                                  double stop_above, std::vector<std::vector<float>>& outs,
+                                  std::vector<std::vector<float>>& xs) {
   const Chunking c = ChunkingFor(run, r, lin);
   const int64_t batch = run.batch(), t = run.t();
   std::vector<double> part(static_cast<size_t>(c.chunks));
@@ -202,6 +190,7 @@ std::optional<double> InspectLoss(const LayerRunner& run, const ResolvedMapping&
   bool stopped = false;
   std::vector<Workspace>& ws = run.Workspaces(static_cast<size_t>(omp_get_max_threads()));
   outs.resize(ws.size());
+  xs.resize(ws.size());
 #pragma omp parallel
   {
     std::vector<float>& y = outs[static_cast<size_t>(omp_get_thread_num())];
@@ -213,7 +202,8 @@ std::optional<double> InspectLoss(const LayerRunner& run, const ResolvedMapping&
       skip = stopped;
       if (skip) continue;
       const int64_t b0 = ci * c.seqs, nb = std::min(c.seqs, batch - b0);
-      InspectChunk(run, r, L, lin, a, b0, nb, y.data(), ws[static_cast<size_t>(omp_get_thread_num())]);
+      const size_t th = static_cast<size_t>(omp_get_thread_num());
+      InspectChunk(run, r, L, lin, a, b0, nb, y.data(), ws[th], xs[th]);
       const int64_t n = nb * t * c.od;
       const double p = Mse(reference.data() + b0 * t * c.od, y.data(), n) * static_cast<double>(n);
       part[static_cast<size_t>(ci)] = p;
@@ -383,20 +373,31 @@ bool AwqGramLoss(const AwqSettings& st, CalibDType calib, int64_t rows, int64_t 
   return rows >= direct_per_gram * k;
 }
 
+CaptureRequest SearchNeeds(const ResolvedMapping& r, const AwqSettings& st, const CalibLayer& L, int64_t rows) {
+  CaptureRequest q;
+  q.abs_mean = {r.src};
+  if (r.inspect == AwqInspect::kLinear && AwqGramLoss(st, L.calib, rows, L.k[r.balance[0]]))
+    q.gram = {InputOf(r.inspect_linear)};
+  else
+    q.rows = {InspectInput(r)};
+  return q;
+}
+
 Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMapping& r, CalibLayer& L,
-                                        CalibLinears& base, const LayerActs& a, const AwqSettings& st) {
+                                        CalibLinears& base, const CapturedRows& a, const AwqSettings& st) {
   AwqMappingReport rep;
   rep.mapping = r.mapping;
   const int64_t rows = run.rows(), kin = L.k[r.balance[0]];
-  const std::vector<float> x_mean = ChannelAbsMean(a.Of(r.src), rows, kin);
+  const std::vector<float>& x_mean = a.AbsMean(r.src);
   const std::vector<float> w_mean = WeightMean(L, r.balance);
   const int64_t y_dim = ChunkingFor(run, r, base).od;
   // A single inspected linear is scored through the Gram matrix of its inputs (GramMatrix): the
   // same squared error, without a pass over the activations per candidate. Modules run per
   // candidate against their fp output.
   const bool gram = r.inspect == AwqInspect::kLinear && AwqGramLoss(st, L.calib, rows, kin);
-  const std::vector<float> g = gram ? GramMatrix(a.Of(InputOf(r.inspect_linear)), rows, kin) : std::vector<float>{};
-  const std::vector<float> y_fp = gram ? std::vector<float>{} : InspectReference(run, r, L, base, a);
+  const std::vector<float>& g = a.Gram(InspectInput(r));
+  std::vector<std::vector<float>> xs;  // per-thread widened rows (InspectChunk)
+  const std::vector<float> y_fp = gram ? std::vector<float>{} : InspectReference(run, r, L, base, a, xs);
 
   double best = std::numeric_limits<double>::infinity();
   std::vector<float> best_s;
@@ -420,7 +421,7 @@ Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMa
                                     : std::numeric_limits<double>::infinity();
       for (int i : r.balance)
         if (cand[i]) std::swap(base[i], cand[i]);
-      const std::optional<double> l = InspectLoss(run, r, L, base, a, y_fp, stop_above, outs);
+      const std::optional<double> l = InspectLoss(run, r, L, base, a, y_fp, stop_above, outs, xs);
       for (int i : r.balance)
         if (cand[i]) std::swap(base[i], cand[i]);
       if (!l) {  // (best is finite, so this is not the first candidate)

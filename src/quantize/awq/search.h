@@ -47,11 +47,16 @@ struct AwqMappingReport {
 /// the sgemm's rate) cost less, with the early stop of losing candidates on top.
 bool AwqGramLoss(const AwqSettings& st, CalibDType calib, int64_t rows, int64_t k);
 
-/// Searches the grid for mapping `r` on the activations `a` (the layer run to SearchStop(r)) and
+/// What the search of mapping `r` reads of the layer run to SearchStop(r) (LayerRunner::Capture):
+/// the mean |x| of the balance layers' input, and the Gram matrix of the inspected linear's input
+/// (AwqGramLoss over `rows`) or else all rows of the inspected module's input.
+CaptureRequest SearchNeeds(const ResolvedMapping& r, const AwqSettings& st, const CalibLayer& L, int64_t rows);
+
+/// Searches the grid for mapping `r` on the captures `a` (Capture with SearchNeeds) and
 /// applies the best scales to L. `lin`: L's calibration linears (MakeLinears); each candidate's are
 /// swapped in for its loss and back out, and on return those of RescaledLinears(r) are stale.
 /// Errors: no candidate with a finite loss (names the layer).
 Result<AwqMappingReport> SearchAndApply(const LayerRunner& runner, const ResolvedMapping& r, CalibLayer& L,
-                                        CalibLinears& lin, const LayerActs& a, const AwqSettings& st);
+                                        CalibLinears& lin, const CapturedRows& a, const AwqSettings& st);
 
 }  // namespace nibble

@@ -165,7 +165,8 @@ class GptqRunSettings final : public AlgorithmSettings {
  public:
   GptqRunSettings(const GptqSettings& s, const GptqSettingNames& names) : st_(s), names_(names) {}
   Propagation propagation() const override { return st_.propagation; }
-  bool GramsOnly() const override { return !st_.true_sequential; }
+  bool Chunkable() const override { return !st_.true_sequential; }
+  bool NeedsGrams() const override { return true; }
   Status CheckExport(const FormatEntry& format, const std::string& model_export) const override {
     if (st_.actorder != GptqActOrder::kGroup || format.holds_g_idx) return Status::Ok();
     return MakeErrorCode(ErrorCode::kUnsupported, names_.actorder, " group needs a g_idx in the checkpoint; --model_export ",
