@@ -72,6 +72,9 @@ class AlgorithmSettings {
   /// The phases of a layer in which it holds buffers of its own (Hessians, candidate weights),
   /// each with those buffers only: the memory plan (quantize/resource_plan.h) adds `layer.base`.
   virtual std::vector<MemoryPhase> MemoryPhases(const LayerMemoryShape& layer) const { return {}; }
+  /// Whether its Transform of a chunked layer leaves the attention residual kept
+  /// (LayerRunner::ForEachChunk) into the fp pass: the plan counts it there.
+  virtual bool KeepsAttention(const LayerMemoryShape& layer) const { return false; }
   /// Its algo_config entries written to config.json after `run`.
   virtual std::vector<nlohmann::ordered_json> AlgoConfig(const CalibResult& run, const ModelConfig& mc) const = 0;
   /// Its section of the --report JSON (under its name), after `run`.

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/check.h"
 #include "quantize/gram.h"
 #include "quantize/pipeline.h"
 
@@ -47,15 +48,6 @@ std::vector<float> AbsMeanOf(const std::vector<double>& part, int64_t rows, int6
 }
 
 size_t Idx(LayerInput in) { return static_cast<size_t>(in); }
-
-// Columns of capture point `in` of config c.
-int64_t WidthOf(const ModelConfig& c, LayerInput in) {
-  switch (in) {
-    case LayerInput::kAttnIn: case LayerInput::kMlpIn: return c.hidden_size;
-    case LayerInput::kAttnConcat: return c.num_attention_heads * c.head_dim;
-    default: return c.intermediate_size;
-  }
-}
 
 }  // namespace
 
@@ -103,13 +95,18 @@ LayerRunner::LayerRunner(const ModelConfig& c, int64_t batch, int64_t t, bool re
 void LayerRunner::SetInput(const float* x) {
   x_ = x;
   carried_ = nullptr;
-  attn_valid_ = false;
+  InvalidateAttention();
 }
 
 void LayerRunner::SetCarried(const CarriedActivations* in) {
   x_ = nullptr;
   carried_ = in;
+  InvalidateAttention();
+}
+
+void LayerRunner::InvalidateAttention() {
   attn_valid_ = false;
+  std::vector<float>().swap(kept_residual_);
 }
 
 const LayerActs& LayerRunner::Run(const CalibLayer& L, LayerStop stop) { return Run(L, MakeLinears(L), stop); }
@@ -127,17 +124,61 @@ void LayerRunner::RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) c
               &Workspaces(1)[0]);
 }
 
-void LayerRunner::RunOutput(const CalibLayer& L, std::vector<float>* out) const {
-  const int64_t h = c_->hidden_size, seqs = OutputChunkRows(t_) / t_;
-  out->resize(static_cast<size_t>(rows() * h));
+const float* LayerRunner::ChunkInput(int64_t b0, int64_t nb, std::vector<float>* scratch) const {
+  const int64_t h = c_->hidden_size, off = b0 * t_ * h, n = nb * t_ * h;
+  if (carried_ == nullptr) return x_ + off;
+  scratch->resize(static_cast<size_t>(n));
+  carried_->Widen(off, n, scratch->data());
+  return scratch->data();
+}
+
+Status LayerRunner::ForEachOutput(const CalibLayer& L, const OutputFn& f) const {
+  const int64_t seqs = OutputChunkRows(t_) / t_;
   const CalibLinears lin = MakeLinears(L);
+  std::vector<float> x, out;
   for (int64_t b0 = 0; b0 < batch_; b0 += seqs) {
     LayerRun run;
     run.workspace = &Workspaces(1)[0];
     run.batch = std::min(seqs, batch_ - b0);
     run.t = t_;
-    DecoderLayerForward(*c_, ViewOf(L, lin), rope_, x_ + b0 * t_ * h, run, out->data() + b0 * t_ * h);
+    out.resize(static_cast<size_t>(run.rows() * c_->hidden_size));
+    DecoderLayerForward(*c_, ViewOf(L, lin), rope_, ChunkInput(b0, run.batch, &x), run, out.data());
+    NIBBLE_RETURN_IF_ERROR(f(b0, run.batch, out.data()));
   }
+  return Status::Ok();
+}
+
+void LayerRunner::RunOutput(const CalibLayer& L, std::vector<float>* out) const {
+  const int64_t h = c_->hidden_size;
+  out->resize(static_cast<size_t>(rows() * h));
+  NIBBLE_CHECK(ForEachOutput(L, [&](int64_t b0, int64_t nb, const float* y) -> Status {
+                 std::copy(y, y + nb * t_ * h, out->data() + b0 * t_ * h);
+                 return Status::Ok();
+               }).ok());
+}
+
+// A chunk starts from the kept residual when the attention stages are valid and the caller reads
+// none of their captures; a pass over every row that computes the attention keeps it if asked.
+Status LayerRunner::ForEachChunk(const CalibLayer& L, const CalibLinears& lin, const ChunkPass& pass,
+                                 const ChunkFn& f) {
+  NIBBLE_CHECK(carried_ != nullptr);
+  const int64_t h = c_->hidden_size, seqs = OutputChunkRows(t_) / t_, end = pass.end < 0 ? batch_ : pass.end;
+  const bool from_kept = attn_valid_ && pass.stop >= LayerStop::kMlpIn && !pass.attention_captures;
+  const bool keep = pass.keep_attention && reuse_ && !from_kept && pass.stop >= LayerStop::kAttnResidual &&
+                    pass.begin == 0 && end == batch_;
+  if (keep) kept_residual_.resize(static_cast<size_t>(rows() * h));
+  LayerActs a;
+  std::vector<float> x;
+  for (int64_t b0 = pass.begin; b0 < end; b0 += seqs) {
+    const int64_t nb = std::min(seqs, end - b0), off = b0 * t_ * h, n = nb * t_ * h;
+    if (from_kept) a.attn_residual.assign(kept_residual_.begin() + off, kept_residual_.begin() + off + n);
+    RunCaptured(*c_, rope_, L, lin, from_kept ? nullptr : ChunkInput(b0, nb, &x), nb, t_, pass.stop,
+                from_kept ? LayerStart::kMlp : LayerStart::kInput, &a, &Workspaces(1)[0]);
+    if (keep) std::copy(a.attn_residual.begin(), a.attn_residual.begin() + n, kept_residual_.begin() + off);
+    NIBBLE_RETURN_IF_ERROR(f(b0, nb, a));
+  }
+  if (keep) attn_valid_ = true;
+  return Status::Ok();
 }
 
 std::vector<Workspace>& LayerRunner::Workspaces(size_t count) const {
@@ -163,49 +204,54 @@ const float* CapturedRows::Rows(LayerInput in, int64_t r0, int64_t n, std::vecto
 const CapturedRows& LayerRunner::Capture(const CalibLayer& L, const CalibLinears& lin, LayerStop stop,
                                          const CaptureRequest& req) {
   captured_.Clear();
-  for (LayerInput in : {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn, LayerInput::kMlpAct})
-    captured_.width_[Idx(in)] = WidthOf(*c_, in);
-  if (carried_ != nullptr) {
-    CaptureChunked(L, lin, stop, req);
+  if (carried_ == nullptr) {
+    const LayerActs& a = Run(L, lin, stop);
+    captured_.whole_ = &a;
+    for (LayerInput in : req.abs_mean) {
+      const int64_t w = a.Width(in, rows());
+      std::vector<double> part(AbsSumsSize(rows(), w), 0.0);
+      AddAbsSums(a.Of(in), 0, rows(), w, part.data());
+      captured_.abs_mean_[Idx(in)] = AbsMeanOf(part, rows(), w);
+    }
+    for (LayerInput in : req.gram) captured_.gram_[Idx(in)] = GramMatrix(a.Of(in), rows(), a.Width(in, rows()));
+    for (LayerInput in : {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn, LayerInput::kMlpAct})
+      captured_.width_[Idx(in)] = a.Width(in, rows());
     return captured_;
   }
-  const LayerActs& a = Run(L, lin, stop);
-  captured_.whole_ = &a;
-  for (LayerInput in : req.abs_mean) {
-    const int64_t w = captured_.width_[Idx(in)];
-    std::vector<double> part(AbsSumsSize(rows(), w), 0.0);
-    AddAbsSums(a.Of(in), 0, rows(), w, part.data());
-    captured_.abs_mean_[Idx(in)] = AbsMeanOf(part, rows(), w);
-  }
-  for (LayerInput in : req.gram) captured_.gram_[Idx(in)] = GramMatrix(a.Of(in), rows(), captured_.width_[Idx(in)]);
-  return captured_;
-}
-
-// Capture on a chunked runner: per chunk of sequences the layer runs from the widened carried
-// input; mean |x| and XᵀX accumulate, requested rows are stored in the calibration dtype.
-void LayerRunner::CaptureChunked(const CalibLayer& L, const CalibLinears& lin, LayerStop stop, const CaptureRequest& req) {
-  const int64_t h = c_->hidden_size, seqs = OutputChunkRows(t_) / t_;
-  const std::array<int64_t, 4>& width = captured_.width_;
+  // Chunked: mean |x| and XᵀX accumulate chunk by chunk, requested rows are stored in the
+  // calibration dtype; widths come from the first chunk's captures.
+  std::array<int64_t, 4>& width = captured_.width_;
   std::array<std::vector<double>, 4> part;
-  for (LayerInput in : req.abs_mean) part[Idx(in)].assign(AbsSumsSize(rows(), width[Idx(in)]), 0.0);
-  for (LayerInput in : req.gram) captured_.gram_[Idx(in)].assign(static_cast<size_t>(width[Idx(in)] * width[Idx(in)]), 0.0f);
-  for (LayerInput in : req.rows) {
-    captured_.stored_[Idx(in)] = std::make_unique<CarriedActivations>(L.calib);
-    captured_.stored_[Idx(in)]->Resize(rows() * width[Idx(in)]);
-  }
-  LayerActs a;
-  std::vector<float> x;
-  for (int64_t b0 = 0; b0 < batch_; b0 += seqs) {
-    const int64_t nb = std::min(seqs, batch_ - b0), r0 = b0 * t_, n = nb * t_;
-    x.resize(static_cast<size_t>(n * h));
-    carried_->Widen(r0 * h, n * h, x.data());
-    RunCaptured(*c_, rope_, L, lin, x.data(), nb, t_, stop, LayerStart::kInput, &a, &Workspaces(1)[0]);
+  auto reads = [&](LayerInput in) {
+    for (const auto* v : {&req.abs_mean, &req.gram, &req.rows})
+      if (std::find(v->begin(), v->end(), in) != v->end()) return true;
+    return false;
+  };
+  ChunkPass pass;
+  pass.stop = stop;
+  pass.attention_captures = reads(LayerInput::kAttnIn) || reads(LayerInput::kAttnConcat);
+  pass.keep_attention = req.keep_attention;
+  const Status done = ForEachChunk(L, lin, pass, [&](int64_t b0, int64_t nb, const LayerActs& a) {
+    const int64_t r0 = b0 * t_, n = nb * t_;
+    if (b0 == 0) {
+      for (LayerInput in : {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn, LayerInput::kMlpAct})
+        width[Idx(in)] = a.Width(in, n);
+      for (LayerInput in : req.abs_mean) part[Idx(in)].assign(AbsSumsSize(rows(), width[Idx(in)]), 0.0);
+      for (LayerInput in : req.gram) captured_.gram_[Idx(in)].assign(static_cast<size_t>(width[Idx(in)] * width[Idx(in)]), 0.0f);
+      for (LayerInput in : req.rows) {
+        captured_.stored_[Idx(in)] = std::make_unique<CarriedActivations>(L.calib);
+        captured_.stored_[Idx(in)]->Resize(rows() * width[Idx(in)]);
+      }
+    }
     for (LayerInput in : req.abs_mean) AddAbsSums(a.Of(in), r0, n, width[Idx(in)], part[Idx(in)].data());
     for (LayerInput in : req.gram) AccumulateGramLower(a.Of(in), n, width[Idx(in)], captured_.gram_[Idx(in)].data());
     for (LayerInput in : req.rows) captured_.stored_[Idx(in)]->Put(r0 * width[Idx(in)], a.Of(in), n * width[Idx(in)]);
-  }
+    return Status::Ok();
+  });
+  NIBBLE_CHECK(done.ok());  // (its function never fails)
   for (LayerInput in : req.abs_mean) captured_.abs_mean_[Idx(in)] = AbsMeanOf(part[Idx(in)], rows(), width[Idx(in)]);
   for (LayerInput in : req.gram) MirrorLower(captured_.gram_[Idx(in)].data(), width[Idx(in)]);
+  return captured_;
 }
 
 }  // namespace nibble

@@ -120,12 +120,12 @@ DecoderLayerView ViewOf(const CalibLayer& L, const CalibLinears& lin) {
   return v;
 }
 
-const float* LayerActs::Of(LayerInput in) const {
+const std::vector<float>& LayerActs::Vec(LayerInput in) const {
   switch (in) {
-    case LayerInput::kAttnIn: return attn_in.data();
-    case LayerInput::kAttnConcat: return attn_concat.data();
-    case LayerInput::kMlpIn: return mlp_in.data();
-    default: return mlp_act.data();
+    case LayerInput::kAttnIn: return attn_in;
+    case LayerInput::kAttnConcat: return attn_concat;
+    case LayerInput::kMlpIn: return mlp_in;
+    default: return mlp_act;
   }
 }
 
@@ -179,6 +179,11 @@ namespace {
 // Calibration rows the per-linear error report uses: an eighth of them, at least 2048 and at most
 // 8192 (its two GEMMs per linear over all rows would cost as much as the fp pass itself).
 int64_t ReportRows(int64_t rows) { return std::min<int64_t>(8192, std::max<int64_t>(2048, rows / 8)); }
+
+// Sequences of the error report's rows (ReportRows, whole sequences, at least one).
+int64_t ReportBatch(const LayerRunner& runner) {
+  return std::min<int64_t>(runner.batch(), std::max<int64_t>(1, ReportRows(runner.rows()) / runner.t()));
+}
 
 // Whether the error report of an [n, k] linear runs as bf16 matmuls (Bf16OutputErrorSums): the
 // calibration's captures are bf16 values and this CPU has a usable bf16 matmul for the tiles.
@@ -321,7 +326,7 @@ Status QuantizeLayer(const CalibLayer& L, LayerCodes& codes, CalibLayer* deq, co
 // final weights (deq) against the transformed ones on the transformed layer's inputs (fp).
 Result<std::vector<LinearErrorReport>> ErrorReport(const LayerRunner& runner, const CalibLayer& orig, const CalibLayer& L,
                                                    const CalibLayer& deq, const LayerActs& fp, const CancellationToken* cancel) {
-  const int64_t report_batch = std::min<int64_t>(runner.batch(), std::max<int64_t>(1, ReportRows(runner.rows()) / runner.t()));
+  const int64_t report_batch = ReportBatch(runner);
   const int64_t rr = report_batch * runner.t();
   LayerActs oa;
   runner.RunFresh(orig, report_batch, &oa);
@@ -342,14 +347,6 @@ Result<std::vector<LinearErrorReport>> ErrorReport(const LayerRunner& runner, co
   return out;
 }
 
-// Sequences per chunk of the chunked passes, and the calibration rows' chunks [b0, b0 + nb).
-template <typename F>
-Status ForEachChunk(const LayerRunner& runner, int64_t batch, const F& f) {
-  const int64_t seqs = OutputChunkRows(runner.t()) / runner.t();
-  for (int64_t b0 = 0; b0 < batch; b0 += seqs) NIBBLE_RETURN_IF_ERROR(f(b0, std::min(seqs, batch - b0)));
-  return Status::Ok();
-}
-
 constexpr std::array<LayerInput, 4> kLayerInputs = {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn,
                                                      LayerInput::kMlpAct};
 
@@ -360,57 +357,37 @@ int QuantizedReaderOf(const CalibLayer& L, LayerInput in) {
   return -1;
 }
 
-// The fp pass of a chunked layer: per chunk of sequences of the carried input `in`, the captured
-// linear inputs are added into `grams` (not null: those a quantized linear reads) in chunk order,
-// and (fp propagation, `next` not null) the layer output goes to `next`. The first chunk's
-// captures stay in `first` (the error report's first rows).
-Status ChunkedFpPass(const LayerRunner& runner, const CalibLayer& L, const CarriedActivations& in,
-                     CarriedActivations* next, LayerGrams* grams, LayerActs* first, const CancellationToken* cancel) {
+// The fp pass of a chunked layer on the runner's carried input: per chunk of sequences, the
+// captured linear inputs are added into `grams` (not null: those a quantized linear reads) in
+// chunk order, and (fp propagation, `next` not null) the layer output goes to `next`. The first
+// chunk's captures stay in `first` (the error report's first rows); the later chunks start from
+// the kept attention stages unless the q / k / v / o inputs go into Gram matrices.
+Status ChunkedFpPass(LayerRunner& runner, const CalibLayer& L, CarriedActivations* next, LayerGrams* grams,
+                     LayerActs* first, const CancellationToken* cancel) {
   const int64_t h = runner.config().hidden_size, t = runner.t();
   auto gram_of = [&](LayerInput li) { return grams != nullptr ? QuantizedReaderOf(L, li) : -1; };
   if (grams != nullptr) grams->rows = runner.rows();
   for (LayerInput li : kLayerInputs)
     if (const int i = gram_of(li); i >= 0) grams->Of(li).assign(static_cast<size_t>(L.k[i] * L.k[i]), 0.0f);
   const CalibLinears lin = MakeLinears(L);
-  LayerActs a;
-  std::vector<float> x;
-  NIBBLE_RETURN_IF_ERROR(ForEachChunk(runner, runner.batch(), [&](int64_t b0, int64_t nb) -> Status {
+  const auto add = [&](int64_t b0, int64_t nb, const LayerActs& c) -> Status {
     NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + " (calibration rows " + std::to_string(b0 * t) + ")")));
-    x.resize(static_cast<size_t>(nb * t * h));
-    in.Widen(b0 * t * h, nb * t * h, x.data());
-    LayerActs& c = b0 == 0 ? *first : a;
-    RunCaptured(runner.config(), runner.rope(), L, lin, x.data(), nb, t, LayerStop::kFull, LayerStart::kInput, &c,
-                &runner.Workspaces(1)[0]);
     for (LayerInput li : kLayerInputs)
       if (const int i = gram_of(li); i >= 0) AccumulateGramLower(c.Of(li), nb * t, L.k[i], grams->Of(li).data());
     if (next != nullptr) next->Put(b0 * t * h, c.out.data(), nb * t * h);
+    if (b0 == 0) *first = c;
     return Status::Ok();
-  }));
+  };
+  ChunkPass head, rest;
+  head.end = rest.begin = std::min(runner.batch(), OutputChunkRows(t) / t);
+  rest.attention_captures = gram_of(LayerInput::kAttnIn) >= 0 || gram_of(LayerInput::kAttnConcat) >= 0;
+  if (rest.attention_captures) runner.InvalidateAttention();  // (unused: its memory goes first)
+  NIBBLE_RETURN_IF_ERROR(runner.ForEachChunk(L, lin, head, add));
+  NIBBLE_RETURN_IF_ERROR(runner.ForEachChunk(L, lin, rest, add));
   for (LayerInput li : kLayerInputs)
     if (const int i = gram_of(li); i >= 0) MirrorLower(grams->Of(li).data(), L.k[i]);
   return Status::Ok();
 }
-
-// The output of `L` on every sequence of `in` into `next`, chunk by chunk (quantized propagation).
-Status ChunkedOutput(const LayerRunner& runner, const CalibLayer& L, const CarriedActivations& in,
-                     CarriedActivations* next, const CancellationToken* cancel) {
-  const int64_t h = runner.config().hidden_size, t = runner.t();
-  const CalibLinears lin = MakeLinears(L);
-  std::vector<float> x;
-  return ForEachChunk(runner, runner.batch(), [&](int64_t b0, int64_t nb) -> Status {
-    NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + " (propagation)")));
-    x.resize(static_cast<size_t>(nb * t * h));
-    in.Widen(b0 * t * h, nb * t * h, x.data());
-    LayerRun run;
-    run.workspace = &runner.Workspaces(1)[0];
-    run.batch = nb;
-    run.t = t;
-    DecoderLayerForward(runner.config(), ViewOf(L, lin), runner.rope(), x.data(), run, x.data());
-    next->Put(b0 * t * h, x.data(), nb * t * h);
-    return Status::Ok();
-  });
-}
-
 
 // The report's sums per linear over the report rows: Σ y², Σ (y − y_rtn)² and Σ (y − y_final)²
 // with y = x·Wᵀ of L on its own inputs.
@@ -419,28 +396,16 @@ struct ErrorSums {
   std::array<bool, kNumLinears> rtn_ok{true, true, true, true, true, true, true};
 };
 
-// ErrorSums of L from the carried input, chunk by chunk over the report rows, summed in chunk
-// order: RTN of L's weights (`with_rtn`, redone per chunk, not held) and deq's (not null). The
-// first chunk's captures are the fp pass's where it ran L (`first` not null: the same forward).
-Status ChunkedErrorSums(const LayerRunner& runner, const CalibLayer& L, const CalibLayer* deq, bool with_rtn,
-                        const CarriedActivations& in, const LayerActs* first, const CancellationToken* cancel,
-                        ErrorSums* out) {
-  const int64_t h = runner.config().hidden_size, t = runner.t();
-  const int64_t report_batch = std::min<int64_t>(runner.batch(), std::max<int64_t>(1, ReportRows(runner.rows()) / t));
+// ErrorSums of L from the runner's carried input, chunk by chunk over the report rows, summed in
+// chunk order: RTN of L's weights (`with_rtn`, redone per chunk, not held) and deq's (not null).
+// The first chunk's captures are the fp pass's where it ran L (`first` not null: the same forward).
+Status ChunkedErrorSums(LayerRunner& runner, const CalibLayer& L, const CalibLayer* deq, bool with_rtn,
+                        const LayerActs* first, const CancellationToken* cancel, ErrorSums* out) {
   ErrorSums& e = *out;
   if (!with_rtn) e.rtn_ok.fill(false);
-  const CalibLinears lin = MakeLinears(L);
-  LayerActs a;
-  std::vector<float> x, y, yq;
-  return ForEachChunk(runner, report_batch, [&](int64_t b0, int64_t nb) -> Status {
-    const int64_t rows = nb * t;
-    if (b0 > 0 || first == nullptr) {
-      x.resize(static_cast<size_t>(rows * h));
-      in.Widen(b0 * t * h, rows * h, x.data());
-      RunCaptured(runner.config(), runner.rope(), L, lin, x.data(), nb, t, LayerStop::kFull, LayerStart::kInput, &a,
-                  &runner.Workspaces(1)[0]);
-    }
-    const LayerActs& c = b0 == 0 && first != nullptr ? *first : a;
+  std::vector<float> y, yq;
+  const auto add = [&](int64_t, int64_t nb, const LayerActs& c) -> Status {
+    const int64_t rows = nb * runner.t();
     for (int i = 0; i < kNumLinears; ++i) {
       if (!L.spec[i]) continue;
       NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + "." + DecoderLinearNames()[i] + " (error report)")));
@@ -475,7 +440,14 @@ Status ChunkedErrorSums(const LayerRunner& runner, const CalibLayer& L, const Ca
       }
     }
     return Status::Ok();
-  });
+  };
+  ChunkPass pass;
+  pass.end = ReportBatch(runner);
+  if (first != nullptr) {  // (the fp pass's first chunk: its first min(seqs, report) sequences)
+    pass.begin = std::min(pass.end, OutputChunkRows(runner.t()) / runner.t());
+    NIBBLE_RETURN_IF_ERROR(add(0, pass.begin, *first));
+  }
+  return runner.ForEachChunk(L, MakeLinears(L), pass, add);
 }
 
 // The report from the sums of the original layer (RTN) and of the final one (method): the same
@@ -493,23 +465,22 @@ std::vector<LinearErrorReport> ErrorReportOf(const CalibLayer& L, const ErrorSum
   return out;
 }
 
-// A Chunkable algorithm's layer in a 16-bit calibration (pipeline.h): the report's RTN sums of
-// the original weights where the algorithm transforms them, its Transform on a chunked runner, the
-// fp pass in chunks (into Gram matrices where it needs them), the codes, then the next layer's
-// input (quantized propagation) and the report's sums, each in chunks from `carried`, which
-// becomes the next layer's input. No capture point exists for all rows in fp32; the forward
-// scratch is one chunk's.
+// A Chunkable algorithm's layer in a 16-bit calibration (pipeline.h), every pass in chunks of the
+// carried input: the report's RTN sums of the original weights where the algorithm transforms
+// them, its Transform, the fp pass (into Gram matrices where it needs them), the codes, then the
+// next layer's input (quantized propagation) and the report's sums; `carried` becomes the next
+// layer's input. No capture point exists for all rows in fp32; the forward scratch is one chunk's.
 Status ChunkedLayer(LayerRunner& runner, CalibLayer& L, LayerAlgorithm& algo, Propagation prop,
                     CarriedActivations& carried, LayerCodes& codes, std::vector<LinearErrorReport>* report,
                     const std::function<Status()>& tick, const std::function<void(const char*)>& stage,
                     const CancellationToken* cancel) {
   CarriedActivations next(L.calib);
   const int64_t n = runner.rows() * runner.config().hidden_size;
+  runner.SetCarried(&carried);
   stage("calibrate");
   ErrorSums orig;
   if (algo.Transforms()) {
-    NIBBLE_RETURN_IF_ERROR(ChunkedErrorSums(runner, L, nullptr, true, carried, nullptr, cancel, &orig));
-    runner.SetCarried(&carried);
+    NIBBLE_RETURN_IF_ERROR(ChunkedErrorSums(runner, L, nullptr, true, nullptr, cancel, &orig));
     // Each search allocates buffers of the same sizes (its captures, the fp output, the per-thread
     // chunks): kept in the heap over the Transform instead of faulted afresh each time.
     RetainFreedMemory keep;
@@ -521,20 +492,27 @@ Status ChunkedLayer(LayerRunner& runner, CalibLayer& L, LayerAlgorithm& algo, Pr
   {
     LayerGrams grams;
     if (prop == Propagation::kFp) next.Resize(n);
-    NIBBLE_RETURN_IF_ERROR(ChunkedFpPass(runner, L, carried, prop == Propagation::kFp ? &next : nullptr,
+    NIBBLE_RETURN_IF_ERROR(ChunkedFpPass(runner, L, prop == Propagation::kFp ? &next : nullptr,
                                          algo.NeedsGrams() ? &grams : nullptr, &first, cancel));
+    runner.InvalidateAttention();  // (the kept residual's memory, before the finish)
     stage("quantize");
     NIBBLE_RETURN_IF_ERROR(algo.FinishGrams(grams, L, codes, tick));
   }
   CalibLayer deq;
   NIBBLE_RETURN_IF_ERROR(QuantizeLayer(L, codes, &deq, cancel));
-  if (prop == Propagation::kQuantized) {
+  if (prop == Propagation::kQuantized) {  // the dequantized layer's output
     next.Resize(n);
-    NIBBLE_RETURN_IF_ERROR(ChunkedOutput(runner, deq, carried, &next, cancel));
+    const int64_t row = runner.t() * runner.config().hidden_size;
+    NIBBLE_RETURN_IF_ERROR(runner.ForEachOutput(deq, [&](int64_t b0, int64_t nb, const float* y) -> Status {
+      NIBBLE_RETURN_IF_ERROR(CheckCancelled(cancel, QuantizeAt(L.name + " (propagation)")));
+      next.Put(b0 * row, y, nb * row);
+      return Status::Ok();
+    }));
   }
   ErrorSums fin;
-  NIBBLE_RETURN_IF_ERROR(ChunkedErrorSums(runner, L, &deq, !algo.Transforms(), carried, &first, cancel, &fin));
+  NIBBLE_RETURN_IF_ERROR(ChunkedErrorSums(runner, L, &deq, !algo.Transforms(), &first, cancel, &fin));
   *report = ErrorReportOf(L, algo.Transforms() ? orig : fin, fin);
+  runner.SetCarried(nullptr);
   carried = std::move(next);
   return Status::Ok();
 }

@@ -116,7 +116,12 @@ inline constexpr int64_t kCalibActBytes = sizeof(float);
 /// spans all rows; a chunked layer's span one chunk.
 struct LayerActs {
   std::vector<float> attn_in, attn_concat, attn_residual, mlp_in, mlp_act, out;
-  const float* Of(LayerInput in) const;
+  const float* Of(LayerInput in) const { return Vec(in).data(); }
+  /// Columns of `in` as the last run over `rows` rows sized it (0 where that run did not reach it).
+  int64_t Width(LayerInput in, int64_t rows) const { return static_cast<int64_t>(Vec(in).size()) / rows; }
+
+ private:
+  const std::vector<float>& Vec(LayerInput in) const;
 };
 
 /// Each quantized linear input's Gram matrix XᵀX [K, K] fp32 over every calibration row (by
@@ -130,8 +135,22 @@ struct LayerGrams {
 
 /// What a search needs of one layer run over every calibration row (LayerRunner::Capture): per
 /// listed input, its per-channel mean |x|, its Gram matrix, or all its rows kept.
+/// `keep_attention`: the caller will not change the attention, so a chunked runner keeps the
+/// attention stages this run computes for the next runs of the same layer.
 struct CaptureRequest {
   std::vector<LayerInput> abs_mean, gram, rows;
+  bool keep_attention = false;
+};
+
+/// A chunked pass over the carried input (LayerRunner::ForEachChunk): sequences [begin, end) (end
+/// -1: to the last) run to `stop`. `attention_captures`: the caller reads attn_in / attn_concat,
+/// so the attention runs even where its stages are kept. `keep_attention`: a pass over every row
+/// keeps the attention residual for the passes after it.
+struct ChunkPass {
+  LayerStop stop = LayerStop::kFull;
+  int64_t begin = 0, end = -1;
+  bool attention_captures = true;
+  bool keep_attention = false;
 };
 
 /// LayerRunner::Capture's answer. A whole-rows runner's rows are its LayerActs; a chunked
@@ -159,10 +178,12 @@ class CapturedRows {
 
 /// Runs layers over the current layer's calibration input [batch · t, H]: fp32 rows in memory
 /// (SetInput: the whole-rows path), or the carried 16-bit input read chunk by chunk (SetCarried:
-/// a chunked layer, where only Capture runs). One LayerActs is reused by every Run (fresh
-/// multi-hundred-MB buffers per call were page-faulted and zeroed each time). While nothing has
-/// rescaled input_layernorm or q / k / v / o since the attention stages were computed, a
-/// whole-rows Run that needs the MLP stages starts from them (the same values as a full run).
+/// a chunked layer, where Capture, ForEachChunk and ForEachOutput run). One LayerActs is reused by
+/// every Run (fresh multi-hundred-MB buffers per call were page-faulted and zeroed each time).
+/// While nothing has rescaled input_layernorm or q / k / v / o since the attention stages were
+/// computed, a run that needs only the MLP stages starts from them (the same values as a full
+/// run): a whole-rows runner's are its LayerActs, a chunked runner keeps the residual h over
+/// every row (fp32) where a Capture asks it to.
 class LayerRunner {
  public:
   LayerRunner(const ModelConfig& c, int64_t batch, int64_t t, bool reuse_attention);
@@ -173,9 +194,8 @@ class LayerRunner {
   int64_t rows() const { return batch_ * t_; }
   /// The input of the layer now being processed; invalidates the attention stages.
   void SetInput(const float* x);
-  /// The same for a chunked layer: `in` (outliving the runs) is widened chunk by chunk.
+  /// The same for a chunked layer: `in` (outliving the runs, null: none) is widened chunk by chunk.
   void SetCarried(const CarriedActivations* in);
-  const float* input() const { return x_; }
   /// Runs `L` up to `stop` into acts() (whole rows); `lin`: L's calibration linears
   /// (MakeLinears) when the caller keeps them.
   const LayerActs& Run(const CalibLayer& L, LayerStop stop);
@@ -186,12 +206,22 @@ class LayerRunner {
   /// ReleaseCaptured.
   const CapturedRows& Capture(const CalibLayer& L, const CalibLinears& lin, LayerStop stop, const CaptureRequest& req);
   void ReleaseCaptured() { captured_.Clear(); }
-  /// The caller changed input_layernorm or a q / k / v / o weight: the attention stages are stale.
-  void InvalidateAttention() { attn_valid_ = false; }
+  /// The caller changed input_layernorm or a q / k / v / o weight: the attention stages are stale
+  /// (a chunked runner frees the ones it kept).
+  void InvalidateAttention();
+  /// Per chunk of whole sequences (about kOutputChunkRows rows) of the carried input, in order:
+  /// `L` (linears `lin`, the layer any kept attention stages belong to) runs as `pass` says and
+  /// f(b0, nb, captures) sees the chunk's captures of sequences [b0, b0 + nb).
+  using ChunkFn = std::function<Status(int64_t b0, int64_t nb, const LayerActs& a)>;
+  Status ForEachChunk(const CalibLayer& L, const CalibLinears& lin, const ChunkPass& pass, const ChunkFn& f);
+  /// Per chunk of whole sequences (about kOutputChunkRows rows) of the input, fp32 rows or
+  /// carried, in order: f(b0, nb, out) sees L's output [nb · t, H] (nothing captured; L may be
+  /// another layer than the one whose attention stages are kept, e.g. the dequantized one).
+  using OutputFn = std::function<Status(int64_t b0, int64_t nb, const float* out)>;
+  Status ForEachOutput(const CalibLayer& L, const OutputFn& f) const;
   /// Runs `L` fully on the first `batch` sequences into `out` (reports, quantized propagation).
   void RunFresh(const CalibLayer& L, int64_t batch, LayerActs* out) const;
-  /// The output of `L` on every sequence into `out` [rows, H], nothing captured, in chunks of
-  /// whole sequences of about kOutputChunkRows rows (the MLP intermediate exists for one chunk).
+  /// ForEachOutput over fp32 rows into `out` [rows, H].
   void RunOutput(const CalibLayer& L, std::vector<float>* out) const;
   /// Scratch of this run's layer forwards (model/workspace.h), at least `count`: index 0 serves
   /// Run / RunFresh, index omp_get_thread_num() a thread of a parallel region over chunks (AWQ's
@@ -199,7 +229,8 @@ class LayerRunner {
   std::vector<Workspace>& Workspaces(size_t count) const;
 
  private:
-  void CaptureChunked(const CalibLayer& L, const CalibLinears& lin, LayerStop stop, const CaptureRequest& req);
+  // Chunk [b0, b0 + nb)'s input rows: a pointer into the fp32 input, or widened into *scratch.
+  const float* ChunkInput(int64_t b0, int64_t nb, std::vector<float>* scratch) const;
   const ModelConfig* c_;
   RopeTables rope_;
   int64_t batch_, t_;
@@ -209,6 +240,7 @@ class LayerRunner {
   LayerActs acts_;
   CapturedRows captured_;
   bool attn_valid_ = false;
+  std::vector<float> kept_residual_;  // a chunked runner's attention residual [rows, H] while valid
   mutable std::vector<Workspace> workspaces_;
 };
 

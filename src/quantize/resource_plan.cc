@@ -126,9 +126,10 @@ LayerMemoryShape LayerShape(const QuantizePlan& plan, const ModelConfig& mc, int
 }
 
 // A chunked layer's fp pass (pipeline.cc ChunkedFpPass): the 16-bit calibration linears, the Gram
-// matrix of each input a quantized linear reads (where an algorithm needs them), and one chunk's
-// input, captures and scratch.
-MemoryPhase ChunkedFpPhase(const LayerMemoryShape& s) {
+// matrix of each input a quantized linear reads (where an algorithm needs them), one chunk's
+// input, captures and scratch, and the attention residual an algorithm's Transform kept (`kept`),
+// which the pass frees first where the attention's inputs go into Gram matrices.
+MemoryPhase ChunkedFpPhase(const LayerMemoryShape& s, bool kept) {
   int64_t w = 0, widest_input = 0;
   std::array<int64_t, 4> gram{};
   for (int i = 0; i < kNumLinears; ++i) {
@@ -142,10 +143,13 @@ MemoryPhase ChunkedFpPhase(const LayerMemoryShape& s) {
   // (gram.h AccumulateGramLower, where the bf16 matmul runs it).
   const int64_t chunk =
       s.chunk_rows * (s.ActsRowBytes() + s.ScratchRowBytes() + s.hidden * 4) + s.chunk_rows * widest_input * 2;
-  return {"fp pass in chunks (" + s.name + ")",
-          {{"16-bit copy of its weights (calibration linears)", w / 2},
-           {"Gram matrices of the quantized linears' inputs", grams},
-           {"one chunk of " + std::to_string(s.chunk_rows) + " rows: input, captures, forward scratch", chunk}}};
+  MemoryPhase p{"fp pass in chunks (" + s.name + ")",
+                {{"16-bit copy of its weights (calibration linears)", w / 2},
+                 {"Gram matrices of the quantized linears' inputs", grams},
+                 {"one chunk of " + std::to_string(s.chunk_rows) + " rows: input, captures, forward scratch", chunk}}};
+  if (kept && gram[static_cast<size_t>(LayerInput::kAttnIn)] == 0 && gram[static_cast<size_t>(LayerInput::kAttnConcat)] == 0)
+    p.terms.push_back({"kept attention residual " + Dims(s.rows, s.hidden) + " fp32", s.rows * s.hidden * 4});
+  return p;
 }
 
 // The pipeline's own phase after the algorithms' Finish: the dequantized copy and every code of
@@ -174,7 +178,8 @@ MemoryPhase FinishPhase(const LayerMemoryShape& s, bool quantized_propagation, b
         widest_chunk = std::max(widest_chunk, s.WeightBytes(i) + s.CodesBytes(i) + outs);
       }
     const int64_t report = rows * (s.ActsRowBytes() + s.ScratchRowBytes() + s.hidden * 4) + widest_chunk;
-    const int64_t propagate = quantized_propagation ? s.chunk_rows * (s.ScratchRowBytes() + s.hidden * 4) : 0;
+    // LayerRunner::ForEachOutput: the chunk's widened input, scratch and output.
+    const int64_t propagate = quantized_propagation ? s.chunk_rows * (s.ScratchRowBytes() + s.hidden * 8) : 0;
     p.terms.push_back({"16-bit copy of its weights (calibration linears)", w / 2});
     if (propagate > report) p.terms.push_back({"quantized layer's output, one chunk", propagate});
     else p.terms.push_back({"error report: one chunk's activations, one linear's RTN and outputs", report});
@@ -196,12 +201,14 @@ MemoryPhase LargestLayerPhase(const QuantizePlan& plan, const ModelConfig& mc, c
   for (int64_t l = 0; l < mc.num_hidden_layers; ++l) {
     const LayerMemoryShape s = LayerShape(plan, mc, l, in);
     std::vector<MemoryPhase> phases;
+    bool kept_attention = false;
     for (const PlannedAlgorithm& a : plan.algorithms.chain) {
       if (!a.settings) continue;
       std::vector<MemoryPhase> own = a.settings->MemoryPhases(s);
       phases.insert(phases.end(), own.begin(), own.end());
+      kept_attention = kept_attention || a.settings->KeepsAttention(s);
     }
-    if (s.chunked) phases.push_back(ChunkedFpPhase(s));
+    if (s.chunked) phases.push_back(ChunkedFpPhase(s, kept_attention));
     phases.push_back(FinishPhase(s, plan.algorithms.propagation() == Propagation::kQuantized,
                                  ResolveCalibDType(plan.algorithms.calib_dtype, mc) != CalibDType::kFp32));
     for (MemoryPhase& p : phases) {

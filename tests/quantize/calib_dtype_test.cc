@@ -116,12 +116,15 @@ class WholeRows final : public nibble::LayerAlgorithm {
 };
 
 // prose-llama-7m through RunLayerPipeline with `chain` in bf16, each layer in chunks or on whole
-// rows: every tensor the sink receives and the per-linear report.
+// rows, the runner's attention stages reused or not, AWQ's default mappings or (`reorder`) an
+// order where one that rescales the attention comes between two that read the MLP stages: every
+// tensor the sink receives and the per-linear report.
 struct PipelineOutput {
   std::map<std::string, std::vector<float>> tensors;
   std::vector<nibble::LayerReport> layers;
 };
-PipelineOutput RunBf16(const std::string& chain_name, bool whole_rows, int64_t batch, int64_t seq) {
+PipelineOutput RunBf16(const std::string& chain_name, bool whole_rows, int64_t batch, int64_t seq, bool reuse = true,
+                       bool reorder = false) {
   PipelineOutput out;
   const std::string dir = nibble_test::SharedModel("prose-llama-7m");
   auto mc = nibble::LoadModelConfig(dir);
@@ -132,6 +135,10 @@ PipelineOutput RunBf16(const std::string& chain_name, bool whole_rows, int64_t b
   cfg.global->group_size = 64;
   nibble::AlgorithmFlags flags;
   flags.calib_dtype = nibble::CalibDType::kBf16;
+  if (reorder) {
+    const auto d = nibble::DefaultLlamaScalingLayers();
+    flags.awq.scaling_layers = {d[2], d[0], d[3], d[1]};
+  }
   auto algos = nibble::ResolveAlgorithms(*nibble::ParseAlgorithmChain(chain_name), flags, nullptr);
   EXPECT_TRUE(algos.ok());
   std::vector<std::unique_ptr<nibble::LayerAlgorithm>> owned;
@@ -142,6 +149,7 @@ PipelineOutput RunBf16(const std::string& chain_name, bool whole_rows, int64_t b
   nibble::PipelineOptions po;
   po.propagation = algos->propagation();
   po.calib_dtype = nibble::CalibDType::kBf16;
+  po.reuse_attention = reuse;
   std::vector<int32_t> tokens;
   for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 7919 + i / seq) % 4000));
   auto sink = [&out](nibble::LayerTensor t) {
@@ -155,24 +163,35 @@ PipelineOutput RunBf16(const std::string& chain_name, bool whole_rows, int64_t b
   return out;
 }
 
+// Every tensor and report figure of `a` equal to `b`'s.
+void ExpectSameOutput(const PipelineOutput& a, const PipelineOutput& b, const std::string& what) {
+  ASSERT_EQ(a.tensors.size(), b.tensors.size()) << what;
+  for (const auto& [name, v] : b.tensors) EXPECT_TRUE(a.tensors.at(name) == v) << what << ": " << name;
+  ASSERT_EQ(a.layers.size(), b.layers.size()) << what;
+  for (size_t l = 0; l < b.layers.size(); ++l)
+    for (size_t i = 0; i < b.layers[l].linears.size(); ++i) {
+      const nibble::LinearErrorReport &x = a.layers[l].linears[i], &y = b.layers[l].linears[i];
+      EXPECT_EQ(x.rtn_error, y.rtn_error) << what << ": " << x.name;
+      EXPECT_EQ(x.method_error, y.method_error) << what << ": " << x.name;
+      EXPECT_GT(x.method_error, 0.0) << what << ": " << x.name;
+    }
+}
+
 // AWQ and AWQ+GPTQ in bf16 run each layer in chunks of sequences (pipeline.h ChunkedLayer: the
-// searches read 16-bit rows, mean |x| and Gram matrices accumulated chunk by chunk, and the report
-// measures RTN before the scales): 20 x 128 tokens are two chunks (16 and 4 sequences), and
-// every tensor and report figure is the whole-rows path's.
+// searches read 16-bit rows, mean |x| and Gram matrices accumulated chunk by chunk, the report
+// measures RTN before the scales, and the attention residual kept by a capture serves the later
+// ones and the fp pass): 20 x 128 tokens are two chunks (16 and 4 sequences), and every tensor
+// and report figure is the whole-rows path's, with the attention reused or recomputed, in the
+// default mapping order and in one where the attention is rescaled between two MLP mappings.
 TEST(CalibDType, Bf16AwqInChunksGivesTheWholeRowsBytes) {
   NIBBLE_NEEDS_SHARED("models/prose-llama-7m");
   for (const std::string chain : {"awq", "awq,gptq"}) {
-    const PipelineOutput chunked = RunBf16(chain, false, 20, 128), whole = RunBf16(chain, true, 20, 128);
-    ASSERT_EQ(chunked.tensors.size(), whole.tensors.size()) << chain;
-    for (const auto& [name, v] : whole.tensors) EXPECT_TRUE(chunked.tensors.at(name) == v) << chain << ": " << name;
-    ASSERT_EQ(chunked.layers.size(), whole.layers.size());
-    for (size_t l = 0; l < whole.layers.size(); ++l)
-      for (size_t i = 0; i < whole.layers[l].linears.size(); ++i) {
-        const nibble::LinearErrorReport &a = chunked.layers[l].linears[i], &b = whole.layers[l].linears[i];
-        EXPECT_EQ(a.rtn_error, b.rtn_error) << chain << ": " << a.name;
-        EXPECT_EQ(a.method_error, b.method_error) << chain << ": " << a.name;
-        EXPECT_GT(a.method_error, 0.0) << chain << ": " << a.name;
-      }
+    const PipelineOutput whole = RunBf16(chain, true, 20, 128);
+    ExpectSameOutput(RunBf16(chain, false, 20, 128), whole, chain + " in chunks");
+    if (chain != "awq") continue;
+    ExpectSameOutput(RunBf16(chain, false, 20, 128, false), whole, chain + " in chunks, attention recomputed");
+    ExpectSameOutput(RunBf16(chain, false, 20, 128, true, true), RunBf16(chain, true, 20, 128, false, true),
+                     chain + " in chunks, reordered mappings");
   }
 }
 

@@ -79,6 +79,7 @@ class AwqRunSettings final : public AlgorithmSettings {
   bool Chunkable() const override { return !st_.clip; }
   std::unique_ptr<ChainAlgorithm> MakeAlgorithm() const override { return std::make_unique<AwqAlgorithm>(st_, maps_); }
   std::vector<MemoryPhase> MemoryPhases(const LayerMemoryShape& layer) const override;
+  bool KeepsAttention(const LayerMemoryShape& layer) const override;
   std::vector<nlohmann::ordered_json> AlgoConfig(const CalibResult& run, const ModelConfig& mc) const override {
     nlohmann::ordered_json list = AwqAlgoConfigJson(st_, run.awq_used, mc);
     return {list.begin(), list.end()};
@@ -88,9 +89,38 @@ class AwqRunSettings final : public AlgorithmSettings {
   }
 
  private:
+  // Whether mapping r's search runs on layer s (AwqAlgorithm::SkipReason's shape checks).
+  static bool Searched(const LayerMemoryShape& s, const ResolvedMapping& r);
+  // Per searched mapping of a chunked layer, whether a kept attention residual exists while it
+  // runs (a Capture that keeps it, SearchNeeds, or one kept before), and after the last one.
+  std::vector<bool> HeldAttention(const LayerMemoryShape& s, bool* after) const;
   AwqSettings st_;
   std::vector<ResolvedMapping> maps_;
 };
+
+bool AwqRunSettings::Searched(const LayerMemoryShape& s, const ResolvedMapping& r) {
+  if (r.prev_op == AwqPrevOp::kLinear && s.n[r.prev_linear] < s.k[r.balance[0]]) return false;  // (GQA)
+  return std::any_of(r.balance.begin(), r.balance.end(), [&](int i) { return s.quantized[i]; });
+}
+
+std::vector<bool> AwqRunSettings::HeldAttention(const LayerMemoryShape& s, bool* after) const {
+  std::vector<bool> held;
+  bool kept = false;
+  for (const ResolvedMapping& r : maps_) {
+    if (!Searched(s, r)) continue;
+    const bool keeps = st_.reuse_attention && !ChangesAttention(r) && SearchStop(r) >= LayerStop::kAttnResidual;
+    held.push_back(kept || keeps);
+    kept = held.back() && !ChangesAttention(r);
+  }
+  *after = kept;
+  return held;
+}
+
+bool AwqRunSettings::KeepsAttention(const LayerMemoryShape& s) const {
+  bool after = false;
+  if (s.chunked) HeldAttention(s, &after);
+  return after;
+}
 
 // A chunked layer's search of mapping r (LayerRunner::Capture on a chunked runner), in two
 // phases: the capture pass (the layer's 16-bit calibration linears, one chunk's input, captures
@@ -100,7 +130,7 @@ class AwqRunSettings final : public AlgorithmSettings {
 // Where the calibration dtype decides between the Gram loss and the direct one (AwqGramLoss),
 // the larger of the two.
 std::vector<MemoryPhase> ChunkedSearchPhases(const LayerMemoryShape& s, const ResolvedMapping& r, const AwqSettings& st,
-                                             int64_t chunk_rows) {
+                                             int64_t chunk_rows, bool held_attention) {
   int64_t w = 0;
   for (int i = 0; i < kNumLinears; ++i) w += s.WeightBytes(i);
   const MemoryTerm lin{"16-bit copy of its weights (calibration linears)", w / 2};
@@ -131,7 +161,10 @@ std::vector<MemoryPhase> ChunkedSearchPhases(const LayerMemoryShape& s, const Re
                            may_direct ? s.threads * chunk_rows * (xin * 4 + od * 4 + s.ScratchRowBytes(false))
                                       : s.threads * 256 * xin * 8};
   const std::string m = Describe(r.mapping) + " (" + s.name + ")";
-  return {{"AWQ capture " + m, {lin, kept, capture}}, {"AWQ " + m, {lin, kept, candidates, threads}}};
+  std::vector<MemoryPhase> out = {{"AWQ capture " + m, {lin, kept, capture}}, {"AWQ " + m, {lin, kept, candidates, threads}}};
+  if (held_attention)
+    for (MemoryPhase& p : out) p.terms.push_back({"kept attention residual " + Dims(s.rows, s.hidden) + " fp32", s.rows * s.hidden * 4});
+  return out;
 }
 
 // Per mapping's search (SearchAndApply): each candidate's balance weights W·s quantized and
@@ -143,9 +176,18 @@ std::vector<MemoryPhase> ChunkedSearchPhases(const LayerMemoryShape& s, const Re
 std::vector<MemoryPhase> AwqRunSettings::MemoryPhases(const LayerMemoryShape& s) const {
   std::vector<MemoryPhase> out;
   const int64_t chunk_rows = std::min(s.rows, std::max<int64_t>(1, kAwqInspectChunkRows / s.seq_len) * s.seq_len);
+  if (s.chunked) {
+    bool after = false;
+    const std::vector<bool> held = HeldAttention(s, &after);
+    size_t m = 0;
+    for (const ResolvedMapping& r : maps_)
+      if (Searched(s, r))
+        for (MemoryPhase& q : ChunkedSearchPhases(s, r, st_, chunk_rows, held[m++])) out.push_back(std::move(q));
+    return out;  // (no clip search: a chunked layer runs without it)
+  }
   for (const ResolvedMapping& r : maps_) {
+    if (!Searched(s, r)) continue;
     const int64_t kin = s.k[r.balance[0]];
-    if (r.prev_op == AwqPrevOp::kLinear && s.n[r.prev_linear] < kin) continue;  // skipped (GQA)
     MemoryPhase p;
     p.name = "AWQ " + Describe(r.mapping) + " (" + s.name + ")";
     int64_t kept = 0, transient = 0;
@@ -153,11 +195,6 @@ std::vector<MemoryPhase> AwqRunSettings::MemoryPhases(const LayerMemoryShape& s)
       if (!s.quantized[i]) continue;
       kept += s.WeightBytes(i);
       transient = std::max(transient, 2 * s.WeightBytes(i) + s.CodesBytes(i));
-    }
-    if (kept == 0) continue;
-    if (s.chunked) {
-      for (MemoryPhase& q : ChunkedSearchPhases(s, r, st_, chunk_rows)) out.push_back(std::move(q));
-      continue;
     }
     p.terms.push_back({"AWQ candidate weights of " + Describe(r.mapping), kept + transient});
     const int64_t od = r.inspect == AwqInspect::kLinear ? s.n[r.inspect_linear] : s.hidden;

@@ -380,6 +380,7 @@ CaptureRequest SearchNeeds(const ResolvedMapping& r, const AwqSettings& st, cons
     q.gram = {InputOf(r.inspect_linear)};
   else
     q.rows = {InspectInput(r)};
+  q.keep_attention = !ChangesAttention(r);  // (the next mappings and the fp pass start from it)
   return q;
 }
 
