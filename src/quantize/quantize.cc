@@ -509,11 +509,11 @@ Result<AlgorithmPlan> CheckRequest(const QuantizeOptions& o) {
   auto chain = ParseAlgorithmChain(o.quant_algo);
   if (!chain.ok()) return chain.error().WithContext("--quant_algo \"" + o.quant_algo + "\"");
   NIBBLE_ASSIGN_OR_RETURN(AlgorithmPlan algos, ResolveAlgorithms(*chain, o.algorithms, o.config.algo_config));
-  if (algos.Calibrated()) {
-    if (o.dataset.empty()) return MakeError("--quant_algo ", algos.Name(), " needs calibration data: --dataset FILE");
-    if (o.num_calib_data < 1) return MakeError("--num_calib_data ", o.num_calib_data, " must be at least 1");
-    if (o.calib_seq_len < 1) return MakeError("--seq_len ", o.calib_seq_len, " must be at least 1");
-  }
+  // (range checks whatever the algorithm: a value RTN does not read is still a wrong flag)
+  if (o.num_calib_data < 1) return MakeError("--num_calib_data ", o.num_calib_data, " must be at least 1");
+  if (o.calib_seq_len < 1) return MakeError("--seq_len ", o.calib_seq_len, " must be at least 1");
+  if (algos.Calibrated() && o.dataset.empty())
+    return MakeError("--quant_algo ", algos.Name(), " needs calibration data: --dataset FILE");
   NIBBLE_ASSIGN_OR_RETURN(const FormatEntry* format, FindExportFormat(o.model_export));
   NIBBLE_RETURN_IF_ERROR(algos.CheckExport(*format, o.model_export));
   if (o.tp < 0) return MakeError("--tp ", o.tp, " must be >= 1 (or 0: no tensor-parallel check)");
@@ -549,6 +549,7 @@ ResourceInputs PlanInputs(const QuantizeOptions& o, const FormatEntry& format) {
     if (!ec) in.side_file_bytes += static_cast<int64_t>(size);
   }
   in.baseline_anon = std::max<int64_t>(0, ReadProcessMemory().anon);
+  in.resumable = o.resumable || o.resume;
   if (o.resume) {  // what the stopped run staged is already on the disk
     const std::string staged = StagingDir::FindInterrupted(o.output_dir, "tmp", kResumeManifest);
     for (const auto& e : fs::directory_iterator(staged.empty() ? fs::path() : fs::path(staged), ec))
@@ -609,6 +610,7 @@ struct Resumable {
   int64_t layers_done = -1;         // the last boundary written or resumed from (checked); -1: none
   int64_t num_layers = 0;
   std::string staging;              // the staging directory kept for --resume
+  std::string model_dir;            // the input, checked against identity["input"] at each boundary
 };
 
 Result<nlohmann::ordered_json> RunIdentity(const QuantizeOptions& o, bool calibrated) {
@@ -628,6 +630,15 @@ Result<nlohmann::ordered_json> RunIdentity(const QuantizeOptions& o, bool calibr
 Status WriteBoundary(Resumable& rs, CheckpointWriter& out, const OrderedExport& exp, int64_t layers_done,
                      const nlohmann::ordered_json& calibrated, std::span<const uint8_t> x, const std::string& dtype,
                      int64_t hidden) {
+  // The input is mapped, not copied: a shard changed under the run would mix two inputs.
+  NIBBLE_ASSIGN_OR_RETURN(const nlohmann::ordered_json input, InputFingerprint(rs.model_dir));
+  if (const std::vector<std::string> diffs = InputDifferences(rs.identity.at("input"), input); !diffs.empty()) {
+    std::string list;
+    for (const std::string& d : diffs) list += "\n  " + d;
+    rs.layers_done = -1;  // (no resume hint: a resume would be refused for the same differences)
+    return MakeErrorCode(ErrorCode::kCorruptInput, "the input ", rs.model_dir, " changed during the run:", list,
+                         "\nnothing was written to the output; start over once the input is final");
+  }
   nlohmann::ordered_json m = rs.identity;
   m["layers_done"] = layers_done;
   m["num_layers"] = rs.num_layers;
@@ -802,6 +813,7 @@ Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs) {
   const bool resumable = o.resumable || o.resume;
   if (resumable) {
     NIBBLE_ASSIGN_OR_RETURN(rs.identity, RunIdentity(o, plan.algorithms.Calibrated()));
+    rs.model_dir = o.model_dir;
     rs.num_layers = mc.num_hidden_layers;
   }
   NIBBLE_ASSIGN_OR_RETURN(CheckpointWriter out, o.resume ? ResumeWriter(o, store, rs, note) : NewWriter(o, resumable, note));

@@ -286,8 +286,15 @@ ResourcePlan PlanResources(const QuantizePlan& plan, const ModelConfig& mc, cons
   for (const MemoryTerm& t : p.terms) p.peak_bytes += t.bytes;
   p.output_bytes = out;
   // The spool holds the shard being filled (its owned tensors) and the tensors of a layer that
-  // finished before their turn in the output order.
-  p.disk_bytes = std::max<int64_t>(0, out + std::min(out, in.max_shard_size) + largest_layer_out - in.staged_bytes);
+  // finished before their turn in the output order; a resumable calibrated run's next layer input
+  // (resume.h activations-<layer>.bin), twice while the new one is written beside the last.
+  const int64_t activations =
+      calibrated && in.resumable
+          ? 2 * in.calib_batch * in.calib_seq_len * mc.hidden_size *
+                CarriedActivationBytes(ResolveCalibDType(plan.algorithms.calib_dtype, mc))
+          : 0;
+  p.disk_bytes =
+      std::max<int64_t>(0, out + std::min(out, in.max_shard_size) + largest_layer_out + activations - in.staged_bytes);
   p.free_disk_bytes = FreeDiskAt(in.output_dir, &p.disk_dir);
   return p;
 }

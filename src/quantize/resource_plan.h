@@ -43,6 +43,7 @@ struct ResourceInputs {
   int64_t side_file_bytes = 0;  // files copied from the input (tokenizer, ...)
   int64_t baseline_anon = 0;    // RssAnon when the plan is made (what the process already holds)
   int64_t staged_bytes = 0;     // --resume: the files the stopped run left in its staging directory
+  bool resumable = false;       // a calibrated run then stages its activations at each layer boundary
 };
 
 struct ResourcePlan {

@@ -1,6 +1,7 @@
 #include "quantize/resume.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -78,6 +79,8 @@ void DiffInput(const nlohmann::ordered_json& had, const nlohmann::ordered_json& 
                     std::to_string(it->second.value("size", uint64_t{0})));
     } else if (f.value("header_sha256", "") != it->second.value("header_sha256", "")) {
       out.push_back("input shard " + name + ": header SHA-256 differs");
+    } else if (f.value("mtime_ns", int64_t{0}) != it->second.value("mtime_ns", int64_t{0})) {
+      out.push_back("input shard " + name + ": modified (its modification time differs; the tensor data is not hashed)");
     }
   }
   for (const auto& [name, f] : b)
@@ -107,10 +110,20 @@ Result<nlohmann::ordered_json> InputFingerprint(const std::string& model_dir) {
   std::sort(files.begin(), files.end());
   fp["files"] = nlohmann::ordered_json::array();
   for (const auto& [name, size] : files) {
-    NIBBLE_ASSIGN_OR_RETURN(std::string header, SafetensorsHeaderBytes(JoinPath(model_dir, name), size));
-    fp["files"].push_back({{"name", name}, {"size", size}, {"header_sha256", Sha256Hex(header)}});
+    const std::string path = JoinPath(model_dir, name);
+    NIBBLE_ASSIGN_OR_RETURN(std::string header, SafetensorsHeaderBytes(path, size));
+    struct stat st {};
+    if (stat(path.c_str(), &st) != 0) return MakeErrorCode(ErrorCode::kIo, path, ": cannot stat: ", std::strerror(errno));
+    const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    fp["files"].push_back({{"name", name}, {"size", size}, {"header_sha256", Sha256Hex(header)}, {"mtime_ns", mtime}});
   }
   return fp;
+}
+
+std::vector<std::string> InputDifferences(const nlohmann::ordered_json& had, const nlohmann::ordered_json& now) {
+  std::vector<std::string> out;
+  DiffInput(had, now, out);
+  return out;
 }
 
 std::vector<std::string> IdentityDifferences(const nlohmann::ordered_json& had, const nlohmann::ordered_json& now) {

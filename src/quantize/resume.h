@@ -2,8 +2,8 @@
 // directory (io/staging_dir.h) and writes there, at every decoder-layer boundary, a manifest
 // (kResumeManifest) with what decides the output's bytes and the state needed to go on:
 //   identity    nibble version, the flags that decide the bytes (by flag name), the input's
-//               fingerprint (config.json's SHA-256; per safetensors file its size and the SHA-256
-//               of its header) and the calibration data's SHA-256;
+//               fingerprint (config.json's SHA-256; per safetensors file its size, the SHA-256
+//               of its header and its modification time) and the calibration data's SHA-256;
 //   progress    layers done of how many;
 //   writer      CheckpointWriter::SaveState: finished shards (size, SHA-256, tensors), the open
 //               shard's entries, the spool's length; laid out (an RTN run), the tensors written
@@ -33,9 +33,11 @@ namespace nibble {
 /// The manifest's file name in the staging directory.
 inline constexpr char kResumeManifest[] = "resume.json";
 
-/// config.json's SHA-256 and each *.safetensors file's size and header SHA-256 (sorted by name),
-/// plus the index's SHA-256 when there is one. Errors name the file.
+/// config.json's SHA-256 and each *.safetensors file's size, header SHA-256 and modification time
+/// (sorted by name), plus the index's SHA-256 when there is one. Errors name the file.
 Result<nlohmann::ordered_json> InputFingerprint(const std::string& model_dir);
+/// Each way two InputFingerprints differ, one line each naming the file.
+std::vector<std::string> InputDifferences(const nlohmann::ordered_json& had, const nlohmann::ordered_json& now);
 
 /// Each way the identity `had` (a manifest's) and `now` differ, one line each, naming the field:
 /// "--group_size: run had 128, now 64", "input model-00002.safetensors: header SHA-256 differs".

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <nibble/nibble.h>
+
 #include "e2e/run_nibble.h"
 #include "test_paths.h"
 #include "test_util.h"
@@ -192,6 +194,7 @@ TEST(QuantizeResume, RefusesChangedFlagsOrInput) {
   EXPECT_NE(ReadFile(log).find("--group_size: run had 128, now 64"), std::string::npos) << ReadFile(log);
 
   const std::string config = ReadFile(model + "/config.json"), weights = ReadFile(model + "/model.safetensors");
+  const fs::file_time_type mtime = fs::last_write_time(model + "/model.safetensors");
   Patch(model + "/model.safetensors", "{\"format\":\"pt\"}", "{\"format\":\"pu\"}");  // a valid header, changed
   Patch(model + "/config.json", "\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 2e-05");
   EXPECT_NE(RunQ(resume, log), 0);
@@ -200,11 +203,54 @@ TEST(QuantizeResume, RefusesChangedFlagsOrInput) {
   EXPECT_NE(text.find("input config.json: SHA-256 differs"), std::string::npos) << text;
   EXPECT_FALSE(fs::exists(tmp.sub("out")));
 
+  // Tensor data changed under an unchanged header: refused by the shard's modification time.
   std::ofstream(model + "/config.json", std::ios::binary | std::ios::trunc) << config;
+  std::string poked = weights;
+  poked.back() = static_cast<char>(poked.back() ^ 0x40);
+  std::ofstream(model + "/model.safetensors", std::ios::binary | std::ios::trunc) << poked;
+  EXPECT_NE(RunQ(resume, log), 0);
+  EXPECT_NE(ReadFile(log).find("input shard model.safetensors: modified"), std::string::npos) << ReadFile(log);
+  EXPECT_FALSE(fs::exists(tmp.sub("out")));
+
   std::ofstream(model + "/model.safetensors", std::ios::binary | std::ios::trunc) << weights;
+  fs::last_write_time(model + "/model.safetensors", mtime);  // (the file as the run saw it)
   ASSERT_EQ(RunQ(resume, log), 0) << ReadFile(log);
   ASSERT_EQ(RunQ(Args("gptq", model, tmp.sub("full"), calib, "1"), log), 0) << ReadFile(log);
   EXPECT_EQ(HashDir(tmp.sub("out")), HashDir(tmp.sub("full")));
+}
+
+// The input is mapped, not copied: a shard modified while a run reads it stops the run at the
+// next layer boundary with the shard named, and no output.
+TEST(QuantizeResume, InputModifiedDuringTheRunStopsIt) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
+  nibble_test::TempDir tmp;
+  const std::string model = CopyModel(tmp), shard = model + "/model.safetensors";
+  for (const std::string algo : {"rtn", "gptq"}) {
+    nibble::QuantizeRequest r;
+    r.model_dir = model;
+    r.output_dir = tmp.sub("out-" + algo);
+    r.quant_algo = algo;
+    r.resumable = true;
+    if (algo != "rtn") {
+      r.dataset = Calib(tmp);
+      r.num_calib_data = 4;
+      r.seq_len = 64;
+    }
+    bool touched = false;
+    r.on_stage = [&](const nibble::QuantizeStage& st) {
+      if (st.layers_done >= 1 && !touched) {  // (a write to the file, as far as its metadata tells)
+        fs::last_write_time(shard, fs::last_write_time(shard) + std::chrono::seconds(1));
+        touched = true;
+      }
+    };
+    auto q = nibble::Quantize(r);
+    ASSERT_FALSE(q.ok()) << algo;
+    EXPECT_TRUE(touched) << algo;
+    EXPECT_EQ(q.error().code, nibble::ErrorCode::kCorruptInput) << q.error().message;
+    EXPECT_NE(q.error().message.find("changed during the run"), std::string::npos) << q.error().message;
+    EXPECT_NE(q.error().message.find("input shard model.safetensors: modified"), std::string::npos) << q.error().message;
+    EXPECT_FALSE(fs::exists(r.output_dir)) << algo;
+  }
 }
 
 // The saved activations are checked by size and SHA-256 before they are used.

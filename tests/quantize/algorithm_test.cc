@@ -55,6 +55,18 @@ TEST(QuantAlgorithmRegistry, AnUnknownNameInAChainIsNamedWithTheKnownOnes) {
   EXPECT_EQ(q.error().message.rfind("--quant_algo \"awq,gtpq\": unknown algorithm \"gtpq\" (known: rtn, awq, gptq", 0), 0u)
       << q.error().message;
   EXPECT_FALSE(std::filesystem::exists(tmp.sub("never")));
+  // Calibration sizes out of range are refused for RTN too (which reads neither).
+  req.quant_algo = "rtn";
+  req.num_calib_data = -3;
+  q = nibble::Quantize(req);
+  ASSERT_FALSE(q.ok());
+  EXPECT_EQ(q.error().message, "--num_calib_data -3 must be at least 1");
+  req.num_calib_data = 4;
+  req.seq_len = 0;
+  q = nibble::Quantize(req);
+  ASSERT_FALSE(q.ok());
+  EXPECT_EQ(q.error().message, "--seq_len 0 must be at least 1");
+  EXPECT_FALSE(std::filesystem::exists(tmp.sub("never")));
 }
 
 TEST(QuantAlgorithmRegistry, ChainOrderAndRepeatsAreValidated) {

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <string>
 
+#include <nibble/nibble.h>
 #include <nlohmann/json.hpp>
 
 #include "quantize/resource_plan.h"
@@ -121,6 +122,40 @@ TEST(ResourcePlan, ProgressLinesPerLayerAndStageInALog) {
   EXPECT_NE(line.find(", RSS "), std::string::npos) << line;
   EXPECT_EQ(line.find('\r'), std::string::npos) << line;
   EXPECT_LT(g.err.find("plan: "), g.err.find("gptq layer 1/6 load")) << "the plan comes before the first layer";
+}
+
+// A resumable calibrated run stages its next layer input at every boundary, the new file beside
+// the last until the manifest names it: the plan's disk covers the staging directory with a second
+// activations file at every stage (64 x 512 tokens: the activations outweigh the output here).
+TEST(ResourcePlan, DiskCoversTheStagedActivations) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
+  TempDir tmp;
+  nibble::QuantizeRequest r;
+  r.model_dir = nibble_test::EmbeddedModel();
+  r.output_dir = tmp.sub("out");
+  r.quant_algo = "gptq";
+  r.dataset = nibble_test::SharedData("prose-calib.txt");
+  r.num_calib_data = 64;
+  r.seq_len = 512;
+  r.resumable = true;
+  int64_t staged_peak = 0;
+  r.on_stage = [&](const nibble::QuantizeStage&) {
+    int64_t total = 0, largest_activations = 0;
+    for (const auto& d : fs::directory_iterator(tmp.path()))
+      if (d.path().filename().string().starts_with(".out.nibble-tmp-"))
+        for (const auto& f : fs::directory_iterator(d.path())) {
+          const int64_t size = static_cast<int64_t>(f.file_size());
+          total += size;
+          if (f.path().filename().string().starts_with("activations-"))
+            largest_activations = std::max(largest_activations, size);
+        }
+    staged_peak = std::max(staged_peak, total + largest_activations);
+  };
+  auto q = nibble::Quantize(r);
+  ASSERT_TRUE(q.ok()) << q.error().message;
+  const auto plan = nlohmann::json::parse(q->plan_json);
+  EXPECT_GT(staged_peak, plan.at("output_bytes").get<int64_t>());
+  EXPECT_LE(staged_peak, plan.at("disk_bytes").get<int64_t>());
 }
 
 TEST(ResourcePlan, OutputAboveTheFreeDiskIsRefusedWithTheNumbers) {
