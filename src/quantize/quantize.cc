@@ -439,7 +439,7 @@ Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, cons
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadCalibrationTexts(o.dataset));
   auto calib = BuildCalibrationData(*tok, texts, o.num_calib_data, o.calib_seq_len, o.seed);
   if (!calib.ok()) return calib.error().WithContext("--dataset " + o.dataset);
-  for (const auto& w : calib->warnings) note("warning: " + w);
+  for (const auto& w : calib->warnings) note("warning: --dataset " + o.dataset + ": " + w);
   report.calib_chunks = calib->num_chunks;
   report.calib_seq_len = calib->seq_len;
   report.calib_available_chunks = calib->available_chunks;

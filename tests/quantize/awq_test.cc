@@ -121,6 +121,29 @@ TEST(AwqCalibration, FirstChunksShortfallWarningAndSeededShuffle) {
   EXPECT_NE(none.error().message.find("fewer than one chunk"), std::string::npos);
 }
 
+// The shortfall warning of a run names the calibration file it counted.
+TEST(AwqCalibration, ShortfallWarningOfARunNamesTheDataset) {
+  NIBBLE_NEEDS_SHARED("data/prose-calib.txt");
+  TempDir tmp;
+  const std::string data = tmp.sub("short.txt");
+  std::ofstream(data) << ReadAll(nibble_test::SharedData("prose-calib.txt")).substr(0, 3000);
+  nibble::QuantizeRequest r;
+  r.model_dir = nibble_test::EmbeddedModel();
+  r.output_dir = tmp.sub("out");
+  r.quant_algo = "awq";
+  r.dataset = data;
+  r.num_calib_data = 1000;
+  r.seq_len = 64;
+  r.n_grid = 2;
+  auto q = nibble::Quantize(r);
+  ASSERT_TRUE(q.ok()) << q.error().message;
+  bool named = false;
+  for (const std::string& m : q->messages)
+    named = named || (m.starts_with("warning: --dataset " + data + ": calibration data has ") &&
+                      m.find("instead of the 1000 asked for") != std::string::npos);
+  EXPECT_TRUE(named);
+}
+
 TEST(AwqCalibration, JsonlTextsAreConcatenatedAndLongDocumentsChunked) {
   NIBBLE_NEEDS_SHARED("models/stories260K");
   TempDir tmp;
