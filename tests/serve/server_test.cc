@@ -104,8 +104,14 @@ TEST(ServeServer, QueueFullIs429AndDrainFinishesRunning) {
     EXPECT_EQ(json::parse(busy->body)["error"]["type"], "rate_limit_error");
   }
   std::thread drain([&] { (*server)->Drain(); });
-  std::this_thread::sleep_for(20ms);
-  auto refused = cli.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json");
+  // Until the drain thread has run (a loaded host may take longer than any fixed sleep), a POST
+  // still sees the full queue (429) or, the first done, a free slot; from then on 503.
+  auto post = [&] { return cli.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})", "application/json"); };
+  auto refused = post();
+  for (int i = 0; i < 500 && refused && refused->status != 503; ++i) {
+    std::this_thread::sleep_for(10ms);
+    refused = post();
+  }
   if (refused) {  // none when the drain already stopped the listener
     EXPECT_EQ(refused->status, 503) << refused->body;
   }
