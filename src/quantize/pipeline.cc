@@ -469,7 +469,7 @@ std::vector<LinearErrorReport> ErrorReportOf(const CalibLayer& L, const ErrorSum
 // carried input: the report's RTN sums of the original weights where the algorithm transforms
 // them, its Transform, the fp pass (into Gram matrices where it needs them), the codes, then the
 // next layer's input (quantized propagation) and the report's sums; `carried` becomes the next
-// layer's input. No capture point exists for all rows in fp32; the forward scratch is one chunk's.
+// layer's input. No linear input exists for all rows in fp32; the forward scratch is one chunk's.
 Status ChunkedLayer(LayerRunner& runner, CalibLayer& L, LayerAlgorithm& algo, Propagation prop,
                     CarriedActivations& carried, LayerCodes& codes, std::vector<LinearErrorReport>* report,
                     const std::function<Status()>& tick, const std::function<void(const char*)>& stage,

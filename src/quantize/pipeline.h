@@ -13,8 +13,9 @@
 // A 16-bit calibration of a Chunkable algorithm (GPTQ without true_sequential, AWQ without clip,
 // their chain) runs every step in chunks of whole sequences from the 16-bit layer input: AWQ's
 // searches read LayerRunner::Capture's statistics, Gram matrices and 16-bit rows; the fp pass adds
-// each chunk's linear inputs into one XᵀX per input (where GPTQ needs them); no capture point ever
-// holds every row in fp32 (a layer's memory grows with the calibration rows only by 16-bit rows).
+// each chunk's linear inputs into one XᵀX per input (where GPTQ needs them); no linear input is
+// ever held over every row in fp32 (a layer's memory grows with the calibration rows by 16-bit
+// rows, the fp32 outputs AWQ's candidates are scored against and the kept attention residual).
 // Results do not depend on the thread count: every reduction runs in fixed blocks.
 #pragma once
 
