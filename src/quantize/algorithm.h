@@ -61,7 +61,8 @@ class AlgorithmSettings {
   virtual Propagation propagation() const = 0;
   /// LayerRunner's reuse of the attention stages (false recomputes them: a test switch).
   virtual bool reuse_attention() const { return true; }
-  /// Its algorithm is LayerAlgorithm::Chunkable / NeedsGrams (the memory plan's chunked layer).
+  /// Its algorithm may run a layer in chunks (LayerAlgorithm::FinishGrams serves: the pipeline's
+  /// and the memory plan's chunked layer, AlgorithmPlan::ChunkedLayers) / reads Gram matrices.
   virtual bool Chunkable() const { return false; }
   virtual bool NeedsGrams() const { return false; }
   /// Refuses an export format that cannot hold what the algorithm produces; `model_export` is

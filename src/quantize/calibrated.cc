@@ -84,6 +84,7 @@ Result<CalibResult> RunCalibrated(const ModelConfig& mc, const TensorStore& stor
       };
   }
   po.calib_dtype = algorithms.calib_dtype;
+  po.chunked = algorithms.ChunkedLayers(mc);
   NIBBLE_ASSIGN_OR_RETURN(PipelineResult pr, RunLayerPipeline(mc, store, plan, tokens, batch, seq_len, chain, po, sink));
   CalibResult res;
   res.seconds = pr.seconds;

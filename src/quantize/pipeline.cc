@@ -40,9 +40,6 @@ Status AlgorithmChain::Finish(const LayerRunner& runner, CalibLayer& layer, Laye
   return Status::Ok();
 }
 
-bool AlgorithmChain::Chunkable() const {
-  return std::all_of(algos_.begin(), algos_.end(), [](const auto& a) { return a->Chunkable(); });
-}
 
 bool AlgorithmChain::NeedsGrams() const {
   return std::any_of(algos_.begin(), algos_.end(), [](const auto& a) { return a->NeedsGrams(); });
@@ -465,7 +462,7 @@ std::vector<LinearErrorReport> ErrorReportOf(const CalibLayer& L, const ErrorSum
   return out;
 }
 
-// A Chunkable algorithm's layer in a 16-bit calibration (pipeline.h), every pass in chunks of the
+// A layer of Chunkable algorithms in a 16-bit calibration (pipeline.h), every pass in chunks of the
 // carried input: the report's RTN sums of the original weights where the algorithm transforms
 // them, its Transform, the fp pass (into Gram matrices where it needs them), the codes, then the
 // next layer's input (quantized propagation) and the report's sums; `carried` becomes the next
@@ -575,9 +572,11 @@ Result<PipelineResult> RunLayerPipeline(const ModelConfig& mc, const TensorStore
                                                " of " + std::to_string(total_steps)));
   };
   LayerRunner runner(mc, batch, seq_len, o.reuse_attention);
-  // A 16-bit calibration of a Chunkable algorithm runs each layer in chunks (ChunkedLayer); fp32
+  // A 16-bit calibration of Chunkable algorithms runs each layer in chunks (ChunkedLayer); fp32
   // keeps the whole-rows path and its bytes.
-  const bool chunked = calib != CalibDType::kFp32 && algo.Chunkable();
+  const bool chunked = o.chunked;
+  if (chunked && calib == CalibDType::kFp32)
+    return MakeError("a chunked layer pipeline needs a 16-bit calibration dtype, not fp32");
   // Every whole-rows layer allocates and frees the same buffers (fp32 weights, their copies, the
   // calibration linears, AWQ's candidates): kept in the heap from one layer to the next instead
   // of each layer zeroing gigabytes of fresh pages. The chunked path's buffers differ in size

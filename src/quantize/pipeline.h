@@ -10,7 +10,7 @@
 //   5. per-linear output errors for the report (RTN of the original weights against the result);
 //   6. the layer's tensors go to the sink (the exporter) and are freed; the next layer's input is
 //      the fp pass's output, or (quantized propagation) the output of the dequantized layer.
-// A 16-bit calibration of a Chunkable algorithm (GPTQ without true_sequential, AWQ without clip,
+// A 16-bit calibration of Chunkable algorithms (AlgorithmSettings: GPTQ without true_sequential, AWQ without clip,
 // their chain) runs every step in chunks of whole sequences from the 16-bit layer input: AWQ's
 // searches read LayerRunner::Capture's statistics, Gram matrices and 16-bit rows; the fp pass adds
 // each chunk's linear inputs into one XᵀX per input (where GPTQ needs them); no linear input is
@@ -288,17 +288,14 @@ class LayerAlgorithm {
   }
   /// Notes collected over the run (each once), e.g. skipped mappings.
   virtual std::vector<std::string> Messages() const { return {}; }
-  /// True when the layer may run in chunks of sequences (a 16-bit calibration): Transform reads
-  /// the layer runs only through LayerRunner::Capture (a chunked runner has no acts()), and Finish
-  /// needs at most the Gram matrices of the quantized linears' inputs: the pipeline then calls
-  /// FinishGrams instead of Finish (GPTQ without true_sequential, AWQ without its clip search).
-  virtual bool Chunkable() const { return false; }
   /// Whether FinishGrams reads the Gram matrices (a chunked fp pass accumulates them only then).
   virtual bool NeedsGrams() const { return false; }
   /// Whether Transform may change the weights (a chunked layer then measures the report's RTN
   /// error of the original weights before it, as it keeps no original copy).
   virtual bool Transforms() const { return false; }
-  /// Finish from the layer's Gram matrices (it may free each one once used).
+  /// A chunked layer's Finish (PipelineOptions::chunked: its settings are Chunkable), from the
+  /// layer's Gram matrices (it may free each one once used). There Transform reads the layer runs
+  /// only through LayerRunner::Capture (a chunked runner has no acts()).
   virtual Status FinishGrams(LayerGrams& grams, const CalibLayer& layer, LayerCodes& codes,
                              const std::function<Status()>& step) {
     return MakeError("this algorithm needs the calibration activations, not only their Gram matrices");
@@ -316,8 +313,7 @@ class AlgorithmChain final : public LayerAlgorithm {
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
                 const std::function<Status()>& step) override;
   std::vector<std::string> Messages() const override;
-  /// Every algorithm Chunkable; grams or weight changes where any needs or makes them.
-  bool Chunkable() const override;
+  /// Grams or weight changes where any algorithm needs or makes them.
   bool NeedsGrams() const override;
   bool Transforms() const override;
   /// Each algorithm's FinishGrams in order.
@@ -367,6 +363,9 @@ struct PipelineOptions {
       on_boundary;
   /// The dtype of the calibration forward (calib_dtype.h); kAuto: the model's torch_dtype.
   CalibDType calib_dtype = CalibDType::kFp32;
+  /// Each layer in chunks of sequences (ChunkedLayer; AlgorithmPlan::ChunkedLayers decides): needs
+  /// a 16-bit calib_dtype and an algorithm whose FinishGrams serves (its settings Chunkable).
+  bool chunked = false;
 };
 
 struct PipelineResult {

@@ -97,24 +97,6 @@ TEST(CalibDType, Bf16GptqInChunksIsThreadCountIndependent) {
   EXPECT_NE(QuantizedSum("gptq", "fp32", 2, tmp, 5, 512), one);
 }
 
-// A chain run on whole rows although it could run in chunks (a 16-bit calibration otherwise
-// chunks every layer of a Chunkable chain).
-class WholeRows final : public nibble::LayerAlgorithm {
- public:
-  explicit WholeRows(nibble::LayerAlgorithm& a) : a_(a) {}
-  int64_t StepsPerLayer() const override { return a_.StepsPerLayer(); }
-  nibble::Status Transform(nibble::LayerRunner& r, nibble::CalibLayer& l, const std::function<nibble::Status()>& s) override {
-    return a_.Transform(r, l, s);
-  }
-  nibble::Status Finish(const nibble::LayerRunner& r, nibble::CalibLayer& l, nibble::LayerCodes& c,
-                        const std::function<nibble::Status()>& s) override {
-    return a_.Finish(r, l, c, s);
-  }
-
- private:
-  nibble::LayerAlgorithm& a_;
-};
-
 // prose-llama-7m through RunLayerPipeline with `chain` in bf16, each layer in chunks or on whole
 // rows, the runner's attention stages reused or not, AWQ's default mappings or (`reorder`) an
 // order where one that rescales the attention comes between two that read the MLP stages: every
@@ -144,11 +126,11 @@ PipelineOutput RunBf16(const std::string& chain_name, bool whole_rows, int64_t b
   std::vector<std::unique_ptr<nibble::LayerAlgorithm>> owned;
   for (auto& a : algos->MakeAlgorithms()) owned.push_back(std::move(a));
   nibble::AlgorithmChain chain(std::move(owned));
-  EXPECT_TRUE(chain.Chunkable());
-  WholeRows whole(chain);
+  EXPECT_TRUE(algos->ChunkedLayers(*mc));
   nibble::PipelineOptions po;
   po.propagation = algos->propagation();
   po.calib_dtype = nibble::CalibDType::kBf16;
+  po.chunked = !whole_rows;  // (the plan chunks a bf16 calibration of this chain)
   po.reuse_attention = reuse;
   std::vector<int32_t> tokens;
   for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 7919 + i / seq) % 4000));
@@ -156,8 +138,7 @@ PipelineOutput RunBf16(const std::string& chain_name, bool whole_rows, int64_t b
     out.tensors[t.name] = std::move(t.values);
     return nibble::Status::Ok();
   };
-  auto r = nibble::RunLayerPipeline(*mc, *store, cfg, tokens, batch, seq,
-                                    whole_rows ? static_cast<nibble::LayerAlgorithm&>(whole) : chain, po, sink);
+  auto r = nibble::RunLayerPipeline(*mc, *store, cfg, tokens, batch, seq, chain, po, sink);
   EXPECT_TRUE(r.ok()) << r.error().message;
   if (r.ok()) out.layers = r->layers;
   return out;
@@ -193,6 +174,45 @@ TEST(CalibDType, Bf16AwqInChunksGivesTheWholeRowsBytes) {
     ExpectSameOutput(RunBf16(chain, false, 20, 128, true, true), RunBf16(chain, true, 20, 128, false, true),
                      chain + " in chunks, reordered mappings");
   }
+}
+
+// The pipeline runs a layer in chunks only as told (PipelineOptions::chunked, from the plan); told
+// so for an algorithm that needs the activations (AWQ's clip search, GPTQ's true_sequential) or
+// for an fp32 calibration, it stops with an error instead of skipping that work.
+TEST(CalibDType, ChunkedPipelineRefusesWhatCannotRunInChunks) {
+  NIBBLE_NEEDS_SHARED("models/prose-llama-7m");
+  const std::string dir = nibble_test::SharedModel("prose-llama-7m");
+  auto mc = nibble::LoadModelConfig(dir);
+  auto store = nibble::TensorStore::OpenDir(dir);
+  ASSERT_TRUE(mc.ok() && store.ok());
+  nibble::QuarkQuantConfig cfg;
+  cfg.global = nibble::WeightQuantSpec{};
+  cfg.global->group_size = 64;
+  auto run = [&](const std::string& chain_name, nibble::AlgorithmFlags flags, nibble::CalibDType calib) {
+    flags.calib_dtype = calib;
+    auto algos = nibble::ResolveAlgorithms(*nibble::ParseAlgorithmChain(chain_name), flags, nullptr);
+    EXPECT_TRUE(algos.ok());
+    EXPECT_FALSE(algos->ChunkedLayers(*mc)) << chain_name;
+    std::vector<std::unique_ptr<nibble::LayerAlgorithm>> owned;
+    for (auto& a : algos->MakeAlgorithms()) owned.push_back(std::move(a));
+    nibble::AlgorithmChain chain(std::move(owned));
+    nibble::PipelineOptions po;
+    po.calib_dtype = calib;
+    po.chunked = true;
+    std::vector<int32_t> tokens(2 * 32, 5);
+    auto r = nibble::RunLayerPipeline(*mc, *store, cfg, tokens, 2, 32, chain, po,
+                                      [](nibble::LayerTensor) { return nibble::Status::Ok(); });
+    return r.ok() ? std::string("ok") : r.error().message;
+  };
+  nibble::AlgorithmFlags clip;
+  clip.awq.clip = true;
+  EXPECT_NE(run("awq", clip, nibble::CalibDType::kBf16).find("clip search needs the calibration activations"),
+            std::string::npos);
+  nibble::AlgorithmFlags seq;
+  seq.gptq.true_sequential = true;
+  EXPECT_NE(run("gptq", seq, nibble::CalibDType::kBf16).find("true_sequential needs the calibration activations"),
+            std::string::npos);
+  EXPECT_NE(run("gptq", {}, nibble::CalibDType::kFp32).find("needs a 16-bit calibration dtype"), std::string::npos);
 }
 
 TEST(CalibDType, ParsesResolvesAndSizes) {

@@ -61,6 +61,11 @@ Status AwqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCodes
   return Status::Ok();
 }
 
+Status AwqAlgorithm::FinishGrams(LayerGrams&, const CalibLayer&, LayerCodes&, const std::function<Status()>&) {
+  if (st_.clip) return MakeError("the AWQ clip search needs the calibration activations, not only their Gram matrices");
+  return Status::Ok();
+}
+
 std::vector<AwqMapping> AwqAlgorithm::Used() const {
   std::vector<AwqMapping> out;
   for (const auto& r : maps_)
@@ -76,7 +81,7 @@ class AwqRunSettings final : public AlgorithmSettings {
   AwqRunSettings(const AwqSettings& s, std::vector<ResolvedMapping> maps) : st_(s), maps_(std::move(maps)) {}
   Propagation propagation() const override { return st_.propagation; }
   bool reuse_attention() const override { return st_.reuse_attention; }
-  bool Chunkable() const override { return !st_.clip; }
+  bool Chunkable() const override { return !st_.clip; }  // (AwqAlgorithm::FinishGrams)
   std::unique_ptr<ChainAlgorithm> MakeAlgorithm() const override { return std::make_unique<AwqAlgorithm>(st_, maps_); }
   std::vector<MemoryPhase> MemoryPhases(const LayerMemoryShape& layer) const override;
   bool KeepsAttention(const LayerMemoryShape& layer) const override;

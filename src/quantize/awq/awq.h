@@ -39,13 +39,10 @@ class AwqAlgorithm final : public ChainAlgorithm {
   Status Transform(LayerRunner& runner, CalibLayer& layer, const std::function<Status()>& step) override;
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
                 const std::function<Status()>& step) override;
-  /// Its searches read only LayerRunner::Capture; the clip search needs the activations.
-  bool Chunkable() const override { return !st_.clip; }
   bool Transforms() const override { return true; }
-  /// Nothing after the fp pass without the clip search.
-  Status FinishGrams(LayerGrams&, const CalibLayer&, LayerCodes&, const std::function<Status()>&) override {
-    return Status::Ok();
-  }
+  /// Nothing after the fp pass without the clip search (its searches read only
+  /// LayerRunner::Capture); the clip search needs the activations.
+  Status FinishGrams(LayerGrams&, const CalibLayer&, LayerCodes&, const std::function<Status()>&) override;
   std::vector<std::string> Messages() const override { return {messages_.begin(), messages_.end()}; }
   /// CalibLayerResult::mappings, and the mappings applied in at least one layer as
   /// CalibResult::awq_used.

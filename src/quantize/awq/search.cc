@@ -394,9 +394,9 @@ Result<AwqMappingReport> SearchAndApply(const LayerRunner& run, const ResolvedMa
   const int64_t y_dim = ChunkingFor(run, r, base).od;
   // A single inspected linear is scored through the Gram matrix of its inputs (GramMatrix): the
   // same squared error, without a pass over the activations per candidate. Modules run per
-  // candidate against their fp output.
-  const bool gram = r.inspect == AwqInspect::kLinear && AwqGramLoss(st, L.calib, rows, kin);
+  // candidate against their fp output. SearchNeeds chose which of the two `a` holds.
   const std::vector<float>& g = a.Gram(InspectInput(r));
+  const bool gram = !g.empty();
   std::vector<std::vector<float>> xs;  // per-thread widened rows (InspectChunk)
   const std::vector<float> y_fp = gram ? std::vector<float>{} : InspectReference(run, r, L, base, a, xs);
 

@@ -108,6 +108,7 @@ Status GptqAlgorithm::Finish(const LayerRunner& runner, CalibLayer& L, LayerCode
 
 Status GptqAlgorithm::FinishGrams(LayerGrams& grams, const CalibLayer& L, LayerCodes& codes,
                                   const std::function<Status()>& step) {
+  if (st_.true_sequential) return MakeError("GPTQ with true_sequential needs the calibration activations, not only XᵀX");
   constexpr std::array<LayerInput, 4> kInputs = {LayerInput::kAttnIn, LayerInput::kAttnConcat, LayerInput::kMlpIn,
                                                  LayerInput::kMlpAct};
   std::array<std::vector<float>, 4> g;
@@ -165,7 +166,7 @@ class GptqRunSettings final : public AlgorithmSettings {
  public:
   GptqRunSettings(const GptqSettings& s, const GptqSettingNames& names) : st_(s), names_(names) {}
   Propagation propagation() const override { return st_.propagation; }
-  bool Chunkable() const override { return !st_.true_sequential; }
+  bool Chunkable() const override { return !st_.true_sequential; }  // (GptqAlgorithm::FinishGrams)
   bool NeedsGrams() const override { return true; }
   Status CheckExport(const FormatEntry& format, const std::string& model_export) const override {
     if (st_.actorder != GptqActOrder::kGroup || format.holds_g_idx) return Status::Ok();

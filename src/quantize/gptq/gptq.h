@@ -41,9 +41,8 @@ class GptqAlgorithm final : public ChainAlgorithm {
   Status Finish(const LayerRunner& runner, CalibLayer& layer, LayerCodes& codes,
                 const std::function<Status()>& step) override;
   std::vector<std::string> Messages() const override;
-  /// Without true_sequential GPTQ needs only each input's XᵀX.
-  bool Chunkable() const override { return !st_.true_sequential; }
   bool NeedsGrams() const override { return true; }
+  /// Without true_sequential GPTQ needs only each input's XᵀX.
   Status FinishGrams(LayerGrams& grams, const CalibLayer& layer, LayerCodes& codes,
                      const std::function<Status()>& step) override;
   /// CalibLayerResult::gptq, and the largest Hessian as CalibResult::hessian_peak_bytes.
