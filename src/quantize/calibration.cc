@@ -60,7 +60,8 @@ Result<CalibrationData> BuildCalibrationData(const Tokenizer& tokenizer, const s
   d.total_tokens = static_cast<int64_t>(stream.size());
   d.available_chunks = d.total_tokens / seq_len;
   if (d.available_chunks == 0)
-    return MakeError("calibration data has ", d.total_tokens, " tokens, fewer than one chunk of seq_len ", seq_len);
+    return MakeErrorCode(ErrorCode::kCorruptInput, "calibration data has ", d.total_tokens,
+                         " tokens, fewer than one chunk of --seq_len ", seq_len, " (give more text or a smaller --seq_len)");
   std::vector<int64_t> order(static_cast<size_t>(d.available_chunks));
   for (int64_t i = 0; i < d.available_chunks; ++i) order[i] = i;
   if (seed != 0) {

@@ -2,6 +2,9 @@
 #include "quantize/resource_plan.h"
 
 #include <sys/statvfs.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <cstdio>
@@ -223,13 +226,22 @@ MemoryPhase LargestLayerPhase(const QuantizePlan& plan, const ModelConfig& mc, c
 }
 
 // Free bytes at the nearest existing ancestor of `dir` (statvfs), -1 unknown; *where gets it.
-int64_t FreeDiskAt(const std::string& dir, std::string* where) {
+// Free bytes at the nearest existing ancestor of `dir`'s parent (where the staging directory goes),
+// and why nothing can be written there: a read-only filesystem, no write permission, or a
+// filesystem without blocks (/proc, /sys), where statvfs's 0 free bytes would read as a full disk.
+int64_t FreeDiskAt(const std::string& dir, std::string* where, std::string* unwritable) {
   std::error_code ec;
   fs::path p = fs::absolute(dir, ec).parent_path();
   while (!p.empty() && !fs::exists(p, ec) && p != p.root_path()) p = p.parent_path();
   *where = p.string();
   struct statvfs st {};
   if (p.empty() || statvfs(p.c_str(), &st) != 0) return -1;
+  if (st.f_flag & ST_RDONLY)
+    *unwritable = "a read-only filesystem";
+  else if (st.f_blocks == 0)
+    *unwritable = "not on a disk filesystem (it has no blocks)";
+  else if (access(p.c_str(), W_OK) != 0)
+    *unwritable = std::string("not writable (") + std::strerror(errno) + ")";
   return static_cast<int64_t>(st.f_bavail) * static_cast<int64_t>(st.f_frsize);
 }
 
@@ -295,7 +307,7 @@ ResourcePlan PlanResources(const QuantizePlan& plan, const ModelConfig& mc, cons
           : 0;
   p.disk_bytes =
       std::max<int64_t>(0, out + std::min(out, in.max_shard_size) + largest_layer_out + activations - in.staged_bytes);
-  p.free_disk_bytes = FreeDiskAt(in.output_dir, &p.disk_dir);
+  p.free_disk_bytes = FreeDiskAt(in.output_dir, &p.disk_dir, &p.disk_unwritable);
   return p;
 }
 
@@ -329,6 +341,8 @@ Status CheckResources(const ResourcePlan& p, int64_t max_memory) {
                          "; raise --max_memory, use fewer calibration tokens (--num_calib_data, --seq_len) or another "
                          "--quant_algo");
   }
+  if (!p.disk_unwritable.empty())
+    return MakeErrorCode(ErrorCode::kIo, "cannot write the output under ", p.disk_dir, ": ", p.disk_unwritable);
   if (p.free_disk_bytes >= 0 && p.disk_bytes > p.free_disk_bytes)
     return MakeErrorCode(ErrorCode::kResourceExhausted, "the output needs up to ", Gb(p.disk_bytes), " of disk while it is ",
                          "written (", Gb(p.output_bytes), " of files and the spool of unwritten tensors), more than the ",

@@ -55,6 +55,7 @@ struct ResourcePlan {
                                // a resumed run finds staged
   int64_t free_disk_bytes = -1;  // at the output's parent (statvfs), -1 unknown
   std::string disk_dir;        // where that was measured
+  std::string disk_unwritable;  // why the output cannot be written there ("" when it can)
 };
 
 /// The plan for `plan` on the dense checkpoint (mc, store). Reads only the tensors' headers and

@@ -924,6 +924,22 @@ TEST(Cli, UsageErrorsExitWithTwoRuntimeErrorsWithOne) {
   EXPECT_EQ(RunNibble("generate --model " + model + " --threads -2").exit_code, 2);  // CLI11 range check
   EXPECT_EQ(RunNibble("bogus").exit_code, 2);
   EXPECT_EQ(RunNibble("generate --model /nonexistent/dir -n 1").exit_code, 1);
+  // A calibration file that is empty or shorter than one --seq_len chunk is the file's fault: 1.
+  nibble_test::TempDir tmp;
+  std::ofstream(tmp.path() + "/empty.txt").close();
+  std::ofstream(tmp.path() + "/short.txt") << "Once upon a time.";
+  const std::string awq = "quantize --model_dir " + model + " --output_dir " + Quote(tmp.sub("q")) + " --quant_algo awq --dataset ";
+  RunResult d = RunNibble(awq + Quote(tmp.path() + "/empty.txt"));
+  EXPECT_EQ(d.exit_code, 1) << d.out;
+  EXPECT_NE(d.out.find("empty.txt: no calibration text"), std::string::npos) << d.out;
+  d = RunNibble(awq + Quote(tmp.path() + "/short.txt") + " --seq_len 64");
+  EXPECT_EQ(d.exit_code, 1) << d.out;
+  EXPECT_NE(d.out.find("short.txt: calibration data has"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("fewer than one chunk of --seq_len 64"), std::string::npos) << d.out;
+  // An output place that cannot be written (a filesystem without blocks) is named as such: 1.
+  d = RunNibble("quantize --model_dir " + model + " --output_dir /proc/nibble-never/out");
+  EXPECT_EQ(d.exit_code, 1) << d.out;
+  EXPECT_NE(d.out.find("cannot write the output under /proc"), std::string::npos) << d.out;
   EXPECT_EQ(RunNibble("generate --help").exit_code, 0);
   EXPECT_EQ(RunNibble("--version").exit_code, 0);
   const RunResult r = RunNibble("perplexity --text x");

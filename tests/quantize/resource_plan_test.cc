@@ -5,6 +5,8 @@
 // lines appear in a log; a disk too small for the output is refused with the numbers.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -174,6 +176,31 @@ TEST(ResourcePlan, OutputAboveTheFreeDiskIsRefusedWithTheNumbers) {
   EXPECT_TRUE(nibble::CheckResources(p, -1).ok());
   EXPECT_FALSE(nibble::CheckResources(p, 999).ok());  // the peak above an explicit limit
   EXPECT_TRUE(nibble::CheckResources(p, 1000).ok());
+}
+
+// An output under a filesystem without blocks (/proc: statvfs reports 0 free bytes) or under a
+// directory this process cannot write is refused as such before any work, not as a full disk.
+TEST(ResourcePlan, UnwritableOutputPlaceIsNamedNotCalledFull) {
+  nibble::QuantizeRequest r;
+  r.model_dir = nibble_test::EmbeddedModel();
+  r.output_dir = "/proc/nibble-never/out";
+  auto q = nibble::Quantize(r);
+  ASSERT_FALSE(q.ok());
+  EXPECT_EQ(q.error().code, nibble::ErrorCode::kIo) << q.error().message;
+  EXPECT_NE(q.error().message.find("cannot write the output under /proc: not on a disk filesystem"), std::string::npos)
+      << q.error().message;
+  EXPECT_EQ(q.error().message.find(" free at "), std::string::npos) << q.error().message;
+  if (geteuid() == 0) return;  // (root writes into a mode 0555 directory)
+  nibble_test::TempDir tmp;
+  const std::string ro = tmp.sub("ro");
+  std::filesystem::create_directories(ro);
+  std::filesystem::permissions(ro, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+  r.output_dir = ro + "/out";
+  q = nibble::Quantize(r);
+  std::filesystem::permissions(ro, std::filesystem::perms::owner_all);
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.error().message.find("cannot write the output under " + ro + ": not writable"), std::string::npos)
+      << q.error().message;
 }
 
 }  // namespace

@@ -54,10 +54,13 @@ Status GptqAlgorithm::QuantizeWithFactor(LayerInput in, Result<GptqFactor> f, in
   const std::vector<int> lins = LinearsOf(in);
   const int64_t k = L.k[lins[0]];
   const std::string name = L.name + "." + DecoderLinearNames()[lins[0]];
-  if (rows < k)
-    messages_.insert("warning: GPTQ: " + name + " (and the linears sharing its input) sees " + std::to_string(rows) +
+  if (rows < k) {  // the same in every layer: one message per input, not per layer
+    std::string which;
+    for (int i : lins) which += (which.empty() ? "" : ", ") + DecoderLinearNames()[i];
+    messages_.insert("warning: GPTQ: every layer's " + which + " sees " + std::to_string(rows) +
                      " calibration tokens for in_features " + std::to_string(k) +
                      ": the Hessian is singular and only the damping makes it invertible; use more calibration data");
+  }
   const int64_t copies = st_.actorder == GptqActOrder::kNone ? 2 : 3;  // H, the damped copy, the permuted H
   peak_bytes_ = std::max(peak_bytes_, copies * k * k * static_cast<int64_t>(sizeof(float)));
   if (!f.ok()) return f.error().WithContext("GPTQ " + name);
