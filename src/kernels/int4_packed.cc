@@ -256,7 +256,7 @@ bool W4Bf16Supported(const W4PackedWeight& w) { return W4Bf16ServesGroupSize(w.g
 namespace {
 
 struct Bf16Layout {
-  size_t xb = 0, c0 = 0, c1 = 0, xf = 0, total = 0;  // byte offsets
+  size_t xb = 0, c0 = 0, c1 = 0, zc = 0, xf = 0, total = 0;  // byte offsets
 };
 
 Bf16Layout Bf16LayoutFor(int64_t k, int64_t group_size) {
@@ -265,7 +265,8 @@ Bf16Layout Bf16LayoutFor(int64_t k, int64_t group_size) {
   l.xb = 0;
   l.c0 = Align64(runs * 64);
   l.c1 = l.c0 + Align64(groups * 4);
-  l.xf = l.c1 + Align64(groups * 4);
+  l.zc = l.c1 + Align64(groups * 4);
+  l.xf = l.zc + groups * 64;
   l.total = l.xf + runs * 128;
   return l;
 }
@@ -284,6 +285,7 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
   uint16_t* xb = reinterpret_cast<uint16_t*>(scratch + l.xb);
   float* c0 = reinterpret_cast<float*>(scratch + l.c0);
   float* c1 = reinterpret_cast<float*>(scratch + l.c1);
+  float* zc = reinterpret_cast<float*>(scratch + l.zc);
   float* xf = reinterpret_cast<float*>(scratch + l.xf);
   // One pass in k order: each value rounded once, stored at its word (word 2l <- 32u + l,
   // word 2l + 1 <- 32u + 16 + l) and added to its group's σ. k % g == 0 and g % 32 == 0, so the
@@ -303,10 +305,15 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
     }
     c0[gi] = -8.f * sigma;
     c1[gi] = sigma * (-1.f / 16.f);
+    // fma(z, c1, c0) without a libm call: z·c1 + c0 is exact in double (a 4-bit by 24-bit product
+    // beside a 24-bit term), so the one rounding to float is the fma's.
+    for (int z = 0; z < 16; ++z)
+      zc[16 * gi + z] = static_cast<float>(static_cast<double>(z) * static_cast<double>(c1[gi]) + static_cast<double>(c0[gi]));
   }
   a.xb = xb;
   a.c0 = c0;
   a.c1 = c1;
+  a.zc = zc;
   a.xf = xf;
   return a;
 }

@@ -136,7 +136,9 @@ void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* a, int64_t 
 /// superblock holds in nibbles 2c and 2c + 1 (c = u mod 4). Per group gi, with σ = Σ_k bf16(x_k)
 /// over the group (fp32, k ascending): c0[gi] = −8·σ and c1[gi] = −σ/16, so that
 /// c0 + z·c1 = −(128 + z)·σ/16 is the per-lane share of the zero-point correction (the kernel
-/// multiplies the codes as the bf16 values 128 + q, whose bits are 0x4300 | q).
+/// multiplies the codes as the bf16 values 128 + q, whose bits are 0x4300 | q); zc holds that
+/// share for every zero point, fma(z, c1, c0) rounded once, so a row loop starts a group's chain
+/// with one broadcast load instead of an FMA of three broadcasts.
 struct W4Bf16Acts {
   int64_t k = 0;                // K
   int64_t group_size = 0;       // g (a multiple of 32)
@@ -144,6 +146,7 @@ struct W4Bf16Acts {
   const uint16_t* xb = nullptr; // [runs][32] bf16 bit patterns, 64-byte aligned when the scratch is
   const float* c0 = nullptr;    // [K / g]
   const float* c1 = nullptr;    // [K / g]
+  const float* zc = nullptr;    // [K / g][16]: zc[16·gi + z] = fma(z, c1[gi], c0[gi]), z = 0..15
   /// [runs][32] the same values as fp32 in K order (xf[32u + l] is word 2l of run u, xf[32u + 16
   /// + l] word 2l + 1), subnormals as zero: the operands of the FMA blocks, which reproduce
   /// vdpbf16ps (kernels/x86_avx512bf16/int4_gemm_bf16.h).

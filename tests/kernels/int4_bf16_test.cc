@@ -154,7 +154,22 @@ TEST(W4Bf16Test, PreparedActivationsAreRoundedAndInSuperblockOrder) {
   float sigma0 = 0.f;  // σ keeps them (its sums are not vdpbf16ps)
   for (int64_t i = 0; i < 32; ++i) sigma0 += Bf16ToF32(F32ToBf16(x[static_cast<size_t>(i)]));
   EXPECT_EQ(s.c0[0], -8.f * sigma0);
+  // zc: each group's chain start for every zero point, the bits of fma(z, c1, c0) (what the row
+  // loops computed per group before), also where σ is tiny enough for c1 to be subnormal.
+  for (const float scale : {1.f, 3e-37f, 1e-40f, -7e3f}) {
+    for (int64_t i = 0; i < k; ++i)  // exponents spread over 2^-22..1: σ has a full 24-bit mantissa
+      x[static_cast<size_t>(i)] = scale * (i % 3 == 0 ? -1.f : 1.f) *
+                                  std::ldexp(1.f + static_cast<float>((37 * i) % 127) / 128.f, -static_cast<int>(i % 23));
+    const W4Bf16Acts t = PrepareActsBf16(x.data(), k, g, scratch.data());
+    for (int64_t gi = 0; gi < k / g; ++gi)
+      for (int z = 0; z < 16; ++z) {
+        const float want = std::fma(static_cast<float>(z), t.c1[gi], t.c0[gi]);
+        EXPECT_EQ(std::memcmp(&t.zc[16 * gi + z], &want, 4), 0) << scale << " " << gi << " " << z << ": " << t.zc[16 * gi + z];
+      }
+  }
   std::vector<float> r(static_cast<size_t>(k));
+  x[5] = 1.f + std::ldexp(1.f, -8);
+  x[6] = 1.f + 3.f * std::ldexp(1.f, -8);
   RoundToBf16(x.data(), k, r.data());
   EXPECT_EQ(r[5], 1.f);
   EXPECT_EQ(r[6], 1.f + std::ldexp(1.f, -6));

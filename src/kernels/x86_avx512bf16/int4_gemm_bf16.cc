@@ -38,12 +38,10 @@ alignas(64) constexpr float kCodeFloat[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 
 template <int MR, bool kSym, int kGops>
 void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, float* y, int64_t r) {
   const uint16_t* xb[MR];
-  const float* c0[MR];
-  const float* c1[MR];
+  const float* zc[MR];
   for (int i = 0; i < MR; ++i) {
     xb[i] = acts[i].xb;
-    c0[i] = acts[i].c0;
-    c1[i] = acts[i].c1;
+    zc[i] = acts[i].zc;
   }
   __m512 tot[MR][4];
   for (int i = 0; i < MR; ++i)
@@ -59,12 +57,12 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
     for (int t = 0; t < 4; ++t) {
       const int64_t gi = gi0 + t;
       if (gi >= groups) break;
-      // Per-lane start fma(z, c1, c0) = −(128 + z)·σ/16; z read as a float from a table (a
-      // broadcast load: no int→float convert, no register broadcast).
-      const __m512 zf = _mm512_set1_ps(kCodeFloat[kSym ? 8 : rec[4 * gpr + gl]]);
+      // Per-lane start fma(z, c1, c0) = −(128 + z)·σ/16, from the activations' table (W4Bf16Acts::zc:
+      // one broadcast load).
+      const int64_t z = kSym ? 8 : rec[4 * gpr + gl];
       __m512 a0[MR], a1[MR];
       for (int i = 0; i < MR; ++i) {
-        a0[i] = _mm512_fmadd_ps(zf, _mm512_set1_ps(c1[i][gi]), _mm512_set1_ps(c0[i][gi]));
+        a0[i] = _mm512_set1_ps(zc[i][16 * gi + z]);
         a1[i] = _mm512_setzero_ps();
       }
       const uint16_t* xg[MR];
@@ -113,9 +111,10 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
 
 // ---- Decode at g = 128 (one activation row, one group per record): the tile's arithmetic for
 // that case as one flat loop over the row's records, unrolled by four: per group two chains over
-// runs (0, 2) and (1, 3), the first starting at fma(z, c1, c0), then sum[gi mod 4] =
-// fma(s, chain0 + chain1, sum[gi mod 4]). The scale, the zero point and c0 / c1 are broadcast
-// memory operands (a register broadcast would take a shuffle slot from the vpmultishiftqb).
+// runs (0, 2) and (1, 3), the first starting at fma(z, c1, c0) (W4Bf16Acts::zc), then sum[gi mod
+// 4] = fma(s, chain0 + chain1, sum[gi mod 4]). The scale and the chain start are broadcast memory
+// operands (a register broadcast would take a shuffle slot from the vpmultishiftqb; on Zen 4 the
+// start's FMA of three broadcasts cost as much as the rest of the group's scale work).
 
 // The decode loop's software prefetch (hint P, kernels/stream_prefetch.h): this far ahead of the
 // record being read
@@ -137,8 +136,7 @@ void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, fl
       PrefetchAhead<P>(rec, kRowPrefetchBytes);
       const __m512i sb = _mm512_loadu_si512(rec + header);
       const __m512bh* x = reinterpret_cast<const __m512bh*>(a.xb + 128 * gi);
-      const __m512 zf = _mm512_set1_ps(kCodeFloat[kSym ? 8 : rec[4]]);
-      __m512 h0 = _mm512_fmadd_ps(zf, _mm512_set1_ps(a.c1[gi]), _mm512_set1_ps(a.c0[gi]));
+      __m512 h0 = _mm512_set1_ps(a.zc[16 * gi + (kSym ? 8 : rec[4])]);
       h0 = _mm512_dpbf16_ps(h0, RunWords(sb, ctl[0]), (__m512bh)_mm512_loadu_si512(x));
       __m512 h1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), RunWords(sb, ctl[1]), (__m512bh)_mm512_loadu_si512(x + 1));
       h0 = _mm512_dpbf16_ps(h0, RunWords(sb, ctl[2]), (__m512bh)_mm512_loadu_si512(x + 2));
