@@ -307,8 +307,8 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
     c1[gi] = sigma * (-1.f / 16.f);
     // fma(z, c1, c0) without a libm call: z·c1 + c0 is exact in double (a 4-bit by 24-bit product
     // beside a 24-bit term), so the one rounding to float is the fma's.
-    for (int z = 0; z < 16; ++z)
-      zc[16 * gi + z] = static_cast<float>(static_cast<double>(z) * static_cast<double>(c1[gi]) + static_cast<double>(c0[gi]));
+    const double d0 = c0[gi], d1 = c1[gi];
+    for (int z = 0; z < 16; ++z) zc[16 * gi + z] = static_cast<float>(z * d1 + d0);
   }
   a.xb = xb;
   a.c0 = c0;

@@ -10,8 +10,8 @@
 //   5. per-linear output errors for the report (RTN of the original weights against the result);
 //   6. the layer's tensors go to the sink (the exporter) and are freed; the next layer's input is
 //      the fp pass's output, or (quantized propagation) the output of the dequantized layer.
-// A 16-bit calibration of Chunkable algorithms (AlgorithmSettings: GPTQ without true_sequential, AWQ without clip,
-// their chain) runs every step in chunks of whole sequences from the 16-bit layer input: AWQ's
+// A 16-bit calibration of Chunkable algorithms (AlgorithmSettings: GPTQ without true_sequential,
+// AWQ without clip, their chain) runs every step in chunks of whole sequences from the 16-bit layer input: AWQ's
 // searches read LayerRunner::Capture's statistics, Gram matrices and 16-bit rows; the fp pass adds
 // each chunk's linear inputs into one XᵀX per input (where GPTQ needs them); no linear input is
 // ever held over every row in fp32 (a layer's memory grows with the calibration rows by 16-bit
