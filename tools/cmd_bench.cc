@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "support/bench.h"
+#include "support/flags.h"
 
 namespace nibble_cli {
 
@@ -58,7 +59,7 @@ std::string CheckFlags(const BenchArgs& a) {
 Runner RegisterBench(CLI::App& app) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "DRAM bandwidth and int4 GEMV/GEMM throughput against it");
-  cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  AddThreadsOption(cmd, &a->threads);
   cmd->add_option("--bandwidth_gib", a->bandwidth_gib, "Buffer streamed by the bandwidth test (GiB)")->capture_default_str();
   cmd->add_option("--passes", a->passes, "Bandwidth passes (best reported)")->capture_default_str();
   cmd->add_option("--shapes", a->shapes, "KxN weight shapes (K = in_features)")->capture_default_str();

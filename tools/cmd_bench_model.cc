@@ -451,7 +451,7 @@ Runner RegisterBenchModel(CLI::App& app) {
   cmd->add_option("--chunk_every", a->chunk_every, "Decode steps between two prefill chunks of --chunk")->capture_default_str();
   cmd->add_option("-r,--repetitions", a->repetitions, "Timed repetitions of each test")->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "Thread counts, comma-separated (0 = all cores)")
-      ->delimiter(',')->capture_default_str()->check(CLI::Range(0, 1024));
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(0, nibble::kMaxThreads));
   cmd->add_option("--activations", a->activations, "Activation modes, comma-separated: auto (bf16 where served, else fp32), fp32, bf16, int8")
       ->delimiter(',')->capture_default_str();
   AddKvOptions(cmd, &a->kv, "default the longest test's -p / -n");

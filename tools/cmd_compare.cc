@@ -20,6 +20,7 @@
 #include "commands.h"
 #include "support/cancel_signal.h"
 #include "support/eval_output.h"
+#include "support/flags.h"
 #include "support/progress.h"
 #include "support/text.h"
 
@@ -216,7 +217,7 @@ Runner RegisterCompare(CLI::App& app) {
   cmd->add_option("--text,-f", a->text, "UTF-8 text file, evaluated as one string")->required();
   cmd->add_option("--seq_len", a->seq_len, "Window length in tokens")->capture_default_str();
   cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str()->check(AtLeast(0));
-  cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  AddThreadsOption(cmd, &a->threads);
   AddKvOptions(cmd, &a->kv, "default --seq_len (each window runs on a fresh cache; must be >= --seq_len)");
   cmd->add_flag("--json", a->json, "Print a JSON object on stdout (the human text goes to stderr)");
   cmd->add_option("--methods", a->methods, "Quantize --model first with each of rtn,awq,gptq,awq+gptq and compare them");

@@ -18,6 +18,7 @@
 #include "support/bench.h"
 #include "support/cancel_signal.h"
 #include "support/chat_loop.h"
+#include "support/flags.h"
 
 namespace nibble_cli {
 
@@ -217,7 +218,7 @@ Runner RegisterGenerate(CLI::App& app) {
   cmd->add_option("--stop", args->opt.stop,
                   "Stop when the text contains this string (not printed); several strings: --stop A B or --stop A --stop B");
   cmd->add_option("--warmup", args->opt.warmup, "Untimed prompt prefills before the timed run (for benchmarks)")->capture_default_str();
-  cmd->add_option("--threads,-t", args->threads, "Worker threads (0 = all cores)")->capture_default_str()->check(CLI::Range(0, 1024));
+  AddThreadsOption(cmd, &args->threads);
   AddActivationsOption(cmd, &args->activations);
   AddKvOptions(cmd, &args->kv, "default min(max_position_embeddings, 8192)");
   AddTokenizerOption(cmd, &args->tokenizer);

@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "support/cancel_signal.h"
 #include "support/eval_output.h"
+#include "support/flags.h"
 #include "support/text.h"
 
 namespace nibble_cli {
@@ -181,7 +182,7 @@ Runner RegisterPerplexity(CLI::App& app) {
   cmd->add_option("--text,-f", a->text, "UTF-8 text file, evaluated as one string")->required();
   cmd->add_option("--seq_len", a->seq_len, "Window length in tokens (0 = min(2048, max_position_embeddings))")->capture_default_str();
   cmd->add_option("--max_windows", a->max_windows, "Evaluate only the first W windows (0 = all)")->capture_default_str()->check(AtLeast(0));
-  cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  AddThreadsOption(cmd, &a->threads);
   cmd->add_option("--kl_divergence_base", a->kl_base,
                   "Float model directory, or logits saved by --save_logits (a file, or a directory holding "
                   "nibble-logits.bin): also report KL(P_base || P_model) statistics and top-1 agreement on the same windows");

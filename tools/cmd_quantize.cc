@@ -13,8 +13,9 @@
 
 #include "commands.h"
 #include "support/cancel_signal.h"
-#include "support/progress.h"
 #include "support/eval_output.h"
+#include "support/flags.h"
+#include "support/progress.h"
 #include "support/report.h"
 #include "support/text.h"
 
@@ -220,7 +221,7 @@ Runner RegisterQuantize(CLI::App& app) {
   cmd->add_flag("--resume", r.resume,
                 "Continue a run of this --output_dir that was stopped (Ctrl-C, kill, power loss) after its last finished "
                 "layer; the same flags are required, the output is the same");
-  cmd->add_option("--threads,-t", a->threads, "Worker threads (0 = all cores)")->capture_default_str();
+  AddThreadsOption(cmd, &a->threads);
   return [a, cmd, scheme, gs, pm, ex, lqc]() {
     auto& r = a->req;
     r.exclude_layers_given = ex->count() > 0;

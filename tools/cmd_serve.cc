@@ -11,6 +11,7 @@
 #include <nibble/serve.h>
 
 #include "commands.h"
+#include "support/flags.h"
 
 namespace nibble_cli {
 
@@ -89,7 +90,7 @@ Runner RegisterServe(CLI::App& app) {
   cmd->add_option("--chunk", o.chunk, "Prompt tokens per batched step (chunked prefill)")->capture_default_str();
   CLI::Option* key = cmd->add_option("--api_key", o.api_key, "Require this key (Authorization: Bearer / X-Api-Key)");
   cmd->add_option("--api_key_file", a->api_key_file, "Read the key from the first line of this file")->excludes(key);
-  cmd->add_option("--threads,-t", o.threads, "Compute threads (0 = all cores)")->capture_default_str();
+  AddThreadsOption(cmd, &o.threads, "Compute threads (0 = all cores)");
   AddActivationsOption(cmd, &o.load.activations);
   AddTokenizerOption(cmd, &o.load.tokenizer);
   AddKvOptions(cmd, &a->kv,

@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "support/bench.h"
+#include "support/flags.h"
 #include "support/llama2c.h"
 #include "support/progress.h"
 
@@ -56,7 +57,7 @@ Runner RegisterSynth(CLI::App& app) {
   cmd->add_flag("--llama2c", *llama2c,
                 "With --format dense: also write the same weights as llama2.c files (model.llama2c.bin, "
                 "tokenizer.llama2c.bin) for llama.cpp's convert-llama2c-to-ggml");
-  cmd->add_option("--threads,-t", *threads, "Worker threads (0 = all cores)")->capture_default_str();
+  AddThreadsOption(cmd, threads.get());
   return [q, threads, llama2c]() {
     if (q->format != "dense" && q->format != "quark")
       return UsageError("synth: --format \"" + q->format + "\" is not a format (dense, quark)");

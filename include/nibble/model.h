@@ -18,8 +18,13 @@
 
 namespace nibble {
 
+/// The most worker threads a call, session or server may ask for: every `threads` field and
+/// `--threads` takes 0 (all cores; for a call or session, the calling thread's setting) to this;
+/// other values are refused with an error naming them.
+inline constexpr int kMaxThreads = 1024;
 /// Sets the number of worker threads of the calling thread's compute (0 = all cores); calls and
-/// sessions that name their own thread count use theirs. Default: all cores.
+/// sessions that name their own thread count use theirs. Default: all cores. n is clamped to
+/// [0, kMaxThreads].
 void SetNumThreads(int n);
 /// Threads compute on the calling thread currently uses.
 int NumThreads();

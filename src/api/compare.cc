@@ -78,6 +78,7 @@ std::string FindSavedLogits(const std::string& path) {
 Result<ComparisonReport> CompareModels(const Model& base, const std::vector<const Model*>& models, const std::string& text,
                                        const CompareOptions& options) {
   if (models.empty()) return MakeError("compare: no quantized models given");
+  NIBBLE_RETURN_IF_ERROR(CheckThreads(options.threads));
   ScopedThreads threads(options.threads);
   NIBBLE_ASSIGN_OR_RETURN(const PerplexityProtocol protocol, ToProtocol(options));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, base.Tokenize(text));
@@ -95,6 +96,7 @@ Result<ComparisonReport> CompareWithSavedLogits(const std::string& logits_path, 
     return MakeError(logits_path, ": no saved logits (", IsDirectory(logits_path) ? "no " : "no such file; expected a file or a directory with ",
                      kSavedLogitsFileName, ")");
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<SavedLogits> saved, SavedLogits::Open(file));
+  NIBBLE_RETURN_IF_ERROR(CheckThreads(options.threads));
   ScopedThreads threads(options.threads);
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, models[0]->Tokenize(text));
   NIBBLE_ASSIGN_OR_RETURN(PerplexityProtocol protocol, ToProtocol(options));

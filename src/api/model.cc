@@ -1,5 +1,6 @@
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -10,7 +11,13 @@
 
 namespace nibble {
 
-void SetNumThreads(int n) { omp_set_num_threads(n > 0 ? n : omp_get_num_procs()); }
+void SetNumThreads(int n) { omp_set_num_threads(n > 0 ? std::min(n, kMaxThreads) : omp_get_num_procs()); }
+
+Status CheckThreads(int n) {
+  if (n < 0 || n > kMaxThreads)
+    return MakeError("--threads ", n, " must be in [0, ", kMaxThreads, "] (0 = all cores)");
+  return Status::Ok();
+}
 int NumThreads() { return omp_get_max_threads(); }
 
 ScopedThreads::ScopedThreads(int n) : saved_(n > 0 ? omp_get_max_threads() : 0) {
@@ -97,6 +104,7 @@ std::string LoadSummary(const ModelInfo& info) {
 
 Result<std::unique_ptr<Model>> Model::Load(const std::string& dir, const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  NIBBLE_RETURN_IF_ERROR(CheckThreads(options.threads));
   ScopedThreads threads(options.threads);
   std::unique_ptr<Model> m(new Model());
   LoadReport report;

@@ -23,6 +23,10 @@ struct ModelAccess {
   static const Tokenizer& tokenizer(const Model& m) { return *m.impl_->tokenizer; }
 };
 
+/// A call's or session's `threads`: 0..kMaxThreads, else an error naming the value (thousands of
+/// OpenMP threads would exhaust the process before any work).
+Status CheckThreads(int n);
+
 /// Sets the calling thread's compute threads for one call (n > 0) and restores them after; n = 0
 /// keeps the current setting. OpenMP's thread count is per calling thread, so concurrent calls
 /// from different threads each run with their own.

@@ -23,6 +23,7 @@ Status ValidateWindowOptions(int64_t seq_len, int64_t max_windows, bool zero_is_
 
 Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::string& text,
                                             const PerplexityOptions& options) {
+  NIBBLE_RETURN_IF_ERROR(CheckThreads(options.threads));
   ScopedThreads threads(options.threads);
   NIBBLE_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, model.Tokenize(text));
   PerplexityProtocol protocol;

@@ -316,6 +316,7 @@ Result<nlohmann::ordered_json> ResumeSettings(const QuantizeRequest& r) {
 }
 
 Result<QuantizeSummary> Quantize(const QuantizeRequest& r) {
+  NIBBLE_RETURN_IF_ERROR(CheckThreads(r.threads));
   ScopedThreads threads(r.threads);
   QuantizeOptions o;
   o.model_dir = r.model_dir;

@@ -106,6 +106,7 @@ Session::Session(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Session::~Session() = default;
 
 Result<std::unique_ptr<Session>> Session::Create(const Model& model, const SessionOptions& options) {
+  NIBBLE_RETURN_IF_ERROR(CheckThreads(options.threads));
   const int64_t max_pos = model.info().max_position_embeddings;
   if (options.context < 0 || options.context > max_pos)
     return MakeError("session context ", options.context, " is outside [0, max_position_embeddings = ", max_pos, "]");
@@ -325,6 +326,7 @@ Result<std::unique_ptr<Session>> Session::Fork(int64_t position, const SessionOp
   // Forks only read this session, so several may run at once; a call that changes it may not.
   if (const char* holder = impl_->in_use.load(std::memory_order_acquire); holder != nullptr)
     return MakeError("Fork: the session is in use by another call (", holder, "): fork it between calls");
+  NIBBLE_RETURN_IF_ERROR(CheckThreads(options.threads));
   const KvCache& src = impl_->cache;
   if (position == -1) position = src.length;
   if (position < 0 || position > src.length)

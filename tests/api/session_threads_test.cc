@@ -9,6 +9,7 @@
 #include <malloc.h>
 
 #include <condition_variable>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -30,6 +31,36 @@ nibble::Status StatusOf(const nibble::Result<T>& r) {
 
 bool RefusedAsInUse(const nibble::Status& s) {
   return !s.ok() && s.error().message.find("in use by another call (Generate)") != std::string::npos;
+}
+
+// Every call and session that takes a thread count refuses one outside [0, kMaxThreads] with the
+// value named, before any work (thousands of OpenMP threads crashed a quantize run).
+TEST(SessionThreads, ThreadCountsOutsideTheRangeAreNamedErrors) {
+  auto m = nibble_test::LoadOrFail(nibble_test::EmbeddedModel());
+  ASSERT_NE(m, nullptr);
+  for (const int bad : {-1, nibble::kMaxThreads + 1, 99999}) {
+    const std::string want = "--threads " + std::to_string(bad) + " must be in [0, 1024]";
+    auto named = [&](const nibble::Status& s) { return !s.ok() && s.error().message.find(want) != std::string::npos; };
+    nibble::SessionOptions so;
+    so.threads = bad;
+    EXPECT_TRUE(named(StatusOf(nibble::Session::Create(*m, so)))) << bad;
+    auto base = nibble::Session::Create(*m);
+    ASSERT_TRUE(base.ok());
+    EXPECT_TRUE(named(StatusOf((*base)->Fork(-1, so)))) << bad;
+    nibble::PerplexityOptions po;
+    po.threads = bad;
+    EXPECT_TRUE(named(StatusOf(nibble::EvaluatePerplexity(*m, "Once upon a time there was a king.", po)))) << bad;
+    nibble::LoadOptions lo;
+    lo.threads = bad;
+    EXPECT_TRUE(named(StatusOf(nibble::Model::Load(nibble_test::EmbeddedModel(), lo)))) << bad;
+    nibble_test::TempDir tmp;
+    nibble::QuantizeRequest q;
+    q.model_dir = nibble_test::EmbeddedModel();
+    q.output_dir = tmp.sub("q");
+    q.threads = bad;
+    EXPECT_TRUE(named(StatusOf(nibble::Quantize(q)))) << bad;
+    EXPECT_FALSE(std::filesystem::exists(tmp.sub("q"))) << bad;
+  }
 }
 
 TEST(SessionThreads, CallsWhileGenerateRunsAreRefusedAndChangeNothing) {

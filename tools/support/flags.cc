@@ -6,6 +6,11 @@
 #include "support/text.h"
 
 namespace nibble_cli {
+
+CLI::Option* AddThreadsOption(CLI::App* cmd, int* threads, const std::string& help) {
+  return cmd->add_option("--threads,-t", *threads, help)->capture_default_str()->check(CLI::Range(0, nibble::kMaxThreads));
+}
+
 namespace {
 
 // The known flag a mistyped one most likely meant: the closest by edit distance, else a known
