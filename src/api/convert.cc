@@ -17,6 +17,7 @@
 #include "io/checkpoint_writer.h"
 #include "io/file.h"
 #include "io/safetensors.h"
+#include "io/staging_dir.h"
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/model_loader.h"
@@ -41,8 +42,7 @@ Result<const FormatEntry*> FindTarget(const std::string& to) {
 
 Status CheckOutput(const ConvertRequest& r) {
   if (r.output_dir.empty()) return MakeError("--out is empty");
-  if (fs::exists(r.output_dir) && !r.overwrite)
-    return MakeError("output directory ", r.output_dir, " exists; pass --overwrite to replace it");
+  NIBBLE_RETURN_IF_ERROR(CheckOutputReplaceable(r.output_dir, r.overwrite));
   if (fs::exists(r.output_dir) && fs::equivalent(r.output_dir, r.input_dir))
     return MakeError("output directory ", r.output_dir, " is the input directory");
   return Status::Ok();

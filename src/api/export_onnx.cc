@@ -47,8 +47,7 @@ Result<DecoderGraphOptions> GraphOptions(const ExportOnnxRequest& r) {
 Status CheckOutputDir(const ExportOnnxRequest& r) {
   if (r.output_dir.empty()) return MakeError("--out is empty");
   std::error_code ec;
-  if (fs::exists(r.output_dir) && !r.overwrite)
-    return MakeError("output directory ", r.output_dir, " exists; pass --overwrite to replace it");
+  NIBBLE_RETURN_IF_ERROR(CheckOutputReplaceable(r.output_dir, r.overwrite));
   if (fs::exists(r.output_dir) && fs::equivalent(r.output_dir, r.input_dir, ec))
     return MakeError("output directory ", r.output_dir, " is the input directory");
   return Status::Ok();

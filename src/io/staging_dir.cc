@@ -126,12 +126,7 @@ Status StagingDir::Commit(bool overwrite) {
   if (path_.empty()) return MakeErrorCode(ErrorCode::kIo, "staging directory for ", target_.string(), " was already committed");
   std::error_code ec;
   const bool exists = fs::exists(target_, ec);
-  if (exists && !fs::is_directory(target_, ec))
-    return MakeErrorCode(ErrorCode::kIo, "output path ", target_.string(), " exists and is not a directory; refusing to replace it");
-  if (exists && !fs::is_empty(target_, ec) && !fs::exists(target_ / "config.json", ec))
-    return MakeErrorCode(ErrorCode::kIo, "output directory ", target_.string(),
-                     " is not empty and holds no config.json (not a model directory); refusing to replace it");
-  if (exists && !overwrite) return MakeErrorCode(ErrorCode::kIo, "output directory ", target_.string(), " exists; pass --overwrite to replace it");
+  NIBBLE_RETURN_IF_ERROR(CheckOutputReplaceable(target_.string(), overwrite));
   FsyncDir(path_);  // the staging directory's entries are durable before the rename
   fs::path old;
   if (exists) {
@@ -148,6 +143,19 @@ Status StagingDir::Commit(bool overwrite) {
   path_.clear();
   if (!old.empty()) fs::remove_all(old, ec);
   FsyncDir(target_.parent_path());
+  return Status::Ok();
+}
+
+Status CheckOutputReplaceable(const std::string& target, bool overwrite) {
+  std::error_code ec;
+  const fs::path t(target);
+  if (!fs::exists(t, ec)) return Status::Ok();
+  if (!fs::is_directory(t, ec))
+    return MakeErrorCode(ErrorCode::kIo, "output path ", target, " exists and is not a directory; refusing to replace it");
+  if (!fs::is_empty(t, ec) && !fs::exists(t / "config.json", ec))
+    return MakeErrorCode(ErrorCode::kIo, "output directory ", target,
+                         " is not empty and holds no config.json (not a model directory); refusing to replace it");
+  if (!overwrite) return MakeErrorCode(ErrorCode::kIo, "output directory ", target, " exists; pass --overwrite to replace it");
   return Status::Ok();
 }
 

@@ -59,4 +59,10 @@ class StagingDir {
 /// staging directory is gone once the writer is); any other error unchanged.
 Error NoteOutputUntouched(const Error& e, const std::string& target);
 
+/// Whether a writer may put its output at `target`: absent, or (with `overwrite`) an empty
+/// directory or a model directory (one with config.json). Refuses a file, a non-model directory
+/// (even with `overwrite`) and an existing one without it, naming which. StagingDir::Commit applies
+/// it; the writers ask it before any work.
+Status CheckOutputReplaceable(const std::string& target, bool overwrite);
+
 }  // namespace nibble

@@ -25,6 +25,7 @@
 #include "io/json.h"
 #include "io/model_card.h"
 #include "io/safetensors.h"
+#include "io/staging_dir.h"
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/model_loader.h"
@@ -438,7 +439,8 @@ Status RunCalibratedExport(const QuantizeOptions& o, const ModelConfig& mc, cons
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::Load(o.model_dir));
   NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> texts, ReadCalibrationTexts(o.dataset));
   auto calib = BuildCalibrationData(*tok, texts, o.num_calib_data, o.calib_seq_len, o.seed);
-  if (!calib.ok()) return calib.error().WithContext("--dataset " + o.dataset);
+  // (The flags were checked up front: what is left is the file's content, exit 1 in the CLI.)
+  if (!calib.ok()) return calib.error().WithContext("--dataset " + o.dataset).WithCode(ErrorCode::kCorruptInput);
   for (const auto& w : calib->warnings) note("warning: --dataset " + o.dataset + ": " + w);
   report.calib_chunks = calib->num_chunks;
   report.calib_seq_len = calib->seq_len;
@@ -521,8 +523,7 @@ Result<AlgorithmPlan> CheckRequest(const QuantizeOptions& o) {
     return MakeErrorCode(ErrorCode::kNotFound, "--dataset ", o.dataset, ": no such file");
   NIBBLE_ASSIGN_OR_RETURN(std::unique_ptr<QuantizedFormat> fmt, OpenCheckpointFormat(o.model_dir));
   if (fmt != nullptr) return MakeError(o.model_dir, ": the checkpoint is already quantized; quantize a float checkpoint");
-  if (fs::exists(o.output_dir) && !o.overwrite)
-    return MakeError("output directory ", o.output_dir, " exists; pass --overwrite to replace it");
+  NIBBLE_RETURN_IF_ERROR(CheckOutputReplaceable(o.output_dir, o.overwrite));
   if (fs::exists(o.output_dir) && fs::equivalent(o.output_dir, o.model_dir))
     return MakeError("output directory ", o.output_dir, " is the input model directory");
   return algos;

@@ -943,6 +943,18 @@ TEST(Cli, UsageErrorsExitWithTwoRuntimeErrorsWithOne) {
   EXPECT_EQ(d.exit_code, 1) << d.out;
   EXPECT_NE(d.out.find("short.txt: calibration data has"), std::string::npos) << d.out;
   EXPECT_NE(d.out.find("fewer than one chunk of --seq_len 64"), std::string::npos) << d.out;
+  std::ofstream(tmp.path() + "/binary.txt") << std::string("\xff\xfe\x00\x81 not text", 12);
+  d = RunNibble(awq + Quote(tmp.path() + "/binary.txt"));
+  EXPECT_EQ(d.exit_code, 1) << d.out;
+  EXPECT_NE(d.out.find("binary.txt: calibration text 1: input text is not valid UTF-8"), std::string::npos) << d.out;
+  // An output path that no --overwrite could replace (a file, a non-model directory) says so at
+  // once, not "pass --overwrite".
+  for (const std::string ow : {"", " --overwrite"}) {
+    d = RunNibble("quantize --model_dir " + model + " --output_dir " + Quote(tmp.path() + "/short.txt") + ow);
+    EXPECT_EQ(d.exit_code, 1) << d.out;
+    EXPECT_NE(d.out.find("short.txt exists and is not a directory; refusing to replace it"), std::string::npos) << d.out;
+    EXPECT_EQ(d.out.find("pass --overwrite"), std::string::npos) << d.out;
+  }
   // An output place that cannot be written (a filesystem without blocks) is named as such: 1.
   d = RunNibble("quantize --model_dir " + model + " --output_dir /proc/nibble-never/out");
   EXPECT_EQ(d.exit_code, 1) << d.out;
