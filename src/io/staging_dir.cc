@@ -126,7 +126,8 @@ Status StagingDir::Commit(bool overwrite) {
   if (path_.empty()) return MakeErrorCode(ErrorCode::kIo, "staging directory for ", target_.string(), " was already committed");
   std::error_code ec;
   const bool exists = fs::exists(target_, ec);
-  NIBBLE_RETURN_IF_ERROR(CheckOutputReplaceable(target_.string(), overwrite));
+  // (Checked before the run too: here the target appeared or changed meanwhile.)
+  if (const Status s = CheckOutputReplaceable(target_.string(), overwrite); !s.ok()) return s.error().WithCode(ErrorCode::kIo);
   FsyncDir(path_);  // the staging directory's entries are durable before the rename
   fs::path old;
   if (exists) {
@@ -151,11 +152,11 @@ Status CheckOutputReplaceable(const std::string& target, bool overwrite) {
   const fs::path t(target);
   if (!fs::exists(t, ec)) return Status::Ok();
   if (!fs::is_directory(t, ec))
-    return MakeErrorCode(ErrorCode::kIo, "output path ", target, " exists and is not a directory; refusing to replace it");
+    return MakeError("output path ", target, " exists and is not a directory; refusing to replace it");
   if (!fs::is_empty(t, ec) && !fs::exists(t / "config.json", ec))
-    return MakeErrorCode(ErrorCode::kIo, "output directory ", target,
-                         " is not empty and holds no config.json (not a model directory); refusing to replace it");
-  if (!overwrite) return MakeErrorCode(ErrorCode::kIo, "output directory ", target, " exists; pass --overwrite to replace it");
+    return MakeError("output directory ", target,
+                     " is not empty and holds no config.json (not a model directory); refusing to replace it");
+  if (!overwrite) return MakeError("output directory ", target, " exists; pass --overwrite to replace it");
   return Status::Ok();
 }
 

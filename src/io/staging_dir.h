@@ -61,8 +61,9 @@ Error NoteOutputUntouched(const Error& e, const std::string& target);
 
 /// Whether a writer may put its output at `target`: absent, or (with `overwrite`) an empty
 /// directory or a model directory (one with config.json). Refuses a file, a non-model directory
-/// (even with `overwrite`) and an existing one without it, naming which. StagingDir::Commit applies
-/// it; the writers ask it before any work.
+/// (even with `overwrite`) and an existing one without it, naming which (kInvalidArgument: the
+/// caller picks another path). The writers ask it before any work; StagingDir::Commit applies it
+/// again (kIo there: the target appeared during the run).
 Status CheckOutputReplaceable(const std::string& target, bool overwrite);
 
 }  // namespace nibble
