@@ -229,7 +229,8 @@ Result<CtResolved> ResolveCt(const CtConfig& c, const std::string& module) {
 Result<std::vector<std::string>> CtUnusedEntries(const CtConfig& c, const std::vector<std::string>& modules) {
   std::vector<std::string> out;
   for (const std::string& e : c.ignore) {
-    if (e == "lm_head") continue;
+    NIBBLE_ASSIGN_OR_RETURN(bool head, CtEntryMatches("lm_head", e));  // a tied model lists no lm_head
+    if (head) continue;
     bool any = false;
     for (const std::string& m : modules) {
       NIBBLE_ASSIGN_OR_RETURN(bool hit, CtEntryMatches(m, e));

@@ -463,6 +463,18 @@ void SetScaleDType(QuarkQuantConfig& c, DType dt) {
 
 Result<std::vector<std::string>> UnusedConfigEntries(const QuarkQuantConfig& c, const std::vector<std::string>& modules) {
   std::vector<std::string> out;
+  // A mistyped exclude quantizes what it meant to keep. An entry matching lm_head is not reported:
+  // a tied model may list no such module (as compressed-tensors' ignore).
+  for (const std::string& e : c.exclude) {
+    NIBBLE_ASSIGN_OR_RETURN(bool head, MatchesExcludeEntry("lm_head", e));
+    if (head) continue;
+    bool any = false;
+    for (const std::string& m : modules) {
+      NIBBLE_ASSIGN_OR_RETURN(bool hit, MatchesExcludeEntry(m, e));
+      if ((any = hit)) break;
+    }
+    if (!any) out.push_back("exclude entry " + Quoted(e) + " matched no layer");
+  }
   for (const auto& [key, spec] : c.layer_quant_config) {
     const std::vector<std::string> parts = LayerKeyPatterns(key);
     std::vector<std::string> matched;

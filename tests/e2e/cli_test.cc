@@ -467,9 +467,10 @@ namespace {
 TEST(Cli, UnusedLayerOverrideIsWarnedAbout) {
   const std::string out = "/tmp/nibble-cli-warn-" + std::to_string(getpid());
   RunResult r = RunNibble("quantize --model_dir " + Quote(nibble_test::EmbeddedModel()) + " --output_dir " + out +
-                          " --layer_quant_config 'nomatch.*:group_size=32' --overwrite");
+                          " --layer_quant_config 'nomatch.*:group_size=32' --exclude_layers lm_head lm_haed --overwrite");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("pattern \"nomatch.*\" matched no layer"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("warning: exclude entry \"lm_haed\" matched no layer"), std::string::npos) << r.out;
   std::system(("rm -rf " + out).c_str());
 }
 

@@ -61,7 +61,7 @@ TEST(QuarkCommaKeys, EachPartMatchesTheWholeName) {
 TEST(QuarkUnusedEntries, NamesKeysPartsTypesAndExcludedOnes) {
   QuarkQuantConfig c;
   c.global = G(128);
-  c.exclude = {"lm_head"};
+  c.exclude = {"lm_head", "*lm_head", "lm_haed", "re:.*1\\.self_attn\\.o_proj$"};
   c.layer_quant_config = {{"nomatch.*", G(32)},
                           {"model.layers.0.mlp.down_proj,typo.x", G(32)},
                           {"lm_head", G(32)},
@@ -71,13 +71,24 @@ TEST(QuarkUnusedEntries, NamesKeysPartsTypesAndExcludedOnes) {
   ASSERT_TRUE(w.ok());
   std::string all;
   for (const auto& s : *w) all += s + "\n";
+  EXPECT_NE(all.find("exclude entry \"lm_haed\" matched no layer"), std::string::npos) << all;
   EXPECT_NE(all.find("pattern \"nomatch.*\" matched no layer"), std::string::npos) << all;
   EXPECT_NE(all.find("pattern \"typo.x\" matched no layer"), std::string::npos) << all;
   EXPECT_NE(all.find("\"lm_head\" decides no layer: lm_head is excluded by \"lm_head\""), std::string::npos) << all;
   EXPECT_NE(all.find("type \"nn.Linear\" matches no layer"), std::string::npos) << all;
   EXPECT_NE(all.find("\"Linear\", the only type accepted"), std::string::npos) << all;
   EXPECT_EQ(all.find("\"*.mlp.down_proj\""), std::string::npos) << all;  // decides layer 1's down_proj
-  EXPECT_EQ(w->size(), 4u) << all;
+  EXPECT_EQ(all.find("o_proj"), std::string::npos) << all;  // the re: entry matches layer 1's
+  EXPECT_EQ(w->size(), 5u) << all;
+  // Entries aimed at lm_head are not reported where the model lists none (tied).
+  std::vector<std::string> no_head = Modules();
+  no_head.pop_back();
+  QuarkQuantConfig tied;
+  tied.global = G(128);
+  tied.exclude = {"lm_head", "*lm_head", "re:.*lm_head$"};
+  auto t = nibble::UnusedConfigEntries(tied, no_head);
+  ASSERT_TRUE(t.ok());
+  EXPECT_TRUE(t->empty()) << (*t)[0];
 }
 
 TEST(QuarkCanonical, ResolvesAlikeUnderQuarkAndExactNameRules) {
