@@ -103,8 +103,9 @@ void ApplyKvArgs(const KvArgs& a, nibble::LoadOptions* lo);
 /// to stderr, then checks it against --max_memory. Returns the refusal, else "".
 std::string ReportKvMemory(const nibble::Model& model, int64_t ctx, const KvArgs& a);
 
-/// For commands that run windows of `seq_len` tokens: --ctx_size below seq_len is refused (0 =
-/// seq_len); the window's KV cache is reported and checked as ReportKvMemory does.
+/// For commands that run windows of `seq_len` tokens: a seq_len beyond the model's context
+/// (nibble::CheckWindowFits) and --ctx_size below seq_len are refused (0 = seq_len); the window's
+/// KV cache is reported and checked as ReportKvMemory does.
 std::string CheckWindowContext(const nibble::Model& model, int64_t seq_len, const KvArgs& a);
 
 }  // namespace nibble_cli

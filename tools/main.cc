@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nibble/eval.h>
+
 #include "commands.h"
 #include "support/bench.h"
 #include "support/cancel_signal.h"
@@ -139,6 +141,7 @@ std::string ReportKvMemory(const nibble::Model& model, int64_t ctx, const KvArgs
 }
 
 std::string CheckWindowContext(const nibble::Model& model, int64_t seq_len, const KvArgs& a) {
+  if (const nibble::Status fits = nibble::CheckWindowFits(model, seq_len); !fits.ok()) return fits.error().message;
   if (a.ctx_size > 0 && a.ctx_size < seq_len)
     return "--ctx_size " + std::to_string(a.ctx_size) + " is smaller than the window (--seq_len " +
            std::to_string(seq_len) + "): raise --ctx_size or lower --seq_len";

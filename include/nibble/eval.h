@@ -26,8 +26,12 @@ std::string FindSavedLogits(const std::string& path);
 /// The model-free rules of the window protocol (SPEC §6.1), for a front end to check before it
 /// loads anything: seq_len >= 2 (0 too when `zero_is_default`: perplexity's min(2048, context)),
 /// max_windows >= 0. Errors name "--seq_len" / "--max_windows" with the value. That seq_len fits
-/// the model's context is checked when it runs.
+/// the model's context is CheckWindowFits's, once it is loaded.
 Status ValidateWindowOptions(int64_t seq_len, int64_t max_windows, bool zero_is_default);
+
+/// Ok when a window of seq_len tokens fits `model` (2 .. max_position_embeddings): for a front end
+/// to check before it sizes the window's KV cache. The runs check it too.
+Status CheckWindowFits(const Model& model, int64_t seq_len);
 
 struct PerplexityOptions {
   int64_t seq_len = 2048;

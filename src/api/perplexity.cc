@@ -21,6 +21,10 @@ Status ValidateWindowOptions(int64_t seq_len, int64_t max_windows, bool zero_is_
   return Status::Ok();
 }
 
+Status CheckWindowFits(const Model& model, int64_t seq_len) {
+  return CheckWindowFits(ModelAccess::llama(model), seq_len, "the model");
+}
+
 Result<PerplexityReport> EvaluatePerplexity(const Model& model, const std::string& text,
                                             const PerplexityOptions& options) {
   NIBBLE_RETURN_IF_ERROR(CheckThreads(options.threads));

@@ -138,10 +138,7 @@ Status CheckModels(int64_t vocab, int64_t seq_len, const std::vector<const Llama
     if (models[i]->config().vocab_size != vocab)
       return MakeError("compare: model ", i + 1, " has vocab_size ", models[i]->config().vocab_size,
                        " but the base model has ", vocab);
-  if (seq_len < 2) return MakeError("--seq_len ", seq_len, " is too small (need at least 2)");
-  for (const LlamaModel* m : models)
-    if (seq_len > m->config().max_position_embeddings)
-      return MakeError("--seq_len ", seq_len, " exceeds a model's max_position_embeddings (", m->config().max_position_embeddings, ")");
+  for (const LlamaModel* m : models) NIBBLE_RETURN_IF_ERROR(CheckWindowFits(*m, seq_len, "a model"));
   return Status::Ok();
 }
 
@@ -150,8 +147,8 @@ Status InitCounts(int64_t n_tokens, const PerplexityProtocol& protocol, Comparis
   const int64_t seq_len = protocol.seq_len;
   PerplexityResult& b = out.base;
   b.n_tokens = n_tokens;
+  NIBBLE_RETURN_IF_ERROR(CheckOneWindow(b.n_tokens, seq_len));
   b.n_windows_available = b.n_tokens / seq_len;
-  if (b.n_windows_available == 0) return MakeError("text has ", b.n_tokens, " tokens, fewer than one window of seq_len ", seq_len);
   b.n_windows = b.n_windows_available;
   if (protocol.max_windows > 0 && protocol.max_windows < b.n_windows) b.n_windows = protocol.max_windows;
   b.dropped_tokens = b.n_tokens - b.n_windows_available * seq_len;
@@ -242,9 +239,7 @@ Result<ComparisonResult> ComparePerplexityTokens(const LlamaModel& base, const s
                                                  const std::vector<int32_t>& tokens, const PerplexityProtocol& protocol) {
   const int64_t vocab = base.config().vocab_size, seq_len = protocol.seq_len;
   NIBBLE_RETURN_IF_ERROR(CheckModels(vocab, seq_len, models));
-  if (seq_len > base.config().max_position_embeddings)
-    return MakeError("--seq_len ", seq_len, " exceeds the base model's max_position_embeddings (",
-                     base.config().max_position_embeddings, ")");
+  NIBBLE_RETURN_IF_ERROR(CheckWindowFits(base, seq_len, "the base model"));
   NIBBLE_RETURN_IF_ERROR(CheckWindowMemory(seq_len, vocab));
   std::vector<float> base_logits(static_cast<size_t>(seq_len * vocab));
   NIBBLE_ASSIGN_OR_RETURN(KvCache base_cache, base.NewCache(seq_len));

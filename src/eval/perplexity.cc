@@ -70,18 +70,31 @@ Status CheckWindowMemory(int64_t seq_len, int64_t vocab) {
                             std::to_string(vocab));
 }
 
+Status CheckWindowFits(const LlamaModel& model, int64_t seq_len, const char* whose) {
+  if (seq_len < 2) return MakeError("--seq_len ", seq_len, " is too small (need at least 2)");
+  const int64_t max_pos = model.config().max_position_embeddings;
+  if (seq_len > max_pos)
+    return MakeError("--seq_len ", seq_len, " exceeds ", whose, "'s max_position_embeddings (", max_pos, ")");
+  return Status::Ok();
+}
+
+Status CheckOneWindow(int64_t n_tokens, int64_t seq_len) {
+  if (n_tokens <= 1) return MakeError("text has ", n_tokens, n_tokens == 1 ? " token" : " tokens", ": nothing to score (empty?)");
+  if (n_tokens < seq_len)
+    return MakeError("text has ", n_tokens, " tokens, fewer than one window of --seq_len ", seq_len,
+                     ": give a longer text or a smaller --seq_len");
+  return Status::Ok();
+}
+
 Result<PerplexityResult> EvaluatePerplexityTokens(const LlamaModel& model, const std::vector<int32_t>& tokens,
                                                   const PerplexityProtocol& protocol) {
   const ModelConfig& c = model.config();
   const int64_t seq_len = protocol.seq_len;
-  if (seq_len < 2) return MakeError("--seq_len ", seq_len, " is too small (need at least 2)");
-  if (seq_len > c.max_position_embeddings)
-    return MakeError("--seq_len ", seq_len, " exceeds the model's max_position_embeddings (", c.max_position_embeddings, ")");
+  NIBBLE_RETURN_IF_ERROR(CheckWindowFits(model, seq_len, "the model"));
   PerplexityResult r;
   r.n_tokens = static_cast<int64_t>(tokens.size());
+  NIBBLE_RETURN_IF_ERROR(CheckOneWindow(r.n_tokens, seq_len));
   r.n_windows_available = r.n_tokens / seq_len;
-  if (r.n_windows_available == 0)
-    return MakeError("text has ", r.n_tokens, " tokens, fewer than one window of seq_len ", seq_len);
   r.n_windows = r.n_windows_available;
   if (protocol.max_windows > 0 && protocol.max_windows < r.n_windows) r.n_windows = protocol.max_windows;
   r.dropped_tokens = r.n_tokens - r.n_windows_available * seq_len;

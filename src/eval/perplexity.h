@@ -58,6 +58,14 @@ Status CheckWindowNll(double mean_nll, int64_t window, const std::string& what);
 /// names --seq_len and vocab_size.
 Status CheckWindowMemory(int64_t seq_len, int64_t vocab);
 
+/// Ok when a window of seq_len tokens fits `model`: 2 .. max_position_embeddings. `whose` names
+/// the model in the error ("the model", "the base model", "a model").
+Status CheckWindowFits(const LlamaModel& model, int64_t seq_len, const char* whose);
+
+/// Ok when n_tokens hold one window of seq_len; else an error with the counts (an empty text: the
+/// BOS alone, if any).
+Status CheckOneWindow(int64_t n_tokens, int64_t seq_len);
+
 /// "perplexity before window 3 of 40" (0-based `w`): what a cancellation between windows names.
 std::string WindowName(int64_t w, int64_t n_windows);
 

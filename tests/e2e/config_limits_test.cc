@@ -213,4 +213,26 @@ TEST(GeneratePrompt, TooLongPromptIsRefusedBeforeTheEcho) {
   EXPECT_NE(both.out.find("longer than max_position_embeddings (512)"), std::string::npos) << both.out;
 }
 
+// perplexity / compare: a window longer than the context is refused before a KV cache is sized for
+// it; an empty or too short text says how many tokens it has.
+TEST(PerplexityWindow, BeyondTheContextAndTooShortTextsAreNamed) {
+  const std::string model = Quote(nibble_test::EmbeddedModel());
+  nibble_test::TempDir tmp;
+  const std::string empty = tmp.sub("empty.txt"), few = tmp.sub("few.txt");
+  { std::ofstream(empty) << ""; }
+  { std::ofstream(few) << "Once upon a time"; }
+  for (const std::string& cmd : {"perplexity --model " + model, "compare --model " + model + " -q " + model}) {
+    const RunResult big = nibble_test::RunNibble(cmd + " --text " + Quote(few) + " --seq_len 100000");
+    EXPECT_EQ(big.exit_code, 1) << big.out;
+    EXPECT_NE(big.out.find("--seq_len 100000 exceeds the model's max_position_embeddings (512)"), std::string::npos) << big.out;
+    EXPECT_EQ(big.out.find("KV cache: ctx 100000"), std::string::npos) << big.out;
+    const RunResult none = nibble_test::RunNibble(cmd + " --text " + Quote(empty));
+    EXPECT_EQ(none.exit_code, 1) << none.out;
+    EXPECT_NE(none.out.find("nothing to score"), std::string::npos) << none.out;
+    const RunResult short_text = nibble_test::RunNibble(cmd + " --text " + Quote(few) + " --seq_len 64");
+    EXPECT_EQ(short_text.exit_code, 1) << short_text.out;
+    EXPECT_NE(short_text.out.find("tokens, fewer than one window of --seq_len 64"), std::string::npos) << short_text.out;
+  }
+}
+
 }  // namespace
