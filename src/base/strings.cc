@@ -34,6 +34,23 @@ std::string ClosestOf(const std::string& word, const std::vector<std::string>& c
 
 std::string Quoted(const std::string& s) { return "\"" + s + "\""; }
 
+std::string PrintableBytes(std::string_view s) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(s.size());
+  for (const char ch : s) {
+    const auto b = static_cast<unsigned char>(ch);
+    if (b >= 0x20 && b < 0x7F) {
+      out += ch;
+    } else {
+      out += "\\x";
+      out += kHex[b >> 4];
+      out += kHex[b & 15];
+    }
+  }
+  return out;
+}
+
 std::string ErrnoText() { return std::strerror(errno); }
 
 }  // namespace nibble

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace nibble {
@@ -16,6 +17,10 @@ std::string ClosestOf(const std::string& word, const std::vector<std::string>& c
 
 /// `s` in double quotes, as error messages show names and values: Quoted("g128") == "\"g128\"".
 std::string Quoted(const std::string& s);
+
+/// `s` with every byte outside printable ASCII written as \xNN: a parser's excerpt of a damaged
+/// file (nlohmann's "last read: '...'") shown in a message without raw bytes reaching a terminal.
+std::string PrintableBytes(std::string_view s);
 
 /// The text of the current errno, for "cannot open X: <why>" messages; read it before any other call.
 std::string ErrnoText();

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/strings.h"
 #include "formats/compressed_tensors_engines.h"
 #include "formats/float_dtype.h"
 #include "formats/quark_format.h"
@@ -499,7 +500,7 @@ Result<std::unique_ptr<QuantizedFormat>> OpenCt(const std::string& text, const s
   try {
     j = OJ::parse(text);  // OpenCheckpointFormat has checked it for syntax and duplicate keys
   } catch (const OJ::exception& e) {
-    return MakeError(path, ": not valid JSON (", e.what(), ")");
+    return MakeError(path, ": not valid JSON (", PrintableBytes(e.what()), ")");
   }
   NIBBLE_ASSIGN_OR_RETURN(CtConfig c, ParseCtConfig(j["quantization_config"], path + ": quantization_config"));
   return MakeCompressedTensorsFormat(std::move(c));

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/sha256.h"
+#include "base/strings.h"
 #include "io/file.h"
 
 namespace nibble {
@@ -377,7 +378,7 @@ Result<nlohmann::ordered_json> ReadConfigJsonOrdered(const std::string& model_di
   try {
     return nlohmann::ordered_json::parse(config_text);
   } catch (const std::exception& e) {
-    return MakeError(config_path, ": not valid JSON (", e.what(), ")");
+    return MakeError(config_path, ": not valid JSON (", PrintableBytes(e.what()), ")");
   }
 }
 

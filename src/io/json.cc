@@ -5,6 +5,7 @@
 #include <set>
 #include <vector>
 
+#include "base/strings.h"
 #include "io/file.h"
 
 namespace nibble {
@@ -38,7 +39,7 @@ Result<json> ParseJsonText(const std::string& text, const std::string& what) {
   try {
     j = json::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
   } catch (const json::exception& e) {
-    return MakeErrorCode(ErrorCode::kCorruptInput, what, ": not valid JSON (", e.what(), ")");
+    return MakeErrorCode(ErrorCode::kCorruptInput, what, ": not valid JSON (", PrintableBytes(e.what()), ")");
   } catch (const JsonTooDeep&) {
     return MakeErrorCode(ErrorCode::kCorruptInput, what, ": JSON nested deeper than ", kMaxJsonDepth, " levels");
   }

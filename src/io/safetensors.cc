@@ -5,6 +5,7 @@
 #include <limits>
 #include <set>
 
+#include "base/strings.h"
 #include "io/json.h"
 
 namespace nibble {
@@ -291,7 +292,7 @@ Result<std::pair<std::string, uint64_t>> BuildHeader(const std::vector<const Ten
   try {
     h = header.dump();  // throws type_error 316 on a name or metadata string that is not UTF-8
   } catch (const json::exception& e) {
-    return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: a tensor name or metadata string is not valid UTF-8 (", e.what(), ")");
+    return MakeErrorCode(ErrorCode::kCorruptInput, "writing safetensors: a tensor name or metadata string is not valid UTF-8 (", PrintableBytes(e.what()), ")");
   }
   while (h.size() % 8 != 0) h.push_back(' ');
   return std::pair<std::string, uint64_t>(std::move(h), offset);

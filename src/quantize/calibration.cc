@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/sha256.h"
+#include "base/strings.h"
 #include "io/file.h"
 
 namespace nibble {
@@ -31,7 +32,7 @@ Result<std::vector<std::string>> ReadCalibrationTexts(const std::string& path) {
       try {
         j = nlohmann::json::parse(line);
       } catch (const std::exception& e) {
-        return MakeError(path, ":", line_no, ": not a JSON value (", e.what(), ")");
+        return MakeError(path, ":", line_no, ": not a JSON value (", PrintableBytes(e.what()), ")");
       }
       if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
         return MakeError(path, ":", line_no, ": expected a JSON object with a string field \"text\"");

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "base/sha256.h"
+#include "base/strings.h"
 #include "io/file.h"
 #include "io/json.h"
 
@@ -157,7 +158,7 @@ Result<nlohmann::ordered_json> ReadManifest(const std::string& staging_dir) {
   try {
     return nlohmann::ordered_json::parse(text);
   } catch (const std::exception& e) {
-    return MakeErrorCode(ErrorCode::kCorruptInput, path, ": not valid JSON (", e.what(), ")");
+    return MakeErrorCode(ErrorCode::kCorruptInput, path, ": not valid JSON (", PrintableBytes(e.what()), ")");
   }
 }
 

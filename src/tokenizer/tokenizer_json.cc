@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "base/strings.h"
 #include "io/json.h"
 #include "tokenizer/hf_text.h"
 
@@ -69,7 +70,7 @@ class Handler final : public nlohmann::json_sax<json> {
   bool start_array(std::size_t) override;
   bool end_array() override;
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
-    error_ = MakeErrorCode(ErrorCode::kCorruptInput, where_.file, ": not valid JSON (", e.what(), ")");
+    error_ = MakeErrorCode(ErrorCode::kCorruptInput, where_.file, ": not valid JSON (", PrintableBytes(e.what()), ")");
     return false;
   }
 
@@ -294,7 +295,7 @@ Result<TokenizerJson> ParseTokenizerJson(const std::string& text, const std::str
   try {
     ok = json::sax_parse(text.begin(), text.end(), &h);
   } catch (const json::exception& e) {  // not expected from sax_parse; kept as ParseJsonText's error
-    return MakeErrorCode(ErrorCode::kCorruptInput, file, ": not valid JSON (", e.what(), ")");
+    return MakeErrorCode(ErrorCode::kCorruptInput, file, ": not valid JSON (", PrintableBytes(e.what()), ")");
   }
   if (!ok) return h.error();
   NIBBLE_RETURN_IF_ERROR(h.Finish());

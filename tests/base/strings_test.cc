@@ -23,5 +23,11 @@ TEST(Strings, ClosestOfWithinTheBound) {
   EXPECT_EQ(ClosestOf("x", {}), "");
 }
 
+TEST(Strings, PrintableBytesEscapesAllButPrintableAscii) {
+  EXPECT_EQ(PrintableBytes("last read: 'ab~'"), "last read: 'ab~'");
+  EXPECT_EQ(PrintableBytes(std::string("\x89PNG\r\n\x1a\n\0\x7f\xc3\xa9", 12)), "\\x89PNG\\x0D\\x0A\\x1A\\x0A\\x00\\x7F\\xC3\\xA9");
+  EXPECT_EQ(PrintableBytes(""), "");
+}
+
 }  // namespace
 }  // namespace nibble

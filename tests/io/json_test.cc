@@ -61,6 +61,11 @@ TEST(JsonTest, InvalidJsonNamesTheSource) {
   ExpectError("", "not valid JSON");
   ExpectError(R"({"a": 1} trailing)", "not valid JSON");
   ExpectError("{\"a\": \"\xff\"}", "UTF-8");
+  // The parser's excerpt of a damaged file keeps no raw bytes (a binary header shown on a terminal).
+  auto r = ParseJsonText("\x89PNG\r\n", "model.safetensors");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("\\x89"), std::string::npos) << r.error().message;
+  for (const char ch : r.error().message) EXPECT_TRUE(ch >= 0x20 && ch < 0x7F) << r.error().message;
 }
 
 TEST(JsonTest, NestingDepthIsLimited) {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/file.h"
+#include "io/json.h"
 #include "support/report.h"
 
 namespace nibble {
@@ -24,13 +25,7 @@ namespace nibble {
 namespace {
 
 Result<nlohmann::json> LoadReport(const std::string& path) {
-  NIBBLE_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    return MakeError(path, ": not valid JSON (", e.what(), ")");
-  }
+  NIBBLE_ASSIGN_OR_RETURN(nlohmann::json j, ReadJsonFile(path));
   if (!j.is_object() || j.value("nibble_report", "") != "quantize")
     return MakeError(path, ": not a nibble quantize report (no \"nibble_report\": \"quantize\")");
   return j;
