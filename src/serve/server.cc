@@ -20,6 +20,7 @@
 #include <nibble/chat.h>
 #include <nibble/model.h>
 
+#include "api/model_impl.h"
 #include "base/result.h"
 #include "serve/server_impl.h"
 
@@ -38,8 +39,7 @@ Status ValidateServeOptions(const ServeOptions& o) {
   if (o.ctx_size < 0) return MakeError("--ctx_size must be >= 0, got ", o.ctx_size);
   if (o.chunk < 1) return MakeError("--chunk must be >= 1, got ", o.chunk);
   if (o.max_queue < 0) return MakeError("--max_queue must be >= 0, got ", o.max_queue);
-  if (o.threads < 0 || o.threads > kMaxThreads)
-    return MakeError("--threads must be in [0, ", kMaxThreads, "], got ", o.threads);
+  NIBBLE_RETURN_IF_ERROR(CheckThreads(o.threads));
   if (!(o.timeout_seconds > 0)) return MakeError("--timeout must be > 0 seconds, got ", o.timeout_seconds);
   if (o.host.empty()) return MakeError("--host must not be empty");
   return Status::Ok();
