@@ -392,7 +392,7 @@ Result<QuarkQuantConfig> ParseQuarkQuantConfigFromConfigJson(const std::string& 
   try {
     j = OJ::parse(text.begin(), text.end(), cb, /*allow_exceptions=*/true);
   } catch (const OJ::exception& e) {
-    return MakeError(where, ": not valid JSON (", e.what(), ")");
+    return MakeError(where, ": not valid JSON (", PrintableBytes(e.what()), ")");
   }
   if (!duplicate.empty()) return MakeError(where, ": duplicate key \"", duplicate, "\"");
   if (!j.is_object()) return MakeError(where, ": expected a JSON object, found ", j.type_name());
