@@ -85,9 +85,9 @@ struct CtResolved {
 };
 Result<CtResolved> ResolveCt(const CtConfig& c, const std::string& module);
 
-/// One warning per ignore entry and target that matches none of `modules` (an `ignore` entry
-/// "lm_head" is llm-compressor's default and never warned about: a tied model stores none), and
-/// per config group none of whose targets decides a module.
+/// One warning per ignore entry and target that matches none of `modules` (ignore entries that
+/// match lm_head, llm-compressor's default among them, are never warned about: a tied model
+/// stores none), and per config group none of whose targets decides a module.
 Result<std::vector<std::string>> CtUnusedEntries(const CtConfig& c, const std::vector<std::string>& modules);
 
 /// The QuantizationArgs object written for `spec` (SPEC §2.2 keys): num_bits 4, type "int",

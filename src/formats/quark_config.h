@@ -159,15 +159,17 @@ std::vector<std::string> LayerKeyPatterns(const std::string& key);
 /// Whether `layer_name` fnmatches one of the key's patterns.
 bool LayerKeyMatches(const std::string& layer_name, const std::string& key);
 
-/// Entries of `c` that decide no layer of a model whose linear modules are `modules`, one
-/// warning each: a layer_quant_config key (or one comma-separated part of it) that matches no
-/// layer ("layer_quant_config pattern \"x\" matched no layer"), a key whose layers are all
-/// excluded (exclude wins) or all decided by earlier keys, a layer_type_quant_config type other
-/// than "Linear" (the only class nibble's layers have). Errors: as ResolveLayer.
 /// Sets every weight spec's scale_type (global, per layer, per type) to `dt`'s name
 /// ("float32", "float16", "bfloat16"; F32, F16 or BF16 only).
 void SetScaleDType(QuarkQuantConfig& c, DType dt);
 
+/// Entries of `c` that decide no layer of a model whose linear modules are `modules`, one
+/// warning each: an exclude entry that matches no layer (entries matching lm_head are not
+/// reported: a tied model lists none), a layer_quant_config key (or one comma-separated part of
+/// it) that matches no layer ("layer_quant_config pattern \"x\" matched no layer"), a key whose
+/// layers are all excluded (exclude wins) or all decided by earlier keys, a
+/// layer_type_quant_config type other than "Linear" (the only class nibble's layers have).
+/// Errors: as ResolveLayer.
 Result<std::vector<std::string>> UnusedConfigEntries(const QuarkQuantConfig& c, const std::vector<std::string>& modules);
 
 /// Resolves the weight spec of the nn.Linear named `layer_name` (HF module name, e.g.

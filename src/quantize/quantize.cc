@@ -568,28 +568,21 @@ SpecResolver PlanResolver(const QuantizePlan& plan) {
   };
 }
 
-// Warnings that only the model and the written config reveal: config entries deciding no layer,
-// the input's tied lm_head as a load of it would warn, an explicit --exclude_layers that replaced
+// Warnings that only the model and the written config reveal: the input's tied lm_head as a load
+// of it would warn, an explicit --exclude_layers that replaced
 // the default lm_head exclusion, and what the written config makes other engines read
 // (QuantizedFormat::Engines): `config_text` as staged in `staging_dir` beside the format's side
 // files, and the output's tie_word_embeddings `tied`.
 Result<std::vector<std::string>> OutputWarnings(const QuantizeOptions& o, const FormatEntry& format, const ModelConfig& mc,
                                                 const TensorStore& store, bool tied, const std::string& config_text,
                                                 const std::string& staging_dir, const QuantizeReport& report) {
-  std::vector<std::string> modules;
   std::vector<LinearShapeInfo> shapes;
   bool lm_head_quantized = false;
   for (const QuantizedLayerReport& l : report.layers) {
-    modules.push_back(l.name);
     shapes.push_back({l.name, l.n, l.k});
     lm_head_quantized = lm_head_quantized || (l.name == "lm_head" && l.quantized);
   }
-  // A tied head kept in float writes no lm_head module, but the model has one (the embedding): an
-  // entry naming lm_head decided it.
-  if (std::find(modules.begin(), modules.end(), "lm_head") == modules.end()) modules.push_back("lm_head");
-  NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, UnusedConfigEntries(o.config, modules));
   std::vector<std::string> lines;
-  for (const std::string& u : unused) lines.push_back("warning: " + u);
   std::vector<std::string> tied_input;
   NIBBLE_RETURN_IF_ERROR(CheckTiedLmHead(mc, store, nullptr, &tied_input));
   for (const std::string& t : tied_input) lines.push_back("warning: " + o.model_dir + ": " + t);
@@ -807,6 +800,12 @@ Result<QuantizeReport> RunQuantize(const QuantizeOptions& o, Resumable& rs) {
     note("warning: --dataset " + o.dataset + " is not used by --quant_algo " + plan.algorithms.Name());
   if (o.model_export != "gptq" && o.gptq_format != "v1")
     note("warning: --gptq_format " + o.gptq_format + " is used only by --model_export gptq");
+  // Config entries that decide no layer (a mistyped exclude or override), before the first layer
+  // is read. The plan lists lm_head also when a tied head kept in float writes none.
+  std::vector<std::string> modules;
+  for (const PlannedLinear& l : plan.linears) modules.push_back(l.module);
+  NIBBLE_ASSIGN_OR_RETURN(std::vector<std::string> unused, UnusedConfigEntries(o.config, modules));
+  for (const std::string& u : unused) note("warning: " + u);
   if (o.output_dir.empty()) return MakeError("--output_dir is empty");
   report.plan = PlanResources(plan, mc, store, PlanInputs(o, *format));
   if (o.on_plan) o.on_plan(report.plan);

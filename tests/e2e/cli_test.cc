@@ -471,6 +471,8 @@ TEST(Cli, UnusedLayerOverrideIsWarnedAbout) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("pattern \"nomatch.*\" matched no layer"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("warning: exclude entry \"lm_haed\" matched no layer"), std::string::npos) << r.out;
+  ASSERT_NE(r.out.find("plan: "), std::string::npos) << r.out;
+  EXPECT_LT(r.out.find("matched no layer"), r.out.find("plan: ")) << "warned after the run began:\n" << r.out;
   std::system(("rm -rf " + out).c_str());
 }
 
