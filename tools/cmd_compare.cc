@@ -273,7 +273,7 @@ Runner RegisterCompare(CLI::App& app) {
       auto m = nibble::Model::Load(d, lo);
       if (!m.ok()) return Fail(m.error().message);
       PrintWarnings(d, (*m)->info().warnings);
-      if (const std::string err = CheckWindowContext(**m, a->seq_len, a->kv); !err.empty()) return Fail(err);
+      if (const std::string err = CheckWindowContext(**m, a->seq_len, a->kv); !err.empty()) return Fail(d + ": " + err);
       owned.push_back(std::move(m).value());
       models.push_back(owned.back().get());
     }

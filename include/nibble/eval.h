@@ -29,8 +29,9 @@ std::string FindSavedLogits(const std::string& path);
 /// the model's context is CheckWindowFits's, once it is loaded.
 Status ValidateWindowOptions(int64_t seq_len, int64_t max_windows, bool zero_is_default);
 
-/// Ok when a window of seq_len tokens fits `model` (2 .. max_position_embeddings): for a front end
-/// to check before it sizes the window's KV cache. The runs check it too.
+/// Ok when a window of seq_len tokens fits `model` (2 .. max_position_embeddings; 0 is refused:
+/// resolve perplexity's default first): for a front end to check before it sizes the window's KV
+/// cache. The runs check it too.
 Status CheckWindowFits(const Model& model, int64_t seq_len);
 
 struct PerplexityOptions {

@@ -79,7 +79,8 @@ Status CheckWindowFits(const LlamaModel& model, int64_t seq_len, const char* who
 }
 
 Status CheckOneWindow(int64_t n_tokens, int64_t seq_len) {
-  if (n_tokens <= 1) return MakeError("text has ", n_tokens, n_tokens == 1 ? " token" : " tokens", ": nothing to score (empty?)");
+  if (n_tokens <= 1)
+    return MakeError("text has ", n_tokens, n_tokens == 1 ? " token" : " tokens", ": nothing to score (a window needs 2)");
   if (n_tokens < seq_len)
     return MakeError("text has ", n_tokens, " tokens, fewer than one window of --seq_len ", seq_len,
                      ": give a longer text or a smaller --seq_len");
