@@ -13,6 +13,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <regex>
 #include <thread>
@@ -138,30 +139,32 @@ TEST_F(ServeTest, PrintsTheLoadLine) {
 }
 
 // Last: SIGTERM lets a running stream finish and the server exit 0. The signal goes once the
-// first chunk has arrived, so the stream is running whatever the machine's load.
+// first chunk has arrived, so the stream is running whatever the machine's load; 400 tokens
+// (this prompt reaches max_tokens) leave chunks to come after it.
 TEST_F(ServeTest, SigtermDrains) {
   const std::string cmd = "curl -sN --max-time 60 -H 'Authorization: Bearer " + std::string(kServeKey) + "' " + base_ +
-                          "/v1/completions -d '{\"prompt\": \"The sea\", \"max_tokens\": 60, \"temperature\": 0, "
+                          "/v1/completions -d '{\"prompt\": \"The sea\", \"max_tokens\": 400, \"temperature\": 0, "
                           "\"stream\": true}'";
   if (RunCommand("command -v curl >/dev/null 2>&1").exit_code != 0) GTEST_SKIP() << "curl not found";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string streamed;
   std::array<char, 4096> line;
-  bool signalled = false;
+  int after = -1;  // data chunks read after the signal
   while (std::fgets(line.data(), line.size(), p) != nullptr) {
     streamed += line.data();
-    if (!signalled && streamed.find("data: {") != std::string::npos) {
-      kill(pid_, SIGTERM);
-      signalled = true;
-    }
+    if (std::strncmp(line.data(), "data: {", 7) != 0) continue;
+    if (after < 0) kill(pid_, SIGTERM);
+    ++after;
   }
-  pclose(p);
-  ASSERT_TRUE(signalled) << "no chunk arrived: " << streamed << "\nserver log:\n" << ReadFile(log_);
+  const int curl_status = pclose(p);
+  ASSERT_GE(after, 0) << "no chunk arrived: " << streamed << "\nserver log:\n" << ReadFile(log_);
   int status = 0;
   ASSERT_EQ(waitpid(pid_, &status, 0), pid_);
   pid_ = -1;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(log_);
+  EXPECT_EQ(curl_status, 0) << streamed;
+  EXPECT_GT(after, 0) << "the stream ended before the signal: nothing was drained";
   EXPECT_NE(streamed.find("data: [DONE]"), std::string::npos) << streamed;
   EXPECT_NE(ReadFile(log_).find("draining"), std::string::npos);
 }

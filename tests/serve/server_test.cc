@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -68,6 +71,27 @@ TEST(ServeServer, BindErrorNamesHostAndPort) {
   EXPECT_NE(second.error().message.find("127.0.0.1:" + std::to_string(o.port)), std::string::npos) << second.error().message;
   (*first)->Drain();
   (*first)->Wait();
+}
+
+// Options out of range are refused before anything loads, naming the flag and the range.
+TEST(ServeServer, OptionsOutOfRangeAreNamed) {
+  const std::vector<std::pair<std::function<void(ServeOptions&)>, std::string>> cases = {
+      {[](ServeOptions& o) { o.threads = -1; }, "--threads -1 must be in [0, 1024]"},
+      {[](ServeOptions& o) { o.threads = 1025; }, "--threads 1025 must be in [0, 1024]"},
+      {[](ServeOptions& o) { o.port = 70000; }, "--port must be in [0, 65535], got 70000"},
+      {[](ServeOptions& o) { o.parallel = 0; }, "--parallel must be in [1, 256], got 0"},
+  };
+  for (const auto& [edit, want] : cases) {
+    ServeOptions o = Options();
+    edit(o);
+    const Status v = ValidateServeOptions(o);
+    ASSERT_FALSE(v.ok()) << want;
+    EXPECT_NE(v.error().message.find(want), std::string::npos) << v.error().message;
+    auto started = Server::Start(o);
+    ASSERT_FALSE(started.ok()) << want;
+    EXPECT_EQ(started.error().message, v.error().message);
+  }
+  EXPECT_TRUE(ValidateServeOptions(Options()).ok());
 }
 
 // One slot, no queue: a second request while the first runs gets 429 with Retry-After; a SIGTERM
