@@ -97,10 +97,36 @@ TEST(CalibDType, Bf16GptqInChunksIsThreadCountIndependent) {
   EXPECT_NE(QuantizedSum("gptq", "fp32", 2, tmp, 5, 512), one);
 }
 
-// prose-llama-7m through RunLayerPipeline with `chain` in bf16, each layer in chunks or on whole
-// rows, the runner's attention stages reused or not, AWQ's default mappings or (`reorder`) an
-// order where one that rescales the attention comes between two that read the MLP stages: every
-// tensor the sink receives and the per-linear report.
+// prose-llama-7m (group_size 64) through RunLayerPipeline: `chain_name` resolved from `flags`,
+// run in flags.calib_dtype, each layer in chunks or on whole rows as `chunked` says, the runner's
+// attention stages reused or not; every tensor to `sink`. `plan_chunks`: what the plan decides.
+nibble::Result<nibble::PipelineResult> RunChain(const std::string& chain_name, const nibble::AlgorithmFlags& flags,
+                                                bool chunked, bool reuse, const std::vector<int32_t>& tokens,
+                                                int64_t batch, int64_t seq, const nibble::LayerTensorSink& sink,
+                                                bool* plan_chunks) {
+  const std::string dir = nibble_test::SharedModel("prose-llama-7m");
+  NIBBLE_ASSIGN_OR_RETURN(nibble::ModelConfig mc, nibble::LoadModelConfig(dir));
+  NIBBLE_ASSIGN_OR_RETURN(auto store, nibble::TensorStore::OpenDir(dir));
+  nibble::QuarkQuantConfig cfg;
+  cfg.global = nibble::WeightQuantSpec{};
+  cfg.global->group_size = 64;
+  NIBBLE_ASSIGN_OR_RETURN(auto parsed, nibble::ParseAlgorithmChain(chain_name));
+  NIBBLE_ASSIGN_OR_RETURN(auto algos, nibble::ResolveAlgorithms(parsed, flags, nullptr));
+  *plan_chunks = algos.ChunkedLayers(mc);
+  std::vector<std::unique_ptr<nibble::LayerAlgorithm>> owned;
+  for (auto& a : algos.MakeAlgorithms()) owned.push_back(std::move(a));
+  nibble::AlgorithmChain chain(std::move(owned));
+  nibble::PipelineOptions po;
+  po.propagation = algos.propagation();
+  po.calib_dtype = flags.calib_dtype;
+  po.chunked = chunked;
+  po.reuse_attention = reuse;
+  return nibble::RunLayerPipeline(mc, store, cfg, tokens, batch, seq, chain, po, sink);
+}
+
+// RunChain of `chain_name` in bf16 on batch x seq synthetic tokens, AWQ's default mappings or
+// (`reorder`) an order where one that rescales the attention comes between two that read the MLP
+// stages: every tensor the sink receives and the per-linear report.
 struct PipelineOutput {
   std::map<std::string, std::vector<float>> tensors;
   std::vector<nibble::LayerReport> layers;
@@ -108,38 +134,22 @@ struct PipelineOutput {
 PipelineOutput RunBf16(const std::string& chain_name, bool whole_rows, int64_t batch, int64_t seq, bool reuse = true,
                        bool reorder = false) {
   PipelineOutput out;
-  const std::string dir = nibble_test::SharedModel("prose-llama-7m");
-  auto mc = nibble::LoadModelConfig(dir);
-  auto store = nibble::TensorStore::OpenDir(dir);
-  EXPECT_TRUE(mc.ok() && store.ok());
-  nibble::QuarkQuantConfig cfg;
-  cfg.global = nibble::WeightQuantSpec{};
-  cfg.global->group_size = 64;
   nibble::AlgorithmFlags flags;
   flags.calib_dtype = nibble::CalibDType::kBf16;
   if (reorder) {
     const auto d = nibble::DefaultLlamaScalingLayers();
     flags.awq.scaling_layers = {d[2], d[0], d[3], d[1]};
   }
-  auto algos = nibble::ResolveAlgorithms(*nibble::ParseAlgorithmChain(chain_name), flags, nullptr);
-  EXPECT_TRUE(algos.ok());
-  std::vector<std::unique_ptr<nibble::LayerAlgorithm>> owned;
-  for (auto& a : algos->MakeAlgorithms()) owned.push_back(std::move(a));
-  nibble::AlgorithmChain chain(std::move(owned));
-  EXPECT_TRUE(algos->ChunkedLayers(*mc));
-  nibble::PipelineOptions po;
-  po.propagation = algos->propagation();
-  po.calib_dtype = nibble::CalibDType::kBf16;
-  po.chunked = !whole_rows;  // (the plan chunks a bf16 calibration of this chain)
-  po.reuse_attention = reuse;
   std::vector<int32_t> tokens;
   for (int64_t i = 0; i < batch * seq; ++i) tokens.push_back(static_cast<int32_t>(3 + (i * 7919 + i / seq) % 4000));
   auto sink = [&out](nibble::LayerTensor t) {
     out.tensors[t.name] = std::move(t.values);
     return nibble::Status::Ok();
   };
-  auto r = nibble::RunLayerPipeline(*mc, *store, cfg, tokens, batch, seq, chain, po, sink);
+  bool plan_chunks = false;
+  auto r = RunChain(chain_name, flags, !whole_rows, reuse, tokens, batch, seq, sink, &plan_chunks);
   EXPECT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(plan_chunks) << chain_name << ": the plan chunks a bf16 calibration of this chain";
   if (r.ok()) out.layers = r->layers;
   return out;
 }
@@ -181,27 +191,12 @@ TEST(CalibDType, Bf16AwqInChunksGivesTheWholeRowsBytes) {
 // for an fp32 calibration, it stops with an error instead of skipping that work.
 TEST(CalibDType, ChunkedPipelineRefusesWhatCannotRunInChunks) {
   NIBBLE_NEEDS_SHARED("models/prose-llama-7m");
-  const std::string dir = nibble_test::SharedModel("prose-llama-7m");
-  auto mc = nibble::LoadModelConfig(dir);
-  auto store = nibble::TensorStore::OpenDir(dir);
-  ASSERT_TRUE(mc.ok() && store.ok());
-  nibble::QuarkQuantConfig cfg;
-  cfg.global = nibble::WeightQuantSpec{};
-  cfg.global->group_size = 64;
-  auto run = [&](const std::string& chain_name, nibble::AlgorithmFlags flags, nibble::CalibDType calib) {
+  auto run = [](const std::string& chain_name, nibble::AlgorithmFlags flags, nibble::CalibDType calib) {
     flags.calib_dtype = calib;
-    auto algos = nibble::ResolveAlgorithms(*nibble::ParseAlgorithmChain(chain_name), flags, nullptr);
-    EXPECT_TRUE(algos.ok());
-    EXPECT_FALSE(algos->ChunkedLayers(*mc)) << chain_name;
-    std::vector<std::unique_ptr<nibble::LayerAlgorithm>> owned;
-    for (auto& a : algos->MakeAlgorithms()) owned.push_back(std::move(a));
-    nibble::AlgorithmChain chain(std::move(owned));
-    nibble::PipelineOptions po;
-    po.calib_dtype = calib;
-    po.chunked = true;
-    std::vector<int32_t> tokens(2 * 32, 5);
-    auto r = nibble::RunLayerPipeline(*mc, *store, cfg, tokens, 2, 32, chain, po,
-                                      [](nibble::LayerTensor) { return nibble::Status::Ok(); });
+    bool plan_chunks = true;
+    auto r = RunChain(chain_name, flags, /*chunked=*/true, /*reuse=*/true, std::vector<int32_t>(2 * 32, 5), 2, 32,
+                      [](nibble::LayerTensor) { return nibble::Status::Ok(); }, &plan_chunks);
+    EXPECT_FALSE(plan_chunks) << chain_name;
     return r.ok() ? std::string("ok") : r.error().message;
   };
   nibble::AlgorithmFlags clip;
