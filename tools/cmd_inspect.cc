@@ -25,6 +25,7 @@ void ShowKernels(bool as_json) {
     nlohmann::ordered_json j;
     j["chosen"] = k.chosen;
     j["cpu_vendor"] = k.cpu_vendor;
+    j["cpu_family"] = k.cpu_family;
     j["cpu_flags"] = k.cpu_flags;
     j["NIBBLE_ISA"] = k.override_value;
     if (!k.override_message.empty()) j["override_message"] = k.override_message;
@@ -49,8 +50,8 @@ void ShowKernels(bool as_json) {
     j["openblas_core"] = DescribeBlasCore();
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("int4 kernels: %s\ncpu: %s | %s\nNIBBLE_ISA: %s%s%s\n", k.chosen.c_str(), k.cpu_vendor.c_str(),
-                k.cpu_flags.c_str(), k.override_value.empty() ? "(unset)" : k.override_value.c_str(),
+    std::printf("int4 kernels: %s\ncpu: %s family %d | %s\nNIBBLE_ISA: %s%s%s\n", k.chosen.c_str(), k.cpu_vendor.c_str(),
+                k.cpu_family, k.cpu_flags.c_str(), k.override_value.empty() ? "(unset)" : k.override_value.c_str(),
                 k.override_message.empty() ? "" : " -> ", k.override_message.c_str());
     for (const auto& x : k.candidates)
       std::printf("  %-7s %-8s %s\n", x.isa.c_str(), x.chosen ? "chosen" : (x.supported ? "skipped" : "rejected"),

@@ -62,6 +62,8 @@ CpuFeatures DetectCpuFeatures() {
   vendor[12] = 0;
   f.vendor = vendor;
   __get_cpuid(1, &a, &b, &c, &d);
+  const int base_family = static_cast<int>((a >> 8) & 0xF);
+  f.family = base_family == 0xF ? base_family + static_cast<int>((a >> 20) & 0xFF) : base_family;
   f.fma = (c >> 12) & 1;
   f.osxsave = (c >> 27) & 1;
   f.avx = (c >> 28) & 1;
@@ -105,9 +107,14 @@ constexpr bool kX86 = false;
 // Intel cores: prefetchnta lines stall the decode loops, and vdpbf16ps issues at half the FMA rate.
 bool IntelCore(const CpuFeatures& cpu) { return cpu.vendor == "GenuineIntel"; }
 
+// Zen 4 (family 0x19 with AVX-512): vpmultishiftqb shares the issue slots of vdpbf16ps, shifts
+// mostly not, so the one-row decode loop unpacks by shifts (W4Bf16Unpack::kShift).
+bool Zen4Core(const CpuFeatures& cpu) { return cpu.vendor == "AuthenticAMD" && cpu.family == 0x19; }
+
 // The kernels of `isa` on `cpu`; `i8_reason` / `bf16_reason` (optional) get why gemm_i8 /
 // gemm_bf16 are the ones they are.
-W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, std::string* i8_reason = nullptr,
+W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, W4Bf16Unpack unpack,
+                    const std::string& unpack_why, std::string* i8_reason = nullptr,
                     std::string* bf16_reason = nullptr) {
   std::string reason = "no AVX-512 VNNI kernel for ISA " + std::string(IsaName(isa));
   const char* const kRounded = ": the W4A32 kernels run on bf16-rounded inputs";
@@ -152,6 +159,18 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, st
         k.bf16_prefill_sgemm = true;
         breason += "; batched blocks in fp32 FMAs and prefill on the fp32 sgemm (Intel without AMX: vdpbf16ps at "
                    "half the FMA rate)";
+      }
+      if (unpack == W4Bf16Unpack::kShift) {
+        constexpr W4Bf16Unpack kShift = W4Bf16Unpack::kShift;
+        constexpr W4Bf16BlockArith kDp = W4Bf16BlockArith::kDpbf16, kFma = W4Bf16BlockArith::kFma;
+        if (k.bf16_prefill_sgemm)
+          k.gemm_bf16 = t0 ? GemmW4Bf16Avx512<kT0, kFma, kShift> : GemmW4Bf16Avx512<kNta, kFma, kShift>;
+        else
+          k.gemm_bf16 = t0 ? GemmW4Bf16Avx512<kT0, kDp, kShift> : GemmW4Bf16Avx512<kNta, kDp, kShift>;
+        k.bf16_unpack = unpack;
+        breason += "; decode loop unpacking by shifts (" + unpack_why + ")";
+      } else if (unpack_why.rfind("forced", 0) == 0) {
+        breason += "; decode loop unpacking by vpmultishiftqb (" + unpack_why + ")";
       }
     } else {
       breason = std::string("CPU lacks ") + (cpu.avx512bf16 ? "avx512_vbmi" : "avx512_bf16") + kRounded;
@@ -220,9 +239,26 @@ StreamPrefetch ChoosePrefetch(const CpuFeatures& cpu, const char* forced, std::s
 // NIBBLE_PREFETCH as the process sees it (nullptr when unset).
 const char* PrefetchOverride() { return std::getenv("NIBBLE_PREFETCH"); }
 
+// The bf16 decode loop's unpack: shifts on Zen 4, vpmultishiftqb elsewhere; `forced`
+// (NIBBLE_BF16_UNPACK) names one; an unknown value sets `message`. `why`: the reason for shifts.
+W4Bf16Unpack ChooseBf16Unpack(const CpuFeatures& cpu, const char* forced, std::string& why, std::string& message) {
+  const std::string o = forced != nullptr ? forced : "";
+  for (W4Bf16Unpack u : {W4Bf16Unpack::kMultishift, W4Bf16Unpack::kShift})
+    if (o == W4Bf16UnpackName(u)) {
+      why = "forced by NIBBLE_BF16_UNPACK=" + o;
+      return u;
+    }
+  if (!o.empty()) message = "unknown unpack \"" + o + "\" (expected multishift or shift); using the automatic choice";
+  why = "Zen 4: vpmultishiftqb shares vdpbf16ps's issue slots";
+  return Zen4Core(cpu) ? W4Bf16Unpack::kShift : W4Bf16Unpack::kMultishift;
+}
+
+const char* UnpackOverride() { return std::getenv("NIBBLE_BF16_UNPACK"); }
+
 }  // namespace
 
-W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override, const char* prefetch_override) {
+W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override, const char* prefetch_override,
+                             const char* unpack_override) {
   W4Dispatch d;
   d.override_value = isa_override != nullptr ? isa_override : "";
   for (Isa isa : {Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
@@ -264,16 +300,20 @@ W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override, c
     }
   }
   const StreamPrefetch prefetch = ChoosePrefetch(cpu, prefetch_override, d.prefetch_reason, d.prefetch_message);
-  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu, prefetch, &d.gemm_i8_reason, &d.gemm_bf16_reason);
+  std::string unpack_why;
+  const W4Bf16Unpack unpack = ChooseBf16Unpack(cpu, unpack_override, unpack_why, d.bf16_unpack_message);
+  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu, prefetch, unpack, unpack_why, &d.gemm_i8_reason, &d.gemm_bf16_reason);
   return d;
 }
 
 const W4Dispatch& ActiveW4Dispatch() {
   static const W4Dispatch d = [] {
-    W4Dispatch r = ResolveW4Dispatch(DetectCpuFeatures(), std::getenv("NIBBLE_ISA"), PrefetchOverride());
+    W4Dispatch r = ResolveW4Dispatch(DetectCpuFeatures(), std::getenv("NIBBLE_ISA"), PrefetchOverride(), UnpackOverride());
     if (!r.message.empty()) std::fprintf(stderr, "nibble: NIBBLE_ISA=%s: %s\n", r.override_value.c_str(), r.message.c_str());
     if (!r.prefetch_message.empty())
       std::fprintf(stderr, "nibble: NIBBLE_PREFETCH=%s: %s\n", PrefetchOverride(), r.prefetch_message.c_str());
+    if (!r.bf16_unpack_message.empty())
+      std::fprintf(stderr, "nibble: NIBBLE_BF16_UNPACK=%s: %s\n", UnpackOverride(), r.bf16_unpack_message.c_str());
     return r;
   }();
   return d;
@@ -281,9 +321,12 @@ const W4Dispatch& ActiveW4Dispatch() {
 
 const W4Kernels* W4KernelsFor(Isa isa) {
   static const CpuFeatures cpu = DetectCpuFeatures();
-  const StreamPrefetch p = ActiveW4Dispatch().kernels.row_prefetch;
-  static const W4Kernels table[3] = {KernelsOf(Isa::kScalar, cpu, p), KernelsOf(Isa::kAvx2, cpu, p),
-                                     KernelsOf(Isa::kAvx512, cpu, p)};
+  const W4Kernels& active = ActiveW4Dispatch().kernels;
+  const StreamPrefetch p = active.row_prefetch;
+  const W4Bf16Unpack u = active.bf16_unpack;
+  const std::string why = "as the active dispatch";
+  static const W4Kernels table[3] = {KernelsOf(Isa::kScalar, cpu, p, u, why), KernelsOf(Isa::kAvx2, cpu, p, u, why),
+                                     KernelsOf(Isa::kAvx512, cpu, p, u, why)};
   for (const IsaCandidate& c : ActiveW4Dispatch().candidates)
     if (c.isa == isa && c.supported) return &table[static_cast<int>(isa)];
   return nullptr;

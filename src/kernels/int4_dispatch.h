@@ -26,6 +26,7 @@ const char* IsaName(Isa isa);
 /// CPU facts the dispatch needs (all false on non-x86 builds).
 struct CpuFeatures {
   std::string vendor;  // CPUID leaf 0 vendor string, e.g. "AuthenticAMD"
+  int family = 0;      // CPUID.1:EAX display family (base + extended when base is 0xF): Zen 4 0x19
   bool osxsave = false;                                      // CPUID.1:ECX.OSXSAVE
   bool avx = false, fma = false, f16c = false, avx2 = false;  // CPUID leaves 1 and 7
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
@@ -74,6 +75,8 @@ struct W4Kernels {
   /// The hint of the decode loops' software prefetch (the AVX-512 row GEMV and the int8 / bf16
   /// decode loops at g = 128); the same numbers either way.
   StreamPrefetch row_prefetch = StreamPrefetch::kNonTemporal;
+  /// How gemm_bf16's one-row decode loop at g = 128 unpacks the codes (AVX-512 BF16 only).
+  W4Bf16Unpack bf16_unpack = W4Bf16Unpack::kMultishift;
   /// bf16-activation prefill (Int4Linear from Bf16MatmulMinRows rows) through the fp32 sgemm on
   /// the bf16-rounded rows and the exact weights instead of oneDNN's bf16 matmul, and the bf16
   /// calibration GEMMs on widened values (GemmBf16XWt declines): set on GenuineIntel CPUs
@@ -101,11 +104,15 @@ struct W4Dispatch {
   std::string gemm_bf16_reason;          // why kernels.gemm_bf16 is the one it is
   std::string prefetch_reason;           // why kernels.row_prefetch is the one it is
   std::string prefetch_message;          // non-empty when NIBBLE_PREFETCH was rejected (why)
+  std::string bf16_unpack_message;       // non-empty when NIBBLE_BF16_UNPACK was rejected (why)
 };
 
 /// Pure decision from `cpu`, the NIBBLE_ISA value and the NIBBLE_PREFETCH value (nta | t0; nullptr
 /// or "" = unset: t0 on GenuineIntel, nta elsewhere); testable with a fake CPU.
-W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override, const char* prefetch_override = nullptr);
+/// `unpack_override` (NIBBLE_BF16_UNPACK: multishift | shift; unset: shift on Zen 4) picks
+/// W4Kernels::bf16_unpack.
+W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override, const char* prefetch_override = nullptr,
+                             const char* unpack_override = nullptr);
 
 /// The process-wide decision, made on first use from DetectCpuFeatures(), getenv("NIBBLE_ISA") and
 /// getenv("NIBBLE_PREFETCH"); a rejected override is reported once on stderr ("nibble: NIBBLE_ISA=...: ...").

@@ -256,7 +256,7 @@ bool W4Bf16Supported(const W4PackedWeight& w) { return W4Bf16ServesGroupSize(w.g
 namespace {
 
 struct Bf16Layout {
-  size_t xb = 0, c0 = 0, c1 = 0, zc = 0, xf = 0, total = 0;  // byte offsets
+  size_t xb = 0, c0 = 0, c1 = 0, zc = 0, xf = 0, xs = 0, total = 0;  // byte offsets; xs 0: none
 };
 
 Bf16Layout Bf16LayoutFor(int64_t k, int64_t group_size) {
@@ -268,6 +268,10 @@ Bf16Layout Bf16LayoutFor(int64_t k, int64_t group_size) {
   l.zc = l.c1 + Align64(groups * 4);
   l.xf = l.zc + groups * 64;
   l.total = l.xf + runs * 128;
+  if (group_size == 128) {
+    l.xs = l.total;
+    l.total += runs * 64;
+  }
   return l;
 }
 
@@ -287,6 +291,7 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
   float* c1 = reinterpret_cast<float*>(scratch + l.c1);
   float* zc = reinterpret_cast<float*>(scratch + l.zc);
   float* xf = reinterpret_cast<float*>(scratch + l.xf);
+  uint16_t* xs = l.xs != 0 ? reinterpret_cast<uint16_t*>(scratch + l.xs) : nullptr;
   // One pass in k order: each value rounded once, stored at its word (word 2l <- 32u + l,
   // word 2l + 1 <- 32u + 16 + l) and added to its group's σ. k % g == 0 and g % 32 == 0, so the
   // runs cover K exactly.
@@ -298,6 +303,10 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
       for (int64_t i = 0; i < 32; ++i) {
         const uint16_t b = F32ToBf16(xr[i]);
         wr[i < 16 ? 2 * i : 2 * (i - 16) + 1] = b;
+        if (xs != nullptr) {  // position p in its superblock: word 32c + 2l (+ 1 past 64)
+          const int64_t p = 32 * (u % 4) + i, q = p % 64;
+          xs[128 * (u / 4) + 32 * (q / 16) + 2 * (q % 16) + p / 64] = b;
+        }
         sigma += Bf16ToF32(b);
         // vdpbf16ps reads a subnormal operand as zero of its sign (DAZ)
         xf[32 * u + i] = Bf16ToF32((b & 0x7F80) == 0 ? static_cast<uint16_t>(b & 0x8000) : b);
@@ -315,6 +324,7 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
   a.c1 = c1;
   a.zc = zc;
   a.xf = xf;
+  a.xs = xs;
   return a;
 }
 

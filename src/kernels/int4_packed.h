@@ -151,7 +151,19 @@ struct W4Bf16Acts {
   /// + l] word 2l + 1), subnormals as zero: the operands of the FMA blocks, which reproduce
   /// vdpbf16ps (kernels/x86_avx512bf16/int4_gemm_bf16.h).
   const float* xf = nullptr;
+  /// g = 128 only (else nullptr): [K / 128][128] the same bf16 words paired for the decode loop
+  /// that unpacks by shifts (kernels/x86_avx512bf16/run_words.h ShiftWords): in superblock s,
+  /// word 32c + 2l <- 128s + 16c + l and word 32c + 2l + 1 <- 128s + 64 + 16c + l (c = 0..3).
+  const uint16_t* xs = nullptr;
 };
+
+/// How the AVX-512 BF16 one-row decode loop at g = 128 unpacks a superblock's runs: one
+/// `vpmultishiftqb` each (activations W4Bf16Acts::xb), or by 32-bit shifts (W4Bf16Acts::xs,
+/// another pairing of the same weights, so other bits) for cores where shifts issue beside
+/// `vdpbf16ps` and `vpmultishiftqb` does not (Zen 4; docs/KERNELS.md "What limits the decode
+/// loops on Zen 4").
+enum class W4Bf16Unpack { kMultishift, kShift };
+inline const char* W4Bf16UnpackName(W4Bf16Unpack u) { return u == W4Bf16Unpack::kShift ? "shift" : "multishift"; }
 
 /// Whether the bf16-activation kernel serves group size g: g a multiple of 32 (each 32-weight run
 /// of a superblock lies in one group).

@@ -175,73 +175,102 @@ TEST(W4Bf16Test, PreparedActivationsAreRoundedAndInSuperblockOrder) {
   EXPECT_EQ(r[6], 1.f + std::ldexp(1.f, -6));
 }
 
+// xs, the decode loop's second pairing at g = 128: in superblock s, word 32c + 2l holds position
+// 128s + 16c + l and word 32c + 2l + 1 position 128s + 64 + 16c + l, the same bits as xb; none at
+// other group sizes.
+TEST(W4Bf16Test, ShiftPairingHoldsTheSameWordsAsTheSuperblockOrder) {
+  const int64_t k = 384;
+  std::vector<float> x(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i)
+    x[static_cast<size_t>(i)] = std::ldexp(1.f + static_cast<float>(i % 97) / 97.f, static_cast<int>(i % 9) - 4);
+  std::vector<uint8_t> scratch(W4Bf16ActsBytes(k, 128));
+  const W4Bf16Acts a = PrepareActsBf16(x.data(), k, 128, scratch.data());
+  ASSERT_NE(a.xs, nullptr);
+  for (int64_t s = 0; s < k / 128; ++s)
+    for (int64_t c = 0; c < 4; ++c)
+      for (int64_t l = 0; l < 16; ++l)
+        for (int64_t hi = 0; hi < 2; ++hi) {
+          const int64_t pos = 128 * s + 64 * hi + 16 * c + l;
+          EXPECT_EQ(a.xs[128 * s + 32 * c + 2 * l + hi], F32ToBf16(x[static_cast<size_t>(pos)])) << s << " " << c << " " << l;
+        }
+  std::vector<uint8_t> other(W4Bf16ActsBytes(k, 64));
+  EXPECT_EQ(PrepareActsBf16(x.data(), k, 64, other.data()).xs, nullptr);
+}
+
+// Both decode-loop unpacks (W4Bf16Unpack: multishift, and shifts on another activation pairing)
+// with the rest of the kernel; the dispatch picks one by CPU.
 TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
-  const W4GemmBf16Kernel fast = FastKernel();
-  if (fast == nullptr) GTEST_SKIP() << "no AVX-512 BF16 kernel on this CPU: " << ActiveW4Dispatch().gemm_bf16_reason;
+  if (FastKernel() == nullptr) GTEST_SKIP() << "no AVX-512 BF16 kernel on this CPU: " << ActiveW4Dispatch().gemm_bf16_reason;
   std::mt19937 rng(21);
   std::normal_distribution<float> xd(0.f, 1.f);
   int cases = 0;
-  for (int64_t g : {32, 64, 96, 128, 256, -1}) {
-    for (int64_t kmul : {1, 3, 0}) {
-      // kmul 0: K = 8576 / g · g (67 groups at g128: the blocks' zero-point corrections in chunks of
-      // 64 groups, then a partial chunk of 3).
-      const int64_t k = g == -1 ? (kmul == 0 ? 4096 : 160 * kmul) : (kmul == 0 ? 8576 / g * g : g * kmul);
-      const int64_t ge = g == -1 ? k : g;
-      for (int64_t n : {1, 7, 8, 9, 63, 64, 65}) {
-        for (bool sym : {false, true}) {
-          const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, ge, sym);
-          Packed p(m);
-          ASSERT_TRUE(W4Bf16Supported(p.w));
-          // M = 1 runs the row tile; M = 2, 5, 9 with g % 128 == 0 the blocks of 2 weight rows × up
-          // to 4 activation rows (from kW4Bf16BlockMinRows rows on), with tails; else row tiles.
-          const int64_t m_rows = std::array<int64_t, 4>{1, 2, 5, 9}[static_cast<size_t>(cases % 4)];
-          const bool blocks = m_rows >= kW4Bf16BlockMinRows && ge % 128 == 0;
-          std::vector<float> x(static_cast<size_t>(k * m_rows));
-          for (auto& v : x) v = xd(rng);
-          x[static_cast<size_t>(k / 2)] = 300.f;  // an outlier channel
-          PreparedRows rows(x.data(), m_rows, k, ge);
-          const std::vector<W4Bf16Acts>& acts = rows.acts;
-          std::vector<float> bias(static_cast<size_t>(n));
-          for (auto& v : bias) v = xd(rng);
-          const float* b = (n % 2 == 1) ? bias.data() : nullptr;
-          std::vector<float> y(static_cast<size_t>(m_rows * n));
-          fast(p.w, acts.data(), m_rows, b, y.data(), 0, n);
-          for (int64_t i = 0; i < m_rows; ++i) {
-            const Ref ref = Oracle(m, x.data() + i * k, b);
-            double worst = 0;
-            int64_t wn = 0;
-            for (int64_t j = 0; j < n; ++j) {
-              const double r = std::fabs(y[i * n + j] - ref.y[j]) / ref.tol[j];
-              if (!(r <= worst)) worst = r, wn = j;
-            }
-            EXPECT_LE(worst, 1.0) << "g=" << ge << " k=" << k << " n=" << n << " sym=" << sym << ": y[" << i << "][" << wn
-                                  << "] = " << y[i * n + wn] << ", oracle " << ref.y[wn] << ", tolerance " << ref.tol[wn];
-          }
-          // Row tiling does not change a row's result: each row alone (row tiles) or the batch
-          // without its first row (blocks, rows in other slots), and a sub-range of N.
-          if (!blocks) {
+  constexpr auto kNta = StreamPrefetch::kNonTemporal;
+  const W4GemmBf16Kernel variants[] = {GemmW4Bf16Avx512<kNta>,
+                                       GemmW4Bf16Avx512<kNta, W4Bf16BlockArith::kDpbf16, W4Bf16Unpack::kShift>};
+  for (const W4GemmBf16Kernel fast : variants) {
+    SCOPED_TRACE(fast == variants[0] ? "vpmultishiftqb unpack" : "shift unpack");
+    for (int64_t g : {32, 64, 96, 128, 256, -1}) {
+      for (int64_t kmul : {1, 3, 0}) {
+        // kmul 0: K = 8576 / g · g (67 groups at g128: the blocks' zero-point corrections in chunks of
+        // 64 groups, then a partial chunk of 3).
+        const int64_t k = g == -1 ? (kmul == 0 ? 4096 : 160 * kmul) : (kmul == 0 ? 8576 / g * g : g * kmul);
+        const int64_t ge = g == -1 ? k : g;
+        for (int64_t n : {1, 7, 8, 9, 63, 64, 65}) {
+          for (bool sym : {false, true}) {
+            const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, ge, sym);
+            Packed p(m);
+            ASSERT_TRUE(W4Bf16Supported(p.w));
+            // M = 1 runs the row tile; M = 2, 5, 9 with g % 128 == 0 the blocks of 2 weight rows × up
+            // to 4 activation rows (from kW4Bf16BlockMinRows rows on), with tails; else row tiles.
+            const int64_t m_rows = std::array<int64_t, 4>{1, 2, 5, 9}[static_cast<size_t>(cases % 4)];
+            const bool blocks = m_rows >= kW4Bf16BlockMinRows && ge % 128 == 0;
+            std::vector<float> x(static_cast<size_t>(k * m_rows));
+            for (auto& v : x) v = xd(rng);
+            x[static_cast<size_t>(k / 2)] = 300.f;  // an outlier channel
+            PreparedRows rows(x.data(), m_rows, k, ge);
+            const std::vector<W4Bf16Acts>& acts = rows.acts;
+            std::vector<float> bias(static_cast<size_t>(n));
+            for (auto& v : bias) v = xd(rng);
+            const float* b = (n % 2 == 1) ? bias.data() : nullptr;
+            std::vector<float> y(static_cast<size_t>(m_rows * n));
+            fast(p.w, acts.data(), m_rows, b, y.data(), 0, n);
             for (int64_t i = 0; i < m_rows; ++i) {
-              std::vector<float> y1(static_cast<size_t>(n));
-              fast(p.w, acts.data() + i, 1, b, y1.data(), 0, n);
-              EXPECT_EQ(std::memcmp(y1.data(), y.data() + i * n, y1.size() * 4), 0) << "row " << i << " of " << m_rows;
+              const Ref ref = Oracle(m, x.data() + i * k, b);
+              double worst = 0;
+              int64_t wn = 0;
+              for (int64_t j = 0; j < n; ++j) {
+                const double r = std::fabs(y[i * n + j] - ref.y[j]) / ref.tol[j];
+                if (!(r <= worst)) worst = r, wn = j;
+              }
+              EXPECT_LE(worst, 1.0) << "g=" << ge << " k=" << k << " n=" << n << " sym=" << sym << ": y[" << i << "][" << wn
+                                    << "] = " << y[i * n + wn] << ", oracle " << ref.y[wn] << ", tolerance " << ref.tol[wn];
             }
-          } else if (m_rows - 1 >= kW4Bf16BlockMinRows) {
-            std::vector<float> y1(static_cast<size_t>((m_rows - 1) * n));
-            fast(p.w, acts.data() + 1, m_rows - 1, b, y1.data(), 0, n);
-            EXPECT_EQ(std::memcmp(y1.data(), y.data() + n, y1.size() * 4), 0) << "blocks, rows 1.. of " << m_rows;
+            // Row tiling does not change a row's result: each row alone (row tiles) or the batch
+            // without its first row (blocks, rows in other slots), and a sub-range of N.
+            if (!blocks) {
+              for (int64_t i = 0; i < m_rows; ++i) {
+                std::vector<float> y1(static_cast<size_t>(n));
+                fast(p.w, acts.data() + i, 1, b, y1.data(), 0, n);
+                EXPECT_EQ(std::memcmp(y1.data(), y.data() + i * n, y1.size() * 4), 0) << "row " << i << " of " << m_rows;
+              }
+            } else if (m_rows - 1 >= kW4Bf16BlockMinRows) {
+              std::vector<float> y1(static_cast<size_t>((m_rows - 1) * n));
+              fast(p.w, acts.data() + 1, m_rows - 1, b, y1.data(), 0, n);
+              EXPECT_EQ(std::memcmp(y1.data(), y.data() + n, y1.size() * 4), 0) << "blocks, rows 1.. of " << m_rows;
+            }
+            if (n > 2) {
+              std::vector<float> yr(y.size(), -1.f);
+              fast(p.w, acts.data(), m_rows, b, yr.data(), 1, n - 1);
+              for (int64_t i = 0; i < m_rows; ++i)
+                EXPECT_EQ(std::memcmp(yr.data() + i * n + 1, y.data() + i * n + 1, static_cast<size_t>(n - 2) * 4), 0);
+            }
+            ++cases;
           }
-          if (n > 2) {
-            std::vector<float> yr(y.size(), -1.f);
-            fast(p.w, acts.data(), m_rows, b, yr.data(), 1, n - 1);
-            for (int64_t i = 0; i < m_rows; ++i)
-              EXPECT_EQ(std::memcmp(yr.data() + i * n + 1, y.data() + i * n + 1, static_cast<size_t>(n - 2) * 4), 0);
-          }
-          ++cases;
         }
       }
     }
   }
-  EXPECT_EQ(cases, 6 * 3 * 7 * 2);
+  EXPECT_EQ(cases, 2 * 6 * 3 * 7 * 2);
 }
 
 // The batch a tile kernel reads: run u's pair l of activation row i at [u][l][i], zeros past M;

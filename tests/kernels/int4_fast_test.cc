@@ -351,6 +351,33 @@ TEST(W4DispatchTest, FakeCpusAndOverride) {
   EXPECT_NE(ResolveW4Dispatch(intel, nullptr).gemm_bf16_reason.find("prefill on the fp32 sgemm"), std::string::npos);
   intel.amx_tile = intel.amx_bf16 = intel.os_amx = true;
   EXPECT_FALSE(ResolveW4Dispatch(intel, nullptr).kernels.bf16_prefill_sgemm);
+  // The decode loop's unpack by shifts: Zen 4 (AuthenticAMD family 0x19) only.
+  CpuFeatures zen4 = bf, zen5 = bf;
+  zen4.vendor = zen5.vendor = "AuthenticAMD";
+  zen4.family = 0x19;
+  zen5.family = 0x1A;
+  const W4Dispatch z4 = ResolveW4Dispatch(zen4, nullptr);
+  EXPECT_NE(z4.gemm_bf16_reason.find("unpacking by shifts (Zen 4"), std::string::npos) << z4.gemm_bf16_reason;
+  EXPECT_NE(z4.kernels.gemm_bf16, ResolveW4Dispatch(zen5, nullptr).kernels.gemm_bf16);
+  EXPECT_EQ(ResolveW4Dispatch(zen5, nullptr).gemm_bf16_reason, "avx512 with avx512_bf16 and avx512_vbmi");
+  EXPECT_EQ(ResolveW4Dispatch(zen5, nullptr).kernels.gemm_bf16, ResolveW4Dispatch(bf, nullptr).kernels.gemm_bf16);
+  EXPECT_EQ(z4.kernels.bf16_unpack, W4Bf16Unpack::kShift);
+  EXPECT_EQ(ResolveW4Dispatch(zen5, nullptr).kernels.bf16_unpack, W4Bf16Unpack::kMultishift);
+  // NIBBLE_BF16_UNPACK forces either; an unknown value keeps the automatic choice and says why.
+  const W4Dispatch forced_shift = ResolveW4Dispatch(zen5, nullptr, nullptr, "shift");
+  EXPECT_EQ(forced_shift.kernels.bf16_unpack, W4Bf16Unpack::kShift);
+  EXPECT_EQ(forced_shift.kernels.gemm_bf16, z4.kernels.gemm_bf16);
+  EXPECT_NE(forced_shift.gemm_bf16_reason.find("forced by NIBBLE_BF16_UNPACK=shift"), std::string::npos);
+  const W4Dispatch forced_ms = ResolveW4Dispatch(zen4, nullptr, nullptr, "multishift");
+  EXPECT_EQ(forced_ms.kernels.bf16_unpack, W4Bf16Unpack::kMultishift);
+  EXPECT_NE(forced_ms.gemm_bf16_reason.find("vpmultishiftqb (forced"), std::string::npos) << forced_ms.gemm_bf16_reason;
+  const W4Dispatch bad_unpack = ResolveW4Dispatch(zen4, nullptr, nullptr, "nibbles");
+  EXPECT_EQ(bad_unpack.kernels.bf16_unpack, W4Bf16Unpack::kShift);
+  EXPECT_NE(bad_unpack.bf16_unpack_message.find("\"nibbles\""), std::string::npos) << bad_unpack.bf16_unpack_message;
+  intel.amx_tile = intel.amx_bf16 = intel.os_amx = false;  // FMA blocks with the shift unpack
+  EXPECT_TRUE(ResolveW4Dispatch(intel, nullptr, nullptr, "shift").kernels.bf16_prefill_sgemm);
+  EXPECT_NE(ResolveW4Dispatch(intel, nullptr, nullptr, "shift").kernels.gemm_bf16,
+            ResolveW4Dispatch(intel, nullptr).kernels.gemm_bf16);
   // Nothing: scalar.
   EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), nullptr).kernels.isa, Isa::kScalar);
   EXPECT_EQ(ResolveW4Dispatch(FakeCpu(false, false, false), "avx2").kernels.isa, Isa::kScalar);

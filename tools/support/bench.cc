@@ -78,6 +78,7 @@ KernelDispatchReport DescribeKernels() {
   KernelDispatchReport r;
   r.chosen = IsaName(d.kernels.isa);
   r.cpu_vendor = cpu.vendor;
+  r.cpu_family = cpu.family;
   r.cpu_name = CpuModelName();
   const std::pair<bool, const char*> flags[] = {
       {cpu.avx, "avx"},           {cpu.avx2, "avx2"},         {cpu.fma, "fma"},           {cpu.f16c, "f16c"},

@@ -24,6 +24,7 @@ struct KernelDispatchReport {
   };
   std::string chosen;              // ISA name of the kernels in use
   std::string cpu_vendor;          // CPUID vendor string
+  int cpu_family = 0;              // CPUID display family (Zen 4: 0x19 = 25)
   std::string cpu_name;            // the CPU's model name (/proc/cpuinfo), "" where unknown
   std::string cpu_flags;           // relevant flags present, e.g. "avx avx2 fma f16c avx512f ... os:ymm os:zmm"
   std::string override_value;      // NIBBLE_ISA ("" when unset)

@@ -122,9 +122,11 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
 // hardware prefetchers); docs/PERFORMANCE.md "Batched decode".
 constexpr int64_t kRowPrefetchBytes = 4096;
 
-template <bool kSym, StreamPrefetch P>
+template <bool kSym, StreamPrefetch P, W4Bf16Unpack U>
 void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, float* y, int64_t r) {
+  constexpr bool kShift = U == W4Bf16Unpack::kShift;
   const __m512i ctl[4] = {RunControl(0), RunControl(1), RunControl(2), RunControl(3)};
+  const uint16_t* xa = kShift ? a.xs : a.xb;
   const int64_t groups = w.k / 128, rb = w.rec_bytes, header = w.rec_header;
   const uint8_t* rec = w.data + r * w.row_bytes;
   __m512 tot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -134,13 +136,20 @@ void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, fl
       const int64_t gi = g0 + t;
       if (gi >= groups) break;
       PrefetchAhead<P>(rec, kRowPrefetchBytes);
-      const __m512i sb = _mm512_loadu_si512(rec + header);
-      const __m512bh* x = reinterpret_cast<const __m512bh*>(a.xb + 128 * gi);
+      __m512i sb = _mm512_loadu_si512(rec + header);
+      // One load: folded into each shift, the record (unaligned, often across two lines) would
+      // be read three more times.
+      if (kShift) __asm__("" : "+v"(sb));
+      const __m512bh* x = reinterpret_cast<const __m512bh*>(xa + 128 * gi);
+      const __m512bh v0 = kShift ? ShiftWords<0>(sb) : RunWords(sb, ctl[0]);
+      const __m512bh v1 = kShift ? ShiftWords<1>(sb) : RunWords(sb, ctl[1]);
+      const __m512bh v2 = kShift ? ShiftWords<2>(sb) : RunWords(sb, ctl[2]);
+      const __m512bh v3 = kShift ? ShiftWords<3>(sb) : RunWords(sb, ctl[3]);
       __m512 h0 = _mm512_set1_ps(a.zc[16 * gi + (kSym ? 8 : rec[4])]);
-      h0 = _mm512_dpbf16_ps(h0, RunWords(sb, ctl[0]), (__m512bh)_mm512_loadu_si512(x));
-      __m512 h1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), RunWords(sb, ctl[1]), (__m512bh)_mm512_loadu_si512(x + 1));
-      h0 = _mm512_dpbf16_ps(h0, RunWords(sb, ctl[2]), (__m512bh)_mm512_loadu_si512(x + 2));
-      h1 = _mm512_dpbf16_ps(h1, RunWords(sb, ctl[3]), (__m512bh)_mm512_loadu_si512(x + 3));
+      h0 = _mm512_dpbf16_ps(h0, v0, (__m512bh)_mm512_loadu_si512(x));
+      __m512 h1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v1, (__m512bh)_mm512_loadu_si512(x + 1));
+      h0 = _mm512_dpbf16_ps(h0, v2, (__m512bh)_mm512_loadu_si512(x + 2));
+      h1 = _mm512_dpbf16_ps(h1, v3, (__m512bh)_mm512_loadu_si512(x + 3));
       float s;  // records are 68 or 69 bytes apart: the scale is unaligned
       __builtin_memcpy(&s, rec, 4);
       tot[t] = _mm512_fmadd_ps(_mm512_set1_ps(s), _mm512_add_ps(h0, h1), tot[t]);
@@ -431,7 +440,7 @@ void GemmW4Bf16Avx512Blocks(const W4PackedWeight& w, const W4Bf16Acts* a, int64_
   }
 }
 
-template <StreamPrefetch P, W4Bf16BlockArith A>
+template <StreamPrefetch P, W4Bf16BlockArith A, W4Bf16Unpack U>
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1) {
   if (m >= kW4Bf16BlockMinRows && w.group_size % 128 == 0) {
@@ -444,7 +453,7 @@ void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
     return;
   }
   if (m == 1 && w.group_size == 128) {
-    for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true, P> : RowG128<false, P>)(w, a[0], bias, y, r);
+    for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true, P, U> : RowG128<false, P, U>)(w, a[0], bias, y, r);
     return;
   }
   const int64_t gops = w.group_size / 32;
@@ -455,13 +464,17 @@ void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
   }
 }
 
-#define NIBBLE_INSTANTIATE(P, A)                                                                               \
-  template void GemmW4Bf16Avx512<StreamPrefetch::P, W4Bf16BlockArith::A>(                                      \
+#define NIBBLE_INSTANTIATE(P, A, U)                                                                            \
+  template void GemmW4Bf16Avx512<StreamPrefetch::P, W4Bf16BlockArith::A, W4Bf16Unpack::U>(                     \
       const W4PackedWeight&, const W4Bf16Acts*, int64_t, const float*, float*, int64_t, int64_t);
-NIBBLE_INSTANTIATE(kNonTemporal, kDpbf16)
-NIBBLE_INSTANTIATE(kL1, kDpbf16)
-NIBBLE_INSTANTIATE(kNonTemporal, kFma)
-NIBBLE_INSTANTIATE(kL1, kFma)
+NIBBLE_INSTANTIATE(kNonTemporal, kDpbf16, kMultishift)
+NIBBLE_INSTANTIATE(kL1, kDpbf16, kMultishift)
+NIBBLE_INSTANTIATE(kNonTemporal, kFma, kMultishift)
+NIBBLE_INSTANTIATE(kL1, kFma, kMultishift)
+NIBBLE_INSTANTIATE(kNonTemporal, kDpbf16, kShift)
+NIBBLE_INSTANTIATE(kL1, kDpbf16, kShift)
+NIBBLE_INSTANTIATE(kNonTemporal, kFma, kShift)
+NIBBLE_INSTANTIATE(kL1, kFma, kShift)
 #undef NIBBLE_INSTANTIATE
 
 }  // namespace nibble

@@ -30,7 +30,7 @@ constexpr int64_t kW4Bf16BlockMinRows = 2;
 /// (the same bits, tested) for cores whose `vdpbf16ps` issues at half their FMA rate (Intel
 /// without AMX; docs/KERNELS.md "FMA blocks").
 enum class W4Bf16BlockArith { kDpbf16, kFma };
-template <StreamPrefetch P, W4Bf16BlockArith A = W4Bf16BlockArith::kDpbf16>
+template <StreamPrefetch P, W4Bf16BlockArith A = W4Bf16BlockArith::kDpbf16, W4Bf16Unpack U = W4Bf16Unpack::kMultishift>
 void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       int64_t n0, int64_t n1);
 

@@ -25,4 +25,14 @@ inline __m512bh RunWords(__m512i sb, __m512i control) {
   return (__m512bh)_mm512_ternarylogic_epi32(v, _mm512_set1_epi32(0x000F000F), _mm512_set1_epi32(0x43004300), 0xEA);
 }
 
+// The same 32 codes of the superblock paired differently, unpacked by a shift instead of a
+// vpmultishiftqb: dword lane l holds (low word) nibble C of `sb`'s dword l, i.e. weight
+// 16C + l of the superblock, and (high word) nibble C + 4, weight 64 + 16C + l (W4Bf16Acts::xs
+// pairs the activations so). Zen 4 issues shifts beside vdpbf16ps, vpmultishiftqb not.
+template <int C>
+inline __m512bh ShiftWords(__m512i sb) {
+  const __m512i v = C == 0 ? sb : _mm512_srli_epi32(sb, 4 * C);
+  return (__m512bh)_mm512_ternarylogic_epi32(v, _mm512_set1_epi32(0x000F000F), _mm512_set1_epi32(0x43004300), 0xEA);
+}
+
 }  // namespace nibble
