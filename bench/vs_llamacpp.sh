@@ -19,6 +19,8 @@
 # Usage: bench/vs_llamacpp.sh [-r ROUNDS] [-t "1 2 4 ... all cores"] [-p 512] [-n 64] [-a "auto"]
 #                             [-P "8"] [-c CONFIG.json] LLAMA_CPP_SOURCE_DIR [WORK_DIR (build/vs_llamacpp)]
 # NIBBLE_BENCH_ARGS in the environment: more flags for every bench-model run (e.g. "--no_mmap").
+# nibble's packed-weight cache lives in WORK_DIR/cache; both engines' files are read back into the
+# page cache before the rounds.
 # Needs: cmake and a C++ compiler (for llama.cpp), python3 (the summary). llama.cpp's converter
 # holds the fp32 model in one ggml context, 2 GiB in some versions (b4748 among them): about 500M
 # parameters, less than TinyLlama-1.1B; the script then says so and -c takes a smaller config. Checkpoints are kept in
@@ -61,6 +63,23 @@ llamacpp_build "$src" "$work" llama-bench llama-batched-bench llama-quantize lla
 llama_bench="$(llamacpp_bin llama-bench)"
 llama_batched="$(llamacpp_bin llama-batched-bench)"
 llamacpp_same_weights "$nibble" "$config" "$work"
+
+# Both engines stream their weights from the page cache (llama.cpp maps the GGUF, nibble its packed
+# weight cache). Pages left by a writer on a busy machine decoded up to a quarter slower than the
+# same file read back (docs/PERFORMANCE.md "On a Zen 4 host"), so every model file is dropped from
+# the page cache and read back once before the rounds: both engines then read pages made alike.
+export NIBBLE_CACHE_DIR="$work/cache"
+"$nibble" bench-model -m "$work/nibble-q" -p 0 -n 1 -r 1 -t 1 >/dev/null 2>&1  # packs the cache once
+python3 - "$work/q4_0.gguf" "$NIBBLE_CACHE_DIR"/weights/*.w4p <<'PY'
+import os, sys
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDONLY)
+    os.fdatasync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    while os.read(fd, 1 << 24):
+        pass
+    os.close(fd)
+PY
 
 bandwidth() {  # GB/s with $1 threads
   "$nibble" bench --no_gemm -t "$1" --bandwidth_gib 1 | sed -n 's/^DRAM read bandwidth: \([0-9.]*\) GB\/s.*/\1/p'
