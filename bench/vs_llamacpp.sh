@@ -68,9 +68,14 @@ llamacpp_same_weights "$nibble" "$config" "$work"
 # weight cache). Pages left by a writer on a busy machine decoded up to a quarter slower than the
 # same file read back (docs/PERFORMANCE.md "On a Zen 4 host"), so every model file is dropped from
 # the page cache and read back once before the rounds: both engines then read pages made alike.
+# (Checkpoints under 256 MiB get no cache: nibble then reads nibble-q's safetensors.)
 export NIBBLE_CACHE_DIR="$work/cache"
-"$nibble" bench-model -m "$work/nibble-q" -p 0 -n 1 -r 1 -t 1 >/dev/null 2>&1  # packs the cache once
-python3 - "$work/q4_0.gguf" "$NIBBLE_CACHE_DIR"/weights/*.w4p <<'PY'
+"$nibble" bench-model -m "$work/nibble-q" -p 0 -n 1 -r 1 -t 1 >>"$work/bench-model.log" 2>&1 ||
+  { echo "error: nibble bench-model failed (see $work/bench-model.log)" >&2; exit 1; }  # packs the cache
+shopt -s nullglob
+model_files=("$work/q4_0.gguf" "$NIBBLE_CACHE_DIR"/weights/*.w4p "$work"/nibble-q/*.safetensors)
+shopt -u nullglob
+python3 - "${model_files[@]}" <<'PY'
 import os, sys
 for path in sys.argv[1:]:
     fd = os.open(path, os.O_RDONLY)

@@ -301,8 +301,9 @@ W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override, c
   }
   const StreamPrefetch prefetch = ChoosePrefetch(cpu, prefetch_override, d.prefetch_reason, d.prefetch_message);
   std::string unpack_why;
-  const W4Bf16Unpack unpack = ChooseBf16Unpack(cpu, unpack_override, unpack_why, d.bf16_unpack_message);
-  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu, prefetch, unpack, unpack_why, &d.gemm_i8_reason, &d.gemm_bf16_reason);
+  d.bf16_unpack = ChooseBf16Unpack(cpu, unpack_override, unpack_why, d.bf16_unpack_message);
+  d.kernels =
+      KernelsOf(d.candidates[chosen].isa, cpu, prefetch, d.bf16_unpack, unpack_why, &d.gemm_i8_reason, &d.gemm_bf16_reason);
   return d;
 }
 
@@ -321,9 +322,8 @@ const W4Dispatch& ActiveW4Dispatch() {
 
 const W4Kernels* W4KernelsFor(Isa isa) {
   static const CpuFeatures cpu = DetectCpuFeatures();
-  const W4Kernels& active = ActiveW4Dispatch().kernels;
-  const StreamPrefetch p = active.row_prefetch;
-  const W4Bf16Unpack u = active.bf16_unpack;
+  const StreamPrefetch p = ActiveW4Dispatch().kernels.row_prefetch;
+  const W4Bf16Unpack u = ActiveW4Dispatch().bf16_unpack;
   const std::string why = "as the active dispatch";
   static const W4Kernels table[3] = {KernelsOf(Isa::kScalar, cpu, p, u, why), KernelsOf(Isa::kAvx2, cpu, p, u, why),
                                      KernelsOf(Isa::kAvx512, cpu, p, u, why)};

@@ -105,6 +105,9 @@ struct W4Dispatch {
   std::string prefetch_reason;           // why kernels.row_prefetch is the one it is
   std::string prefetch_message;          // non-empty when NIBBLE_PREFETCH was rejected (why)
   std::string bf16_unpack_message;       // non-empty when NIBBLE_BF16_UNPACK was rejected (why)
+  /// The unpack chosen for the AVX-512 BF16 decode loop, also when the chosen ISA has none
+  /// (W4KernelsFor builds the other ISAs' tables with it).
+  W4Bf16Unpack bf16_unpack = W4Bf16Unpack::kMultishift;
 };
 
 /// Pure decision from `cpu`, the NIBBLE_ISA value and the NIBBLE_PREFETCH value (nta | t0; nullptr
@@ -114,8 +117,9 @@ struct W4Dispatch {
 W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override, const char* prefetch_override = nullptr,
                              const char* unpack_override = nullptr);
 
-/// The process-wide decision, made on first use from DetectCpuFeatures(), getenv("NIBBLE_ISA") and
-/// getenv("NIBBLE_PREFETCH"); a rejected override is reported once on stderr ("nibble: NIBBLE_ISA=...: ...").
+/// The process-wide decision, made on first use from DetectCpuFeatures(), getenv("NIBBLE_ISA"),
+/// getenv("NIBBLE_PREFETCH") and getenv("NIBBLE_BF16_UNPACK"); a rejected override is reported once
+/// on stderr ("nibble: NIBBLE_ISA=...: ...").
 const W4Dispatch& ActiveW4Dispatch();
 
 /// Kernels of `isa` when compiled in and supported by this CPU, else nullptr (tests, bench).

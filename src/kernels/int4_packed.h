@@ -184,8 +184,8 @@ void ToBf16Bits(const float* x, int64_t n, uint16_t* out);
 
 /// One ISA's bf16-activation GEMM: y[i][n] = Σ_k bf16(x_i[k]) · (q − z)·s (+ bias[n]) for the M
 /// prepared rows a[0..M) and weight rows n0..n1 (y row-major [M, N], row stride w.n). Per (i, n)
-/// the arithmetic is fixed by K, g and whether M reaches the kernel's block threshold
-/// (docs/KERNELS.md) — independent of n0, n1 and of the row's place in the batch — so any N split
+/// the arithmetic is fixed by K, g, whether M reaches the kernel's block threshold and, at M = 1
+/// and g = 128, the CPU's W4Bf16Unpack (docs/KERNELS.md) — independent of n0, n1 and of the row's place in the batch — so any N split
 /// and any thread count give bit-identical results. Single-threaded, no allocation.
 /// Precondition: W4Bf16Supported(w); every a[i].k == w.k and a[i].group_size == w.group_size.
 using W4GemmBf16Kernel = void (*)(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias,

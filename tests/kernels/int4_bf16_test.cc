@@ -220,9 +220,10 @@ TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
             const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, ge, sym);
             Packed p(m);
             ASSERT_TRUE(W4Bf16Supported(p.w));
-            // M = 1 runs the row tile; M = 2, 5, 9 with g % 128 == 0 the blocks of 2 weight rows × up
-            // to 4 activation rows (from kW4Bf16BlockMinRows rows on), with tails; else row tiles.
-            const int64_t m_rows = std::array<int64_t, 4>{1, 2, 5, 9}[static_cast<size_t>(cases % 4)];
+            // M = 1 (each case twice: sym off and on) runs the row tile or the decode loop; M = 2,
+            // 5, 9 with g % 128 == 0 the blocks of 2 weight rows × up to 4 activation rows (from
+            // kW4Bf16BlockMinRows rows on), with tails; else row tiles.
+            const int64_t m_rows = std::array<int64_t, 4>{1, 2, 5, 9}[static_cast<size_t>((cases / 2) % 4)];
             const bool blocks = m_rows >= kW4Bf16BlockMinRows && ge % 128 == 0;
             std::vector<float> x(static_cast<size_t>(k * m_rows));
             for (auto& v : x) v = xd(rng);
