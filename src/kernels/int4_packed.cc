@@ -11,6 +11,8 @@
 #include "base/half.h"
 #include "kernels/int4_dispatch.h"
 
+#include <unistd.h>
+
 namespace nibble {
 
 W4PackedWeight W4PackedGeometry(int64_t n, int64_t k, int64_t g, bool symmetric) {
@@ -247,6 +249,16 @@ void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* acts, int64
       y[row * w.n + r] = bias != nullptr ? acc[0] + bias[r] : acc[0];
     }
   }
+}
+
+int64_t L1DataCacheBytes() {
+  const long b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  return b > 0 ? static_cast<int64_t>(b) : 32 * 1024;
+}
+
+int64_t W4Bf16DecodeChunkMinK(int64_t l1d_bytes) {
+  // 2.5·K > 0.75·L1d  <=>  K > 0.3·L1d = 3·L1d / 10, rounded up to whole groups of 128.
+  return (3 * l1d_bytes + 1279) / 1280 * 128;
 }
 
 bool W4Bf16ServesGroupSize(int64_t group_size) { return group_size >= 32 && group_size % 32 == 0; }

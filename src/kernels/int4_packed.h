@@ -165,6 +165,14 @@ struct W4Bf16Acts {
 enum class W4Bf16Unpack { kMultishift, kShift };
 inline const char* W4Bf16UnpackName(W4Bf16Unpack u) { return u == W4Bf16Unpack::kShift ? "shift" : "multishift"; }
 
+/// The running CPU's L1 data cache per core in bytes (sysconf; 32 KiB where the system does not say).
+int64_t L1DataCacheBytes();
+/// K from which the AVX-512 BF16 decode loop at g = 128 reads weight rows eight at a time, in
+/// chunks of 1024 weights, for an L1 data cache of `l1d_bytes`: where a row's activations (2.5·K
+/// bytes: 2K of bf16 words, 64 per group of chain starts) pass 3/4 of it, a multiple of 128. The
+/// same bits either way (docs/KERNELS.md "Long rows").
+int64_t W4Bf16DecodeChunkMinK(int64_t l1d_bytes);
+
 /// Whether the bf16-activation kernel serves group size g: g a multiple of 32 (each 32-weight run
 /// of a superblock lies in one group).
 bool W4Bf16ServesGroupSize(int64_t group_size);

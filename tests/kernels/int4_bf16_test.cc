@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -272,6 +273,42 @@ TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
     }
   }
   EXPECT_EQ(cases, 2 * 6 * 3 * 7 * 2);
+}
+
+// Long rows (K from W4Bf16DecodeChunkMinK of this CPU's L1): the decode loop reads eight weight
+// rows at a time in chunks of groups; each row keeps the bits it has alone (a call for one row
+// takes the one-row loop), with tail rows, a partial last chunk, and both unpacks.
+TEST(W4Bf16Test, LongRowsInChunksKeepEachRowsBits) {
+  EXPECT_EQ(W4Bf16DecodeChunkMinK(32 * 1024), 9856);  // 2.5·K > 24 KiB
+  EXPECT_EQ(W4Bf16DecodeChunkMinK(48 * 1024), 14848);
+  if (FastKernel() == nullptr) GTEST_SKIP() << "no AVX-512 BF16 kernel on this CPU: " << ActiveW4Dispatch().gemm_bf16_reason;
+  std::mt19937 rng(46);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  constexpr auto kNta = StreamPrefetch::kNonTemporal;
+  const W4GemmBf16Kernel variants[] = {GemmW4Bf16Avx512<kNta>,
+                                       GemmW4Bf16Avx512<kNta, W4Bf16BlockArith::kDpbf16, W4Bf16Unpack::kShift>};
+  const int64_t k = W4Bf16DecodeChunkMinK(L1DataCacheBytes()) + 5 * 128, n = 19;
+  for (bool sym : {false, true}) {
+    const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, 128, sym);
+    Packed p(m);
+    std::vector<float> x(static_cast<size_t>(k));
+    for (auto& v : x) v = xd(rng);
+    PreparedRows rows(x.data(), 1, k, 128);
+    std::vector<float> bias(static_cast<size_t>(n));
+    for (auto& v : bias) v = xd(rng);
+    const Ref ref = Oracle(m, x.data(), bias.data());
+    for (const W4GemmBf16Kernel fast : variants) {
+      SCOPED_TRACE(std::string(fast == variants[0] ? "vpmultishiftqb" : "shift") + (sym ? " sym" : " asym"));
+      std::vector<float> y(static_cast<size_t>(n));
+      fast(p.w, rows.acts.data(), 1, bias.data(), y.data(), 0, n);
+      std::vector<float> alone(static_cast<size_t>(n), -1.f);
+      for (int64_t j = 0; j < n; ++j) {
+        EXPECT_LE(std::fabs(y[j] - ref.y[j]), ref.tol[j]) << "row " << j << " k=" << k;
+        fast(p.w, rows.acts.data(), 1, bias.data(), alone.data(), j, j + 1);
+        EXPECT_EQ(std::memcmp(&alone[j], &y[j], 4), 0) << "row " << j << ": " << alone[j] << " alone, " << y[j] << " in chunks";
+      }
+    }
+  }
 }
 
 // The batch a tile kernel reads: run u's pair l of activation row i at [u][l][i], zeros past M;

@@ -33,7 +33,7 @@ alignas(64) constexpr float kCodeFloat[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 
 
 // Weight row r against activation rows a[0..MR): y[i * w.n + r]. kGops = runs per group (g / 32)
 // when fixed at compile time (1, 2: g = 32, 64), 0 = read from w. g = 128 never comes here
-// (RowG128 at one row, the blocks from two). Group gi of the row adds into running
+// (RowsG128 at one row, the blocks from two). Group gi of the row adds into running
 // sum gi mod 4 (the group loop is unrolled by four so the sums stay in registers).
 template <int MR, bool kSym, int kGops>
 void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, float* y, int64_t r) {
@@ -122,42 +122,73 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
 // hardware prefetchers); docs/PERFORMANCE.md "Batched decode".
 constexpr int64_t kRowPrefetchBytes = 4096;
 
-template <bool kSym, StreamPrefetch P, W4Bf16Unpack U>
-void RowG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, float* y, int64_t r) {
+// Long rows (K from W4Bf16DecodeChunkMinK): weight rows per pass and groups per chunk.
+constexpr int kChunkRows = 8;
+constexpr int64_t kChunkGroups = 8;
+
+// Group gi of the row (one group per record at g = 128; `rec` points at its record) against the
+// activations x = the group's 128 words, zc = its 16 chain starts: returns fma(s, chain0 + chain1,
+// tot).
+template <bool kSym, W4Bf16Unpack U>
+inline __m512 GroupG128(const uint8_t* rec, int64_t header, const __m512i (&ctl)[4], const __m512bh* x,
+                        const float* zc, __m512 tot) {
   constexpr bool kShift = U == W4Bf16Unpack::kShift;
+  __m512i sb = _mm512_loadu_si512(rec + header);
+  // One load: folded into each shift, the record (unaligned, often across two lines) would be
+  // read three more times.
+  if (kShift) __asm__("" : "+v"(sb));
+  const __m512bh v0 = kShift ? ShiftWords<0>(sb) : RunWords(sb, ctl[0]);
+  const __m512bh v1 = kShift ? ShiftWords<1>(sb) : RunWords(sb, ctl[1]);
+  const __m512bh v2 = kShift ? ShiftWords<2>(sb) : RunWords(sb, ctl[2]);
+  const __m512bh v3 = kShift ? ShiftWords<3>(sb) : RunWords(sb, ctl[3]);
+  __m512 h0 = _mm512_set1_ps(zc[kSym ? 8 : rec[4]]);
+  h0 = _mm512_dpbf16_ps(h0, v0, (__m512bh)_mm512_loadu_si512(x));
+  __m512 h1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v1, (__m512bh)_mm512_loadu_si512(x + 1));
+  h0 = _mm512_dpbf16_ps(h0, v2, (__m512bh)_mm512_loadu_si512(x + 2));
+  h1 = _mm512_dpbf16_ps(h1, v3, (__m512bh)_mm512_loadu_si512(x + 3));
+  float s;  // records are 68 or 69 bytes apart: the scale is unaligned
+  __builtin_memcpy(&s, rec, 4);
+  return _mm512_fmadd_ps(_mm512_set1_ps(s), _mm512_add_ps(h0, h1), tot);
+}
+
+// Weight rows r .. r + NR − 1, each summed over its groups in order (the same bits for every NR
+// and chunk), visited in chunks of `chunk` groups: chunk c of every row, then chunk c + 1. Each
+// row reads its activations (2.5·K bytes with W4Bf16Acts::zc) once; past the L1 data cache every
+// row fetches them from L2 again, which halved the loop's speed at K = 14336. In chunks they stay
+// in L1 for all NR rows. One row (NR = 1) prefetches kRowPrefetchBytes ahead along its row; in
+// chunks a record prefetches the same record of its row's next chunk.
+template <int NR, bool kSym, StreamPrefetch P, W4Bf16Unpack U>
+void RowsG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, float* y, int64_t r, int64_t chunk) {
   const __m512i ctl[4] = {RunControl(0), RunControl(1), RunControl(2), RunControl(3)};
-  const uint16_t* xa = kShift ? a.xs : a.xb;
+  const __m512bh* xa = reinterpret_cast<const __m512bh*>(U == W4Bf16Unpack::kShift ? a.xs : a.xb);
   const int64_t groups = w.k / 128, rb = w.rec_bytes, header = w.rec_header;
-  const uint8_t* rec = w.data + r * w.row_bytes;
-  __m512 tot[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+  const int64_t ahead = NR == 1 ? kRowPrefetchBytes : chunk * rb;
+  const uint8_t* row0 = w.data + r * w.row_bytes;
+  __m512 tot[NR][4];
+  for (int j = 0; j < NR; ++j)
+    for (int t = 0; t < 4; ++t) tot[j][t] = _mm512_setzero_ps();
+  for (int64_t c0 = 0; c0 < groups; c0 += chunk) {
+    const int64_t c1 = std::min(groups, c0 + chunk);
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* rec = row0 + j * w.row_bytes + c0 * rb;
+      for (int64_t g0 = c0; g0 < c1; g0 += 4) {
 #pragma GCC unroll 4
-    for (int t = 0; t < 4; ++t) {  // t constant after unrolling: the sums stay in registers
-      const int64_t gi = g0 + t;
-      if (gi >= groups) break;
-      PrefetchAhead<P>(rec, kRowPrefetchBytes);
-      __m512i sb = _mm512_loadu_si512(rec + header);
-      // One load: folded into each shift, the record (unaligned, often across two lines) would
-      // be read three more times.
-      if (kShift) __asm__("" : "+v"(sb));
-      const __m512bh* x = reinterpret_cast<const __m512bh*>(xa + 128 * gi);
-      const __m512bh v0 = kShift ? ShiftWords<0>(sb) : RunWords(sb, ctl[0]);
-      const __m512bh v1 = kShift ? ShiftWords<1>(sb) : RunWords(sb, ctl[1]);
-      const __m512bh v2 = kShift ? ShiftWords<2>(sb) : RunWords(sb, ctl[2]);
-      const __m512bh v3 = kShift ? ShiftWords<3>(sb) : RunWords(sb, ctl[3]);
-      __m512 h0 = _mm512_set1_ps(a.zc[16 * gi + (kSym ? 8 : rec[4])]);
-      h0 = _mm512_dpbf16_ps(h0, v0, (__m512bh)_mm512_loadu_si512(x));
-      __m512 h1 = _mm512_dpbf16_ps(_mm512_setzero_ps(), v1, (__m512bh)_mm512_loadu_si512(x + 1));
-      h0 = _mm512_dpbf16_ps(h0, v2, (__m512bh)_mm512_loadu_si512(x + 2));
-      h1 = _mm512_dpbf16_ps(h1, v3, (__m512bh)_mm512_loadu_si512(x + 3));
-      float s;  // records are 68 or 69 bytes apart: the scale is unaligned
-      __builtin_memcpy(&s, rec, 4);
-      tot[t] = _mm512_fmadd_ps(_mm512_set1_ps(s), _mm512_add_ps(h0, h1), tot[t]);
-      rec += rb;
+        for (int t = 0; t < 4; ++t) {  // t constant after unrolling: the sums stay in registers
+          const int64_t gi = g0 + t;
+          if (gi >= c1) break;
+          PrefetchAhead<P>(rec, ahead);
+          tot[j][t] = GroupG128<kSym, U>(rec, header, ctl, xa + 4 * gi, a.zc + 16 * gi, tot[j][t]);
+          rec += rb;
+        }
+      }
     }
   }
-  const float v = ReduceTree(_mm512_add_ps(_mm512_add_ps(tot[0], tot[1]), _mm512_add_ps(tot[2], tot[3])));
-  y[r] = bias != nullptr ? v + bias[r] : v;
+  for (int j = 0; j < NR; ++j) {
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(tot[j][0], tot[j][1]), _mm512_add_ps(tot[j][2], tot[j][3]));
+    const float v = ReduceTree(sum);
+    y[r + j] = bias != nullptr ? v + bias[r + j] : v;
+  }
 }
 
 // ---- Many activation rows (batched decode, prefill), g a multiple of 128: blocks of NJ weight
@@ -453,7 +484,13 @@ void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
     return;
   }
   if (m == 1 && w.group_size == 128) {
-    for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true, P, U> : RowG128<false, P, U>)(w, a[0], bias, y, r);
+    const int64_t groups = w.k / 128;
+    int64_t r = n0;
+    static const int64_t chunk_min_k = W4Bf16DecodeChunkMinK(L1DataCacheBytes());
+    if (w.k >= chunk_min_k)
+      for (; r + kChunkRows <= n1; r += kChunkRows)
+        (w.symmetric ? RowsG128<kChunkRows, true, P, U> : RowsG128<kChunkRows, false, P, U>)(w, a[0], bias, y, r, kChunkGroups);
+    for (; r < n1; ++r) (w.symmetric ? RowsG128<1, true, P, U> : RowsG128<1, false, P, U>)(w, a[0], bias, y, r, groups);
     return;
   }
   const int64_t gops = w.group_size / 32;
