@@ -114,7 +114,7 @@ bool Zen4Core(const CpuFeatures& cpu) { return cpu.vendor == "AuthenticAMD" && c
 // The kernels of `isa` on `cpu`; `i8_reason` / `bf16_reason` (optional) get why gemm_i8 /
 // gemm_bf16 are the ones they are.
 W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, W4Bf16Unpack unpack,
-                    const std::string& unpack_why, std::string* i8_reason = nullptr,
+                    bool unpack_forced, const std::string& unpack_why, std::string* i8_reason = nullptr,
                     std::string* bf16_reason = nullptr) {
   std::string reason = "no AVX-512 VNNI kernel for ISA " + std::string(IsaName(isa));
   const char* const kRounded = ": the W4A32 kernels run on bf16-rounded inputs";
@@ -169,7 +169,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, W4
           k.gemm_bf16 = t0 ? GemmW4Bf16Avx512<kT0, kDp, kShift> : GemmW4Bf16Avx512<kNta, kDp, kShift>;
         k.bf16_unpack = unpack;
         breason += "; decode loop unpacking by shifts (" + unpack_why + ")";
-      } else if (unpack_why.rfind("forced", 0) == 0) {
+      } else if (unpack_forced) {
         breason += "; decode loop unpacking by vpmultishiftqb (" + unpack_why + ")";
       }
     } else {
@@ -217,17 +217,35 @@ std::string Missing(Isa isa, const CpuFeatures& cpu) {
   return "";
 }
 
+// An environment override among named values: `out` = the option named `forced` (the value of
+// `var`; nullptr or "" = unset) and `reason` = "forced by VAR=value", true; an unknown value
+// sets `message` ("unknown WHAT ... (expected a or b)") and returns false, as does unset.
+template <typename T, size_t N>
+bool ForcedChoice(const char* var, const char* what, const char* forced, const T (&options)[N],
+                  const char* (*name_of)(T), T& out, std::string& reason, std::string& message) {
+  const std::string o = forced != nullptr ? forced : "";
+  std::string expected;
+  for (size_t i = 0; i < N; ++i) {
+    if (o == name_of(options[i])) {
+      out = options[i];
+      reason = "forced by " + std::string(var) + "=" + o;
+      return true;
+    }
+    expected += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + name_of(options[i]);
+  }
+  if (!o.empty())
+    message = "unknown " + std::string(what) + " \"" + o + "\" (expected " + expected + "); using the automatic choice";
+  return false;
+}
+
 // The decode loops' prefetch hint: t0 on Intel, whose cores stall on prefetchnta lines (they go to
 // L1 only), nta elsewhere (the fastest measured on AMD Zen 5); docs/PERFORMANCE.md "Decode
 // prefetch on Intel". `forced` (NIBBLE_PREFETCH) names one; an unknown value sets `message`.
 StreamPrefetch ChoosePrefetch(const CpuFeatures& cpu, const char* forced, std::string& reason, std::string& message) {
-  const std::string o = forced != nullptr ? forced : "";
-  for (StreamPrefetch p : {StreamPrefetch::kNonTemporal, StreamPrefetch::kL1})
-    if (o == StreamPrefetchName(p)) {
-      reason = "forced by NIBBLE_PREFETCH=" + o;
-      return p;
-    }
-  if (!o.empty()) message = "unknown prefetch hint \"" + o + "\" (expected nta or t0); using the automatic choice";
+  StreamPrefetch p = StreamPrefetch::kNonTemporal;
+  if (ForcedChoice("NIBBLE_PREFETCH", "prefetch hint", forced, {StreamPrefetch::kNonTemporal, StreamPrefetch::kL1},
+                   StreamPrefetchName, p, reason, message))
+    return p;
   if (IntelCore(cpu)) {
     reason = cpu.vendor;
     return StreamPrefetch::kL1;
@@ -240,15 +258,14 @@ StreamPrefetch ChoosePrefetch(const CpuFeatures& cpu, const char* forced, std::s
 const char* PrefetchOverride() { return std::getenv("NIBBLE_PREFETCH"); }
 
 // The bf16 decode loop's unpack: shifts on Zen 4, vpmultishiftqb elsewhere; `forced`
-// (NIBBLE_BF16_UNPACK) names one; an unknown value sets `message`. `why`: the reason for shifts.
-W4Bf16Unpack ChooseBf16Unpack(const CpuFeatures& cpu, const char* forced, std::string& why, std::string& message) {
-  const std::string o = forced != nullptr ? forced : "";
-  for (W4Bf16Unpack u : {W4Bf16Unpack::kMultishift, W4Bf16Unpack::kShift})
-    if (o == W4Bf16UnpackName(u)) {
-      why = "forced by NIBBLE_BF16_UNPACK=" + o;
-      return u;
-    }
-  if (!o.empty()) message = "unknown unpack \"" + o + "\" (expected multishift or shift); using the automatic choice";
+// (NIBBLE_BF16_UNPACK) names one (then `was_forced`); an unknown value sets `message`. `why`:
+// the reason for the choice.
+W4Bf16Unpack ChooseBf16Unpack(const CpuFeatures& cpu, const char* forced, bool& was_forced, std::string& why,
+                              std::string& message) {
+  W4Bf16Unpack u = W4Bf16Unpack::kMultishift;
+  was_forced = ForcedChoice("NIBBLE_BF16_UNPACK", "unpack", forced, {W4Bf16Unpack::kMultishift, W4Bf16Unpack::kShift},
+                            W4Bf16UnpackName, u, why, message);
+  if (was_forced) return u;
   why = "Zen 4: vpmultishiftqb shares vdpbf16ps's issue slots";
   return Zen4Core(cpu) ? W4Bf16Unpack::kShift : W4Bf16Unpack::kMultishift;
 }
@@ -301,9 +318,10 @@ W4Dispatch ResolveW4Dispatch(const CpuFeatures& cpu, const char* isa_override, c
   }
   const StreamPrefetch prefetch = ChoosePrefetch(cpu, prefetch_override, d.prefetch_reason, d.prefetch_message);
   std::string unpack_why;
-  d.bf16_unpack = ChooseBf16Unpack(cpu, unpack_override, unpack_why, d.bf16_unpack_message);
-  d.kernels =
-      KernelsOf(d.candidates[chosen].isa, cpu, prefetch, d.bf16_unpack, unpack_why, &d.gemm_i8_reason, &d.gemm_bf16_reason);
+  bool unpack_forced = false;
+  d.bf16_unpack = ChooseBf16Unpack(cpu, unpack_override, unpack_forced, unpack_why, d.bf16_unpack_message);
+  d.kernels = KernelsOf(d.candidates[chosen].isa, cpu, prefetch, d.bf16_unpack, unpack_forced, unpack_why,
+                        &d.gemm_i8_reason, &d.gemm_bf16_reason);
   return d;
 }
 
@@ -325,8 +343,9 @@ const W4Kernels* W4KernelsFor(Isa isa) {
   const StreamPrefetch p = ActiveW4Dispatch().kernels.row_prefetch;
   const W4Bf16Unpack u = ActiveW4Dispatch().bf16_unpack;
   const std::string why = "as the active dispatch";
-  static const W4Kernels table[3] = {KernelsOf(Isa::kScalar, cpu, p, u, why), KernelsOf(Isa::kAvx2, cpu, p, u, why),
-                                     KernelsOf(Isa::kAvx512, cpu, p, u, why)};
+  static const W4Kernels table[3] = {KernelsOf(Isa::kScalar, cpu, p, u, false, why),
+                                     KernelsOf(Isa::kAvx2, cpu, p, u, false, why),
+                                     KernelsOf(Isa::kAvx512, cpu, p, u, false, why)};
   for (const IsaCandidate& c : ActiveW4Dispatch().candidates)
     if (c.isa == isa && c.supported) return &table[static_cast<int>(isa)];
   return nullptr;
