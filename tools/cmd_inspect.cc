@@ -39,6 +39,7 @@ void ShowKernels(bool as_json) {
     j["bf16_activations_kernel"] = k.bf16_act_kernel;
     j["bf16_activations_reason"] = k.bf16_act_reason;
     j["bf16_decode_chunk_min_k"] = k.bf16_decode_chunk_min_k;
+    j["int8_decode_chunk_min_k"] = k.int8_decode_chunk_min_k;
     j["l1d_bytes"] = k.l1d_bytes;
     j["bf16_matmul_min_rows"] = k.bf16_matmul_min_rows;
     j["bf16_matmul_amx"] = k.bf16_matmul_amx;
@@ -64,9 +65,10 @@ void ShowKernels(bool as_json) {
                 static_cast<long long>(k.bf16_matmul_min_rows), k.bf16_act_reason.c_str(),
                 k.bf16_prefill_sgemm ? "fp32 sgemm on the bf16-rounded rows" : "bf16 matmul",
                 static_cast<long long>(k.bf16_matmul_min_rows), k.bf16_matmul_amx ? "AMX" : "no AMX");
-    std::printf("bf16 decode loop (g = 128): eight weight rows at a time, in chunks of 1024 weights, from K = %lld "
-                "(a row's activations past 3/4 of the %lld KiB L1 data cache)\n",
-                static_cast<long long>(k.bf16_decode_chunk_min_k), static_cast<long long>(k.l1d_bytes / 1024));
+    std::printf("decode loops at g = 128: eight weight rows at a time, in chunks of 1024 weights, from K = %lld (bf16) "
+                "and %lld (int8): a row's activations past 3/4 of the %lld KiB L1 data cache\n",
+                static_cast<long long>(k.bf16_decode_chunk_min_k), static_cast<long long>(k.int8_decode_chunk_min_k),
+                static_cast<long long>(k.l1d_bytes / 1024));
     std::printf("int8 activations (--activations int8): %s (%s)\n", k.int8_kernel.c_str(), k.int8_reason.c_str());
     std::printf("bf16 dense linears: %s\n", k.bf16_dense.c_str());
     std::printf("row ops (softmax, SiLU, AWQ loss): %s\n", k.vec_ops.c_str());

@@ -256,9 +256,9 @@ int64_t L1DataCacheBytes() {
   return b > 0 ? static_cast<int64_t>(b) : 32 * 1024;
 }
 
-int64_t W4Bf16DecodeChunkMinK(int64_t l1d_bytes) {
-  // 2.5·K > 0.75·L1d  <=>  K > 0.3·L1d = 3·L1d / 10, rounded up to whole groups of 128.
-  return (3 * l1d_bytes + 1279) / 1280 * 128;
+int64_t W4DecodeChunkMinK(int64_t l1d_bytes, int64_t act_bytes_per_group) {
+  const int64_t budget = 3 * l1d_bytes / 4;
+  return (budget + act_bytes_per_group - 1) / act_bytes_per_group * 128;
 }
 
 bool W4Bf16ServesGroupSize(int64_t group_size) { return group_size >= 32 && group_size % 32 == 0; }

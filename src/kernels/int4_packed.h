@@ -167,11 +167,15 @@ inline const char* W4Bf16UnpackName(W4Bf16Unpack u) { return u == W4Bf16Unpack::
 
 /// The running CPU's L1 data cache per core in bytes (sysconf; 32 KiB where the system does not say).
 int64_t L1DataCacheBytes();
-/// K from which the AVX-512 BF16 decode loop at g = 128 reads weight rows eight at a time, in
-/// chunks of 1024 weights, for an L1 data cache of `l1d_bytes`: where a row's activations (2.5·K
-/// bytes: 2K of bf16 words, 64 per group of chain starts) pass 3/4 of it, a multiple of 128. The
-/// same bits either way (docs/KERNELS.md "Long rows").
-int64_t W4Bf16DecodeChunkMinK(int64_t l1d_bytes);
+/// Activation bytes a decode loop at g = 128 reads per group of 128 weights: bf16 (W4Bf16Acts)
+/// 128 words + 16 fp32 chain starts (zc); int8 (W4Int8Acts) 128 bytes + the scale xs + Σx8 sx.
+constexpr int64_t kW4Bf16ActBytesPerGroup = 128 * 2 + 16 * 4;
+constexpr int64_t kW4I8ActBytesPerGroup = 128 + 4 + 4;
+/// K from which the AVX-512 decode loops at g = 128 (bf16, int8) read weight rows eight at a time
+/// in chunks of eight groups: where a row's activations (`act_bytes_per_group` per 128 weights)
+/// pass 3/4 of an L1 data cache of `l1d_bytes`, in whole groups. The same bits either way
+/// (docs/KERNELS.md "Long rows").
+int64_t W4DecodeChunkMinK(int64_t l1d_bytes, int64_t act_bytes_per_group);
 
 /// Whether the bf16-activation kernel serves group size g: g a multiple of 32 (each 32-weight run
 /// of a superblock lies in one group).

@@ -275,19 +275,20 @@ TEST(W4Bf16Test, KernelMatchesTheOracleOnTailShapesAndTilings) {
   EXPECT_EQ(cases, 2 * 6 * 3 * 7 * 2);
 }
 
-// Long rows (K from W4Bf16DecodeChunkMinK of this CPU's L1): the decode loop reads eight weight
+// Long rows (K from W4DecodeChunkMinK of this CPU's L1): the decode loop reads eight weight
 // rows at a time in chunks of groups; each row keeps the bits it has alone (a call for one row
 // takes the one-row loop), with tail rows, a partial last chunk, and both unpacks.
 TEST(W4Bf16Test, LongRowsInChunksKeepEachRowsBits) {
-  EXPECT_EQ(W4Bf16DecodeChunkMinK(32 * 1024), 9856);  // 2.5·K > 24 KiB
-  EXPECT_EQ(W4Bf16DecodeChunkMinK(48 * 1024), 14848);
+  EXPECT_EQ(W4DecodeChunkMinK(32 * 1024, kW4Bf16ActBytesPerGroup), 9856);  // 2.5·K > 24 KiB
+  EXPECT_EQ(W4DecodeChunkMinK(48 * 1024, kW4Bf16ActBytesPerGroup), 14848);
+  EXPECT_EQ(W4DecodeChunkMinK(32 * 1024, kW4I8ActBytesPerGroup), 23168);
   if (FastKernel() == nullptr) GTEST_SKIP() << "no AVX-512 BF16 kernel on this CPU: " << ActiveW4Dispatch().gemm_bf16_reason;
   std::mt19937 rng(46);
   std::normal_distribution<float> xd(0.f, 1.f);
   constexpr auto kNta = StreamPrefetch::kNonTemporal;
   const W4GemmBf16Kernel variants[] = {GemmW4Bf16Avx512<kNta>,
                                        GemmW4Bf16Avx512<kNta, W4Bf16BlockArith::kDpbf16, W4Bf16Unpack::kShift>};
-  const int64_t k = W4Bf16DecodeChunkMinK(L1DataCacheBytes()) + 5 * 128, n = 19;
+  const int64_t k = W4DecodeChunkMinK(L1DataCacheBytes(), kW4Bf16ActBytesPerGroup) + 5 * 128, n = 19;
   for (bool sym : {false, true}) {
     const Int4Matrix m = nibble_test::RandomInt4Matrix(rng, n, k, 128, sym);
     Packed p(m);

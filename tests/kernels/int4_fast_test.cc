@@ -728,6 +728,32 @@ TEST(W4A8KernelTest, ManyRowsInBoundedBlocksAreBitIdenticalToScalar) {
   EXPECT_EQ(std::memcmp(ys.data(), yf.data(), ys.size() * 4), 0) << fast->gemm_i8_name;
 }
 
+// Long rows (K from W4DecodeChunkMinK of this CPU's L1): the VNNI decode loop reads eight weight
+// rows at a time in chunks; still bit-identical to the scalar kernel (tail rows, a partial chunk).
+TEST(W4A8KernelTest, LongRowsInChunksAreBitIdenticalToScalar) {
+  std::mt19937 rng(46);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  const W4Kernels* scalar = W4KernelsFor(Isa::kScalar);
+  const W4Kernels* fast = W4KernelsFor(Isa::kAvx512);
+  ASSERT_NE(scalar, nullptr);
+  if (fast == nullptr) GTEST_SKIP() << "no AVX-512 on this CPU";
+  const int64_t n = 19, k = W4DecodeChunkMinK(L1DataCacheBytes(), kW4I8ActBytesPerGroup) + 5 * 128;
+  for (bool sym : {false, true}) {
+    const Int4Matrix w = RandomMatrix(rng, n, k, 128, sym);
+    Packed p(w);
+    std::vector<uint8_t> scratch(W4Int8ActsBytes(k, 1));
+    std::vector<float> x(static_cast<size_t>(k));
+    for (auto& v : x) v = xd(rng);
+    const W4Int8Acts acts = QuantizeActsInt8(x.data(), k, 1, scratch.data());
+    std::vector<float> bias(static_cast<size_t>(n));
+    for (auto& v : bias) v = xd(rng);
+    std::vector<float> ys(static_cast<size_t>(n)), yf(ys.size());
+    scalar->gemm_i8(p.w, &acts, 1, bias.data(), ys.data(), 0, n);
+    fast->gemm_i8(p.w, &acts, 1, bias.data(), yf.data(), 0, n);
+    EXPECT_EQ(std::memcmp(ys.data(), yf.data(), ys.size() * 4), 0) << fast->gemm_i8_name << " k=" << k << " sym=" << sym;
+  }
+}
+
 TEST(W4A8KernelTest, ActivationCodesRoundHalfToEvenIntoTheSuperblockOrder) {
   // amax = 127 makes the code of x exactly round-half-even(x): ties go to the even neighbour.
   std::vector<float> x(200, 0.f);

@@ -41,9 +41,9 @@ struct KernelDispatchReport {
   /// g = 128 (Int4Linear::Bf16MatmulMinRows: 96 with the AMX tile kernel, else 16 where oneDNN
   /// has AMX, else 64).
   int64_t bf16_matmul_min_rows = 0;
-  /// K from which the bf16 decode loop at g = 128 takes weight rows eight at a time in chunks
-  /// (W4Bf16DecodeChunkMinK of l1d_bytes, the L1 data cache per core).
-  int64_t bf16_decode_chunk_min_k = 0;
+  /// K from which the bf16 / int8 decode loops at g = 128 take weight rows eight at a time in
+  /// chunks (W4DecodeChunkMinK of l1d_bytes, the L1 data cache per core).
+  int64_t bf16_decode_chunk_min_k = 0, int8_decode_chunk_min_k = 0;
   int64_t l1d_bytes = 0;
   bool bf16_matmul_amx = false;    // whether oneDNN runs that matmul on AMX tiles
   /// Whether that prefill runs the fp32 sgemm on the bf16-rounded rows instead (W4Kernels::

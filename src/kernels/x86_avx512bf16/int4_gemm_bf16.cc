@@ -122,7 +122,7 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
 // hardware prefetchers); docs/PERFORMANCE.md "Batched decode".
 constexpr int64_t kRowPrefetchBytes = 4096;
 
-// Long rows (K from W4Bf16DecodeChunkMinK): weight rows per pass and groups per chunk.
+// Long rows (K from W4DecodeChunkMinK): weight rows per pass and groups per chunk.
 constexpr int kChunkRows = 8;
 constexpr int64_t kChunkGroups = 8;
 
@@ -486,11 +486,12 @@ void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
   if (m == 1 && w.group_size == 128) {
     const int64_t groups = w.k / 128;
     int64_t r = n0;
-    static const int64_t chunk_min_k = W4Bf16DecodeChunkMinK(L1DataCacheBytes());
+    static const int64_t chunk_min_k = W4DecodeChunkMinK(L1DataCacheBytes(), kW4Bf16ActBytesPerGroup);
+    const auto chunked = w.symmetric ? RowsG128<kChunkRows, true, P, U> : RowsG128<kChunkRows, false, P, U>;
+    const auto one = w.symmetric ? RowsG128<1, true, P, U> : RowsG128<1, false, P, U>;
     if (w.k >= chunk_min_k)
-      for (; r + kChunkRows <= n1; r += kChunkRows)
-        (w.symmetric ? RowsG128<kChunkRows, true, P, U> : RowsG128<kChunkRows, false, P, U>)(w, a[0], bias, y, r, kChunkGroups);
-    for (; r < n1; ++r) (w.symmetric ? RowsG128<1, true, P, U> : RowsG128<1, false, P, U>)(w, a[0], bias, y, r, groups);
+      for (; r + kChunkRows <= n1; r += kChunkRows) chunked(w, a[0], bias, y, r, kChunkGroups);
+    for (; r < n1; ++r) one(w, a[0], bias, y, r, groups);
     return;
   }
   const int64_t gops = w.group_size / 32;

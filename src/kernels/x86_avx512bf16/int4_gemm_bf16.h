@@ -16,7 +16,7 @@ namespace nibble {
 /// the prepared activations (32 products). One activation row (decode): per group the accumulator
 /// starts at the zero-point correction c0 + z·c1 and is scaled into one of four running sums, one
 /// weight row at a time (a flat loop over the records at g = 128, eight rows in chunks of K past
-/// W4Bf16DecodeChunkMinK, same bits; row tiles at other g); row tiles
+/// W4DecodeChunkMinK, same bits; row tiles at other g); row tiles
 /// of up to 3 activation rows for any M where g is not a multiple of 128. From
 /// kW4Bf16BlockMinRows activation rows on (batched decode and up), when g is a multiple of 128,
 /// blocks of 2 weight rows × up to 8 activation rows whose chains start at zero, with the

@@ -97,26 +97,46 @@ void Tile(const W4PackedWeight& w, const W4Int8Acts* acts, const float* bias, fl
 
 // Decode (M = 1) when a record is one superblock (g = 128, or per-channel K = 128): Tile<1, 1,
 // kSym>'s superblock step (so bit-identical to it and to the scalar kernel) in one flat loop over
-// the records. The general tile's nested record / superblock loops cost about as many scalar
+// the records (RowsG128). The general tile's nested record / superblock loops cost about as many scalar
 // instructions per superblock as the vector work (docs/PERFORMANCE.md "Decode loop at g = 128").
 constexpr int kRowPrefetchBytes = 4096;  // as the W4A32 row GEMV (x86_avx512/int4_gemm_avx512.cc)
 
-template <bool kSym, StreamPrefetch P>
-void RowG128(const W4PackedWeight& w, const W4Int8Acts& acts, const float* bias, float* y, int64_t r) {
+// Long rows (K from W4DecodeChunkMinK): weight rows per pass and superblocks per chunk.
+constexpr int kDecodeChunkRows = 8;
+constexpr int64_t kDecodeChunkBlocks = 8;
+
+// Rows r .. r + NR − 1 visited in chunks of `chunk` superblocks (chunk c of every row, then c + 1),
+// each row adding its superblocks in order into its own accumulator: every NR and chunk gives the
+// one-row bits. As the bf16 loop (x86_avx512bf16/int4_gemm_bf16.cc): past the L1 data cache a
+// row's activations came from L2 again for every row; in chunks they serve all NR rows from L1.
+// One row prefetches kRowPrefetchBytes ahead, in chunks a record the same record of its row's
+// next chunk.
+template <int NR, bool kSym, StreamPrefetch P>
+void RowsG128(const W4PackedWeight& w, const W4Int8Acts& acts, const float* bias, float* y, int64_t r, int64_t chunk) {
   const Act a = {acts.x8, acts.xs, acts.sx};
-  const uint8_t* rec = w.data + r * w.row_bytes;
   const int64_t rec_bytes = w.rec_bytes, header = w.rec_header, blocks = acts.blocks;
-  __m512 acc = _mm512_setzero_ps();
-  // Unrolled by four records (fewer cycles per record than rolled; 2 and 8 measured alike) with
-  // the W4A32 row GEMV's prefetch 4 KiB ahead, hint P (kernels/stream_prefetch.h; docs/PERFORMANCE.md
-  // "Decode loop at g = 128").
+  const int64_t ahead = NR == 1 ? kRowPrefetchBytes : chunk * rec_bytes;
+  const uint8_t* row0 = w.data + r * w.row_bytes;
+  __m512 acc[NR];
+  for (int j = 0; j < NR; ++j) acc[j] = _mm512_setzero_ps();
+  for (int64_t c0 = 0; c0 < blocks; c0 += chunk) {
+    const int64_t c1 = std::min(blocks, c0 + chunk);
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* rec = row0 + j * w.row_bytes + c0 * rec_bytes;
+      // Unrolled by four records (fewer cycles per record than rolled; 2 and 8 measured alike;
+      // docs/PERFORMANCE.md "Decode loop at g = 128").
 #pragma GCC unroll 4
-  for (int64_t t = 0; t < blocks; ++t, rec += rec_bytes) {
-    PrefetchAhead<P>(rec, kRowPrefetchBytes);
-    Superblock<1, 1, kSym>(rec, rec + header, 1, t, 0, 1, &a, &acc);
+      for (int64_t t = c0; t < c1; ++t, rec += rec_bytes) {
+        PrefetchAhead<P>(rec, ahead);
+        Superblock<1, 1, kSym>(rec, rec + header, 1, t, 0, 1, &a, &acc[j]);
+      }
+    }
   }
-  const float v = ReduceTree(acc);
-  y[r] = bias != nullptr ? v + bias[r] : v;
+  for (int j = 0; j < NR; ++j) {
+    const float v = ReduceTree(acc[j]);
+    y[r + j] = bias != nullptr ? v + bias[r + j] : v;
+  }
 }
 
 using TileFn = void (*)(const W4PackedWeight&, const W4Int8Acts*, const float*, float*, int64_t);
@@ -304,7 +324,14 @@ void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const
   // hardware prefetchers follow best (docs/PERFORMANCE.md "W4A8"). Up to 4 activation rows share
   // each unpacked superblock.
   if (m == 1 && a[0].parts == 1 && w.rec_weights == 128) {
-    for (int64_t r = n0; r < n1; ++r) (w.symmetric ? RowG128<true, P> : RowG128<false, P>)(w, a[0], bias, y, r);
+    const int64_t blocks = a[0].blocks;
+    int64_t r = n0;
+    static const int64_t chunk_min_k = W4DecodeChunkMinK(L1DataCacheBytes(), kW4I8ActBytesPerGroup);
+    const auto chunked = w.symmetric ? RowsG128<kDecodeChunkRows, true, P> : RowsG128<kDecodeChunkRows, false, P>;
+    const auto one = w.symmetric ? RowsG128<1, true, P> : RowsG128<1, false, P>;
+    if (w.k >= chunk_min_k)
+      for (; r + kDecodeChunkRows <= n1; r += kDecodeChunkRows) chunked(w, a[0], bias, y, r, kDecodeChunkBlocks);
+    for (; r < n1; ++r) one(w, a[0], bias, y, r, blocks);
     return;
   }
   const TileFn full = Select(a[0].parts, w.symmetric, 4), tail = Select(a[0].parts, w.symmetric, m % 4);
