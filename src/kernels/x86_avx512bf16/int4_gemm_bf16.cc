@@ -125,6 +125,7 @@ constexpr int64_t kRowPrefetchBytes = 4096;
 // Long rows (K from W4DecodeChunkMinK): weight rows per pass and groups per chunk.
 constexpr int kChunkRows = 8;
 constexpr int64_t kChunkGroups = 8;
+static_assert(kChunkGroups % 4 == 0, "each row's four running sums take groups gi mod 4");
 
 // Group gi of the row (one group per record at g = 128; `rec` points at its record) against the
 // activations x = the group's 128 words, zc = its 16 chain starts: returns fma(s, chain0 + chain1,
@@ -154,9 +155,10 @@ inline __m512 GroupG128(const uint8_t* rec, int64_t header, const __m512i (&ctl)
 // Weight rows r .. r + NR − 1, each summed over its groups in order (the same bits for every NR
 // and chunk), visited in chunks of `chunk` groups: chunk c of every row, then chunk c + 1. Each
 // row reads its activations (2.5·K bytes with W4Bf16Acts::zc) once; past the L1 data cache every
-// row fetches them from L2 again, which halved the loop's speed at K = 14336. In chunks they stay
-// in L1 for all NR rows. One row (NR = 1) prefetches kRowPrefetchBytes ahead along its row; in
-// chunks a record prefetches the same record of its row's next chunk.
+// row fetched them from L2 again (docs/PERFORMANCE.md "Long rows"). In chunks they stay in L1 for
+// all NR rows. `chunk` is a multiple of 4, so group gi still adds into sum gi mod 4. One row (NR =
+// 1) prefetches kRowPrefetchBytes ahead along its row; in chunks a record prefetches the same
+// record of its row's next chunk.
 template <int NR, bool kSym, StreamPrefetch P, W4Bf16Unpack U>
 void RowsG128(const W4PackedWeight& w, const W4Bf16Acts& a, const float* bias, float* y, int64_t r, int64_t chunk) {
   const __m512i ctl[4] = {RunControl(0), RunControl(1), RunControl(2), RunControl(3)};

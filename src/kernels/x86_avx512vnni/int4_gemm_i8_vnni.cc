@@ -108,7 +108,8 @@ constexpr int64_t kDecodeChunkBlocks = 8;
 // Rows r .. r + NR − 1 visited in chunks of `chunk` superblocks (chunk c of every row, then c + 1),
 // each row adding its superblocks in order into its own accumulator: every NR and chunk gives the
 // one-row bits. As the bf16 loop (x86_avx512bf16/int4_gemm_bf16.cc): past the L1 data cache a
-// row's activations came from L2 again for every row; in chunks they serve all NR rows from L1.
+// row's activations came from L2 again for every row (docs/PERFORMANCE.md "Long rows"); in chunks
+// they serve all NR rows from L1.
 // One row prefetches kRowPrefetchBytes ahead, in chunks a record the same record of its row's
 // next chunk.
 template <int NR, bool kSym, StreamPrefetch P>
