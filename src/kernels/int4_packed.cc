@@ -252,7 +252,11 @@ void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* acts, int64
 }
 
 int64_t L1DataCacheBytes() {
+#if defined(_SC_LEVEL1_DCACHE_SIZE)  // glibc
   const long b = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#else
+  const long b = 0;
+#endif
   return b > 0 ? static_cast<int64_t>(b) : 32 * 1024;
 }
 
