@@ -65,8 +65,9 @@ void ShowKernels(bool as_json) {
                 static_cast<long long>(k.bf16_matmul_min_rows), k.bf16_act_reason.c_str(),
                 k.bf16_prefill_sgemm ? "fp32 sgemm on the bf16-rounded rows" : "bf16 matmul",
                 static_cast<long long>(k.bf16_matmul_min_rows), k.bf16_matmul_amx ? "AMX" : "no AMX");
-    std::printf("decode loops at g = 128: eight weight rows at a time, in chunks of 1024 weights, from K = %lld (bf16) "
+    std::printf("decode loops at g = 128: %d weight rows at a time, in chunks of %lld weights, from K = %lld (bf16) "
                 "and %lld (int8): a row's activations past 3/4 of the %lld KiB L1 data cache\n",
+                k.decode_chunk_rows, static_cast<long long>(k.decode_chunk_weights),
                 static_cast<long long>(k.bf16_decode_chunk_min_k), static_cast<long long>(k.int8_decode_chunk_min_k),
                 static_cast<long long>(k.l1d_bytes / 1024));
     std::printf("int8 activations (--activations int8): %s (%s)\n", k.int8_kernel.c_str(), k.int8_reason.c_str());

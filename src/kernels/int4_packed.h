@@ -171,8 +171,11 @@ int64_t L1DataCacheBytes();
 /// 128 words + 16 fp32 chain starts (zc); int8 (W4Int8Acts) 128 bytes + the scale xs + Σx8 sx.
 constexpr int64_t kW4Bf16ActBytesPerGroup = 128 * 2 + 16 * 4;
 constexpr int64_t kW4I8ActBytesPerGroup = 128 + 4 + 4;
-/// K from which the AVX-512 decode loops at g = 128 (bf16, int8) read weight rows eight at a time
-/// in chunks of eight groups: where a row's activations (`act_bytes_per_group` per 128 weights)
+/// The long-row decode loops' pass: weight rows at a time and groups (superblocks) per chunk.
+constexpr int kW4DecodeChunkRows = 8;
+constexpr int64_t kW4DecodeChunkGroups = 8;
+/// K from which the AVX-512 decode loops at g = 128 (bf16, int8) read kW4DecodeChunkRows weight
+/// rows at a time in chunks of kW4DecodeChunkGroups groups: where a row's activations (`act_bytes_per_group` per 128 weights)
 /// pass 3/4 of an L1 data cache of `l1d_bytes`, in whole groups. The same bits either way
 /// (docs/KERNELS.md "Long rows").
 int64_t W4DecodeChunkMinK(int64_t l1d_bytes, int64_t act_bytes_per_group);

@@ -103,6 +103,8 @@ KernelDispatchReport DescribeKernels() {
   r.l1d_bytes = L1DataCacheBytes();
   r.bf16_decode_chunk_min_k = W4DecodeChunkMinK(r.l1d_bytes, kW4Bf16ActBytesPerGroup);
   r.int8_decode_chunk_min_k = W4DecodeChunkMinK(r.l1d_bytes, kW4I8ActBytesPerGroup);
+  r.decode_chunk_rows = kW4DecodeChunkRows;
+  r.decode_chunk_weights = 128 * kW4DecodeChunkGroups;
   r.bf16_matmul_amx = DenseGemmHasAmx();
   r.bf16_prefill_sgemm = d.kernels.bf16_prefill_sgemm;
   r.bf16_dense = d.kernels.gemv_bf16 != nullptr ? "kept bf16, " + std::string(IsaName(d.kernels.isa)) + " bf16 GEMV at M = 1"

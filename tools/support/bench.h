@@ -44,6 +44,8 @@ struct KernelDispatchReport {
   /// K from which the bf16 / int8 decode loops at g = 128 take weight rows eight at a time in
   /// chunks (W4DecodeChunkMinK of l1d_bytes, the L1 data cache per core).
   int64_t bf16_decode_chunk_min_k = 0, int8_decode_chunk_min_k = 0;
+  int decode_chunk_rows = 0;         // weight rows per pass there
+  int64_t decode_chunk_weights = 0;  // weights of a row per chunk
   int64_t l1d_bytes = 0;
   bool bf16_matmul_amx = false;    // whether oneDNN runs that matmul on AMX tiles
   /// Whether that prefill runs the fp32 sgemm on the bf16-rounded rows instead (W4Kernels::

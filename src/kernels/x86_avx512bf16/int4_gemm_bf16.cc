@@ -122,10 +122,7 @@ void Tile(const W4PackedWeight& w, const W4Bf16Acts* acts, const float* bias, fl
 // hardware prefetchers); docs/PERFORMANCE.md "Batched decode".
 constexpr int64_t kRowPrefetchBytes = 4096;
 
-// Long rows (K from W4DecodeChunkMinK): weight rows per pass and groups per chunk.
-constexpr int kChunkRows = 8;
-constexpr int64_t kChunkGroups = 8;
-static_assert(kChunkGroups % 4 == 0, "each row's four running sums take groups gi mod 4");
+static_assert(kW4DecodeChunkGroups % 4 == 0, "each row's four running sums take groups gi mod 4");
 
 // Group gi of the row (one group per record at g = 128; `rec` points at its record) against the
 // activations x = the group's 128 words, zc = its 16 chain starts: returns fma(s, chain0 + chain1,
@@ -489,10 +486,10 @@ void GemmW4Bf16Avx512(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, c
     const int64_t groups = w.k / 128;
     int64_t r = n0;
     static const int64_t chunk_min_k = W4DecodeChunkMinK(L1DataCacheBytes(), kW4Bf16ActBytesPerGroup);
-    const auto chunked = w.symmetric ? RowsG128<kChunkRows, true, P, U> : RowsG128<kChunkRows, false, P, U>;
+    const auto chunked = w.symmetric ? RowsG128<kW4DecodeChunkRows, true, P, U> : RowsG128<kW4DecodeChunkRows, false, P, U>;
     const auto one = w.symmetric ? RowsG128<1, true, P, U> : RowsG128<1, false, P, U>;
     if (w.k >= chunk_min_k)
-      for (; r + kChunkRows <= n1; r += kChunkRows) chunked(w, a[0], bias, y, r, kChunkGroups);
+      for (; r + kW4DecodeChunkRows <= n1; r += kW4DecodeChunkRows) chunked(w, a[0], bias, y, r, kW4DecodeChunkGroups);
     for (; r < n1; ++r) one(w, a[0], bias, y, r, groups);
     return;
   }

@@ -101,10 +101,6 @@ void Tile(const W4PackedWeight& w, const W4Int8Acts* acts, const float* bias, fl
 // instructions per superblock as the vector work (docs/PERFORMANCE.md "Decode loop at g = 128").
 constexpr int kRowPrefetchBytes = 4096;  // as the W4A32 row GEMV (x86_avx512/int4_gemm_avx512.cc)
 
-// Long rows (K from W4DecodeChunkMinK): weight rows per pass and superblocks per chunk.
-constexpr int kDecodeChunkRows = 8;
-constexpr int64_t kDecodeChunkBlocks = 8;
-
 // Rows r .. r + NR − 1 visited in chunks of `chunk` superblocks (chunk c of every row, then c + 1),
 // each row adding its superblocks in order into its own accumulator: every NR and chunk gives the
 // one-row bits. As the bf16 loop (x86_avx512bf16/int4_gemm_bf16.cc): past the L1 data cache a
@@ -328,10 +324,10 @@ void GemmW4A8Vnni(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const
     const int64_t blocks = a[0].blocks;
     int64_t r = n0;
     static const int64_t chunk_min_k = W4DecodeChunkMinK(L1DataCacheBytes(), kW4I8ActBytesPerGroup);
-    const auto chunked = w.symmetric ? RowsG128<kDecodeChunkRows, true, P> : RowsG128<kDecodeChunkRows, false, P>;
+    const auto chunked = w.symmetric ? RowsG128<kW4DecodeChunkRows, true, P> : RowsG128<kW4DecodeChunkRows, false, P>;
     const auto one = w.symmetric ? RowsG128<1, true, P> : RowsG128<1, false, P>;
     if (w.k >= chunk_min_k)
-      for (; r + kDecodeChunkRows <= n1; r += kDecodeChunkRows) chunked(w, a[0], bias, y, r, kDecodeChunkBlocks);
+      for (; r + kW4DecodeChunkRows <= n1; r += kW4DecodeChunkRows) chunked(w, a[0], bias, y, r, kW4DecodeChunkGroups);
     for (; r < n1; ++r) one(w, a[0], bias, y, r, blocks);
     return;
   }
