@@ -308,26 +308,11 @@ W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_
   float* zc = reinterpret_cast<float*>(scratch + l.zc);
   float* xf = reinterpret_cast<float*>(scratch + l.xf);
   uint16_t* xs = l.xs != 0 ? reinterpret_cast<uint16_t*>(scratch + l.xs) : nullptr;
-  // One pass in k order: each value rounded once, stored at its word (word 2l <- 32u + l,
-  // word 2l + 1 <- 32u + 16 + l) and added to its group's σ. k % g == 0 and g % 32 == 0, so the
-  // runs cover K exactly.
+  // Each value rounded once, stored at its words and added to its group's σ in k order (the active
+  // ISA's row op; every ISA gives the same bits). k % g == 0 and g % 32 == 0, so the runs cover K.
+  ActiveW4Dispatch().kernels.vec.bf16_acts(x, k, group_size, xb, xf, xs, c0);
   for (int64_t gi = 0; gi < k / group_size; ++gi) {
-    float sigma = 0.f;
-    for (int64_t u = gi * group_size / 32; u < (gi + 1) * group_size / 32; ++u) {
-      const float* xr = x + 32 * u;
-      uint16_t* wr = xb + 32 * u;
-      for (int64_t i = 0; i < 32; ++i) {
-        const uint16_t b = F32ToBf16(xr[i]);
-        wr[i < 16 ? 2 * i : 2 * (i - 16) + 1] = b;
-        if (xs != nullptr) {  // position p in its superblock: word 32c + 2l (+ 1 past 64)
-          const int64_t p = 32 * (u % 4) + i, q = p % 64;
-          xs[128 * (u / 4) + 32 * (q / 16) + 2 * (q % 16) + p / 64] = b;
-        }
-        sigma += Bf16ToF32(b);
-        // vdpbf16ps reads a subnormal operand as zero of its sign (DAZ)
-        xf[32 * u + i] = Bf16ToF32((b & 0x7F80) == 0 ? static_cast<uint16_t>(b & 0x8000) : b);
-      }
-    }
+    const float sigma = c0[gi];
     c0[gi] = -8.f * sigma;
     c1[gi] = sigma * (-1.f / 16.f);
     // fma(z, c1, c0) without a libm call: z·c1 + c0 is exact in double (a 4-bit by 24-bit product

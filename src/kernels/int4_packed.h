@@ -188,8 +188,9 @@ bool W4Bf16Supported(const W4PackedWeight& w);
 /// Scratch bytes PrepareActsBf16 needs for K and g (every array 64-byte aligned within it).
 size_t W4Bf16ActsBytes(int64_t k, int64_t group_size);
 /// Rounds x[K] (fp32) to bf16 and arranges it into `scratch` (W4Bf16ActsBytes bytes; 64-byte
-/// aligned for aligned vector loads) as W4Bf16Acts describes. Deterministic scalar code shared by
-/// every ISA. Preconditions (abort): k >= 1, group_size >= 32, group_size % 32 == 0, k % g == 0.
+/// aligned for aligned vector loads) as W4Bf16Acts describes. Deterministic: the per-value work is
+/// the active ISA's VecKernels::bf16_acts, the same bits on every ISA. Preconditions (abort):
+/// k >= 1, group_size >= 32, group_size % 32 == 0, k % g == 0.
 W4Bf16Acts PrepareActsBf16(const float* x, int64_t k, int64_t group_size, uint8_t* scratch);
 /// Rounds x[n] to bf16 and back to fp32 (round to nearest even) into out[n]; the activations the
 /// bf16 path computes with (the fallback runs the W4A32 kernel on them).

@@ -62,6 +62,10 @@ struct VecKernels {
                               const float* d, float* out) = nullptr;
   void (*to_bf16_bits)(const float* x, int64_t n, uint16_t* out) = nullptr;  // kernels/int4_packed.h ToBf16Bits
   void (*round_to_bf16)(const float* x, int64_t n, float* out) = nullptr;    // and RoundToBf16, one thread
+  /// PrepareActsBf16's per-value arrays (kernels/int4_packed.h W4Bf16Acts) for x[K], g: xb, xf,
+  /// xs (g = 128, else nullptr) and sigma[K / g] = each group's bf16 values added in K order in fp32.
+  void (*bf16_acts)(const float* x, int64_t k, int64_t group_size, uint16_t* xb, float* xf, uint16_t* xs,
+                    float* sigma) = nullptr;
 };
 
 /// The baseline build's implementations (SSE2 on x86-64): the fallback and the tests' oracle.

@@ -258,6 +258,41 @@ void Bf16RoundImpl(const float* x, int64_t n, Out* out) {
 void ToBf16BitsImpl(const float* x, int64_t n, uint16_t* out) { Bf16RoundImpl<false>(x, n, out); }
 void RoundToBf16Impl(const float* x, int64_t n, float* out) { Bf16RoundImpl<true>(x, n, out); }
 
+// PrepareActsBf16's per-value work (VecKernels::bf16_acts) in blocks of up to 128 values
+// (one superblock): the block rounded once into b, then each layout written from b through a
+// dword temp (whole-vector stores; the words of one dword are two values 16 positions apart).
+// σ is the only sequential part: fp32 adds in K order, so its bits are the scalar loop's.
+void Bf16ActsImpl(const float* x, int64_t k, int64_t g, uint16_t* xb, float* xf, uint16_t* xs, float* sigma) {
+  for (int64_t gi = 0; gi < k / g; ++gi) sigma[gi] = 0.f;
+  for (int64_t u0 = 0; u0 < k; u0 += 128) {
+    const int64_t len = k - u0 < 128 ? k - u0 : 128;  // a multiple of 32 (k % g == 0, g % 32 == 0)
+    uint32_t b[128], pair[64], daz[128];
+    Bf16RoundImpl<false>(x + u0, len, b);
+    for (int64_t r = 0; r < len / 32; ++r)  // run r: word 2l <- 32r + l, word 2l + 1 <- 32r + 16 + l
+      for (int64_t l = 0; l < 16; ++l) pair[16 * r + l] = b[32 * r + l] | b[32 * r + 16 + l] << 16;
+    std::memcpy(xb + u0, pair, static_cast<size_t>(len) * 2);
+    for (int64_t i = 0; i < len; ++i)  // vdpbf16ps reads a subnormal as zero of its sign (DAZ)
+      daz[i] = ((b[i] & 0x7F80u) != 0 ? b[i] : b[i] & 0x8000u) << 16;
+    std::memcpy(xf + u0, daz, static_cast<size_t>(len) * 4);
+    if (xs != nullptr) {  // g = 128, len = 128: word 32c + 2l <- 16c + l, word 32c + 2l + 1 <- 64 + 16c + l
+      for (int64_t c = 0; c < 4; ++c)
+        for (int64_t l = 0; l < 16; ++l) pair[16 * c + l] = b[16 * c + l] | b[64 + 16 * c + l] << 16;
+      std::memcpy(xs + u0, pair, 256);
+    }
+    for (int64_t i = 0; i < len;) {  // the groups this block touches, each summed on in order
+      const int64_t gi = (u0 + i) / g, end = (gi + 1) * g - u0 < len ? (gi + 1) * g - u0 : len;
+      float s = sigma[gi];
+      for (; i < end; ++i) {
+        const uint32_t w = b[i] << 16;
+        float v;
+        std::memcpy(&v, &w, sizeof(v));
+        s += v;
+      }
+      sigma[gi] = s;
+    }
+  }
+}
+
 // This unit's table; `name` is its ISA.
 VecKernels VecKernelsOfThisUnit(const char* name) {
   VecKernels k;
@@ -270,6 +305,7 @@ VecKernels VecKernelsOfThisUnit(const char* name) {
   k.rtn_row_dequant_div = RtnRowDequantDivImpl;
   k.to_bf16_bits = ToBf16BitsImpl;
   k.round_to_bf16 = RoundToBf16Impl;
+  k.bf16_acts = Bf16ActsImpl;
   return k;
 }
 

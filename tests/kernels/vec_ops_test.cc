@@ -1,6 +1,8 @@
 // The vectorised row ops (kernels/vec_ops.h): every ISA build that the CPU supports against the
 // scalar build, bit for bit, on lengths around the 8- and 16-lane structure and at unaligned
 // starts; and the dispatch decision (fake CPUs, NIBBLE_ISA) choosing each ISA's table.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -109,6 +111,41 @@ TEST(VecOpsTest, Bf16RoundingOfEveryIsaIsTheScalarReference) {
   std::vector<uint16_t> bits(x.size());
   ::nibble::ToBf16Bits(x.data(), static_cast<int64_t>(x.size()), bits.data());
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(bits[i], F32ToBf16(x[i])) << i;
+}
+
+// PrepareActsBf16's arrays (VecKernels::bf16_acts) from every ISA against the layouts spelled out
+// value by value: xb pairs run u's values l and 16 + l, xs (g = 128) a superblock's values
+// 16c + l and 64 + 16c + l, xf the DAZ values in K order, σ each group's values added in K order.
+// Groups smaller than, equal to and spanning the 128-value blocks; edge values; x off alignment.
+TEST(VecOpsTest, Bf16ActsOfEveryIsaAreTheLayoutsValueByValue) {
+  std::mt19937 rng(17);
+  const int64_t cases[][2] = {{32, 32}, {96, 32}, {192, 64}, {384, 128}, {640, 128}, {512, 256}, {320, 160}, {1152, 1152}};
+  for (const auto& [k, g] : cases) {
+    const std::vector<float> x = Bf16EdgeValues(rng, k);
+    std::vector<uint16_t> xb_want(static_cast<size_t>(k)), xs_want(static_cast<size_t>(k));
+    std::vector<float> xf_want(static_cast<size_t>(k)), sigma_want(static_cast<size_t>(k / g), 0.f);
+    for (int64_t i = 0; i < k; ++i) {
+      const uint16_t b = F32ToBf16(x[static_cast<size_t>(i + 1)]);
+      const int64_t u = i / 32, l = i % 32, p = i % 128, s = i / 128;
+      xb_want[static_cast<size_t>(32 * u + (l < 16 ? 2 * l : 2 * (l - 16) + 1))] = b;
+      if (g == 128) xs_want[static_cast<size_t>(128 * s + 32 * ((p % 64) / 16) + 2 * (p % 16) + p / 64)] = b;
+      xf_want[static_cast<size_t>(i)] = Bf16ToF32((b & 0x7F80) == 0 ? static_cast<uint16_t>(b & 0x8000) : b);
+      sigma_want[static_cast<size_t>(i / g)] += Bf16ToF32(b);
+    }
+    for (const W4Kernels* ks : SupportedIsas()) {
+      const std::string at = std::string(ks->vec.name) + " k=" + std::to_string(k) + " g=" + std::to_string(g);
+      std::vector<uint16_t> xb(xb_want.size(), 0x5555), xs(xs_want.size(), 0x5555);
+      std::vector<float> xf(xf_want.size(), -1.f), sigma(sigma_want.size(), -1.f);
+      ks->vec.bf16_acts(x.data() + 1, k, g, xb.data(), xf.data(), g == 128 ? xs.data() : nullptr, sigma.data());
+      EXPECT_TRUE(SameBits(xb, xb_want)) << "xb " << at;
+      EXPECT_TRUE(SameBits(xf, xf_want)) << "xf " << at;
+      for (size_t gi = 0; gi < sigma.size(); ++gi)  // a NaN's sign and payload follow the adds' operand order
+        if (std::isnan(sigma_want[gi]) && std::isnan(sigma[gi])) sigma[gi] = sigma_want[gi];
+      EXPECT_TRUE(SameBits(sigma, sigma_want)) << "sigma " << at;
+      if (g == 128) EXPECT_TRUE(SameBits(xs, xs_want)) << "xs " << at;
+      else EXPECT_TRUE(std::all_of(xs.begin(), xs.end(), [](uint16_t w) { return w == 0x5555; })) << "xs written " << at;
+    }
+  }
 }
 
 TEST(VecOpsTest, EntryPointsRunTheActiveTable) {
