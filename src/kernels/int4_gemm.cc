@@ -82,16 +82,38 @@ bool W4Bf16AmxServes(const W4PackedWeight& w, int64_t m, const W4Kernels* kernel
 
 void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       const W4Kernels* kernels) {
+  const W4Bf16Job job{&w, bias, y};
+  GemmW4Bf16PackedMany(&job, 1, a, m, kernels);
+}
+
+void GemmW4Bf16PackedMany(const W4Bf16Job* jobs, int64_t count, const W4Bf16Acts* a, int64_t m,
+                          const W4Kernels* kernels) {
   const W4Kernels& ks = KernelsOr(kernels);
   const W4GemmBf16Kernel gemm = ks.gemm_bf16;
-  NIBBLE_CHECK(gemm != nullptr && W4Bf16Supported(w) && m >= 0 && (m == 0 || (a != nullptr && y != nullptr)));
-  for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].group_size == w.group_size);
-  if (w.n == 0 || m == 0) return;
-  const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
-  const bool parallel = nblocks > 1 && m * w.n * w.k >= kTeamMinWork;
-  if (W4Bf16AmxServes(w, m, &ks)) return GemmW4Bf16AmxBatches(w, a, m, bias, y, ks.gemm_bf16_amx, parallel);
+  NIBBLE_CHECK(gemm != nullptr && count >= 0 && m >= 0 && (m == 0 || a != nullptr));
+  int64_t nblocks = 0, work = 0;
+  bool amx = false;
+  for (int64_t j = 0; j < count; ++j) {
+    const W4PackedWeight& w = *jobs[j].w;
+    NIBBLE_CHECK(W4Bf16Supported(w) && (m == 0 || jobs[j].y != nullptr));
+    for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].group_size == w.group_size);
+    nblocks += (w.n + kW4BlockRows - 1) / kW4BlockRows;
+    work += m * w.n * w.k;
+    amx = amx || W4Bf16AmxServes(w, m, &ks);
+  }
+  if (nblocks == 0 || m == 0) return;
+  const bool parallel = nblocks > 1 && work >= kTeamMinWork;
+  if (amx && count == 1) return GemmW4Bf16AmxBatches(*jobs[0].w, a, m, jobs[0].bias, jobs[0].y, ks.gemm_bf16_amx, parallel);
+  if (amx) {  // the tile kernel arranges the rows per weight: each weight its own pass
+    for (int64_t j = 0; j < count; ++j) GemmW4Bf16PackedMany(jobs + j, 1, a, m, kernels);
+    return;
+  }
+  // Block b of the pass: the first weight's blocks, then the next weight's, ...
   const auto block = [&](int64_t i0, int64_t b) {
-    gemm(w, a + i0, std::min(kW4ChunkRows, m - i0), bias, y + i0 * w.n, b * kW4BlockRows,
+    int64_t j = 0;
+    for (int64_t nb; b >= (nb = (jobs[j].w->n + kW4BlockRows - 1) / kW4BlockRows); ++j) b -= nb;
+    const W4PackedWeight& w = *jobs[j].w;
+    gemm(w, a + i0, std::min(kW4ChunkRows, m - i0), jobs[j].bias, jobs[j].y + i0 * w.n, b * kW4BlockRows,
          std::min(w.n, (b + 1) * kW4BlockRows));
   };
   for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows) ParallelFor(nblocks, parallel, [&](int64_t b) { block(i0, b); });

@@ -32,6 +32,19 @@ void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, con
 /// a[i].k == w.k and a[i].group_size == w.group_size, y non-null, m >= 0.
 void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       const W4Kernels* kernels = nullptr);
+/// One weight of GemmW4Bf16PackedMany: y[M, w.n] = a · wᵀ (+ bias, nullable).
+struct W4Bf16Job {
+  const W4PackedWeight* w = nullptr;
+  const float* bias = nullptr;
+  float* y = nullptr;
+};
+/// GemmW4Bf16Packed for `count` weights of one K and g on the same prepared rows (attention's
+/// q / k / v, the MLP's gate / up): their row blocks are claimed from one parallel pass, one fork
+/// and join instead of one per weight. Each output gets the bits GemmW4Bf16Packed gives it (the
+/// same kernel call per block). Where the AMX tile kernel serves a weight at this m, each weight
+/// runs its own GemmW4Bf16Packed. Preconditions as GemmW4Bf16Packed's, for every job.
+void GemmW4Bf16PackedMany(const W4Bf16Job* jobs, int64_t count, const W4Bf16Acts* a, int64_t m,
+                          const W4Kernels* kernels = nullptr);
 /// Whether GemmW4Bf16Packed runs `m` rows of W on the kernels' AMX tile kernel (nullptr: the
 /// active dispatch): the kernels have one, m >= kW4Bf16AmxMinRows and g % 128 == 0. It takes
 /// the rows kW4Bf16BatchMaxRows at a time, one pass over W each.

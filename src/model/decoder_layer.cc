@@ -10,6 +10,7 @@
 #include "base/parallel.h"
 #include "kernels/dense_gemm.h"
 #include "kernels/vec_ops.h"
+#include "model/int4_linear.h"
 #include "model/ops.h"
 
 namespace nibble {
@@ -177,9 +178,9 @@ void AttentionBlockForward(const ModelConfig& c, const DecoderLayerView& w, cons
   float* const kp = ws.Get<float>(Slot::kK, rows * kv_dim);
   float* const vp = ws.Get<float>(Slot::kV, rows * kv_dim);
   float* const attn = attn_concat != nullptr ? attn_concat : ws.Get<float>(Slot::kAttn, rows * q_dim);
-  w.q_proj->Forward(xn, rows, qp, &ws);
-  w.k_proj->Forward(xn, rows, kp, &ws);
-  w.v_proj->Forward(xn, rows, vp, &ws);
+  const Linear* const qkv[] = {w.q_proj, w.k_proj, w.v_proj};
+  float* const qkv_out[] = {qp, kp, vp};
+  ForwardSameInput(qkv, qkv_out, 3, xn, rows, ws);
   const bool qk_norm = c.qk_norm;
   ParallelFor(rows, rows > 1, [&](int64_t r) {
     const int64_t p = pos[static_cast<size_t>(r)];
@@ -222,8 +223,9 @@ void MlpBlockForward(const DecoderLayerView& w, const float* xn, int64_t rows, f
   const int64_t inter = w.gate_proj->out_features();
   float* const gp = ws.Get<float>(Slot::kGate, rows * inter);
   float* const up = ws.Get<float>(Slot::kUp, rows * inter);
-  w.gate_proj->Forward(xn, rows, gp, &ws);
-  w.up_proj->Forward(xn, rows, up, &ws);
+  const Linear* const gate_up[] = {w.gate_proj, w.up_proj};
+  float* const gate_up_out[] = {gp, up};
+  ForwardSameInput(gate_up, gate_up_out, 2, xn, rows, ws);
   float* const a = act != nullptr ? act : gp;
   ParallelFor(rows, rows > 1, [&](int64_t r) { SiluMul(gp + r * inter, up + r * inter, inter, a + r * inter); });
   w.down_proj->Forward(a, rows, out, &ws);

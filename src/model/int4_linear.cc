@@ -299,6 +299,28 @@ void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y, Workspace& 
   ForwardW4A32(x, m, y, ws);
 }
 
+void ForwardSameInput(const Linear* const* ls, float* const* ys, int64_t count, const float* x, int64_t m,
+                      Workspace& ws) {
+  std::vector<W4Bf16Job> jobs;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto* l = dynamic_cast<const Int4Linear*>(ls[i]);
+    if (l == nullptr || !l->PreparesBf16InOrder(m)) break;
+    if (!jobs.empty() && (l->pw_.k != jobs[0].w->k || l->pw_.group_size != jobs[0].w->group_size)) break;
+    jobs.push_back({&l->pw_, l->bias_.empty() ? nullptr : l->bias_.data(), ys[i]});
+  }
+  if (static_cast<int64_t>(jobs.size()) < count || count < 2) {
+    for (int64_t i = 0; i < count; ++i) ls[i]->Forward(x, m, ys[i], &ws);
+    return;
+  }
+  const W4PackedWeight& w0 = *jobs.front().w;
+  ForwardPrepared<W4Bf16Acts>(
+      x, m, w0.k, W4Bf16ActsBytes(w0.k, w0.group_size), ws,
+      [&](const float* row, uint8_t* s) { return PrepareActsBf16(row, w0.k, w0.group_size, s); },
+      [&](const W4Bf16Acts* a, int64_t rows) {
+        GemmW4Bf16PackedMany(jobs.data(), static_cast<int64_t>(jobs.size()), a, rows);
+      });
+}
+
 // The weight in tiles of LinearTileRows rows, each dequantized to bf16 in the workspace and
 // multiplied at once (bounded scratch whatever the matrix; the tile is still in cache when the
 // matmul reads it).

@@ -115,6 +115,18 @@ class Int4Linear final : public Linear {
   // bf16 activations at M >= Bf16MatmulMinRows(): bf16 weights and rows through the bf16 matmul.
   void ForwardBf16Matmul(const float* x, int64_t m, float* y, Workspace& ws) const;
   void ForwardInOrder(const float* x, int64_t m, float* y, Workspace& ws) const;
+  // Whether Forward of m rows runs the bf16 kernels on rows prepared in input order.
+  bool PreparesBf16InOrder(int64_t m) const { return bf16_ && !int8_ && perm_.empty() && Bf16KernelServes(m); }
+  friend void ForwardSameInput(const Linear* const* ls, float* const* ys, int64_t count, const float* x, int64_t m,
+                               Workspace& ws);
 };
+
+/// ys[i] = ls[i]·x for `count` linears reading one input x[m, K] (attention's q / k / v, the
+/// MLP's gate / up). Where each is an Int4Linear whose Forward of m rows runs the bf16 kernels on
+/// rows in input order (bf16 activations, no act-order gather), all of one K and g, the rows are
+/// prepared once and the weights share one parallel pass (GemmW4Bf16PackedMany: each output has
+/// the bits of its own Forward); otherwise each Forward runs in turn.
+void ForwardSameInput(const Linear* const* ls, float* const* ys, int64_t count, const float* x, int64_t m,
+                      Workspace& ws);
 
 }  // namespace nibble

@@ -123,6 +123,52 @@ TEST(Int4Linear, GemvIndependentOfThreadCount) {
   EXPECT_EQ(a, b);
 }
 
+// Linears of one input (q / k / v, gate / up) through ForwardSameInput: with bf16 activations on a
+// CPU with the bf16 kernels, one prepared row and one parallel pass; every output has the bits of
+// its own Forward at 1 and 2 threads, with and without bias, N off the block size, M = 1 and 3.
+// A dense linear, a different K or the prefill row count among them: each Forward in turn, the
+// same outputs.
+TEST(Int4Linear, SameInputForwardsGiveEachLinearsOwnBits) {
+  const int64_t k = 384;
+  Int4Linear q(RandomMatrix(300, k, 128, true, 21), std::vector<float>(300, 0.25f), "q");
+  Int4Linear kp(RandomMatrix(64, k, 128, false, 22), {}, "k");
+  Int4Linear v(RandomMatrix(72, k, 128, true, 23), {}, "v");
+  Int4Linear other_k(RandomMatrix(64, 256, 128, true, 24), {}, "k256");
+  DenseLinear dense(50, k, std::make_shared<const std::vector<float>>(50 * k, 0.01f), {});
+  const bool bf16 = q.SetBf16Activations(true) && kp.SetBf16Activations(true) && v.SetBf16Activations(true) &&
+                    other_k.SetBf16Activations(true);
+  if (!bf16 || !q.Bf16KernelServes(1)) GTEST_SKIP() << "no bf16 kernels on this CPU";
+  const int64_t m_prefill = Int4Linear::Bf16MatmulMinRows(128);
+  std::vector<float> x(static_cast<size_t>(m_prefill * k));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * (i % 7 == 0 ? 9.f : 1.f);
+  const auto check = [&](std::vector<const Linear*> ls, int64_t m, int threads) {
+    std::vector<std::vector<float>> want, got;
+    std::vector<float*> ys;
+    for (const Linear* l : ls) {
+      want.emplace_back(static_cast<size_t>(m * l->out_features()));
+      got.emplace_back(static_cast<size_t>(m * l->out_features()), -1.f);
+      l->Forward(x.data(), m, want.back().data());
+    }
+    for (auto& g : got) ys.push_back(g.data());
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    Workspace ws;
+    ForwardSameInput(ls.data(), ys.data(), static_cast<int64_t>(ls.size()), x.data(), m, ws);
+    omp_set_num_threads(saved);
+    for (size_t i = 0; i < ls.size(); ++i)
+      EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * 4), 0)
+          << ls[i]->Describe() << " m=" << m << " threads=" << threads;
+  };
+  for (int threads : {1, 2})
+    for (int64_t m : {int64_t{1}, int64_t{3}}) {
+      check({&q, &kp, &v}, m, threads);
+      check({&kp, &q}, m, threads);
+      check({&q, &dense, &v}, m, threads);
+    }
+  check({&q, &other_k}, 1, 2);  // K differs: no shared row (each Forward reads its own K)
+  check({&q, &kp, &v}, m_prefill, 2);
+}
+
 // Prefill rows (the dequantized-weight GEMM, and the bf16 route of every CPU) at a width where
 // oneDNN's threaded sgemm splits K by the thread count: the same bits on 1, 2 and 3 threads; so
 // does the dense fp32 linear.
