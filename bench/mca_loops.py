@@ -37,12 +37,16 @@ KERNELS = [
      [({"vpermps": 32, "fma": 64, "movzbl": 4}, 1)], [SPR, ZN4, SKX], "one record of 4 rows"),
     ("fp32 Tile128<4,4> g128 M=4", "x86_avx512", "void nibble::(anonymous namespace)::Tile128<4, 4, 0>", 512, 4,
      [({"vpermps": 32, "fma": 128, "movzbl": 4}, 1)], [SPR, ZN4, SKX], "one record of 4 rows"),
-    # W4A32, AVX2 (x86_avx2/int4_gemm_avx2.cc): the run loop over 16 weights of one row; the zero
-    # point and scale are broadcast at the first run of each group (1 run in 8 at g128).
-    ("fp32 avx2 Tile<1,4> g128 M=1", "x86_avx2", "nibble::GemmW4A32Avx2", 128, 1,
-     [({"fma": 2, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 0}, 7),
+    # W4A32, AVX2 (x86_avx2/int4_gemm_avx2.cc): the decode loop at g128 (per record 16 converts,
+    # 14 shifts, 12 FMAs + 4 products + the scale's FMA; unrolled by four records); the tiles' run
+    # loop over 16 weights of one row, whose zero point and scale are broadcast at the first run of
+    # each group (1 run in 4 at g64).
+    ("fp32 avx2 DecodeRowG128 g128 M=1", "x86_avx2", "void nibble::GemmW4A32Avx2<(nibble::StreamPrefetch)1>", 512, 1,
+     [({"fma": 52, "vcvtdq2ps": 64, "vpsrld": 56}, 1)], [SPR, ZN4, SKX, HSW], "4 records (unrolled)"),
+    ("fp32 avx2 Tile<1,4> g64 M=1", "x86_avx2", "void nibble::(anonymous namespace)::Rows<1>", 64, 1,
+     [({"fma": 2, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 0}, 3),
       ({"fma": 2, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 1, "movzbl": 1}, 1)],
-     [SPR, ZN4, SKX, HSW], "8 runs of 16 weights (7 + 1 with the group's broadcasts)"),
+     [SPR, ZN4, SKX, HSW], "4 runs of 16 weights (3 + 1 with the group's broadcasts)"),
     ("fp32 avx2 Tile<2,4> g128 M=2", "x86_avx2", "void nibble::(anonymous namespace)::Tile<2, 4>", 128, 2,
      [({"fma": 4, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 0}, 7),
       ({"fma": 4, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 1, "movzbl": 1}, 1)],

@@ -134,7 +134,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, W4
   const bool t0 = prefetch == kT0;
 #if defined(__x86_64__)
   if (isa == Isa::kAvx2) {
-    k.gemm = GemmW4A32Avx2;
+    k.gemm = t0 ? GemmW4A32Avx2<kT0> : GemmW4A32Avx2<kNta>;
     k.dequant = DequantW4Avx2;
     k.stream_read = StreamReadAvx2;
     k.vec = VecKernelsAvx2();

@@ -72,8 +72,8 @@ struct W4Kernels {
   Bf16GemvKernel gemv_bf16 = nullptr;
   /// The row ops of kernels/vec_ops.h built for the same ISA (bit-identical on every ISA).
   VecKernels vec;
-  /// The hint of the decode loops' software prefetch (the AVX-512 row GEMV and the int8 / bf16
-  /// decode loops at g = 128); the same numbers either way.
+  /// The hint of the decode loops' software prefetch (the AVX-512 row GEMV, the int8 / bf16
+  /// decode loops and the AVX2 one at g = 128); the same numbers either way.
   StreamPrefetch row_prefetch = StreamPrefetch::kNonTemporal;
   /// How gemm_bf16's one-row decode loop at g = 128 unpacks the codes (AVX-512 BF16 only).
   W4Bf16Unpack bf16_unpack = W4Bf16Unpack::kMultishift;

@@ -246,10 +246,39 @@ float Avx2OrderModel(const float* x, const float* wrow, int64_t k, const float* 
   return bias != nullptr ? v + *bias : v;
 }
 
-// The AVX2 kernel bit for bit against that model (so any change to its loop that keeps the
+// The AVX2 decode loop's order (M = 1, g = 128): per group four 8-lane chains, chain j mod 4 taking
+// run j's weights 16j + l, then 16j + 8 + l (float(q − z), exact; the chain's first step a
+// product, then FMAs); sum[gi mod 4] = fma(s, (c0 + c1) + (c2 + c3), sum[gi mod 4]); at the end
+// ((sum0 + sum1) + (sum2 + sum3)), the same lane tree as above, + bias.
+float Avx2DecodeOrderModel(const Int4Matrix& w, int64_t row, const float* x, const float* bias) {
+  const int64_t groups = w.k / 128;
+  float sum[4][8] = {};
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    float c[4][8];
+    const int z = w.zero_points[static_cast<size_t>(row * groups + gi)];
+    for (int j = 0; j < 8; ++j)
+      for (int h = 0; h < 2; ++h)
+        for (int l = 0; l < 8; ++l) {
+          const int64_t kk = 128 * gi + 16 * j + 8 * h + l;
+          const float wv = static_cast<float>(w.codes[static_cast<size_t>(row * w.k + kk)] - z);
+          float& cc = c[j % 4][l];
+          cc = (j < 4 && h == 0) ? x[kk] * wv : std::fmaf(x[kk], wv, cc);
+        }
+    const float s = w.scales[static_cast<size_t>(row * groups + gi)];
+    for (int l = 0; l < 8; ++l) sum[gi % 4][l] = std::fmaf(s, (c[0][l] + c[1][l]) + (c[2][l] + c[3][l]), sum[gi % 4][l]);
+  }
+  float acc[8];
+  for (int l = 0; l < 8; ++l) acc[l] = (sum[0][l] + sum[1][l]) + (sum[2][l] + sum[3][l]);
+  float s4[4];
+  for (int l = 0; l < 4; ++l) s4[l] = acc[l] + acc[l + 4];
+  const float v = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  return bias != nullptr ? v + *bias : v;
+}
+
+// The AVX2 kernel bit for bit against those models (so any change to its loops that keeps the
 // arithmetic, like the group counter instead of a division per run, is checked exactly): every
-// group size it serves, K with partial records, rows in and past 4-row tiles, M = 1 and 2-row
-// tiles plus a tail row.
+// group size it serves, K with partial records, rows in and past 4-row tiles, M = 1 (the decode
+// loop at g = 128) and 2-row tiles plus a tail row.
 TEST(W4KernelTest, Avx2KernelIsBitIdenticalToItsScalarOrderModel) {
   const W4Kernels* avx2 = W4KernelsFor(Isa::kAvx2);
   if (avx2 == nullptr) GTEST_SKIP() << "no AVX2 on this CPU";
@@ -267,7 +296,9 @@ TEST(W4KernelTest, Avx2KernelIsBitIdenticalToItsScalarOrderModel) {
           GemmW4A32Packed(a, avx2);
           for (int64_t i = 0; i < m; ++i)
             for (int64_t j = 0; j < n; ++j) {
-              const float want = Avx2OrderModel(c.x.data() + i * k, c.wd.data() + j * k, k, c.bias.data() + j);
+              const float want = m == 1 && g == 128
+                                     ? Avx2DecodeOrderModel(c.w, j, c.x.data(), c.bias.data() + j)
+                                     : Avx2OrderModel(c.x.data() + i * k, c.wd.data() + j * k, k, c.bias.data() + j);
               const float got = y[static_cast<size_t>(i * n + j)];
               EXPECT_EQ(std::memcmp(&got, &want, 4), 0) << "y[" << i << "][" << j << "] = " << got << ", model " << want
                                                         << " (g=" << g << " K=" << k << " N=" << n << " M=" << m << ")";

@@ -7,13 +7,15 @@
 // subtract, convert, one multiply: the reference's value bit for bit), then one FMA per 8 lanes.
 // Accumulation order of an output (per run: lanes 0..7 then 8..15 into one 8-lane accumulator;
 // lanes reduced in a fixed tree; bias) is independent of the tiling, M and the row range. Groups
-// that are not a multiple of 16 go to the scalar kernel.
+// that are not a multiple of 16 go to the scalar kernel. Decode at g = 128 has its own loop
+// (DecodeRowG128 below: the scale per group instead of per weight).
 #if defined(__x86_64__)
 
 #include <immintrin.h>
 
 #include <algorithm>
 
+#include "kernels/stream_prefetch.h"
 #include "kernels/x86_avx2/int4_gemm_avx2.h"
 
 namespace nibble {
@@ -80,6 +82,61 @@ void Tile(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
     }
 }
 
+// ---- Decode (M = 1) at g = 128 on records of one superblock (K % 128 == 0): a flat loop over the
+// row's records, the superblock loaded once per record (the tiles load it again per run), each
+// weight float(q − z) (exact) and the scale applied once per group, not per weight. Per group
+// gi, four 8-lane chains, chain j mod 4 taking run j's weights 16j + l, then 16j + 8 + l (the
+// first as a product, then FMAs); sum[gi mod 4] = fma(s, (c0 + c1) + (c2 + c3), sum[gi mod 4]);
+// at the end ((sum0 + sum1) + (sum2 + sum3)), the Hsum tree, + bias. The order is fixed by K, so
+// results do not depend on the row range or the thread count. Any K: the loop is bound by its
+// instructions, not by x coming from L2 past the L1 (docs/PERFORMANCE.md "AVX2 decode loop").
+// One software prefetch per record, kRowPrefetchBytes ahead along the row, with the dispatch's hint.
+constexpr int64_t kRowPrefetchBytes = 4096;
+
+inline __m256 GroupG128(const uint8_t* rec, int64_t header, __m256i zv, const float* x, __m256 tot) {
+  const __m256i m15 = _mm256_set1_epi32(15);
+  const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + header));
+  const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + header + 32));
+  __m256 c[4];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    // Nibble j of each dword; after the shift by 28 only the nibble is left.
+    const __m256i a = j == 0 ? _mm256_and_si256(lo, m15) : j == 7 ? _mm256_srli_epi32(lo, 28)
+                                                                  : _mm256_and_si256(_mm256_srli_epi32(lo, 4 * j), m15);
+    const __m256i b = j == 0 ? _mm256_and_si256(hi, m15) : j == 7 ? _mm256_srli_epi32(hi, 28)
+                                                                  : _mm256_and_si256(_mm256_srli_epi32(hi, 4 * j), m15);
+    const __m256 wa = _mm256_cvtepi32_ps(_mm256_sub_epi32(a, zv));
+    const __m256 wb = _mm256_cvtepi32_ps(_mm256_sub_epi32(b, zv));
+    const __m256 xa = _mm256_loadu_ps(x + 16 * j), xb = _mm256_loadu_ps(x + 16 * j + 8);
+    c[j % 4] = j < 4 ? _mm256_mul_ps(xa, wa) : _mm256_fmadd_ps(xa, wa, c[j % 4]);
+    c[j % 4] = _mm256_fmadd_ps(xb, wb, c[j % 4]);
+  }
+  float s;  // records are 68 or 69 bytes apart: the scale is unaligned
+  __builtin_memcpy(&s, rec, 4);
+  return _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3])), tot);
+}
+
+template <StreamPrefetch P>
+void DecodeRowG128(const W4PackedGemmArgs& a, int64_t r) {
+  const W4PackedWeight& w = *a.w;
+  const int64_t groups = w.k / 128, rb = w.rec_bytes, header = w.rec_header;
+  const uint8_t* rec = w.data + r * w.row_bytes;
+  __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {  // t constant after unrolling: the sums stay in registers
+      const int64_t gi = g0 + t;
+      if (gi >= groups) break;
+      PrefetchAhead<P>(rec, kRowPrefetchBytes);
+      const __m256i zv = _mm256_set1_epi32(w4p::Zero(w, rec, 0));
+      tot[t] = GroupG128(rec, header, zv, a.x + 128 * gi, tot[t]);
+      rec += rb;
+    }
+  }
+  const float v = Hsum(_mm256_add_ps(_mm256_add_ps(tot[0], tot[1]), _mm256_add_ps(tot[2], tot[3])));
+  a.y[r] = a.bias != nullptr ? v + a.bias[r] : v;
+}
+
 template <int MR>
 void Rows(const W4PackedGemmArgs& a, int64_t i0, int64_t n0, int64_t n1) {
   constexpr int NR = 4;
@@ -90,12 +147,21 @@ void Rows(const W4PackedGemmArgs& a, int64_t i0, int64_t n0, int64_t n1) {
 
 }  // namespace
 
+template <StreamPrefetch P>
 void GemmW4A32Avx2(const W4PackedGemmArgs& a, int64_t n0, int64_t n1) {
   if (!w4p::RunsFitGroups(*a.w)) return GemmW4A32PackedScalar(a, n0, n1);
+  const W4PackedWeight& w = *a.w;
+  if (a.m == 1 && w.group_size == 128 && w.rec_weights == 128 && w.k % 128 == 0) {
+    for (int64_t r = n0; r < n1; ++r) DecodeRowG128<P>(a, r);
+    return;
+  }
   int64_t i = 0;
   for (; i + 2 <= a.m; i += 2) Rows<2>(a, i, n0, n1);
   if (i < a.m) Rows<1>(a, i, n0, n1);
 }
+
+template void GemmW4A32Avx2<StreamPrefetch::kNonTemporal>(const W4PackedGemmArgs&, int64_t, int64_t);
+template void GemmW4A32Avx2<StreamPrefetch::kL1>(const W4PackedGemmArgs&, int64_t, int64_t);
 
 void DequantW4Avx2(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out) {
   if (!w4p::RunsFitGroups(w)) return DequantW4PackedScalar(w, n0, n1, out);

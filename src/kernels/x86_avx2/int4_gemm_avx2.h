@@ -3,10 +3,13 @@
 #pragma once
 
 #include "kernels/int4_packed.h"
+#include "kernels/stream_prefetch.h"
 
 namespace nibble {
 
-/// W4GemmKernel for AVX2: y[0..M)[n0..n1) = x · dequant(W)ᵀ (+ bias), fp32 accumulation.
+/// W4GemmKernel for AVX2: y[0..M)[n0..n1) = x · dequant(W)ᵀ (+ bias), fp32 accumulation. P: the
+/// decode loop's prefetch hint (kernels/stream_prefetch.h); both are instantiated.
+template <StreamPrefetch P>
 void GemmW4A32Avx2(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
 /// W4DequantKernel for AVX2: rows n0..n1 of W as fp32 [(n1 − n0), K], exact as DequantizeRef.
 void DequantW4Avx2(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
