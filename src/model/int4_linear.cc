@@ -34,6 +34,16 @@ void ForwardPrepared(const float* x, int64_t m, int64_t k, size_t row_bytes, Wor
   gemm(ap, m);
 }
 
+// The bf16 kernels for the weights of `jobs` (one K and g) on x[m, K]: each row prepared once
+// (PrepareActsBf16), then all the weights' GEMMs in one pass (GemmW4Bf16PackedMany).
+void ForwardBf16Jobs(const W4Bf16Job* jobs, int64_t count, const float* x, int64_t m, Workspace& ws) {
+  const W4PackedWeight& w0 = *jobs[0].w;
+  ForwardPrepared<W4Bf16Acts>(
+      x, m, w0.k, W4Bf16ActsBytes(w0.k, w0.group_size), ws,
+      [&](const float* row, uint8_t* s) { return PrepareActsBf16(row, w0.k, w0.group_size, s); },
+      [&](const W4Bf16Acts* a, int64_t rows) { GemmW4Bf16PackedMany(jobs, count, a, rows); });
+}
+
 // Rows [n0, n0 + rows) of a packed weight, as a weight of its own (rows are contiguous records).
 W4PackedWeight RowsOf(const W4PackedWeight& w, int64_t n0, int64_t rows) {
   W4PackedWeight t = w;
@@ -290,11 +300,8 @@ void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y, Workspace& 
       ForwardW4A32(xr, m, y, ws);
       return;
     }
-    ForwardPrepared<W4Bf16Acts>(
-        x, m, pw_.k, W4Bf16ActsBytes(pw_.k, pw_.group_size), ws,
-        [&](const float* row, uint8_t* s) { return PrepareActsBf16(row, pw_.k, pw_.group_size, s); },
-        [&](const W4Bf16Acts* a, int64_t rows) { GemmW4Bf16Packed(pw_, a, rows, bias, y); });
-    return;
+    const W4Bf16Job job{&pw_, bias, y};
+    return ForwardBf16Jobs(&job, 1, x, m, ws);
   }
   ForwardW4A32(x, m, y, ws);
 }
@@ -312,13 +319,7 @@ void ForwardSameInput(const Linear* const* ls, float* const* ys, int64_t count, 
     for (int64_t i = 0; i < count; ++i) ls[i]->Forward(x, m, ys[i], &ws);
     return;
   }
-  const W4PackedWeight& w0 = *jobs.front().w;
-  ForwardPrepared<W4Bf16Acts>(
-      x, m, w0.k, W4Bf16ActsBytes(w0.k, w0.group_size), ws,
-      [&](const float* row, uint8_t* s) { return PrepareActsBf16(row, w0.k, w0.group_size, s); },
-      [&](const W4Bf16Acts* a, int64_t rows) {
-        GemmW4Bf16PackedMany(jobs.data(), static_cast<int64_t>(jobs.size()), a, rows);
-      });
+  ForwardBf16Jobs(jobs.data(), count, x, m, ws);
 }
 
 // The weight in tiles of LinearTileRows rows, each dequantized to bf16 in the workspace and
