@@ -30,12 +30,12 @@ fi
 
 rm -rf "$out"
 mkdir -p "$out/asm"
-# The kernel TUs' compile commands, rewritten to write assembly into $out/asm/<isa dir>.s.
+# The kernel TUs' compile commands, rewritten to write assembly into $out/asm/<TU name>.s.
 python3 - "$build" "$out/asm" <<'EOF'
 import json, os, shlex, subprocess, sys
 build, asm = sys.argv[1], os.path.abspath(sys.argv[2])
-tus = {"x86_avx512/int4_gemm_avx512.cc", "x86_avx2/int4_gemm_avx2.cc", "x86_avx512vnni/int4_gemm_i8_vnni.cc",
-       "x86_avx512bf16/int4_gemm_bf16.cc"}
+tus = {"x86_avx512/int4_gemm_avx512.cc", "x86_avx2/int4_gemm_avx2.cc", "x86_avx2/int4_gemm_i8_avx2.cc",
+       "x86_avx512vnni/int4_gemm_i8_vnni.cc", "x86_avx512bf16/int4_gemm_bf16.cc"}
 done = set()
 for e in json.load(open(os.path.join(build, "compile_commands.json"))):
     tu = next((t for t in tus if e["file"].endswith("/src/kernels/" + t)), None)
@@ -43,7 +43,7 @@ for e in json.load(open(os.path.join(build, "compile_commands.json"))):
         continue
     args = shlex.split(e["command"]) if "command" in e else list(e["arguments"])
     o = args.index("-o")
-    args[o + 1] = os.path.join(asm, tu.split("/")[0] + ".s")
+    args[o + 1] = os.path.join(asm, os.path.basename(tu)[:-len(".cc")] + ".s")
     args = [a for a in args if a != "-c"]
     args.insert(1, "-S")
     subprocess.run(args, cwd=e["directory"], check=True)

@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 
-# name, TU asm (basename), demangled function prefix (the decode loops in their prefetcht0
+# name, TU asm (the translation unit's file name without .cc), demangled function prefix (the decode loops in their prefetcht0
 # instance: the same instructions as the prefetchnta one but the hint), weights of W per unit of work,
 # activation rows, exact instruction counts of the hot path ('fma' = all vfmadd*ps), CPUs
 # (llvm-mca -mcpu) whose ISA has every instruction, and what one unit is. `parts`: (counts, times)
@@ -27,52 +27,57 @@ import sys
 SPR, ZN4, SKX, CLX, HSW = "sapphirerapids", "znver4", "skylake-avx512", "cascadelake", "haswell"
 KERNELS = [
     # W4A32, fp32 activations, AVX-512 (x86_avx512/int4_gemm_avx512.cc)
-    ("fp32 GemvRow128 g128 M=1", "x86_avx512", "void nibble::(anonymous namespace)::GemvRow128<0, (nibble::StreamPrefetch)1>", 128, 1,
+    ("fp32 GemvRow128 g128 M=1", "int4_gemm_avx512", "void nibble::(anonymous namespace)::GemvRow128<0, (nibble::StreamPrefetch)1>", 128, 1,
      [({"vpermps": 8, "fma": 8, "vpsrld": 7, "movzbl": 1}, 1)], [SPR, ZN4, SKX], "one 128-weight record"),
-    ("fp32 GemvRow128 g32 M=1", "x86_avx512", "void nibble::(anonymous namespace)::GemvRow128<2, (nibble::StreamPrefetch)1>", 128, 1,
+    ("fp32 GemvRow128 g32 M=1", "int4_gemm_avx512", "void nibble::(anonymous namespace)::GemvRow128<2, (nibble::StreamPrefetch)1>", 128, 1,
      [({"vpermps": 8, "fma": 8, "vpsrld": 7, "movzbl": 4}, 1)], [SPR, ZN4, SKX], "one record, 4 groups"),
-    ("fp32 Tile128<1,8> g128 M=1 K>8192", "x86_avx512", "void nibble::(anonymous namespace)::Tile128<1, 8, 0>", 1024,
+    ("fp32 Tile128<1,8> g128 M=1 K>8192", "int4_gemm_avx512", "void nibble::(anonymous namespace)::Tile128<1, 8, 0>", 1024,
      1, [({"vpermps": 64, "fma": 64, "movzbl": 8}, 1)], [SPR, ZN4, SKX], "one record of 8 rows"),
-    ("fp32 Tile128<2,4> g128 M=2", "x86_avx512", "void nibble::(anonymous namespace)::Tile128<2, 4, 0>", 512, 2,
+    ("fp32 Tile128<2,4> g128 M=2", "int4_gemm_avx512", "void nibble::(anonymous namespace)::Tile128<2, 4, 0>", 512, 2,
      [({"vpermps": 32, "fma": 64, "movzbl": 4}, 1)], [SPR, ZN4, SKX], "one record of 4 rows"),
-    ("fp32 Tile128<4,4> g128 M=4", "x86_avx512", "void nibble::(anonymous namespace)::Tile128<4, 4, 0>", 512, 4,
+    ("fp32 Tile128<4,4> g128 M=4", "int4_gemm_avx512", "void nibble::(anonymous namespace)::Tile128<4, 4, 0>", 512, 4,
      [({"vpermps": 32, "fma": 128, "movzbl": 4}, 1)], [SPR, ZN4, SKX], "one record of 4 rows"),
     # W4A32, AVX2 (x86_avx2/int4_gemm_avx2.cc): the decode loop at g128 (per record 16 converts,
     # 14 shifts, 12 FMAs + 4 products + the scale's FMA; unrolled by four records); the tiles' run
     # loop over 16 weights of one row, whose zero point and scale are broadcast at the first run of
     # each group (1 run in 4 at g64).
-    ("fp32 avx2 DecodeRowG128 g128 M=1", "x86_avx2", "void nibble::GemmW4A32Avx2<(nibble::StreamPrefetch)1>", 512, 1,
+    ("fp32 avx2 DecodeRowG128 g128 M=1", "int4_gemm_avx2", "void nibble::GemmW4A32Avx2<(nibble::StreamPrefetch)1>", 512, 1,
      [({"fma": 52, "vcvtdq2ps": 64, "vpsrld": 56}, 1)], [SPR, ZN4, SKX, HSW], "4 records (unrolled)"),
-    ("fp32 avx2 Tile<1,4> g64 M=1", "x86_avx2", "void nibble::(anonymous namespace)::Rows<1>", 64, 1,
+    ("fp32 avx2 Tile<1,4> g64 M=1", "int4_gemm_avx2", "void nibble::(anonymous namespace)::Rows<1>", 64, 1,
      [({"fma": 2, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 0}, 3),
       ({"fma": 2, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 1, "movzbl": 1}, 1)],
      [SPR, ZN4, SKX, HSW], "4 runs of 16 weights (3 + 1 with the group's broadcasts)"),
-    ("fp32 avx2 Tile<2,4> g128 M=2", "x86_avx2", "void nibble::(anonymous namespace)::Tile<2, 4>", 128, 2,
+    ("fp32 avx2 Tile<2,4> g128 M=2", "int4_gemm_avx2", "void nibble::(anonymous namespace)::Tile<2, 4>", 128, 2,
      [({"fma": 4, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 0}, 7),
       ({"fma": 4, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 1, "movzbl": 1}, 1)],
      [SPR, ZN4, SKX, HSW], "8 runs of 16 weights (7 + 1 with the group's broadcasts)"),
     # W4A8, int8 activations, AVX-512 VNNI (x86_avx512vnni/int4_gemm_i8_vnni.cc)
-    ("int8 RowsG128<1> g128 M=1", "x86_avx512vnni", "void nibble::(anonymous namespace)::RowsG128<1, false, (nibble::StreamPrefetch)1>", 512, 1,
+    ("int8 RowsG128<1> g128 M=1", "int4_gemm_i8_vnni", "void nibble::(anonymous namespace)::RowsG128<1, false, (nibble::StreamPrefetch)1>", 512, 1,
      [({"vpdpbusd": 8, "fma": 4, "vcvtdq2ps": 4}, 1)], [SPR, ZN4, CLX], "4 records (unrolled)"),
-    ("int8 RowsG128<8> g128 M=1 long rows", "x86_avx512vnni", "void nibble::(anonymous namespace)::RowsG128<8, false, (nibble::StreamPrefetch)1>", 512, 1,
+    ("int8 RowsG128<8> g128 M=1 long rows", "int4_gemm_i8_vnni", "void nibble::(anonymous namespace)::RowsG128<8, false, (nibble::StreamPrefetch)1>", 512, 1,
      [({"vpdpbusd": 8, "fma": 4, "vcvtdq2ps": 4}, 1)], [SPR, ZN4, CLX], "4 records of one row's chunk (unrolled)"),
-    ("int8 Tile<4,1> g128 M=2..5", "x86_avx512vnni", "void nibble::(anonymous namespace)::Tile<4, 1, false>", 128, 4,
+    ("int8 Tile<4,1> g128 M=2..5", "int4_gemm_i8_vnni", "void nibble::(anonymous namespace)::Tile<4, 1, false>", 128, 4,
      [({"vpdpbusd": 8, "fma": 4, "vcvtdq2ps": 4}, 1)], [SPR, ZN4, CLX], "one superblock"),
-    ("int8 LaneRows g128 M>=6", "x86_avx512vnni", "nibble::(anonymous namespace)::LaneRows", 2048, 2,
+    ("int8 LaneRows g128 M>=6", "int4_gemm_i8_vnni", "nibble::(anonymous namespace)::LaneRows", 2048, 2,
      [({"vpdpbusd": 32, "fma": 16, "vpmulld": 2}, 1), ({"vpdpbusd": 32, "fma": 16, "vpmulld": 0}, 1)],
      [SPR, ZN4, CLX], "one block of 16 rows: lanes 0-7 + 8-15 (chunk transpose not counted)"),
+    # W4A8, AVX2 (x86_avx2/int4_gemm_i8_avx2.cc): per record 4 vpmaddubsw + 2 vpmaddwd, unrolled by four
+    ("int8 avx2 RowG128 g128 M=1", "int4_gemm_i8_avx2", "void nibble::(anonymous namespace)::RowG128<false, (nibble::StreamPrefetch)1>", 512, 1,
+     [({"vpmaddubsw": 16, "vpmaddwd": 8, "fma": 8, "vcvtdq2ps": 8}, 1)], [SPR, ZN4, SKX, HSW], "4 records (unrolled)"),
+    ("int8 avx2 Tile<4,1> g128 M=2..5", "int4_gemm_i8_avx2", "void nibble::(anonymous namespace)::Tile<4, 1, false>", 128, 4,
+     [({"vpmaddubsw": 16, "vpmaddwd": 8, "fma": 8, "vcvtdq2ps": 8}, 1)], [SPR, ZN4, SKX, HSW], "one superblock"),
     # bf16 activations, AVX-512 BF16 + VBMI (x86_avx512bf16/int4_gemm_bf16.cc)
-    ("bf16 RowsG128<1> g128 M=1", "x86_avx512bf16", "void nibble::(anonymous namespace)::RowsG128<1, false, (nibble::StreamPrefetch)1, (nibble::W4Bf16Unpack)0>", 512, 1,
+    ("bf16 RowsG128<1> g128 M=1", "int4_gemm_bf16", "void nibble::(anonymous namespace)::RowsG128<1, false, (nibble::StreamPrefetch)1, (nibble::W4Bf16Unpack)0>", 512, 1,
      [({"vdpbf16ps": 16, "vpmultishiftqb": 16, "fma": 4}, 1)], [SPR, ZN4], "4 records (unrolled)"),
-    ("bf16 RowsG128<1> shift g128 M=1", "x86_avx512bf16", "void nibble::(anonymous namespace)::RowsG128<1, false, (nibble::StreamPrefetch)1, (nibble::W4Bf16Unpack)1>", 512, 1,
+    ("bf16 RowsG128<1> shift g128 M=1", "int4_gemm_bf16", "void nibble::(anonymous namespace)::RowsG128<1, false, (nibble::StreamPrefetch)1, (nibble::W4Bf16Unpack)1>", 512, 1,
      [({"vdpbf16ps": 16, "vpsrld": 12, "fma": 4}, 1)], [SPR, ZN4], "4 records (unrolled), shift unpack"),
-    ("bf16 RowsG128<8> g128 M=1 long rows", "x86_avx512bf16", "void nibble::(anonymous namespace)::RowsG128<8, false, (nibble::StreamPrefetch)1, (nibble::W4Bf16Unpack)0>", 512, 1,
+    ("bf16 RowsG128<8> g128 M=1 long rows", "int4_gemm_bf16", "void nibble::(anonymous namespace)::RowsG128<8, false, (nibble::StreamPrefetch)1, (nibble::W4Bf16Unpack)0>", 512, 1,
      [({"vdpbf16ps": 16, "vpmultishiftqb": 16, "fma": 4}, 1)], [SPR, ZN4], "4 records of one row's chunk (unrolled)"),
-    ("bf16 Tile<1> g32 M=1", "x86_avx512bf16", "void nibble::(anonymous namespace)::Tile<1, false, 1>", 128, 1,
+    ("bf16 Tile<1> g32 M=1", "int4_gemm_bf16", "void nibble::(anonymous namespace)::Tile<1, false, 1>", 128, 1,
      [({"vdpbf16ps": 4, "vpmultishiftqb": 4, "fma": 4}, 1)], [SPR, ZN4], "4 groups of 32"),
-    ("bf16 Block<2,2> g128 M=2", "x86_avx512bf16", "void nibble::(anonymous namespace)::Block<2, 2, false>", 256, 2,
+    ("bf16 Block<2,2> g128 M=2", "int4_gemm_bf16", "void nibble::(anonymous namespace)::Block<2, 2, false>", 256, 2,
      [({"vdpbf16ps": 16, "vpmultishiftqb": 8, "fma": 4}, 1)], [SPR, ZN4], "one group of 2 rows"),
-    ("bf16 Block<2,4> g128 M=4", "x86_avx512bf16", "void nibble::(anonymous namespace)::Block<2, 4, false>", 256, 4,
+    ("bf16 Block<2,4> g128 M=4", "int4_gemm_bf16", "void nibble::(anonymous namespace)::Block<2, 4, false>", 256, 4,
      [({"vdpbf16ps": 32, "vpmultishiftqb": 8, "fma": 8}, 1)], [SPR, ZN4], "one group of 2 rows"),
 ]
 

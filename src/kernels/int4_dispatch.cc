@@ -14,6 +14,7 @@
 
 #include "kernels/x86_amx/int4_gemm_amx.h"
 #include "kernels/x86_avx2/int4_gemm_avx2.h"
+#include "kernels/x86_avx2/int4_gemm_i8_avx2.h"
 #include "kernels/x86_avx2/vec_ops_avx2.h"
 #include "kernels/x86_avx512/int4_gemm_avx512.h"
 #include "kernels/x86_avx512/vec_ops_avx512.h"
@@ -116,7 +117,7 @@ bool Zen4Core(const CpuFeatures& cpu) { return cpu.vendor == "AuthenticAMD" && c
 W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, W4Bf16Unpack unpack,
                     bool unpack_forced, const std::string& unpack_why, std::string* i8_reason = nullptr,
                     std::string* bf16_reason = nullptr) {
-  std::string reason = "no AVX-512 VNNI kernel for ISA " + std::string(IsaName(isa));
+  std::string reason = "no vector W4A8 kernel for ISA " + std::string(IsaName(isa));
   const char* const kRounded = ": the W4A32 kernels run on bf16-rounded inputs";
   std::string breason = "no AVX-512 BF16 kernel for ISA " + std::string(IsaName(isa)) + kRounded;
   W4Kernels k;
@@ -138,6 +139,9 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, W4
     k.dequant = DequantW4Avx2;
     k.stream_read = StreamReadAvx2;
     k.vec = VecKernelsAvx2();
+    k.gemm_i8 = t0 ? GemmW4A8Avx2<kT0> : GemmW4A8Avx2<kNta>;
+    k.gemm_i8_name = "avx2";
+    reason = "avx2 (vpmaddubsw)";
   } else if (isa == Isa::kAvx512) {
     k.gemm = t0 ? GemmW4A32Avx512<kT0> : GemmW4A32Avx512<kNta>;
     k.dequant = DequantW4Avx512;
@@ -180,7 +184,9 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, W4
       k.gemm_i8_name = "avx512_vnni";
       reason = "avx512 with avx512_vnni";
     } else {
-      reason = "CPU lacks avx512_vnni";
+      k.gemm_i8 = t0 ? GemmW4A8Avx2<kT0> : GemmW4A8Avx2<kNta>;
+      k.gemm_i8_name = "avx2";
+      reason = "CPU lacks avx512_vnni: avx2 (vpmaddubsw)";
     }
   }
 #else

@@ -52,9 +52,10 @@ struct W4Kernels {
   W4DequantBf16Kernel dequant_bf16 = nullptr;
   StreamReadKernel stream_read = nullptr;
   /// Opt-in W4A8 GEMV (int8 activations): AVX-512 VNNI when the ISA is avx512 and the CPU has
-  /// avx512_vnni, else the scalar kernel (same results, bit for bit).
+  /// avx512_vnni, else AVX2 (vpmaddubsw) when the ISA is avx2 or avx512, else the scalar kernel
+  /// (same results, bit for bit).
   W4GemmI8Kernel gemm_i8 = nullptr;
-  const char* gemm_i8_name = "scalar";  // "avx512_vnni" | "scalar"
+  const char* gemm_i8_name = "scalar";  // "avx512_vnni" | "avx2" | "scalar"
   /// Opt-in bf16-activation GEMM (W4Bf16Acts): AVX-512 BF16 when the ISA is avx512 and the CPU
   /// has avx512_bf16 and avx512_vbmi, else nullptr (Int4Linear then rounds the activations to
   /// bf16 and runs `gemm`: the same inputs, a different fp32 summation order).

@@ -124,7 +124,7 @@ W4Int8Acts QuantizeActsInt8(const float* x, int64_t k, int64_t parts, uint8_t* s
 /// Precondition: W4Int8Supported(w); every a[i].parts == W4Int8Parts(w.group_size), a[i].k == w.k.
 using W4GemmI8Kernel = void (*)(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y,
                                 int64_t n0, int64_t n1);
-/// Scalar W4A8 GEMM (the oracle and the fallback on CPUs without AVX-512 VNNI).
+/// Scalar W4A8 GEMM (the oracle and the fallback on CPUs without AVX2).
 void GemmW4A8PackedScalar(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y,
                           int64_t n0, int64_t n1);
 

@@ -340,15 +340,19 @@ TEST(W4DispatchTest, FakeCpusAndOverride) {
   const W4Dispatch a2 = ResolveW4Dispatch(FakeCpu(true, false, false), nullptr);
   EXPECT_EQ(a2.kernels.isa, Isa::kAvx2);
   EXPECT_NE(a2.candidates[0].reason.find("avx512f"), std::string::npos) << a2.candidates[0].reason;
-  // The int8 (W4A8) kernel and why: VNNI needs AVX-512 chosen and avx512_vnni.
-  EXPECT_STREQ(ResolveW4Dispatch(full, nullptr).kernels.gemm_i8_name, "scalar");  // FakeCpu: no avx512_vnni
-  EXPECT_EQ(ResolveW4Dispatch(full, nullptr).gemm_i8_reason, "CPU lacks avx512_vnni");
+  // The int8 (W4A8) kernel and why: VNNI needs AVX-512 chosen and avx512_vnni; AVX2 (also on
+  // AVX-512 without VNNI) runs vpmaddubsw; only the scalar ISA runs the scalar kernel.
+  EXPECT_STREQ(ResolveW4Dispatch(full, nullptr).kernels.gemm_i8_name, "avx2");  // FakeCpu: no avx512_vnni
+  EXPECT_EQ(ResolveW4Dispatch(full, nullptr).gemm_i8_reason, "CPU lacks avx512_vnni: avx2 (vpmaddubsw)");
+  EXPECT_STREQ(a2.kernels.gemm_i8_name, "avx2");
   CpuFeatures vnni = full;
   vnni.avx512vnni = true;
   EXPECT_STREQ(ResolveW4Dispatch(vnni, nullptr).kernels.gemm_i8_name, "avx512_vnni");
   EXPECT_EQ(ResolveW4Dispatch(vnni, nullptr).gemm_i8_reason, "avx512 with avx512_vnni");
-  EXPECT_STREQ(ResolveW4Dispatch(vnni, "avx2").kernels.gemm_i8_name, "scalar");
-  EXPECT_EQ(ResolveW4Dispatch(vnni, "avx2").gemm_i8_reason, "no AVX-512 VNNI kernel for ISA avx2");
+  EXPECT_STREQ(ResolveW4Dispatch(vnni, "avx2").kernels.gemm_i8_name, "avx2");
+  EXPECT_EQ(ResolveW4Dispatch(vnni, "avx2").gemm_i8_reason, "avx2 (vpmaddubsw)");
+  EXPECT_STREQ(ResolveW4Dispatch(vnni, "scalar").kernels.gemm_i8_name, "scalar");
+  EXPECT_EQ(ResolveW4Dispatch(vnni, "scalar").gemm_i8_reason, "no vector W4A8 kernel for ISA scalar");
   // The bf16-activation kernel and why: AVX-512 chosen with avx512_bf16 and avx512_vbmi, else none
   // (Int4Linear then runs the W4A32 kernels on bf16-rounded inputs).
   EXPECT_EQ(ResolveW4Dispatch(full, nullptr).kernels.gemm_bf16, nullptr);
@@ -670,7 +674,10 @@ TEST(W4A8KernelTest, EveryKernelMatchesTheOracleAndIsBitIdenticalToScalar) {
   std::normal_distribution<float> xd(0.f, 1.f);
   const W4Kernels* scalar = W4KernelsFor(Isa::kScalar);
   ASSERT_NE(scalar, nullptr);
-  const W4Kernels* fast = W4KernelsFor(Isa::kAvx512);  // VNNI when the CPU has it, else scalar again
+  // VNNI when the CPU has it (else AVX2 again), and AVX2 (vpmaddubsw).
+  std::vector<const W4Kernels*> fasts;
+  for (Isa isa : {Isa::kAvx512, Isa::kAvx2})
+    if (const W4Kernels* k = W4KernelsFor(isa)) fasts.push_back(k);
   int cases = 0;
   for (int64_t g : {32, 64, 128, 256, -1}) {
     for (int64_t kmul : {1, 3, 0}) {
@@ -714,7 +721,7 @@ TEST(W4A8KernelTest, EveryKernelMatchesTheOracleAndIsBitIdenticalToScalar) {
             EXPECT_LE(worst, 1.0) << "g=" << ge << " k=" << k << " n=" << n << " sym=" << sym << ": y[" << i << "][" << wn
                                   << "] = " << ys[i * n + wn] << ", oracle " << ref.y[wn] << ", tolerance " << ref.tol[wn];
           }
-          if (fast != nullptr) {
+          for (const W4Kernels* fast : fasts) {
             fast->gemm_i8(p.w, acts.data(), m_rows, b, yf.data(), 0, n);
             EXPECT_EQ(std::memcmp(ys.data(), yf.data(), ys.size() * 4), 0)
                 << fast->gemm_i8_name << " g=" << ge << " k=" << k << " n=" << n << " m=" << m_rows << " sym=" << sym;
@@ -757,6 +764,41 @@ TEST(W4A8KernelTest, ManyRowsInBoundedBlocksAreBitIdenticalToScalar) {
   scalar->gemm_i8(p.w, acts.data(), m_rows, bias.data(), ys.data(), 0, n);
   fast->gemm_i8(p.w, acts.data(), m_rows, bias.data(), yf.data(), 0, n);
   EXPECT_EQ(std::memcmp(ys.data(), yf.data(), ys.size() * 4), 0) << fast->gemm_i8_name;
+}
+
+// The AVX2 kernel forms each lane's sum through int16 pairs (vpmaddubsw, saturating): at the
+// extremes (every code 15, every activation code ±127, the signs of a pair equal or mixed) its
+// sums and results are still the scalar kernel's, at every group size and for 1 and 3 rows.
+TEST(W4A8KernelTest, Avx2AtTheInt16ExtremesIsBitIdenticalToScalar) {
+  const W4Kernels* scalar = W4KernelsFor(Isa::kScalar);
+  const W4Kernels* avx2 = W4KernelsFor(Isa::kAvx2);
+  ASSERT_NE(scalar, nullptr);
+  if (avx2 == nullptr) GTEST_SKIP() << "no AVX2 on this CPU";
+  ASSERT_STREQ(avx2->gemm_i8_name, "avx2");
+  std::mt19937 rng(47);
+  const int64_t n = 5, k = 512;
+  for (int64_t g : {32, 64, 128, 256}) {
+    Int4Matrix w = RandomMatrix(rng, n, k, g, false);
+    std::fill(w.codes.begin(), w.codes.end(), uint8_t{15});
+    for (size_t i = 0; i < w.zero_points.size(); ++i) w.zero_points[i] = i % 2 == 0 ? 0 : 15;
+    Packed p(w);
+    const int64_t parts = W4Int8Parts(g), m_rows = 3;
+    const size_t ab = W4Int8ActsBytes(k, parts);
+    std::vector<uint8_t> scratch(ab * m_rows);
+    std::vector<W4Int8Acts> acts;
+    for (int64_t i = 0; i < m_rows; ++i) {
+      std::vector<float> x(static_cast<size_t>(k));
+      for (int64_t j = 0; j < k; ++j)  // all +1, all −1, or sign flipping every 64 values
+        x[static_cast<size_t>(j)] = i == 0 ? 1.f : i == 1 ? -1.f : ((j / 64) % 2 == 0 ? 1.f : -1.f);
+      acts.push_back(QuantizeActsInt8(x.data(), k, parts, scratch.data() + ab * static_cast<size_t>(i)));
+    }
+    for (int64_t rows : {int64_t{1}, m_rows}) {
+      std::vector<float> ys(static_cast<size_t>(rows * n)), yf(ys.size());
+      scalar->gemm_i8(p.w, acts.data(), rows, nullptr, ys.data(), 0, n);
+      avx2->gemm_i8(p.w, acts.data(), rows, nullptr, yf.data(), 0, n);
+      EXPECT_EQ(std::memcmp(ys.data(), yf.data(), ys.size() * 4), 0) << "g=" << g << " rows=" << rows;
+    }
+  }
 }
 
 // Long rows (K from W4DecodeChunkMinK of this CPU's L1): the VNNI decode loop reads eight weight

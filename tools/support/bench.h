@@ -30,7 +30,7 @@ struct KernelDispatchReport {
   std::string override_value;      // NIBBLE_ISA ("" when unset)
   std::string override_message;    // why the override was ignored ("" when accepted or unset)
   std::vector<Candidate> candidates;  // best first
-  std::string int8_kernel;         // opt-in W4A8 GEMV (--int8_activations): "avx512_vnni" | "scalar"
+  std::string int8_kernel;         // opt-in W4A8 GEMV (--int8_activations): "avx512_vnni" | "avx2" | "scalar"
   std::string int8_reason;         // why that one
   /// opt-in bf16-activation GEMM (--bf16_activations): "avx512_bf16" | "w4a32_rounded" (no bf16
   /// kernel: the W4A32 kernels on bf16-rounded inputs); bf16_act_reason names the AMX tile kernel
