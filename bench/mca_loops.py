@@ -21,7 +21,7 @@ import sys
 
 # name, TU asm (the translation unit's file name without .cc), demangled function prefix (the decode loops in their prefetcht0
 # instance: the same instructions as the prefetchnta one but the hint), weights of W per unit of work,
-# activation rows, exact instruction counts of the hot path ('fma' = all vfmadd*ps), CPUs
+# activation rows, exact instruction counts of the hot path ('fma' = all vfmadd*, scalar too), CPUs
 # (llvm-mca -mcpu) whose ISA has every instruction, and what one unit is. `parts`: (counts, times)
 # for each path of the loop that one unit runs, e.g. 7 plain runs + 1 run with a group's broadcasts.
 SPR, ZN4, SKX, CLX, HSW = "sapphirerapids", "znver4", "skylake-avx512", "cascadelake", "haswell"
@@ -38,11 +38,12 @@ KERNELS = [
     ("fp32 Tile128<4,4> g128 M=4", "int4_gemm_avx512", "void nibble::(anonymous namespace)::Tile128<4, 4, 0>", 512, 4,
      [({"vpermps": 32, "fma": 128, "movzbl": 4}, 1)], [SPR, ZN4, SKX], "one record of 4 rows"),
     # W4A32, AVX2 (x86_avx2/int4_gemm_avx2.cc): the decode loop at g128 (per record 16 converts,
-    # 14 shifts, 12 FMAs + 4 products + the scale's FMA; unrolled by four records); the tiles' run
+    # 14 shifts, 12 FMAs + 4 products + the scale's FMA + the zero point's scalar FMA; unrolled by
+    # four records); the tiles' run
     # loop over 16 weights of one row, whose zero point and scale are broadcast at the first run of
     # each group (1 run in 4 at g64).
     ("fp32 avx2 DecodeRowG128 g128 M=1", "int4_gemm_avx2", "void nibble::GemmW4A32Avx2<(nibble::StreamPrefetch)1>", 512, 1,
-     [({"fma": 52, "vcvtdq2ps": 64, "vpsrld": 56}, 1)], [SPR, ZN4, SKX, HSW], "4 records (unrolled)"),
+     [({"fma": 56, "vcvtdq2ps": 64, "vpsrld": 56}, 1)], [SPR, ZN4, SKX, HSW], "4 records (unrolled)"),
     ("fp32 avx2 Tile<1,4> g64 M=1", "int4_gemm_avx2", "void nibble::(anonymous namespace)::Rows<1>", 64, 1,
      [({"fma": 2, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 0}, 3),
       ({"fma": 2, "vcvtdq2ps": 2, "vpsrld": 2, "vpbroadcastd": 1, "movzbl": 1}, 1)],

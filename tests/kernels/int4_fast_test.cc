@@ -247,31 +247,40 @@ float Avx2OrderModel(const float* x, const float* wrow, int64_t k, const float* 
 }
 
 // The AVX2 decode loop's order (M = 1, g = 128): per group four 8-lane chains, chain j mod 4 taking
-// run j's weights 16j + l, then 16j + 8 + l (float(q − z), exact; the chain's first step a
-// product, then FMAs); sum[gi mod 4] = fma(s, (c0 + c1) + (c2 + c3), sum[gi mod 4]); at the end
-// ((sum0 + sum1) + (sum2 + sum3)), the same lane tree as above, + bias.
+// run j's codes 16j + l, then 16j + 8 + l (float(q), exact; the chain's first step a product,
+// then FMAs); sum[gi mod 4] = fma(s, (c0 + c1) + (c2 + c3), sum[gi mod 4]); the zero point in
+// scalar, corr = fma(s, float(z) · σ, corr), σ the group's Σx (8 lanes over its 16 loads in
+// order, then the lane tree); at the end ((sum0 + sum1) + (sum2 + sum3)), the same lane tree as
+// above, − corr, + bias.
 float Avx2DecodeOrderModel(const Int4Matrix& w, int64_t row, const float* x, const float* bias) {
+  const auto tree = [](const float* v8) {
+    float s4[4];
+    for (int l = 0; l < 4; ++l) s4[l] = v8[l] + v8[l + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  };
   const int64_t groups = w.k / 128;
-  float sum[4][8] = {};
+  float sum[4][8] = {}, corr = 0.f;
   for (int64_t gi = 0; gi < groups; ++gi) {
-    float c[4][8];
+    float c[4][8], sig8[8];
+    for (int l = 0; l < 8; ++l) sig8[l] = x[128 * gi + l];
+    for (int j = 1; j < 16; ++j)
+      for (int l = 0; l < 8; ++l) sig8[l] += x[128 * gi + 8 * j + l];
     const int z = w.zero_points[static_cast<size_t>(row * groups + gi)];
     for (int j = 0; j < 8; ++j)
       for (int h = 0; h < 2; ++h)
         for (int l = 0; l < 8; ++l) {
           const int64_t kk = 128 * gi + 16 * j + 8 * h + l;
-          const float wv = static_cast<float>(w.codes[static_cast<size_t>(row * w.k + kk)] - z);
+          const float wv = static_cast<float>(w.codes[static_cast<size_t>(row * w.k + kk)]);
           float& cc = c[j % 4][l];
           cc = (j < 4 && h == 0) ? x[kk] * wv : std::fmaf(x[kk], wv, cc);
         }
     const float s = w.scales[static_cast<size_t>(row * groups + gi)];
     for (int l = 0; l < 8; ++l) sum[gi % 4][l] = std::fmaf(s, (c[0][l] + c[1][l]) + (c[2][l] + c[3][l]), sum[gi % 4][l]);
+    corr = std::fmaf(s, static_cast<float>(z) * tree(sig8), corr);
   }
   float acc[8];
   for (int l = 0; l < 8; ++l) acc[l] = (sum[0][l] + sum[1][l]) + (sum[2][l] + sum[3][l]);
-  float s4[4];
-  for (int l = 0; l < 4; ++l) s4[l] = acc[l] + acc[l + 4];
-  const float v = (s4[0] + s4[2]) + (s4[1] + s4[3]);
+  const float v = tree(acc) - corr;
   return bias != nullptr ? v + *bias : v;
 }
 
@@ -309,6 +318,26 @@ TEST(W4KernelTest, Avx2KernelIsBitIdenticalToItsScalarOrderModel) {
     }
   }
   EXPECT_EQ(cases, 6 * 3 * 3 * 2);
+}
+
+// Past the decode loop's group sums on the stack (1024 groups of 128: K > 131072) one row at
+// g = 128 runs the tiles, in their order.
+TEST(W4KernelTest, Avx2DecodePastItsGroupSumsRunsTheTiles) {
+  const W4Kernels* avx2 = W4KernelsFor(Isa::kAvx2);
+  if (avx2 == nullptr) GTEST_SKIP() << "no AVX2 on this CPU";
+  std::mt19937 rng(13);
+  std::normal_distribution<float> xd(0.f, 1.f);
+  for (int64_t k : {int64_t{1024 * 128}, int64_t{1025 * 128}}) {
+    GemmCase c(rng, xd, 1, 3, k, 128, false);
+    std::vector<float> y(3, std::nanf(""));
+    W4PackedGemmArgs a{1, &c.p.w, c.x.data(), c.bias.data(), y.data()};
+    GemmW4A32Packed(a, avx2);
+    for (int64_t j = 0; j < 3; ++j) {
+      const float want = k <= 1024 * 128 ? Avx2DecodeOrderModel(c.w, j, c.x.data(), c.bias.data() + j)
+                                         : Avx2OrderModel(c.x.data(), c.wd.data() + j * k, k, c.bias.data() + j);
+      EXPECT_EQ(std::memcmp(&y[static_cast<size_t>(j)], &want, 4), 0) << "K=" << k << " row " << j;
+    }
+  }
 }
 
 CpuFeatures FakeCpu(bool avx2, bool avx512, bool os_zmm) {

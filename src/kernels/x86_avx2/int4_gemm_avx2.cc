@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "kernels/stream_prefetch.h"
 #include "kernels/x86_avx2/int4_gemm_avx2.h"
@@ -84,16 +85,30 @@ void Tile(const W4PackedGemmArgs& a, int64_t i0, int64_t r0) {
 
 // ---- Decode (M = 1) at g = 128 on records of one superblock (K % 128 == 0): a flat loop over the
 // row's records, the superblock loaded once per record (the tiles load it again per run), each
-// weight float(q − z) (exact) and the scale applied once per group, not per weight. Per group
-// gi, four 8-lane chains, chain j mod 4 taking run j's weights 16j + l, then 16j + 8 + l (the
-// first as a product, then FMAs); sum[gi mod 4] = fma(s, (c0 + c1) + (c2 + c3), sum[gi mod 4]);
-// at the end ((sum0 + sum1) + (sum2 + sum3)), the Hsum tree, + bias. The order is fixed by K, so
-// results do not depend on the row range or the thread count. Any K: the loop is bound by its
-// instructions, not by x coming from L2 past the L1 (docs/PERFORMANCE.md "AVX2 decode loop").
-// One software prefetch per record, kRowPrefetchBytes ahead along the row, with the dispatch's hint.
+// code float(q) (exact) and the scale applied once per group, not per weight; the zero point
+// enters once per group as z·σ, σ = Σx of the group (GroupSums, once per call), so no subtract
+// per weight. Per group gi, four 8-lane chains, chain j mod 4 taking run j's codes 16j + l, then
+// 16j + 8 + l (the first as a product, then FMAs); sum[gi mod 4] = fma(s, (c0 + c1) + (c2 + c3),
+// sum[gi mod 4]) and, in scalar, corr = fma(s, float(z)·σ, corr); at the end ((sum0 + sum1) +
+// (sum2 + sum3)), the Hsum tree, − corr, + bias. The order is fixed by K, so results do not depend
+// on the row range or the thread count. Any K up to kDecodeMaxGroups groups (σ on the stack): the
+// loop is bound by its instructions, not by x coming from L2 past the L1 (docs/PERFORMANCE.md
+// "AVX2 decode loop"). One software prefetch per record, kRowPrefetchBytes ahead along the row,
+// with the dispatch's hint.
 constexpr int64_t kRowPrefetchBytes = 4096;
+constexpr int64_t kDecodeMaxGroups = 1024;  // K <= 131072; longer rows take the tiles
 
-inline __m256 GroupG128(const uint8_t* rec, int64_t header, __m256i zv, const float* x, __m256 tot) {
+// σ of each 128-value group of x: 16 loads added in order into 8 lanes, then the Hsum tree.
+void GroupSums(const float* x, int64_t groups, float* sums) {
+  for (int64_t gi = 0; gi < groups; ++gi) {
+    const float* xg = x + 128 * gi;
+    __m256 v = _mm256_loadu_ps(xg);
+    for (int j = 1; j < 16; ++j) v = _mm256_add_ps(v, _mm256_loadu_ps(xg + 8 * j));
+    sums[gi] = Hsum(v);
+  }
+}
+
+inline __m256 GroupG128(const uint8_t* rec, int64_t header, const float* x, __m256 tot) {
   const __m256i m15 = _mm256_set1_epi32(15);
   const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + header));
   const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + header + 32));
@@ -105,8 +120,7 @@ inline __m256 GroupG128(const uint8_t* rec, int64_t header, __m256i zv, const fl
                                                                   : _mm256_and_si256(_mm256_srli_epi32(lo, 4 * j), m15);
     const __m256i b = j == 0 ? _mm256_and_si256(hi, m15) : j == 7 ? _mm256_srli_epi32(hi, 28)
                                                                   : _mm256_and_si256(_mm256_srli_epi32(hi, 4 * j), m15);
-    const __m256 wa = _mm256_cvtepi32_ps(_mm256_sub_epi32(a, zv));
-    const __m256 wb = _mm256_cvtepi32_ps(_mm256_sub_epi32(b, zv));
+    const __m256 wa = _mm256_cvtepi32_ps(a), wb = _mm256_cvtepi32_ps(b);
     const __m256 xa = _mm256_loadu_ps(x + 16 * j), xb = _mm256_loadu_ps(x + 16 * j + 8);
     c[j % 4] = j < 4 ? _mm256_mul_ps(xa, wa) : _mm256_fmadd_ps(xa, wa, c[j % 4]);
     c[j % 4] = _mm256_fmadd_ps(xb, wb, c[j % 4]);
@@ -117,23 +131,26 @@ inline __m256 GroupG128(const uint8_t* rec, int64_t header, __m256i zv, const fl
 }
 
 template <StreamPrefetch P>
-void DecodeRowG128(const W4PackedGemmArgs& a, int64_t r) {
+void DecodeRowG128(const W4PackedGemmArgs& a, const float* sums, int64_t r) {
   const W4PackedWeight& w = *a.w;
   const int64_t groups = w.k / 128, rb = w.rec_bytes, header = w.rec_header;
   const uint8_t* rec = w.data + r * w.row_bytes;
   __m256 tot[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  float corr = 0.f;
   for (int64_t g0 = 0; g0 < groups; g0 += 4) {
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t) {  // t constant after unrolling: the sums stay in registers
       const int64_t gi = g0 + t;
       if (gi >= groups) break;
       PrefetchAhead<P>(rec, kRowPrefetchBytes);
-      const __m256i zv = _mm256_set1_epi32(w4p::Zero(w, rec, 0));
-      tot[t] = GroupG128(rec, header, zv, a.x + 128 * gi, tot[t]);
+      float s;
+      __builtin_memcpy(&s, rec, 4);
+      corr = std::fma(s, static_cast<float>(w4p::Zero(w, rec, 0)) * sums[gi], corr);
+      tot[t] = GroupG128(rec, header, a.x + 128 * gi, tot[t]);
       rec += rb;
     }
   }
-  const float v = Hsum(_mm256_add_ps(_mm256_add_ps(tot[0], tot[1]), _mm256_add_ps(tot[2], tot[3])));
+  const float v = Hsum(_mm256_add_ps(_mm256_add_ps(tot[0], tot[1]), _mm256_add_ps(tot[2], tot[3]))) - corr;
   a.y[r] = a.bias != nullptr ? v + a.bias[r] : v;
 }
 
@@ -151,8 +168,10 @@ template <StreamPrefetch P>
 void GemmW4A32Avx2(const W4PackedGemmArgs& a, int64_t n0, int64_t n1) {
   if (!w4p::RunsFitGroups(*a.w)) return GemmW4A32PackedScalar(a, n0, n1);
   const W4PackedWeight& w = *a.w;
-  if (a.m == 1 && w.group_size == 128 && w.rec_weights == 128 && w.k % 128 == 0) {
-    for (int64_t r = n0; r < n1; ++r) DecodeRowG128<P>(a, r);
+  if (a.m == 1 && w.group_size == 128 && w.rec_weights == 128 && w.k % 128 == 0 && w.k / 128 <= kDecodeMaxGroups) {
+    float sums[kDecodeMaxGroups];
+    GroupSums(a.x, w.k / 128, sums);
+    for (int64_t r = n0; r < n1; ++r) DecodeRowG128<P>(a, sums, r);
     return;
   }
   int64_t i = 0;
