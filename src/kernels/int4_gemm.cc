@@ -35,44 +35,74 @@ void GemmW4Bf16AmxBatches(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t 
   }
 }
 
+// Row blocks of b = 0 .. BlockCount(jobs) - 1 in one pass: the first weight's blocks, then the
+// next weight's, ...; block(job, n0, n1) runs rows [n0, n1) of that job's weight.
+int64_t Blocks(const W4PackedWeight& w) { return (w.n + kW4BlockRows - 1) / kW4BlockRows; }
+
+template <class F>
+void OnePass(const W4Job* jobs, int64_t count, int64_t m, F&& block) {
+  int64_t nblocks = 0, work = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    nblocks += Blocks(*jobs[j].w);
+    work += m * jobs[j].w->n * jobs[j].w->k;
+  }
+  if (nblocks == 0 || m == 0) return;
+  // Tiny products are not worth waking the team (the result is the same either way).
+  ParallelFor(nblocks, nblocks > 1 && work >= kTeamMinWork, [&](int64_t b) {
+    int64_t j = 0;
+    for (int64_t nb; b >= (nb = Blocks(*jobs[j].w)); ++j) b -= nb;
+    const int64_t n = jobs[j].w->n;
+    block(jobs[j], b * kW4BlockRows, std::min(n, (b + 1) * kW4BlockRows));
+  });
+}
+
 }  // namespace
 
 void GemmW4A32Packed(const W4PackedGemmArgs& a, const W4Kernels* kernels) {
   NIBBLE_CHECK(a.w != nullptr && a.m >= 0);
-  if (a.m == 0 || a.w->n == 0) return;
-  NIBBLE_CHECK(a.x != nullptr && a.y != nullptr && a.w->data != nullptr);
+  const W4Job job{a.w, a.bias, a.y};
+  GemmW4A32PackedMany(&job, 1, a.x, a.m, kernels);
+}
+
+void GemmW4A32PackedMany(const W4Job* jobs, int64_t count, const float* x, int64_t m, const W4Kernels* kernels) {
+  NIBBLE_CHECK(count >= 0 && m >= 0);
+  if (m == 0 || count == 0) return;
+  const int64_t k = jobs[0].w->k;
+  bool wide = false;
+  for (int64_t j = 0; j < count; ++j) {
+    const W4PackedWeight& w = *jobs[j].w;
+    NIBBLE_CHECK(w.k == k && (w.n == 0 || (x != nullptr && jobs[j].y != nullptr && w.data != nullptr)));
+    wide = wide || w.n >= kW4BlockRows;
+  }
   const W4GemmKernel gemm = KernelsOr(kernels).gemm;
-  const int64_t n = a.w->n;
-  const int64_t nblocks = (n + kW4BlockRows - 1) / kW4BlockRows;
-  // Tiny products are not worth waking the team (the result is the same either way).
-  const bool parallel = nblocks > 1 && a.m * n * a.w->k >= kTeamMinWork;
   // x 64-byte aligned so that its loads never split cache lines (a copy, when needed, costs M·K
   // floats against M·K·N multiply-adds).
-  const float* x = n >= kW4BlockRows ? AlignedActs(a.x, a.m * a.w->k) : a.x;
-  const auto chunk = [&](int64_t i0) {
-    W4PackedGemmArgs c = a;
-    c.m = std::min(kW4ChunkRows, a.m - i0);
-    c.x = x + i0 * a.w->k;
-    c.y = a.y + i0 * n;
-    return c;
-  };
-  // Each chunk of x rows, one ParallelFor over W's row blocks: the chunk's rows stay in cache.
-  for (int64_t i0 = 0; i0 < a.m; i0 += kW4ChunkRows) {
-    const W4PackedGemmArgs c = chunk(i0);
-    ParallelFor(nblocks, parallel, [&](int64_t b) { gemm(c, b * kW4BlockRows, std::min(n, (b + 1) * kW4BlockRows)); });
+  const float* xa = wide ? AlignedActs(x, m * k) : x;
+  // Each chunk of x rows, one pass over the weights' row blocks: the chunk's rows stay in cache.
+  for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows) {
+    OnePass(jobs, count, m, [&](const W4Job& job, int64_t n0, int64_t n1) {
+      const W4PackedGemmArgs c{std::min(kW4ChunkRows, m - i0), job.w, xa + i0 * k, job.bias, job.y + i0 * job.w->n};
+      gemm(c, n0, n1);
+    });
   }
 }
 
 void GemmW4A8Packed(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const float* bias, float* y,
                     const W4Kernels* kernels) {
-  NIBBLE_CHECK(W4Int8Supported(w) && m >= 0 && (m == 0 || (a != nullptr && y != nullptr)));
-  for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].parts == W4Int8Parts(w.group_size));
-  if (w.n == 0 || m == 0) return;
+  const W4Job job{&w, bias, y};
+  GemmW4A8PackedMany(&job, 1, a, m, kernels);
+}
+
+void GemmW4A8PackedMany(const W4Job* jobs, int64_t count, const W4Int8Acts* a, int64_t m, const W4Kernels* kernels) {
+  NIBBLE_CHECK(count >= 0 && m >= 0 && (m == 0 || a != nullptr));
+  for (int64_t j = 0; j < count; ++j) {
+    const W4PackedWeight& w = *jobs[j].w;
+    NIBBLE_CHECK(W4Int8Supported(w) && (m == 0 || jobs[j].y != nullptr));
+    for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].parts == W4Int8Parts(w.group_size));
+  }
   const W4GemmI8Kernel gemm = KernelsOr(kernels).gemm_i8;
-  const int64_t nblocks = (w.n + kW4BlockRows - 1) / kW4BlockRows;
-  const bool parallel = nblocks > 1 && m * w.n * w.k >= kTeamMinWork;
-  ParallelFor(nblocks, parallel,
-              [&](int64_t b) { gemm(w, a, m, bias, y, b * kW4BlockRows, std::min(w.n, (b + 1) * kW4BlockRows)); });
+  OnePass(jobs, count, m,
+          [&](const W4Job& job, int64_t n0, int64_t n1) { gemm(*job.w, a, m, job.bias, job.y, n0, n1); });
 }
 
 bool W4Bf16AmxServes(const W4PackedWeight& w, int64_t m, const W4Kernels* kernels) {
@@ -82,41 +112,37 @@ bool W4Bf16AmxServes(const W4PackedWeight& w, int64_t m, const W4Kernels* kernel
 
 void GemmW4Bf16Packed(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t m, const float* bias, float* y,
                       const W4Kernels* kernels) {
-  const W4Bf16Job job{&w, bias, y};
+  const W4Job job{&w, bias, y};
   GemmW4Bf16PackedMany(&job, 1, a, m, kernels);
 }
 
-void GemmW4Bf16PackedMany(const W4Bf16Job* jobs, int64_t count, const W4Bf16Acts* a, int64_t m,
+void GemmW4Bf16PackedMany(const W4Job* jobs, int64_t count, const W4Bf16Acts* a, int64_t m,
                           const W4Kernels* kernels) {
   const W4Kernels& ks = KernelsOr(kernels);
   const W4GemmBf16Kernel gemm = ks.gemm_bf16;
   NIBBLE_CHECK(gemm != nullptr && count >= 0 && m >= 0 && (m == 0 || a != nullptr));
-  int64_t nblocks = 0, work = 0;
   bool amx = false;
+  int64_t work = 0;
   for (int64_t j = 0; j < count; ++j) {
     const W4PackedWeight& w = *jobs[j].w;
     NIBBLE_CHECK(W4Bf16Supported(w) && (m == 0 || jobs[j].y != nullptr));
     for (int64_t i = 0; i < m; ++i) NIBBLE_CHECK(a[i].k == w.k && a[i].group_size == w.group_size);
-    nblocks += (w.n + kW4BlockRows - 1) / kW4BlockRows;
-    work += m * w.n * w.k;
     amx = amx || W4Bf16AmxServes(w, m, &ks);
+    work += m * w.n * w.k;
   }
-  if (nblocks == 0 || m == 0) return;
-  const bool parallel = nblocks > 1 && work >= kTeamMinWork;
-  if (amx && count == 1) return GemmW4Bf16AmxBatches(*jobs[0].w, a, m, jobs[0].bias, jobs[0].y, ks.gemm_bf16_amx, parallel);
+  if (m == 0 || count == 0) return;
+  if (amx && count == 1) {
+    const bool parallel = Blocks(*jobs[0].w) > 1 && work >= kTeamMinWork;
+    return GemmW4Bf16AmxBatches(*jobs[0].w, a, m, jobs[0].bias, jobs[0].y, ks.gemm_bf16_amx, parallel);
+  }
   if (amx) {  // the tile kernel arranges the rows per weight: each weight its own pass
     for (int64_t j = 0; j < count; ++j) GemmW4Bf16PackedMany(jobs + j, 1, a, m, kernels);
     return;
   }
-  // Block b of the pass: the first weight's blocks, then the next weight's, ...
-  const auto block = [&](int64_t i0, int64_t b) {
-    int64_t j = 0;
-    for (int64_t nb; b >= (nb = (jobs[j].w->n + kW4BlockRows - 1) / kW4BlockRows); ++j) b -= nb;
-    const W4PackedWeight& w = *jobs[j].w;
-    gemm(w, a + i0, std::min(kW4ChunkRows, m - i0), jobs[j].bias, jobs[j].y + i0 * w.n, b * kW4BlockRows,
-         std::min(w.n, (b + 1) * kW4BlockRows));
-  };
-  for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows) ParallelFor(nblocks, parallel, [&](int64_t b) { block(i0, b); });
+  for (int64_t i0 = 0; i0 < m; i0 += kW4ChunkRows)
+    OnePass(jobs, count, m, [&](const W4Job& job, int64_t n0, int64_t n1) {
+      gemm(*job.w, a + i0, std::min(kW4ChunkRows, m - i0), job.bias, job.y + i0 * job.w->n, n0, n1);
+    });
 }
 
 void DequantW4Packed(const W4PackedWeight& w, float* out, const W4Kernels* kernels) {

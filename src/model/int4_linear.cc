@@ -34,22 +34,42 @@ void ForwardPrepared(const float* x, int64_t m, int64_t k, size_t row_bytes, Wor
   gemm(ap, m);
 }
 
-// The bf16 kernels for the weights of `jobs` (one K and g) on x[m, K]: each row prepared once
-// (PrepareActsBf16), then all the weights' GEMMs in one pass (GemmW4Bf16PackedMany).
-void ForwardBf16Jobs(const W4Bf16Job* jobs, int64_t count, const float* x, int64_t m, Workspace& ws) {
-  const W4PackedWeight& w0 = *jobs[0].w;
-  ForwardPrepared<W4Bf16Acts>(
-      x, m, w0.k, W4Bf16ActsBytes(w0.k, w0.group_size), ws,
-      [&](const float* row, uint8_t* s) { return PrepareActsBf16(row, w0.k, w0.group_size, s); },
-      [&](const W4Bf16Acts* a, int64_t rows) { GemmW4Bf16PackedMany(jobs, count, a, rows); });
-}
-
 // Rows [n0, n0 + rows) of a packed weight, as a weight of its own (rows are contiguous records).
 W4PackedWeight RowsOf(const W4PackedWeight& w, int64_t n0, int64_t rows) {
   W4PackedWeight t = w;
   t.n = rows;
   t.data = w.data + n0 * w.row_bytes;
   return t;
+}
+
+// The fused kernels for the weights of `jobs` (one K and g, all on `route`) on x[m, K]: each row
+// prepared once the route's way, then all the weights' GEMMs in one pass (GemmW4*PackedMany).
+void ForwardFusedJobs(Int4Linear::Route route, const W4Job* jobs, int64_t count, const float* x, int64_t m, Workspace& ws) {
+  const W4PackedWeight& w0 = *jobs[0].w;
+  const int64_t k = w0.k;
+  using Route = Int4Linear::Route;
+  switch (route) {
+    case Route::kFusedInt8: {
+      const int64_t parts = W4Int8Parts(w0.group_size);
+      return ForwardPrepared<W4Int8Acts>(
+          x, m, k, W4Int8ActsBytes(k, parts), ws,
+          [&](const float* row, uint8_t* s) { return QuantizeActsInt8(row, k, parts, s); },
+          [&](const W4Int8Acts* a, int64_t rows) { GemmW4A8PackedMany(jobs, count, a, rows); });
+    }
+    case Route::kFusedBf16:
+      return ForwardPrepared<W4Bf16Acts>(
+          x, m, k, W4Bf16ActsBytes(k, w0.group_size), ws,
+          [&](const float* row, uint8_t* s) { return PrepareActsBf16(row, k, w0.group_size, s); },
+          [&](const W4Bf16Acts* a, int64_t rows) { GemmW4Bf16PackedMany(jobs, count, a, rows); });
+    case Route::kFusedRoundedBf16: {
+      // The bf16 inputs through the W4A32 kernels: no bf16 kernel on this CPU.
+      float* const xr = ws.Get<float>(Slot::kLinearRows, m * k);
+      RoundToBf16(x, m * k, xr);
+      return GemmW4A32PackedMany(jobs, count, xr, m);
+    }
+    default:
+      return GemmW4A32PackedMany(jobs, count, AlignedRows(x, m * k, ws), m);
+  }
 }
 
 // Columns [0, nt) of src [m, nt] into columns [n0, n0 + nt) of y [m, n] (y + n0 given).
@@ -279,47 +299,57 @@ void Int4Linear::Forward(const float* x, int64_t m, float* y, Workspace* ws) con
   ForwardInOrder(xp, m, y, w);
 }
 
+Int4Linear::Route Int4Linear::RouteFor(int64_t m) const {
+  const bool fused = m < kDequantGemmMinRows;
+  if (int8_) return Route::kFusedInt8;
+  if (!bf16_) return fused ? Route::kFusedFp32 : Route::kDenseFp32;
+  const bool prefill = m >= Bf16MatmulMinRows(pw_.group_size);
+  if (prefill && !ActiveW4Dispatch().kernels.bf16_prefill_sgemm) return Route::kBf16Matmul;
+  // The same bf16 inputs through the W4A32 path: no bf16 kernel on this CPU, or a prefill where
+  // the fp32 sgemm outruns the bf16 matmul.
+  if (prefill || !Bf16KernelServes(m)) return fused ? Route::kFusedRoundedBf16 : Route::kDenseRoundedBf16;
+  return Route::kFusedBf16;
+}
+
 void Int4Linear::ForwardInOrder(const float* x, int64_t m, float* y, Workspace& ws) const {
-  const float* const bias = bias_.empty() ? nullptr : bias_.data();
-  if (int8_) {
-    const int64_t parts = W4Int8Parts(pw_.group_size);
-    ForwardPrepared<W4Int8Acts>(
-        x, m, pw_.k, W4Int8ActsBytes(pw_.k, parts), ws,
-        [&](const float* row, uint8_t* s) { return QuantizeActsInt8(row, pw_.k, parts, s); },
-        [&](const W4Int8Acts* a, int64_t rows) { GemmW4A8Packed(pw_, a, rows, bias, y); });
-    return;
-  }
-  if (bf16_) {
-    const bool prefill = m >= Bf16MatmulMinRows(pw_.group_size);
-    if (prefill && !ActiveW4Dispatch().kernels.bf16_prefill_sgemm) return ForwardBf16Matmul(x, m, y, ws);
-    if (prefill || !Bf16KernelServes(m)) {
-      // The same bf16 inputs through the W4A32 path: no bf16 kernel on this CPU, or a prefill
-      // where the fp32 sgemm outruns the bf16 matmul.
+  const Route route = RouteFor(m);
+  switch (route) {
+    case Route::kBf16Matmul: return ForwardBf16Matmul(x, m, y, ws);
+    case Route::kDenseFp32: return ForwardDenseW4A32(x, m, y, ws);
+    case Route::kDenseRoundedBf16: {
       float* const xr = ws.Get<float>(Slot::kLinearRows, m * pw_.k);
       RoundToBf16(x, m * pw_.k, xr);
-      ForwardW4A32(xr, m, y, ws);
-      return;
+      return ForwardDenseW4A32(xr, m, y, ws);
     }
-    const W4Bf16Job job{&pw_, bias, y};
-    return ForwardBf16Jobs(&job, 1, x, m, ws);
+    default: {
+      const W4Job job{&pw_, bias_.empty() ? nullptr : bias_.data(), y};
+      return ForwardFusedJobs(route, &job, 1, x, m, ws);
+    }
   }
-  ForwardW4A32(x, m, y, ws);
 }
 
 void ForwardSameInput(const Linear* const* ls, float* const* ys, int64_t count, const float* x, int64_t m,
                       Workspace& ws) {
-  std::vector<W4Bf16Job> jobs;
+  using Route = Int4Linear::Route;
+  std::vector<W4Job> jobs;
+  Route route = Route::kDenseFp32;
   for (int64_t i = 0; i < count; ++i) {
     const auto* l = dynamic_cast<const Int4Linear*>(ls[i]);
-    if (l == nullptr || !l->PreparesBf16InOrder(m)) break;
-    if (!jobs.empty() && (l->pw_.k != jobs[0].w->k || l->pw_.group_size != jobs[0].w->group_size)) break;
+    if (l == nullptr || !l->perm_.empty()) break;
+    const Route r = l->RouteFor(m);
+    const bool fused = r == Route::kFusedFp32 || r == Route::kFusedRoundedBf16 || r == Route::kFusedInt8 ||
+                       r == Route::kFusedBf16;
+    if (!fused || (!jobs.empty() && (r != route || l->pw_.k != jobs[0].w->k ||
+                                     l->pw_.group_size != jobs[0].w->group_size)))
+      break;
+    route = r;
     jobs.push_back({&l->pw_, l->bias_.empty() ? nullptr : l->bias_.data(), ys[i]});
   }
   if (static_cast<int64_t>(jobs.size()) < count || count < 2) {
     for (int64_t i = 0; i < count; ++i) ls[i]->Forward(x, m, ys[i], &ws);
     return;
   }
-  ForwardBf16Jobs(jobs.data(), count, x, m, ws);
+  ForwardFusedJobs(route, jobs.data(), count, x, m, ws);
 }
 
 // The weight in tiles of LinearTileRows rows, each dequantized to bf16 in the workspace and
@@ -351,20 +381,10 @@ void Int4Linear::ForwardBf16Matmul(const float* x, int64_t m, float* y, Workspac
   if (!bias_.empty()) AddBiasRows(y, m, n, bias_.data());
 }
 
-void Int4Linear::ForwardW4A32(const float* x, int64_t m, float* y, Workspace& ws) const {
+// Large M: exact fp32 weights, a tile of rows at a time in the workspace, each through the dense
+// GEMM (the dequantization is amortised over M rows; the scratch is one tile, LinearTileRows).
+void Int4Linear::ForwardDenseW4A32(const float* x, int64_t m, float* y, Workspace& ws) const {
   const int64_t n = pw_.n, k = pw_.k;
-  if (m < kDequantGemmMinRows) {
-    W4PackedGemmArgs a;
-    a.m = m;
-    a.w = &pw_;
-    a.x = AlignedRows(x, m * k, ws);
-    a.bias = bias_.empty() ? nullptr : bias_.data();
-    a.y = y;
-    GemmW4A32Packed(a);
-    return;
-  }
-  // Large M: exact fp32 weights, a tile of rows at a time in the workspace, each through the
-  // dense GEMM (the dequantization is amortised over M rows; the scratch is one tile, LinearTileRows).
   const int64_t tile = LinearTileRows(n, k, 4, ws.tile_bytes());
   float* const dense = ws.Get<float>(Slot::kLinearTile, tile * k);
   for (int64_t n0 = 0; n0 < n; n0 += tile) {

@@ -88,6 +88,11 @@ class Int4Linear final : public Linear {
   /// With bf16 activations on: whether Forward of `m` rows runs the AVX-512 BF16 / AMX kernels
   /// (true) or not (false: no such kernel on this CPU, or m >= Bf16MatmulMinRows(g)).
   bool Bf16KernelServes(int64_t m) const;
+  /// How Forward of m rows (in input order) runs: the fused kernels on the packed codes, the rows
+  /// prepared one way (fp32, rounded to bf16, int8, the bf16 kernels' rows), or a GEMM over
+  /// dequantized weight tiles (fp32 on fp32 or bf16-rounded rows, the bf16 matmul).
+  enum class Route { kFusedFp32, kFusedRoundedBf16, kFusedInt8, kFusedBf16, kDenseFp32, kDenseRoundedBf16, kBf16Matmul };
+  Route RouteFor(int64_t m) const;
   /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight
   /// symmetric and 69/128 asymmetric.
   int64_t WeightBytes() const override { return static_cast<int64_t>(packed_.size()); }
@@ -110,22 +115,21 @@ class Int4Linear final : public Linear {
   std::vector<int32_t> perm_;  // column j of the packed weight is input perm_[j]; empty = identity
   bool int8_ = false;
   bool bf16_ = false;
-  // The W4A32 path (fused kernel below kDequantGemmMinRows rows, else dequantize + dense GEMM).
-  void ForwardW4A32(const float* x, int64_t m, float* y, Workspace& ws) const;
+  // The dense W4A32 path: exact weights a tile of rows at a time through the fp32 GEMM.
+  void ForwardDenseW4A32(const float* x, int64_t m, float* y, Workspace& ws) const;
   // bf16 activations at M >= Bf16MatmulMinRows(): bf16 weights and rows through the bf16 matmul.
   void ForwardBf16Matmul(const float* x, int64_t m, float* y, Workspace& ws) const;
   void ForwardInOrder(const float* x, int64_t m, float* y, Workspace& ws) const;
-  // Whether Forward of m rows runs the bf16 kernels on rows prepared in input order.
-  bool PreparesBf16InOrder(int64_t m) const { return bf16_ && !int8_ && perm_.empty() && Bf16KernelServes(m); }
   friend void ForwardSameInput(const Linear* const* ls, float* const* ys, int64_t count, const float* x, int64_t m,
                                Workspace& ws);
 };
 
 /// ys[i] = ls[i]·x for `count` linears reading one input x[m, K] (attention's q / k / v, the
-/// MLP's gate / up). Where each is an Int4Linear whose Forward of m rows runs the bf16 kernels on
-/// rows in input order (bf16 activations, no act-order gather), all of one K and g, the rows are
-/// prepared once and the weights share one parallel pass (GemmW4Bf16PackedMany: each output has
-/// the bits of its own Forward); otherwise each Forward runs in turn.
+/// MLP's gate / up). Where each is an Int4Linear whose Forward of m rows runs the fused kernels on
+/// rows in input order (no act-order gather), all of one K and g and prepared the same way (fp32,
+/// rounded to bf16, int8, or the bf16 kernels' rows), the rows are prepared once and the weights
+/// share one parallel pass (GemmW4*PackedMany: each output has the bits of its own Forward);
+/// otherwise each Forward runs in turn.
 void ForwardSameInput(const Linear* const* ls, float* const* ys, int64_t count, const float* x, int64_t m,
                       Workspace& ws);
 

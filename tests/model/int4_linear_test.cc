@@ -123,25 +123,24 @@ TEST(Int4Linear, GemvIndependentOfThreadCount) {
   EXPECT_EQ(a, b);
 }
 
-// Linears of one input (q / k / v, gate / up) through ForwardSameInput: with bf16 activations on a
-// CPU with the bf16 kernels, one prepared row and one parallel pass; every output has the bits of
-// its own Forward at 1 and 2 threads, with and without bias, N off the block size, M = 1 and 3.
-// A dense linear, a different K or the prefill row count among them: each Forward in turn, the
-// same outputs.
+// Linears of one input (q / k / v, gate / up) through ForwardSameInput, for each way the fused
+// kernels take their rows (fp32; int8; bf16: the bf16 kernels' rows, or the rows rounded to bf16
+// through the W4A32 kernels on CPUs without them): one prepared input and one parallel pass, and
+// every output has the bits of its own Forward at 1 and 2 threads, with and without bias, N off
+// the block size, M = 1 and 3. A dense linear, a different K, a linear prepared another way or
+// the prefill row count among them: each Forward in turn, the same outputs.
 TEST(Int4Linear, SameInputForwardsGiveEachLinearsOwnBits) {
   const int64_t k = 384;
   Int4Linear q(RandomMatrix(300, k, 128, true, 21), std::vector<float>(300, 0.25f), "q");
   Int4Linear kp(RandomMatrix(64, k, 128, false, 22), {}, "k");
   Int4Linear v(RandomMatrix(72, k, 128, true, 23), {}, "v");
   Int4Linear other_k(RandomMatrix(64, 256, 128, true, 24), {}, "k256");
+  Int4Linear other_way(RandomMatrix(40, k, 128, false, 25), {}, "other");
   DenseLinear dense(50, k, std::make_shared<const std::vector<float>>(50 * k, 0.01f), {});
-  const bool bf16 = q.SetBf16Activations(true) && kp.SetBf16Activations(true) && v.SetBf16Activations(true) &&
-                    other_k.SetBf16Activations(true);
-  if (!bf16 || !q.Bf16KernelServes(1)) GTEST_SKIP() << "no bf16 kernels on this CPU";
-  const int64_t m_prefill = Int4Linear::Bf16MatmulMinRows(128);
+  const int64_t m_prefill = std::max(Int4Linear::Bf16MatmulMinRows(128), Int4Linear::kDequantGemmMinRows);
   std::vector<float> x(static_cast<size_t>(m_prefill * k));
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * (i % 7 == 0 ? 9.f : 1.f);
-  const auto check = [&](std::vector<const Linear*> ls, int64_t m, int threads) {
+  const auto check = [&](std::vector<const Linear*> ls, int64_t m, int threads, const char* mode) {
     std::vector<std::vector<float>> want, got;
     std::vector<float*> ys;
     for (const Linear* l : ls) {
@@ -157,16 +156,34 @@ TEST(Int4Linear, SameInputForwardsGiveEachLinearsOwnBits) {
     omp_set_num_threads(saved);
     for (size_t i = 0; i < ls.size(); ++i)
       EXPECT_EQ(std::memcmp(got[i].data(), want[i].data(), want[i].size() * 4), 0)
-          << ls[i]->Describe() << " m=" << m << " threads=" << threads;
+          << mode << ": " << ls[i]->Describe() << " m=" << m << " threads=" << threads;
   };
-  for (int threads : {1, 2})
-    for (int64_t m : {int64_t{1}, int64_t{3}}) {
-      check({&q, &kp, &v}, m, threads);
-      check({&kp, &q}, m, threads);
-      check({&q, &dense, &v}, m, threads);
+  for (const char* mode : {"fp32", "int8", "bf16"}) {
+    const std::string md = mode;
+    for (Int4Linear* l : {&q, &kp, &v, &other_k}) {
+      l->SetInt8Activations(false);
+      l->SetBf16Activations(false);
+      ASSERT_TRUE(md != "int8" || l->SetInt8Activations(true)) << mode;
+      ASSERT_TRUE(md != "bf16" || l->SetBf16Activations(true)) << mode;
     }
-  check({&q, &other_k}, 1, 2);  // K differs: no shared row (each Forward reads its own K)
-  check({&q, &kp, &v}, m_prefill, 2);
+    // Prepared the other way round: never shares a pass with the others.
+    if (md == "int8") other_way.SetBf16Activations(true);
+    else other_way.SetInt8Activations(true);
+    const Int4Linear::Route route = q.RouteFor(1);
+    EXPECT_EQ(route, md == "fp32"   ? Int4Linear::Route::kFusedFp32
+                     : md == "int8" ? Int4Linear::Route::kFusedInt8
+                     : q.Bf16KernelServes(1) ? Int4Linear::Route::kFusedBf16
+                                             : Int4Linear::Route::kFusedRoundedBf16);
+    for (int threads : {1, 2})
+      for (int64_t m : {int64_t{1}, int64_t{3}}) {
+        check({&q, &kp, &v}, m, threads, mode);
+        check({&kp, &q}, m, threads, mode);
+        check({&q, &dense, &v}, m, threads, mode);
+        check({&q, &other_way}, m, threads, mode);
+      }
+    check({&q, &other_k}, 1, 2, mode);  // K differs: no shared row (each Forward reads its own K)
+    check({&q, &kp, &v}, m_prefill, 2, mode);
+  }
 }
 
 // Prefill rows (the dequantized-weight GEMM, and the bf16 route of every CPU) at a width where
