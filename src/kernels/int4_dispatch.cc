@@ -128,7 +128,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, W4
   k.stream_read = StreamReadScalar;
   k.gemm_i8 = GemmW4A8PackedScalar;
   k.gemm_i8_name = "scalar";
-  k.gemv_bf16 = nullptr;  // scalar / avx2: bf16 linears are widened to fp32 at load (sgemm)
+  k.gemv_bf16 = nullptr;  // scalar: bf16 linears are widened to fp32 at load (sgemm)
   k.vec = VecKernelsScalar();
   k.row_prefetch = prefetch;
   constexpr StreamPrefetch kNta = StreamPrefetch::kNonTemporal, kT0 = StreamPrefetch::kL1;
@@ -138,10 +138,11 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, W4
     k.gemm = t0 ? GemmW4A32Avx2<kT0> : GemmW4A32Avx2<kNta>;
     k.dequant = DequantW4Avx2;
     k.stream_read = StreamReadAvx2;
+    k.gemv_bf16 = GemvBf16Avx2;
     k.vec = VecKernelsAvx2();
     k.gemm_i8 = t0 ? GemmW4A8Avx2<kT0> : GemmW4A8Avx2<kNta>;
     k.gemm_i8_name = "avx2";
-    reason = "avx2 (vpmaddubsw)";
+    reason = "ISA avx2: vpmaddubsw";
   } else if (isa == Isa::kAvx512) {
     k.gemm = t0 ? GemmW4A32Avx512<kT0> : GemmW4A32Avx512<kNta>;
     k.dequant = DequantW4Avx512;
@@ -186,7 +187,7 @@ W4Kernels KernelsOf(Isa isa, const CpuFeatures& cpu, StreamPrefetch prefetch, W4
     } else {
       k.gemm_i8 = t0 ? GemmW4A8Avx2<kT0> : GemmW4A8Avx2<kNta>;
       k.gemm_i8_name = "avx2";
-      reason = "CPU lacks avx512_vnni: avx2 (vpmaddubsw)";
+      reason = "CPU lacks avx512_vnni: vpmaddubsw on avx2";
     }
   }
 #else

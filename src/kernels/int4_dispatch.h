@@ -67,9 +67,9 @@ struct W4Kernels {
   W4GemmBf16BatchKernel gemm_bf16_amx = nullptr;
   /// The bf16 dot-product peak loop (x86_avx512bf16/bf16_peak.h) where gemm_bf16 is AVX-512 BF16.
   float (*bf16_dot_peak)(int64_t iters, float seed) = nullptr;
-  /// bf16-weight GEMV of dense linears kept as bf16 (avx512 only; GemvBf16Scalar is the test
-  /// oracle). nullptr for scalar / avx2: bf16 linears are then widened to fp32 at load and run
-  /// through the dense sgemm (model/linear.h).
+  /// bf16-weight GEMV of dense linears kept as bf16 (avx512, avx2; GemvBf16Scalar is the test
+  /// oracle). nullptr for scalar: bf16 linears are then widened to fp32 at load and run through
+  /// the dense sgemm (model/linear.h).
   Bf16GemvKernel gemv_bf16 = nullptr;
   /// The row ops of kernels/vec_ops.h built for the same ISA (bit-identical on every ISA).
   VecKernels vec;

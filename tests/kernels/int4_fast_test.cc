@@ -372,14 +372,14 @@ TEST(W4DispatchTest, FakeCpusAndOverride) {
   // The int8 (W4A8) kernel and why: VNNI needs AVX-512 chosen and avx512_vnni; AVX2 (also on
   // AVX-512 without VNNI) runs vpmaddubsw; only the scalar ISA runs the scalar kernel.
   EXPECT_STREQ(ResolveW4Dispatch(full, nullptr).kernels.gemm_i8_name, "avx2");  // FakeCpu: no avx512_vnni
-  EXPECT_EQ(ResolveW4Dispatch(full, nullptr).gemm_i8_reason, "CPU lacks avx512_vnni: avx2 (vpmaddubsw)");
+  EXPECT_EQ(ResolveW4Dispatch(full, nullptr).gemm_i8_reason, "CPU lacks avx512_vnni: vpmaddubsw on avx2");
   EXPECT_STREQ(a2.kernels.gemm_i8_name, "avx2");
   CpuFeatures vnni = full;
   vnni.avx512vnni = true;
   EXPECT_STREQ(ResolveW4Dispatch(vnni, nullptr).kernels.gemm_i8_name, "avx512_vnni");
   EXPECT_EQ(ResolveW4Dispatch(vnni, nullptr).gemm_i8_reason, "avx512 with avx512_vnni");
   EXPECT_STREQ(ResolveW4Dispatch(vnni, "avx2").kernels.gemm_i8_name, "avx2");
-  EXPECT_EQ(ResolveW4Dispatch(vnni, "avx2").gemm_i8_reason, "avx2 (vpmaddubsw)");
+  EXPECT_EQ(ResolveW4Dispatch(vnni, "avx2").gemm_i8_reason, "ISA avx2: vpmaddubsw");
   EXPECT_STREQ(ResolveW4Dispatch(vnni, "scalar").kernels.gemm_i8_name, "scalar");
   EXPECT_EQ(ResolveW4Dispatch(vnni, "scalar").gemm_i8_reason, "no vector W4A8 kernel for ISA scalar");
   // The bf16-activation kernel and why: AVX-512 chosen with avx512_bf16 and avx512_vbmi, else none

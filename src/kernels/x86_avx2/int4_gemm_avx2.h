@@ -13,6 +13,8 @@ template <StreamPrefetch P>
 void GemmW4A32Avx2(const W4PackedGemmArgs& args, int64_t n0, int64_t n1);
 /// W4DequantKernel for AVX2: rows n0..n1 of W as fp32 [(n1 − n0), K], exact as DequantizeRef.
 void DequantW4Avx2(const W4PackedWeight& w, int64_t n0, int64_t n1, float* out);
+/// Bf16GemvKernel for AVX2 (kernels/bf16_gemv.h): the weights widened in registers, 8 lanes.
+void GemvBf16Avx2(int64_t k, const uint16_t* w, const float* x, const float* bias, float* y, int64_t n0, int64_t n1);
 /// StreamReadKernel for AVX2: 32-byte loads, four independent accumulators.
 uint64_t StreamReadAvx2(const uint64_t* p, int64_t words);
 
