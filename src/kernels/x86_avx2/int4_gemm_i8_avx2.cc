@@ -158,12 +158,17 @@ void GemmW4A8Avx2(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const
     return;
   }
   // One weight row at a time streams W sequentially; up to 4 activation rows share each
-  // unpacked superblock.
+  // unpacked superblock. Many rows (prefill) go kRowChunk at a time over the range's weight
+  // rows, so that the chunk's activations stay in L2 instead of streaming past every weight row.
   const TileFn full = Select(a[0].parts, w.symmetric, 4), tail = Select(a[0].parts, w.symmetric, m % 4);
-  for (int64_t r = n0; r < n1; ++r) {
-    int64_t i = 0;
-    for (; i + 4 <= m; i += 4) full(w, a + i, bias, y + i * w.n, r);
-    if (i < m) tail(w, a + i, bias, y + i * w.n, r);
+  constexpr int64_t kRowChunk = 32;
+  for (int64_t i0 = 0; i0 < m; i0 += kRowChunk) {
+    const int64_t i1 = std::min(m, i0 + kRowChunk);
+    for (int64_t r = n0; r < n1; ++r) {
+      int64_t i = i0;
+      for (; i + 4 <= i1; i += 4) full(w, a + i, bias, y + i * w.n, r);
+      if (i < i1) tail(w, a + i, bias, y + i * w.n, r);
+    }
   }
 }
 
