@@ -35,10 +35,11 @@ void GemmW4Bf16AmxBatches(const W4PackedWeight& w, const W4Bf16Acts* a, int64_t 
   }
 }
 
-// Row blocks of b = 0 .. BlockCount(jobs) - 1 in one pass: the first weight's blocks, then the
-// next weight's, ...; block(job, n0, n1) runs rows [n0, n1) of that job's weight.
+// Row blocks of kW4BlockRows rows in a weight.
 int64_t Blocks(const W4PackedWeight& w) { return (w.n + kW4BlockRows - 1) / kW4BlockRows; }
 
+// The row blocks of every job's weight claimed from one parallel pass: the first weight's blocks,
+// then the next weight's, ...; block(job, n0, n1) runs rows [n0, n1) of that job's weight.
 template <class F>
 void OnePass(const W4Job* jobs, int64_t count, int64_t m, F&& block) {
   int64_t nblocks = 0, work = 0;

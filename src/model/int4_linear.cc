@@ -44,7 +44,8 @@ W4PackedWeight RowsOf(const W4PackedWeight& w, int64_t n0, int64_t rows) {
 
 // The fused kernels for the weights of `jobs` (one K and g, all on `route`) on x[m, K]: each row
 // prepared once the route's way, then all the weights' GEMMs in one pass (GemmW4*PackedMany).
-void ForwardFusedJobs(Int4Linear::Route route, const W4Job* jobs, int64_t count, const float* x, int64_t m, Workspace& ws) {
+void ForwardFusedJobs(Int4Linear::Route route, const W4Job* jobs, int64_t count, const float* x, int64_t m,
+                      Workspace& ws) {
   const W4PackedWeight& w0 = *jobs[0].w;
   const int64_t k = w0.k;
   using Route = Int4Linear::Route;

@@ -91,7 +91,10 @@ class Int4Linear final : public Linear {
   /// How Forward of m rows (in input order) runs: the fused kernels on the packed codes, the rows
   /// prepared one way (fp32, rounded to bf16, int8, the bf16 kernels' rows), or a GEMM over
   /// dequantized weight tiles (fp32 on fp32 or bf16-rounded rows, the bf16 matmul).
-  enum class Route { kFusedFp32, kFusedRoundedBf16, kFusedInt8, kFusedBf16, kDenseFp32, kDenseRoundedBf16, kBf16Matmul };
+  enum class Route {
+    kFusedFp32, kFusedRoundedBf16, kFusedInt8, kFusedBf16,  // the fused kernels
+    kDenseFp32, kDenseRoundedBf16, kBf16Matmul,             // dequantized tiles
+  };
   Route RouteFor(int64_t m) const;
   /// Bytes of the packed weight actually held (W4PackedBytes): for g = 128, 68/128 B per weight
   /// symmetric and 69/128 asymmetric.

@@ -8,7 +8,7 @@
 // Accumulation order of an output (per run: lanes 0..7 then 8..15 into one 8-lane accumulator;
 // lanes reduced in a fixed tree; bias) is independent of the tiling, M and the row range. Groups
 // that are not a multiple of 16 go to the scalar kernel. Decode at g = 128 has its own loop
-// (DecodeRowG128 below: the scale per group instead of per weight).
+// (DecodeRowG128 below: the scale and the zero point per group instead of per weight).
 #if defined(__x86_64__)
 
 #include <immintrin.h>

@@ -99,7 +99,8 @@ void Tile(const W4PackedWeight& w, const W4Int8Acts* acts, const float* bias, fl
     const int64_t spg = w.group_size / 128;
     for (int64_t ri = 0, t = 0; ri < w.recs; ++ri) {
       const uint8_t* rec = base + ri * rec_bytes;
-      for (int64_t b = 0; b < spg; ++b, ++t) Superblock<MR, 1, kSym>(rec, rec + header + 64 * b, rec_groups, t, 1, a, acc);
+      for (int64_t b = 0; b < spg; ++b, ++t)
+        Superblock<MR, 1, kSym>(rec, rec + header + 64 * b, rec_groups, t, 1, a, acc);
     }
   }
   for (int i = 0; i < MR; ++i) {
@@ -172,8 +173,8 @@ void GemmW4A8Avx2(const W4PackedWeight& w, const W4Int8Acts* a, int64_t m, const
   }
 }
 
-template void GemmW4A8Avx2<StreamPrefetch::kNonTemporal>(const W4PackedWeight&, const W4Int8Acts*, int64_t, const float*,
-                                                        float*, int64_t, int64_t);
+template void GemmW4A8Avx2<StreamPrefetch::kNonTemporal>(const W4PackedWeight&, const W4Int8Acts*, int64_t,
+                                                        const float*, float*, int64_t, int64_t);
 template void GemmW4A8Avx2<StreamPrefetch::kL1>(const W4PackedWeight&, const W4Int8Acts*, int64_t, const float*, float*,
                                                int64_t, int64_t);
 
