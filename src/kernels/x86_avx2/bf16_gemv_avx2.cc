@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "kernels/x86_avx2/int4_gemm_avx2.h"
+#include "kernels/x86_avx2/lane_tree.h"
 
 namespace nibble {
 namespace {
@@ -17,13 +18,6 @@ namespace {
 inline __m256 Widen8(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
 
 inline __m128i Load8(const uint16_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
-
-inline float Hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Software prefetch into L2 2 KiB ahead along the row, as the AVX-512 GEMV.
 constexpr int64_t kPrefetchWeights = 1024;

@@ -18,16 +18,10 @@
 
 #include "kernels/stream_prefetch.h"
 #include "kernels/x86_avx2/int4_gemm_avx2.h"
+#include "kernels/x86_avx2/lane_tree.h"
 
 namespace nibble {
 namespace {
-
-inline float Hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Weights of run t of a record: 2 × 8 fp32 in k order.
 inline void Run(const uint8_t* sb, int j, __m256i zv, __m256 sv, __m256& lo, __m256& hi) {
@@ -108,7 +102,7 @@ void GroupSums(const float* x, int64_t groups, float* sums) {
   }
 }
 
-inline __m256 GroupG128(const uint8_t* rec, int64_t header, const float* x, __m256 tot) {
+inline __m256 GroupG128(const uint8_t* rec, int64_t header, float s, const float* x, __m256 tot) {
   const __m256i m15 = _mm256_set1_epi32(15);
   const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + header));
   const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + header + 32));
@@ -125,8 +119,6 @@ inline __m256 GroupG128(const uint8_t* rec, int64_t header, const float* x, __m2
     c[j % 4] = j < 4 ? _mm256_mul_ps(xa, wa) : _mm256_fmadd_ps(xa, wa, c[j % 4]);
     c[j % 4] = _mm256_fmadd_ps(xb, wb, c[j % 4]);
   }
-  float s;  // records are 68 or 69 bytes apart: the scale is unaligned
-  __builtin_memcpy(&s, rec, 4);
   return _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_add_ps(_mm256_add_ps(c[0], c[1]), _mm256_add_ps(c[2], c[3])), tot);
 }
 
@@ -143,10 +135,10 @@ void DecodeRowG128(const W4PackedGemmArgs& a, const float* sums, int64_t r) {
       const int64_t gi = g0 + t;
       if (gi >= groups) break;
       PrefetchAhead<P>(rec, kRowPrefetchBytes);
-      float s;
+      float s;  // records are 68 or 69 bytes apart: the scale is unaligned
       __builtin_memcpy(&s, rec, 4);
       corr = std::fma(s, static_cast<float>(w4p::Zero(w, rec, 0)) * sums[gi], corr);
-      tot[t] = GroupG128(rec, header, a.x + 128 * gi, tot[t]);
+      tot[t] = GroupG128(rec, header, s, a.x + 128 * gi, tot[t]);
       rec += rb;
     }
   }

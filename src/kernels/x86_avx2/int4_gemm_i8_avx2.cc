@@ -10,6 +10,7 @@
 #if defined(__x86_64__)
 
 #include "kernels/x86_avx2/int4_gemm_i8_avx2.h"
+#include "kernels/x86_avx2/lane_tree.h"
 
 #include <immintrin.h>
 
@@ -25,14 +26,9 @@ struct Act {
   const int32_t* sx;
 };
 
-// Σ of the 16 lanes lo (0..7), hi (8..15) in the scalar kernel's tree: l + 8, + 4, + 2, + 1.
-inline float ReduceTree(__m256 lo, __m256 hi) {
-  const __m256 h8 = _mm256_add_ps(lo, hi);
-  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-  const __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));
-  return _mm_cvtss_f32(h1);
-}
+// Σ of the 16 lanes lo (0..7), hi (8..15) in the scalar kernel's tree: l + 8, then Hsum's + 4,
+// + 2, + 1.
+inline float ReduceTree(__m256 lo, __m256 hi) { return Hsum(_mm256_add_ps(lo, hi)); }
 
 // Int32 lane sums of codes A / B against activation bytes xa / xb (one half of a superblock).
 inline __m256i LaneSums(__m256i A, __m256i B, __m256i xa, __m256i xb) {
